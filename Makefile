@@ -1,0 +1,46 @@
+# The two commands of the README's quick start, on a fresh machine:
+#   make demo   installs what is missing, then runs examples/quickstart.yaml end to end
+#   make test   installs what is missing, then runs the whole test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch and torchvision are pinned: these versions install from local files on our
+# machines, while an unpinned torch would download several GB.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+INSTALLED := $(VENV)/.dtrain-installed
+TOOLS := .tools/bin/helm .tools/bin/kubectl
+
+.PHONY: install tools test demo crd manifests clean
+
+install: $(INSTALLED)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(INSTALLED): pyproject.toml | $(PY)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install $(TORCH_PINS)
+	$(PIP) install -e '.[operator,trainer,dev]' $(TORCH_PINS)
+	# The complete typed API of TensorRT 10, to type-check the engine builder (no GPU needed).
+	$(PIP) install --no-deps 'tensorrt-stubs>=10,<11'
+	touch $@
+
+tools: $(TOOLS)
+
+$(TOOLS): tools/install-k8s-tools.sh | $(INSTALLED)
+	PIP="$(PIP)" bash tools/install-k8s-tools.sh
+
+test: $(INSTALLED) $(TOOLS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest
+
+demo: $(INSTALLED)
+	OMP_NUM_THREADS=1 $(VENV)/bin/dtrain run examples/quickstart.yaml
+
+# Regenerate the CRD, the chart's CRD and manifests/ from the model and the chart.
+manifests: $(INSTALLED) $(TOOLS)
+	$(PY) tools/generate_manifests.py
+
+clean:
+	rm -rf dtrain-runs .pytest_cache .mypy_cache

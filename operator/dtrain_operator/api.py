@@ -1,0 +1,620 @@
+"""The DistributedTraining API (`dtrain.dev/v1alpha1`): the single source of truth.
+
+The CRD (`dtrain crd`), `dtrain validate`, the operator and the trainer all read
+these models. Every field's docstring becomes its `kubectl explain` text, so it is
+written for the person who types the YAML. Names follow Kubernetes conventions
+(camelCase on the wire); core Kubernetes types (volumes, affinity, ...) are passed
+through untouched and validated by the API server's own schemas.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from . import contract
+
+# A Kubernetes object or list item whose schema the API server knows (Volume,
+# Affinity, Toleration, ...). We pass it through and let the API server validate it.
+KubeObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+# Free-form arguments for a user's class (LightningCLI's init_args).
+InitArgs = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+# A resource quantity as Kubernetes writes it: 4, "500m", "16Gi".
+Quantity = Annotated[
+    Union[int, float, str],
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
+]
+DNS1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# Pods are named `<name>-<rank>` and must be valid DNS labels (63 characters);
+# the engine Job's pods add `-engine-xxxxx`. 45 leaves room for both.
+MAX_NAME_LENGTH = 45
+CLASS_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+Precision = Literal["64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]
+EnginePrecision = Literal["fp32", "fp16", "bf16", "int8"]
+Phase = Literal[
+    "Pending", "Starting", "Running", "Restarting", "Exporting", "BuildingEngine", "Succeeded", "Failed", "Suspended"
+]
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+class ApiModel(BaseModel):
+    """Base of every API type: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=False,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The object as it is written in YAML and sent to the API server."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# --- Core types that dtrain looks into ----------------------------------------------
+
+
+_RESERVED_CEL_LIST = "[" + ", ".join(f"'{n}'" for n in sorted(contract.RESERVED_ENV_NAMES)) + "]"
+
+
+class LocalObjectReference(ApiModel):
+    """A reference to an object in the same namespace."""
+
+    name: Annotated[str, Field(min_length=1)]
+    """Name of the referenced object."""
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the trainer container (core/v1 EnvVar)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!(self.name in " + _RESERVED_CEL_LIST + ") && !self.name.startsWith('PET_') && !self.name.startsWith('DTRAIN_')", "message": 'this name is reserved: the operator sets it for torchrun and the trainer'},
+        {"rule": "!self.name.matches('^(NCCL|TORCH_NCCL)_')", "message": 'NCCL variables go under spec.nccl (or spec.nccl.env)'},
+    ]})
+
+    name: Annotated[str, Field(pattern=ENV_NAME_PATTERN, min_length=1)]
+    """Name of the variable. Names the operator sets (PET_*, DTRAIN_*, MASTER_ADDR, RANK, ...) are reserved."""
+    value: Optional[str] = None
+    """Value of the variable."""
+    value_from: Optional[KubeObject] = None
+    """Source of the value (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)."""
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if contract.is_reserved_env_name(name):
+            raise ValueError(f"{name} is reserved: the operator sets it for torchrun and the trainer; remove it")
+        if re.match(contract.NCCL_ENV_PATTERN, name):
+            raise ValueError(f"{name} is an NCCL setting: put it under spec.nccl (or spec.nccl.env) instead")
+        return name
+
+
+class Resources(ApiModel):
+    """Compute resources of a container (core/v1 ResourceRequirements)."""
+
+    limits: dict[str, Annotated[Quantity, Field()]] = Field(default_factory=dict)
+    """Maximum resources, e.g. {cpu: 8, memory: 64Gi}. GPUs (nvidia.com/gpu) are set from devicesPerNode."""
+    requests: dict[str, Annotated[Quantity, Field()]] = Field(default_factory=dict)
+    """Minimum resources the scheduler reserves, e.g. {cpu: 8, memory: 64Gi}."""
+
+    @field_validator("limits", "requests")
+    @classmethod
+    def _quantities(cls, values: dict[str, Any]) -> dict[str, Any]:
+        for key, value in values.items():
+            if isinstance(value, bool) or not re.match(QUANTITY_PATTERN, str(value)):
+                raise ValueError(f"{key}: {value!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
+        return values
+
+
+# --- The spec -------------------------------------------------------------------
+
+
+class ClassSpec(ApiModel):
+    """A class to instantiate, in LightningCLI's shape: classPath + initArgs."""
+
+    class_path: Annotated[str, Field(pattern=CLASS_PATH_PATTERN)]
+    """Importable path of the class, e.g. dtrain_trainer.models.ImageClassifier or mypkg.MyModule."""
+    init_args: InitArgs = Field(default_factory=dict)
+    """Keyword arguments for the class's constructor."""
+
+
+BUILTIN_MODEL = "dtrain_trainer.models.ImageClassifier"
+BUILTIN_SYNTHETIC_DATA = "dtrain_trainer.data.SyntheticImageDataModule"
+BUILTIN_IMAGE_FOLDER_DATA = "dtrain_trainer.data.ImageFolderDataModule"
+
+
+class TrainerSettings(ApiModel):
+    """How Lightning's Trainer runs."""
+
+    max_epochs: Optional[Annotated[int, Field(ge=1)]] = 1
+    """Stop after this many epochs."""
+    max_steps: Annotated[int, Field(ge=-1)] = -1
+    """Stop after this many optimizer steps (-1: no step limit). Whichever of maxEpochs and maxSteps comes first ends training."""
+    precision: Precision = "32-true"
+    """Numerical precision: 32-true, 16-mixed, bf16-mixed, bf16-true, 16-true or 64-true. 16-mixed needs a GPU; on a CPU it falls back to 32-true with a warning."""
+    gradient_clip_val: Optional[Annotated[float, Field(ge=0)]] = None
+    """Clip gradients to this value (none: no clipping)."""
+    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
+    """How gradients are clipped: by total norm or by value."""
+    accumulate_grad_batches: Annotated[int, Field(ge=1)] = 1
+    """Accumulate gradients over this many batches before each optimizer step."""
+    find_unused_parameters: bool = False
+    """DDP's find_unused_parameters: needed only for models with parameters that some steps do not use; it slows training."""
+    batch_size: Annotated[int, Field(ge=1)] = 32
+    """Batch size per process (per GPU). The global batch is batchSize x devicesPerNode x nodes x accumulateGradBatches."""
+    num_workers: Annotated[int, Field(ge=0)] = 4
+    """Data-loader worker processes per training process."""
+    log_every_n_steps: Annotated[int, Field(ge=1)] = 50
+    """Log metrics every this many steps."""
+    limit_train_batches: Optional[Union[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0, le=1)]]] = None
+    """Use only this many training batches per epoch (an integer) or this fraction of them (a number in (0, 1])."""
+    seed: Annotated[int, Field(ge=0)] = 42
+    """Random seed for every rank (each data-loader worker is seeded from it)."""
+
+
+NcclDebug = Literal["VERSION", "WARN", "INFO", "TRACE"]
+
+
+class NcclSettings(ApiModel):
+    """NCCL settings for the worker pods, written to NCCL_* variables."""
+
+    ib_disable: Optional[bool] = None
+    """NCCL_IB_DISABLE: true to stop NCCL using InfiniBand/RoCE (e.g. on plain Ethernet clusters)."""
+    socket_ifname: Optional[Annotated[str, Field(min_length=1)]] = None
+    """NCCL_SOCKET_IFNAME: the network interface(s) NCCL uses, e.g. eth0 or ^lo,docker."""
+    debug: Optional[NcclDebug] = None
+    """NCCL_DEBUG: VERSION, WARN, INFO or TRACE."""
+    p2p_disable: Optional[bool] = None
+    """NCCL_P2P_DISABLE: true to disable peer-to-peer GPU transfers (NVLink/PCIe)."""
+    timeout_seconds: Annotated[int, Field(ge=1)] = 1800
+    """Collective timeout of the process group: a rank that waits longer fails, and the gang restarts."""
+    env: dict[Annotated[str, Field(pattern=contract.NCCL_ENV_PATTERN)], str] = Field(default_factory=dict)
+    """Any other NCCL_* or TORCH_NCCL_* variable, e.g. {NCCL_ALGO: Ring}."""
+
+    @model_validator(mode="after")
+    def _no_double_setting(self) -> "NcclSettings":
+        named = {
+            "NCCL_IB_DISABLE": "ibDisable",
+            "NCCL_SOCKET_IFNAME": "socketIfname",
+            "NCCL_DEBUG": "debug",
+            "NCCL_P2P_DISABLE": "p2pDisable",
+        }
+        for key in self.env:
+            if key in named:
+                raise ValueError(f"env.{key} repeats the field {named[key]}: set only spec.nccl.{named[key]}")
+        return self
+
+    def to_env(self) -> dict[str, str]:
+        """The NCCL_* and TORCH_NCCL_* variables these settings stand for."""
+        env: dict[str, str] = {}
+        if self.ib_disable is not None:
+            env["NCCL_IB_DISABLE"] = "1" if self.ib_disable else "0"
+        if self.socket_ifname is not None:
+            env["NCCL_SOCKET_IFNAME"] = self.socket_ifname
+        if self.debug is not None:
+            env["NCCL_DEBUG"] = self.debug
+        if self.p2p_disable is not None:
+            env["NCCL_P2P_DISABLE"] = "1" if self.p2p_disable else "0"
+        env.update(self.env)
+        return env
+
+
+class Storage(ApiModel):
+    """A PersistentVolumeClaim shared by every worker and the engine Job (checkpoints, artifacts)."""
+
+    claim_name: Annotated[str, Field(min_length=1)]
+    """Name of a ReadWriteMany PersistentVolumeClaim in the job's namespace."""
+    mount_path: Annotated[str, Field(pattern=r"^/")] = "/workspace"
+    """Where the claim is mounted in the worker and engine containers."""
+
+
+class CheckpointSettings(ApiModel):
+    """Where and how often checkpoints are written. A gang restart resumes from the last one."""
+
+    dir: Annotated[str, Field(pattern=r"^/")] = "/workspace/checkpoints"
+    """Directory for checkpoints: it must survive a pod (a PVC, e.g. through spec.storage)."""
+    every_n_steps: Annotated[int, Field(ge=1)] = 500
+    """Save a checkpoint every this many optimizer steps (and always at the end)."""
+    keep_last: Annotated[int, Field(ge=1)] = 3
+    """Keep this many step checkpoints besides last.ckpt."""
+
+
+class ArtifactSettings(ApiModel):
+    """Where the exported model and the engine go."""
+
+    dir: Annotated[str, Field(pattern=r"^/")] = "/workspace/artifacts"
+    """Directory for model.onnx, artifacts.json, the TensorRT engine and its report (a PVC that the engine Job mounts too)."""
+
+
+class OnnxExport(ApiModel):
+    """ONNX export by rank 0 at the end of training."""
+
+    enabled: bool = True
+    """Export model.onnx and check it with ONNX Runtime."""
+    opset: Annotated[int, Field(ge=17, le=23)] = 17
+    """ONNX opset version (17 or newer)."""
+    dynamic_batch: bool = True
+    """Make the batch axis dynamic, so that the engine can be built for a range of batch sizes."""
+    input_shape: Optional[Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1, max_length=4)]] = None
+    """Shape of one sample without the batch axis, e.g. [3, 224, 224]. Default: taken from the data module."""
+
+
+class ExportSettings(ApiModel):
+    """Exports written at the end of training."""
+
+    onnx: OnnxExport = Field(default_factory=OnnxExport)
+    """ONNX export."""
+
+
+class EngineSettings(ApiModel):
+    """The follow-up Job that builds a TensorRT engine from model.onnx."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": 'self.minBatch <= self.maxBatch && (!has(self.optBatch) || (self.minBatch <= self.optBatch && self.optBatch <= self.maxBatch))', "message": 'need minBatch <= optBatch <= maxBatch'},
+    ]})
+
+    enabled: bool = True
+    """Build the engine after training succeeds."""
+    image: Annotated[str, Field(min_length=1)] = contract.DEFAULT_ENGINE_IMAGE
+    """A TensorRT-capable image with dtrain's `tensorrt` extra installed."""
+    precision: EnginePrecision = "fp16"
+    """Engine precision: fp32, fp16, bf16 or int8 (int8 needs a quantized ONNX model)."""
+    min_batch: Annotated[int, Field(ge=1)] = 1
+    """Smallest batch size the engine accepts."""
+    opt_batch: Optional[Annotated[int, Field(ge=1)]] = None
+    """Batch size TensorRT tunes for (default: maxBatch)."""
+    max_batch: Annotated[int, Field(ge=1)] = 32
+    """Largest batch size the engine accepts."""
+    workspace_mi_b: Annotated[int, Field(ge=16, alias="workspaceMiB")] = 4096
+    """Builder workspace memory limit in MiB."""
+    resources: Optional[Resources] = None
+    """Resources of the engine container (default: one nvidia.com/gpu)."""
+    backoff_limit: Annotated[int, Field(ge=0)] = 1
+    """Retries of the engine Job before it is marked failed."""
+
+    @model_validator(mode="after")
+    def _batch_order(self) -> "EngineSettings":
+        opt = self.opt_batch if self.opt_batch is not None else self.max_batch
+        if not self.min_batch <= opt <= self.max_batch:
+            raise ValueError(
+                f"need minBatch <= optBatch <= maxBatch, got {self.min_batch} <= {opt} <= {self.max_batch}"
+            )
+        return self
+
+    @property
+    def resolved_opt_batch(self) -> int:
+        return self.opt_batch if self.opt_batch is not None else self.max_batch
+
+
+class RunPolicy(ApiModel):
+    """How failures, deadlines and cleanup are handled."""
+
+    restart_policy: Literal["OnFailure", "ExitCode", "Never"] = "OnFailure"
+    """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job."""
+    backoff_limit: Annotated[int, Field(ge=0)] = 3
+    """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
+    active_deadline_seconds: Optional[Annotated[int, Field(ge=1)]] = None
+    """Fail the job (DeadlineExceeded) when it runs longer than this, counted from its start."""
+    ttl_seconds_after_finished: Optional[Annotated[int, Field(ge=0)]] = None
+    """Delete the DistributedTraining this long after it succeeded or failed (none: keep it)."""
+    clean_pod_policy: Literal["Running", "All", "None"] = "Running"
+    """Pods deleted when the job finishes: Running (those still running), All, or None (keep them for debugging)."""
+    suspend: bool = False
+    """True stops the job: worker pods are deleted; false starts them again and training resumes from its checkpoint."""
+
+
+class GangScheduling(ApiModel):
+    """All-or-nothing scheduling of the worker pods through a PodGroup."""
+
+    enabled: bool = False
+    """Create a PodGroup so that the scheduler places all workers or none (needs Volcano or the scheduler-plugins coscheduling plugin)."""
+    min_available: Optional[Annotated[int, Field(ge=1)]] = None
+    """Workers that must be schedulable together (default: nodes)."""
+    schedule_timeout_seconds: Annotated[int, Field(ge=1)] = 300
+    """Report pods still Pending after this long, with their reason, in a condition."""
+
+
+class SchedulingSettings(ApiModel):
+    """Where and how the worker pods are scheduled."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": '!has(self.gang) || !self.gang.enabled || has(self.schedulerName)', "message": 'gang.enabled needs schedulerName: volcano, or the name of your scheduler-plugins scheduler'},
+    ]})
+
+    scheduler_name: Optional[Annotated[str, Field(min_length=1)]] = None
+    """Scheduler of the worker pods, e.g. volcano or scheduler-plugins-scheduler. Gang scheduling picks the PodGroup kind from it."""
+    priority_class_name: Optional[Annotated[str, Field(min_length=1)]] = None
+    """PriorityClass of the worker pods."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the worker pods must match, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}."""
+    tolerations: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
+    """Tolerations of the worker pods (core/v1 Toleration)."""
+    affinity: Optional[KubeObject] = None
+    """Affinity of the worker pods (core/v1 Affinity)."""
+    gang: GangScheduling = Field(default_factory=GangScheduling)
+    """Gang scheduling."""
+
+    @model_validator(mode="after")
+    def _gang_needs_scheduler(self) -> "SchedulingSettings":
+        if self.gang.enabled and not self.scheduler_name:
+            raise ValueError(
+                "gang.enabled needs schedulerName: volcano, or the name of your scheduler-plugins scheduler"
+            )
+        return self
+
+
+class DistributedTrainingSpec(ApiModel):
+    """What to train, on how many nodes, and what to build from it."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": '!has(self.scheduling) || !has(self.scheduling.gang) || !has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= self.nodes', "message": 'scheduling.gang.minAvailable cannot exceed nodes'},
+        {"rule": '!has(self.engine) || !self.engine.enabled || !has(self.export) || !has(self.export.onnx) || self.export.onnx.enabled', "message": 'engine.enabled needs export.onnx.enabled: the engine is built from model.onnx'},
+    ]})
+
+    image: Annotated[str, Field(min_length=1)] = contract.DEFAULT_TRAINER_IMAGE
+    """Trainer image: dtrain's trainer image or one built FROM it with your own code."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """When the kubelet pulls the image."""
+    image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=16)] = Field(default_factory=list)
+    """Secrets for pulling the trainer and engine images."""
+    nodes: Annotated[int, Field(ge=1, le=4096)] = 1
+    """Number of worker pods (one per machine)."""
+    devices_per_node: Annotated[int, Field(ge=1, le=64)] = 1
+    """Training processes per pod: one per GPU with accelerator gpu."""
+    accelerator: Literal["gpu", "cpu"] = "gpu"
+    """gpu: each pod requests devicesPerNode nvidia.com/gpu and uses NCCL. cpu: processes use gloo."""
+    resources: Optional[Resources] = None
+    """CPU and memory of each worker container (GPUs come from devicesPerNode)."""
+    env: Annotated[list[EnvVar], Field(max_length=256)] = Field(default_factory=list)
+    """Extra environment variables of the trainer container."""
+    volumes: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
+    """Extra volumes of the worker pods (core/v1 Volume), e.g. a PVC with the data set."""
+    volume_mounts: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
+    """Extra volume mounts of the trainer container (core/v1 VolumeMount)."""
+    host_network: bool = False
+    """Run worker pods in the host's network namespace. Only some NCCL/RDMA setups need this; it weakens isolation."""
+    service_account_name: Annotated[str, Field(min_length=1)] = contract.DEFAULT_WORKER_SERVICE_ACCOUNT
+    """Service account of the worker pods: it needs `patch` on distributedtrainings/status to report progress."""
+    master_port: Annotated[int, Field(ge=1024, le=65535)] = contract.DEFAULT_MASTER_PORT
+    """Port of torchrun's rendezvous on node 0."""
+    storage: Optional[Storage] = None
+    """A shared PVC mounted in every worker and the engine Job, for checkpoints and artifacts."""
+    model: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_MODEL))
+    """The LightningModule to train (default: the built-in torchvision image classifier, resnet50)."""
+    data: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_SYNTHETIC_DATA))
+    """The LightningDataModule (default: synthetic images; dtrain_trainer.data.ImageFolderDataModule reads a directory tree)."""
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    """Lightning Trainer settings."""
+    nccl: NcclSettings = Field(default_factory=NcclSettings)
+    """NCCL settings."""
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    """Checkpoints."""
+    artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
+    """Where the exported model and engine are written."""
+    export: ExportSettings = Field(default_factory=ExportSettings)
+    """Exports at the end of training."""
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    """The TensorRT engine build that follows training."""
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    """Restarts, deadlines, suspension and cleanup."""
+    scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
+    """Scheduling of the worker pods."""
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "DistributedTrainingSpec":
+        gang = self.scheduling.gang
+        if gang.min_available is not None and gang.min_available > self.nodes:
+            raise ValueError(
+                f"scheduling.gang.minAvailable ({gang.min_available}) cannot exceed nodes ({self.nodes})"
+            )
+        if self.engine.enabled and not self.export.onnx.enabled:
+            raise ValueError("engine.enabled needs export.onnx.enabled: the engine is built from model.onnx")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+# --- The status -------------------------------------------------------------------
+
+
+class StatusModel(ApiModel):
+    """Status types tolerate fields they do not know: kopf and newer operators write there too."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition."""
+
+    type: str
+    """Condition type, e.g. Running, Restarting, Succeeded, Failed."""
+    status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
+    reason: str = ""
+    """One CamelCase word saying why, e.g. BackoffLimitExceeded."""
+    message: str = ""
+    """What happened, for a person."""
+    last_transition_time: Optional[str] = None
+    """When the status last changed (RFC 3339)."""
+
+
+class NodeCounts(StatusModel):
+    """Worker pods of the current gang by state."""
+
+    total: int = 0
+    """Worker pods the job has."""
+    pending: int = 0
+    """Pods waiting to be scheduled or to start."""
+    running: int = 0
+    """Pods running."""
+    succeeded: int = 0
+    """Pods that exited 0."""
+    failed: int = 0
+    """Pods that failed."""
+
+
+class Progress(StatusModel):
+    """Training progress, reported by rank 0."""
+
+    epoch: Optional[int] = None
+    """Current epoch (from 0)."""
+    step: Optional[int] = None
+    """Global optimizer step."""
+    loss: Optional[float] = None
+    """Latest training loss."""
+    images_per_second: Optional[float] = None
+    """Training throughput over all ranks (warm-up excluded)."""
+    updated_at: Optional[str] = None
+    """When this was reported (RFC 3339)."""
+
+
+class CheckpointInfo(StatusModel):
+    """The newest checkpoint."""
+
+    step: Optional[int] = None
+    """Global step of the checkpoint."""
+    path: Optional[str] = None
+    """Path of the checkpoint file."""
+    time: Optional[str] = None
+    """When it was written (RFC 3339)."""
+
+
+class DistributedTrainingStatus(StatusModel):
+    """Observed state, computed by the operator (progress and lastCheckpoint by rank 0)."""
+
+    phase: Optional[Phase] = None
+    """Pending, Starting, Running, Restarting, Exporting, BuildingEngine, Succeeded, Failed or Suspended."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Conditions: Created, Running, Restarting, TrainingSucceeded, EngineBuilt, Succeeded, Failed, Suspended, ..."""
+    nodes: Optional[NodeCounts] = None
+    """Worker pods of the current gang by state."""
+    nodes_ready: Optional[str] = None
+    """Running worker pods out of all, e.g. 3/4 (the NODES column)."""
+    restarts: int = 0
+    """Gang restarts so far."""
+    start_time: Optional[str] = None
+    """When the job started (RFC 3339)."""
+    completion_time: Optional[str] = None
+    """When the job finished (RFC 3339)."""
+    progress: Optional[Progress] = None
+    """Training progress."""
+    last_checkpoint: Optional[CheckpointInfo] = None
+    """The newest checkpoint."""
+    artifacts: Optional[InitArgs] = None
+    """What training and the engine Job produced: ONNX file, parity error, engine, latency report."""
+    observed_generation: Optional[int] = None
+    """The spec generation this status describes."""
+
+
+# --- The object -------------------------------------------------------------------
+
+
+class ObjectMeta(StatusModel):
+    """Standard object metadata; only the name is checked here."""
+
+    name: Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=DNS1035_PATTERN)]
+    """Name of the job: lowercase letters, digits and '-', starting with a letter, at most 45 characters."""
+    namespace: Optional[str] = None
+    """Namespace of the job."""
+
+
+class DistributedTraining(ApiModel):
+    """Multi-node PyTorch Lightning DDP training, restarted as a gang from its last checkpoint, then a TensorRT engine."""
+
+    api_version: Literal["dtrain.dev/v1alpha1"] = contract.API_VERSION
+    """dtrain.dev/v1alpha1"""
+    kind: Literal["DistributedTraining"] = contract.KIND
+    """DistributedTraining"""
+    metadata: ObjectMeta
+    """Standard object metadata."""
+    spec: DistributedTrainingSpec = Field(default_factory=DistributedTrainingSpec)
+    """What to train, on how many nodes, and what to build from it."""
+    status: Optional[DistributedTrainingStatus] = None
+    """Observed state."""
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace or "default"
+
+
+class TrainerConfig(ApiModel):
+    """What the trainer reads from DTRAIN_CONFIG: the resolved sections of the spec it needs.
+
+    The operator writes it into the job's ConfigMap and `dtrain run` into the workdir;
+    nodes and devicesPerNode are there so that the trainer can check them against
+    torchrun's environment and fail loudly on a mismatch.
+    """
+
+    job_name: str
+    """Name of the DistributedTraining."""
+    accelerator: Literal["gpu", "cpu"] = "gpu"
+    """gpu or cpu."""
+    nodes: Annotated[int, Field(ge=1)] = 1
+    """Number of nodes (must equal PET_NNODES)."""
+    devices_per_node: Annotated[int, Field(ge=1)] = 1
+    """Processes per node (must equal PET_NPROC_PER_NODE)."""
+    model: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_MODEL))
+    """The LightningModule."""
+    data: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_SYNTHETIC_DATA))
+    """The LightningDataModule."""
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    """Trainer settings."""
+    nccl: NcclSettings = Field(default_factory=NcclSettings)
+    """NCCL settings (the trainer uses timeoutSeconds)."""
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    """Checkpoints."""
+    artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
+    """Artifacts."""
+    export: ExportSettings = Field(default_factory=ExportSettings)
+    """Exports."""
+
+    @classmethod
+    def from_job(cls, job: DistributedTraining) -> "TrainerConfig":
+        spec = job.spec
+        return cls(
+            job_name=job.name,
+            accelerator=spec.accelerator,
+            nodes=spec.nodes,
+            devices_per_node=spec.devices_per_node,
+            model=spec.model,
+            data=spec.data,
+            trainer=spec.trainer,
+            nccl=spec.nccl,
+            checkpoint=spec.checkpoint,
+            artifacts=spec.artifacts,
+            export=spec.export,
+        )
+
+
+# runPolicy fields that may change after creation; every other spec field is immutable.
+MUTABLE_RUN_POLICY_FIELDS = ("suspend", "ttlSecondsAfterFinished")
+
+
+def immutable_spec(spec: DistributedTrainingSpec) -> dict[str, Any]:
+    """The part of a spec (defaults filled in) that may not change once the job exists."""
+    wire = spec.to_wire()
+    wire["runPolicy"] = {k: v for k, v in wire["runPolicy"].items() if k not in MUTABLE_RUN_POLICY_FIELDS}
+    return wire

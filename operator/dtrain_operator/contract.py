@@ -1,0 +1,110 @@
+"""The contract between the operator (and `dtrain run`) and the trainer.
+
+Every environment variable, label, annotation, path and port that one side sets and
+the other reads is named here once and imported by both sides. This module imports
+nothing beyond the standard library so that the trainer image can use it without
+the operator's dependencies.
+"""
+
+from __future__ import annotations
+
+# --- The API ------------------------------------------------------------------
+GROUP = "dtrain.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DistributedTraining"
+PLURAL = "distributedtrainings"
+SINGULAR = "distributedtraining"
+SHORT_NAME = "dtr"
+
+# --- torchrun's own variables: torchrun reads PET_<FLAG> as the default of --<flag> ---
+ENV_NNODES = "PET_NNODES"
+ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+ENV_NODE_RANK = "PET_NODE_RANK"
+ENV_MASTER_ADDR = "PET_MASTER_ADDR"
+ENV_MASTER_PORT = "PET_MASTER_PORT"
+DEFAULT_MASTER_PORT = 29500
+
+# --- dtrain's own variables ------------------------------------------------------
+ENV_CONFIG = "DTRAIN_CONFIG"  # path of the trainer config (a mounted ConfigMap in a pod)
+ENV_JOB_NAME = "DTRAIN_JOB_NAME"  # the DistributedTraining's name, for progress reports
+ENV_JOB_NAMESPACE = "DTRAIN_JOB_NAMESPACE"  # its namespace (downward API in a pod)
+ENV_PROGRESS_SINK = "DTRAIN_PROGRESS_SINK"  # "kubernetes" | "stdout" | "jsonl:<path>" | "none"
+ENV_PROGRESS_INTERVAL = "DTRAIN_PROGRESS_INTERVAL_SECONDS"
+ENV_TERMINATION_LOG = "DTRAIN_TERMINATION_LOG"  # where results JSON goes; default below
+
+PROGRESS_SINK_KUBERNETES = "kubernetes"
+PROGRESS_SINK_STDOUT = "stdout"
+PROGRESS_SINK_NONE = "none"
+PROGRESS_SINK_JSONL_PREFIX = "jsonl:"
+DEFAULT_PROGRESS_INTERVAL_SECONDS = 15.0
+
+TERMINATION_LOG_PATH = "/dev/termination-log"
+TERMINATION_MESSAGE_MAX_BYTES = 4096
+
+CONFIG_MOUNT_DIR = "/etc/dtrain"
+CONFIG_FILE_NAME = "config.yaml"
+CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE_NAME}"
+
+# Names a user's `env` may not set: torchrun's contract, what torchrun itself
+# sets in each process, and dtrain's own variables.
+RESERVED_ENV_NAMES = frozenset(
+    {
+        ENV_NNODES,
+        ENV_NPROC_PER_NODE,
+        ENV_NODE_RANK,
+        ENV_MASTER_ADDR,
+        ENV_MASTER_PORT,
+        ENV_CONFIG,
+        ENV_JOB_NAME,
+        ENV_JOB_NAMESPACE,
+        ENV_PROGRESS_SINK,
+        ENV_PROGRESS_INTERVAL,
+        ENV_TERMINATION_LOG,
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+    }
+)
+RESERVED_ENV_PREFIXES = ("PET_", "DTRAIN_")
+# NCCL variables belong in spec.nccl so that there is one place to read them.
+NCCL_ENV_PATTERN = r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$"
+
+# --- Labels and annotations on every child ------------------------------------------
+LABEL_JOB_NAME = f"{GROUP}/job-name"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_NODE_RANK = f"{GROUP}/node-rank"
+# The gang generation a worker pod belongs to: bumped by every gang restart, so
+# that pods of an older generation are recognised and never mistaken for the new gang.
+LABEL_GANG_GENERATION = f"{GROUP}/gang-generation"
+ROLE_WORKER = "worker"
+ROLE_ENGINE = "engine"
+
+# Prefix for kopf's own bookkeeping (progress annotations, last-handled state, finalizer).
+KOPF_PREFIX = GROUP
+FINALIZER = f"{GROUP}/finalizer"
+
+# --- Files in artifacts.dir ------------------------------------------------------------
+ONNX_FILE_NAME = "model.onnx"
+ARTIFACTS_FILE_NAME = "artifacts.json"
+ENGINE_FILE_NAME = "model.plan"
+ENGINE_REPORT_FILE_NAME = "engine-report.json"
+
+# --- Defaults for the images ------------------------------------------------------------
+DEFAULT_TRAINER_IMAGE = "ghcr.io/dtrain-dev/dtrain-trainer:0.1.0"
+DEFAULT_ENGINE_IMAGE = "ghcr.io/dtrain-dev/dtrain-engine:0.1.0"
+DEFAULT_WORKER_SERVICE_ACCOUNT = "dtrain-trainer"
+
+
+def is_reserved_env_name(name: str) -> bool:
+    """True when a user's `env` may not set `name` (the operator sets it)."""
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)

@@ -1,0 +1,105 @@
+"""When a gang restarts and when a job fails: one implementation for the operator and `dtrain run`.
+
+DDP cannot lose a rank, so any worker failure stops the whole gang; these pure
+functions decide whether the gang starts again from its last checkpoint or the
+job ends. Neither caller decides this anywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Optional, Sequence
+
+from .api import RunPolicy
+
+# Exit codes of 128 and above mean the process was killed by a signal (128 + n):
+# OOM kills (137), node shutdowns and preemption (143). Below that, the program
+# itself chose to fail, which a restart will not fix.
+SIGNAL_EXIT_CODE_BASE = 128
+
+REASON_BACKOFF_LIMIT = "BackoffLimitExceeded"
+REASON_NON_RETRYABLE_EXIT = "NonRetryableExitCode"
+REASON_RESTART_POLICY_NEVER = "RestartPolicyNever"
+REASON_WORKER_FAILED = "WorkerFailed"
+REASON_DEADLINE = "DeadlineExceeded"
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A worker that stopped without success.
+
+    exit_code is None when the process never got to exit by itself: the pod was
+    evicted, preempted, deleted, or its node was lost.
+    """
+
+    rank: int
+    exit_code: Optional[int]
+    reason: str = "Error"
+    message: str = ""
+
+    def describe(self) -> str:
+        if self.exit_code is None:
+            what = f"worker {self.rank} was lost ({self.reason})"
+        else:
+            what = f"worker {self.rank} exited with code {self.exit_code}"
+            if self.reason and self.reason not in ("Error", "Completed"):
+                what += f" ({self.reason})"
+        return f"{what}: {self.message}" if self.message else what
+
+
+@dataclass(frozen=True)
+class FailureDecision:
+    """What to do about a failed gang: restart it, or fail the job with a reason."""
+
+    restart: bool
+    reason: str
+    message: str
+
+
+def is_retryable(policy: RunPolicy, failure: WorkerFailure) -> bool:
+    """Whether a restart could cure this failure under the job's restart policy."""
+    if policy.restart_policy == "Never":
+        return False
+    if policy.restart_policy == "ExitCode":
+        return failure.exit_code is None or failure.exit_code >= SIGNAL_EXIT_CODE_BASE
+    return True
+
+
+def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], restarts: int) -> FailureDecision:
+    """Restart the gang or fail the job, given the failed workers and the restarts so far."""
+    if not failures:
+        raise ValueError("decide_on_failure needs at least one failed worker")
+    ordered = sorted(failures, key=lambda f: f.rank)
+    summary = "; ".join(f.describe() for f in ordered)
+    if policy.restart_policy == "Never":
+        return FailureDecision(False, REASON_RESTART_POLICY_NEVER, f"{summary} (restartPolicy is Never)")
+    permanent = [f for f in ordered if not is_retryable(policy, f)]
+    if permanent:
+        return FailureDecision(
+            False,
+            REASON_NON_RETRYABLE_EXIT,
+            f"{summary} (restartPolicy ExitCode: codes 1-127 are errors of the program and are not retried)",
+        )
+    if restarts >= policy.backoff_limit:
+        return FailureDecision(
+            False,
+            REASON_BACKOFF_LIMIT,
+            f"{summary} (gang restarted {restarts} time(s), backoffLimit is {policy.backoff_limit})",
+        )
+    return FailureDecision(
+        True,
+        REASON_WORKER_FAILED,
+        f"{summary}; restarting the gang from the last checkpoint ({restarts + 1}/{policy.backoff_limit})",
+    )
+
+
+def deadline_exceeded(policy: RunPolicy, started: Optional[datetime], now: datetime) -> bool:
+    """Whether the job has run past runPolicy.activeDeadlineSeconds."""
+    if policy.active_deadline_seconds is None or started is None:
+        return False
+    return (now - started).total_seconds() > policy.active_deadline_seconds
+
+
+def deadline_message(policy: RunPolicy) -> str:
+    return f"the job ran longer than activeDeadlineSeconds ({policy.active_deadline_seconds} s)"

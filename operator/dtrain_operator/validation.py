@@ -1,0 +1,161 @@
+"""Validate job files: YAML documents in, DistributedTraining objects or one line per error out.
+
+`dtrain validate`, `dtrain run` and the operator (InvalidSpec) report errors through
+the same functions, so a user sees the same message wherever the spec is checked.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from . import api, contract
+
+
+@dataclass
+class DocumentResult:
+    """One YAML document of a file: the parsed job, or the errors that stop it."""
+
+    source: str
+    job: api.DistributedTraining | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that holds the field at `loc` (for "did you mean" hints)."""
+    model: type[BaseModel] = api.DistributedTraining
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        match = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        if match is None:
+            return None
+        inner = _first_model(match.annotation)
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part in ("function-after", "function-before") or "[" in str(part):
+            continue  # pydantic's names for validator and union branches, not fields
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "(document)"
+
+
+def format_error(error: dict[str, Any]) -> str:
+    """One pydantic error as `field.path: what is wrong; what is allowed`."""
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    value = error.get("input")
+    path = _path(loc)
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        known = _field_names(parent) if parent else []
+        hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        suggestion = f"; did you mean '{hint[0]}'?" if hint else (f"; known fields: {', '.join(known)}" if known else "")
+        return f"{path}: unknown field{suggestion}"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    if kind in ("literal_error", "enum"):
+        expected = error.get("ctx", {}).get("expected", "")
+        return f"{path}: {value!r} is not allowed; use one of {expected}"
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    if kind in ("model_type", "dict_type", "list_type") or value is None or isinstance(value, (dict, list)):
+        return f"{path}: {message}"
+    return f"{path}: {message} (got {value!r})"
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    lines: list[str] = []
+    for error in exc.errors():
+        line = format_error(error)
+        # A union reports one error per branch; one line per field is enough.
+        if not any(existing.split(":")[0] == line.split(":")[0] for existing in lines):
+            lines.append(line)
+    return lines
+
+
+def validate_object(obj: Any, source: str = "") -> DocumentResult:
+    """Check one already-parsed document."""
+    result = DocumentResult(source=source)
+    if not isinstance(obj, dict):
+        result.errors.append(f"expected a mapping (a Kubernetes object), got {type(obj).__name__}")
+        return result
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if kind != contract.KIND:
+        result.errors.append(f"kind: expected {contract.KIND}, got {kind!r}")
+    if api_version != contract.API_VERSION:
+        result.errors.append(f"apiVersion: expected {contract.API_VERSION}, got {api_version!r}")
+    if result.errors:
+        return result
+    try:
+        result.job = api.DistributedTraining.model_validate(obj)
+    except ValidationError as exc:
+        result.errors.extend(format_validation_error(exc))
+    return result
+
+
+def validate_text(text: str, source: str) -> list[DocumentResult]:
+    """Every document of a YAML text; YAML syntax errors and empty files are errors too."""
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        return [DocumentResult(source=where, errors=[f"YAML syntax error: {problem}"])]
+    if not documents:
+        return [DocumentResult(source=source, errors=["the file holds no YAML document"])]
+    many = len(documents) > 1
+    return [validate_object(doc, f"{source}#{i + 1}" if many else source) for i, doc in enumerate(documents)]
+
+
+def validate_file(path: str | Path) -> list[DocumentResult]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        return [DocumentResult(source=str(path), errors=[f"cannot read the file: {exc.strerror}"])]
+    except UnicodeDecodeError:
+        return [DocumentResult(source=str(path), errors=["not a text (UTF-8) file"])]
+    return validate_text(text, str(path))
+
+
+def load_job(path: str | Path) -> tuple[api.DistributedTraining | None, list[str]]:
+    """The single DistributedTraining of a job file, or `source: error` lines."""
+    results = validate_file(path)
+    errors = [f"{r.source}: {e}" for r in results for e in r.errors]
+    if errors:
+        return None, errors
+    if len(results) != 1:
+        return None, [f"{path}: holds {len(results)} DistributedTrainings; give a file with one"]
+    return results[0].job, []

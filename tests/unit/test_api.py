@@ -1,0 +1,269 @@
+"""The API model, the CRD generated from it, and `dtrain validate`.
+
+The bad-spec table is the contract with users: each bad input is rejected with a
+line that names the field, so that a typo never becomes a silent default.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from dtrain_operator import api, cli, contract, crd
+from dtrain_operator.validation import validate_object, validate_text
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def base_job() -> dict:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND,
+        "metadata": {"name": "job"},
+        "spec": {"nodes": 2, "accelerator": "cpu"},
+    }
+
+
+def with_spec(path: str, value) -> dict:
+    """A base job with `value` set at the dotted spec path (list indices as digits)."""
+    job = base_job()
+    node = job["spec"]
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return job
+
+
+def example_objects() -> list[tuple[str, dict]]:
+    return [(p.name, doc) for p in EXAMPLES for doc in yaml.safe_load_all(p.read_text()) if doc]
+
+
+def test_examples_exist():
+    names = {p.name for p in EXAMPLES}
+    assert {"quickstart.yaml", "resnet50-imagenet.yaml"} <= names
+
+
+@pytest.mark.parametrize("name,obj", example_objects(), ids=lambda v: v if isinstance(v, str) else "")
+def test_example_validates_with_model(name, obj):
+    result = validate_object(obj, name)
+    assert result.errors == []
+
+
+@pytest.mark.parametrize("name,obj", example_objects(), ids=lambda v: v if isinstance(v, str) else "")
+def test_example_validates_against_crd_schema(name, obj):
+    """The CRD and the model agree: the example as written, and with every default filled in."""
+    schema = crd.openapi_schema()
+    jsonschema.Draft4Validator(schema).validate(obj)
+    filled = api.DistributedTraining.model_validate(obj).to_wire()
+    jsonschema.Draft4Validator(schema).validate(filled)
+
+
+def test_seed_example_carries_the_seed_settings():
+    job = api.DistributedTraining.model_validate(yaml.safe_load((ROOT / "examples/resnet50-imagenet.yaml").read_text()))
+    spec = job.spec
+    assert (spec.nodes, spec.devices_per_node) == (4, 8)
+    assert spec.trainer.precision == "16-mixed" and spec.trainer.gradient_clip_val == 0.5
+    assert spec.trainer.max_epochs == 50 and spec.trainer.accumulate_grad_batches > 1
+    assert spec.nccl.to_env()["NCCL_IB_DISABLE"] == "1" and spec.nccl.to_env()["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert spec.engine.precision == "fp16" and spec.engine.max_batch == 32
+    assert spec.model.init_args["arch"] == "resnet50"
+
+
+def test_defaults_are_the_builtins():
+    job = api.DistributedTraining.model_validate({**base_job(), "spec": {}})
+    assert job.spec.model.class_path == api.BUILTIN_MODEL
+    assert job.spec.data.class_path == api.BUILTIN_SYNTHETIC_DATA
+    assert job.spec.engine.max_batch == 32
+    assert job.spec.engine.resolved_opt_batch == 32
+    assert job.spec.master_port == contract.DEFAULT_MASTER_PORT
+
+
+# (what is wrong, the object, a text every error line must show: the field path)
+BAD_SPECS = [
+    ("zero nodes", with_spec("nodes", 0), "spec.nodes"),
+    ("negative devices", with_spec("devicesPerNode", -1), "spec.devicesPerNode"),
+    ("unknown precision", with_spec("trainer.precision", "fp8-magic"), "spec.trainer.precision"),
+    ("nccl env without prefix", with_spec("nccl.env", {"IB_HCA": "mlx5"}), "spec.nccl.env"),
+    ("min batch above max", with_spec("engine", {"minBatch": 64, "maxBatch": 32}), "spec.engine"),
+    ("opt batch above max", with_spec("engine", {"optBatch": 64, "maxBatch": 32}), "spec.engine"),
+    ("typo in a field", with_spec("trainer.maxEpoch", 3), "spec.trainer.maxEpoch"),
+    ("typo at the top of spec", with_spec("node", 3), "spec.node"),
+    ("string for an int", with_spec("nodes", "four"), "spec.nodes"),
+    ("reserved env name", with_spec("env", [{"name": "PET_NODE_RANK", "value": "3"}]), "spec.env[0].name"),
+    ("reserved torch env name", with_spec("env", [{"name": "WORLD_SIZE", "value": "3"}]), "spec.env[0].name"),
+    ("NCCL var in env", with_spec("env", [{"name": "NCCL_DEBUG", "value": "INFO"}]), "spec.env[0].name"),
+    ("unknown accelerator", with_spec("accelerator", "tpu"), "spec.accelerator"),
+    ("unknown restart policy", with_spec("runPolicy.restartPolicy", "Always"), "spec.runPolicy.restartPolicy"),
+    ("negative backoff", with_spec("runPolicy.backoffLimit", -1), "spec.runPolicy.backoffLimit"),
+    ("unknown clean pod policy", with_spec("runPolicy.cleanPodPolicy", "Some"), "spec.runPolicy.cleanPodPolicy"),
+    ("gang minAvailable above nodes", with_spec("scheduling", {"schedulerName": "volcano", "gang": {"enabled": True, "minAvailable": 5}}), "spec"),
+    ("gang without scheduler", with_spec("scheduling.gang", {"enabled": True}), "spec.scheduling"),
+    ("unknown nccl debug level", with_spec("nccl.debug", "LOUD"), "spec.nccl.debug"),
+    ("nccl var twice", with_spec("nccl", {"ibDisable": True, "env": {"NCCL_IB_DISABLE": "0"}}), "spec.nccl"),
+    ("opset too old", with_spec("export.onnx.opset", 11), "spec.export.onnx.opset"),
+    ("engine precision", with_spec("engine.precision", "fp8"), "spec.engine.precision"),
+    ("engine without onnx", with_spec("export.onnx.enabled", False), "spec"),
+    ("bad quantity", with_spec("resources", {"limits": {"memory": "lots"}}), "spec.resources.limits"),
+    ("relative checkpoint dir", with_spec("checkpoint.dir", "ckpts"), "spec.checkpoint.dir"),
+    ("zero checkpoint interval", with_spec("checkpoint.everyNSteps", 0), "spec.checkpoint.everyNSteps"),
+    ("limitTrainBatches above one as fraction", with_spec("trainer.limitTrainBatches", 1.5), "spec.trainer.limitTrainBatches"),
+    ("negative clip", with_spec("trainer.gradientClipVal", -0.5), "spec.trainer.gradientClipVal"),
+    ("bad class path", with_spec("model", {"classPath": "my model"}), "spec.model.classPath"),
+    ("model without class path", with_spec("model", {"initArgs": {}}), "spec.model.classPath"),
+    ("port out of range", with_spec("masterPort", 80), "spec.masterPort"),
+    ("image pull policy", with_spec("imagePullPolicy", "Sometimes"), "spec.imagePullPolicy"),
+    ("bool for a list", with_spec("volumes", True), "spec.volumes"),
+    ("name too long", {**base_job(), "metadata": {"name": "x" * 50}}, "metadata.name"),
+    ("name with capitals", {**base_job(), "metadata": {"name": "MyJob"}}, "metadata.name"),
+    ("no metadata", {k: v for k, v in base_job().items() if k != "metadata"}, "metadata"),
+    ("wrong apiVersion", {**base_job(), "apiVersion": "dtrain.dev/v1"}, "apiVersion"),
+    ("wrong kind", {**base_job(), "kind": "PyTorchJob"}, "kind"),
+]
+
+
+@pytest.mark.parametrize("case,obj,field", BAD_SPECS, ids=[c[0] for c in BAD_SPECS])
+def test_bad_spec_is_rejected_naming_the_field(case, obj, field):
+    result = validate_object(obj, "job.yaml")
+    assert result.job is None
+    assert result.errors, case
+    assert any(line.startswith(field) for line in result.errors), result.errors
+
+
+def test_typo_gets_a_suggestion():
+    [line] = validate_object(with_spec("trainer.maxEpoch", 3)).errors
+    assert "did you mean 'maxEpochs'" in line
+
+
+def test_enum_error_lists_what_is_allowed():
+    [line] = validate_object(with_spec("trainer.precision", "fp8-magic")).errors
+    assert "'fp8-magic'" in line and "'bf16-mixed'" in line
+
+
+def test_reserved_env_says_why():
+    [line] = validate_object(with_spec("env", [{"name": "PET_NODE_RANK", "value": "3"}])).errors
+    assert "reserved" in line and "operator sets it" in line
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("spec: [unclosed", "YAML syntax error"),
+        ("", "no YAML document"),
+        ("# only a comment\n", "no YAML document"),
+        ("- a list\n", "expected a mapping"),
+    ],
+)
+def test_unparseable_documents(text, expected):
+    [result] = validate_text(text, "bad.yaml")
+    assert any(expected in e for e in result.errors), result.errors
+
+
+def test_multi_document_file_reports_each_document():
+    good = yaml.safe_dump(base_job())
+    bad = yaml.safe_dump(with_spec("nodes", 0))
+    results = validate_text(good + "---\n" + bad, "two.yaml")
+    assert [r.source for r in results] == ["two.yaml#1", "two.yaml#2"]
+    assert results[0].errors == [] and results[1].errors
+
+
+def test_cli_validate_exit_codes(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(base_job()))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(with_spec("nodes", 0)))
+    assert cli.main(["validate", str(good)]) == 0
+    assert cli.main(["validate", str(good), str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "bad.yaml: spec.nodes:" in err
+    assert cli.main(["validate", str(tmp_path / "missing.yaml")]) == 1
+    assert "cannot read the file" in capsys.readouterr().err
+
+
+def test_cli_validate_never_prints_a_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: dtrain.dev/v1alpha1\nkind: DistributedTraining\nmetadata: {name: a}\nspec: {nodes: [1]}\n\t:")
+    proc = subprocess.run([sys.executable, "-m", "dtrain_operator.cli", "validate", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr and "YAML syntax error" in proc.stderr
+
+
+# --- The CRD --------------------------------------------------------------------------
+
+
+def test_crd_shape():
+    doc = crd.crd()
+    assert doc["metadata"]["name"] == "distributedtrainings.dtrain.dev"
+    names = doc["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"]) == ("DistributedTraining", "distributedtrainings", ["dtr"])
+    [version] = doc["spec"]["versions"]
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Nodes", "Epoch", "Img/s", "Restarts", "Age"]
+    schema = version["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def _walk(schema: dict, path: str = ""):
+    yield path, schema
+    for name, child in schema.get("properties", {}).items():
+        yield from _walk(child, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            yield from _walk(schema[key], f"{path}[{key}]")
+
+
+def test_crd_schema_is_structural_and_documented():
+    """Every property has a type (or int-or-string / preserve-unknown) and a description;
+    no $ref, no nullable unions, no additionalProperties: false (all rejected by the API server)."""
+    for path, node in _walk(crd.openapi_schema()["properties"]["spec"], "spec"):
+        assert "$ref" not in node and "anyOf" not in node or node.get("x-kubernetes-int-or-string"), path
+        assert node.get("additionalProperties") is not False, path
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), path
+        if not path.endswith("]"):
+            assert node.get("description"), f"{path} has no description (kubectl explain)"
+
+
+def test_crd_carries_constraints_and_cel_rules():
+    spec = crd.openapi_schema()["properties"]["spec"]
+    assert spec["properties"]["nodes"]["minimum"] == 1
+    assert "bf16-mixed" in spec["properties"]["trainer"]["properties"]["precision"]["enum"]
+    engine_rules = [r["rule"] for r in spec["properties"]["engine"]["x-kubernetes-validations"]]
+    assert any("self.minBatch <= self.maxBatch" in r for r in engine_rules)
+    spec_rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
+    assert any("self.nodes == oldSelf.nodes" in r for r in spec_rules), "nodes is immutable"
+    assert not any("runPolicy" in r and "oldSelf" in r for r in spec_rules), "runPolicy may change in part"
+    run_policy_rules = [r["rule"] for r in spec["properties"]["runPolicy"]["x-kubernetes-validations"]]
+    assert not any("suspend" in r or "ttlSecondsAfterFinished" in r for r in run_policy_rules)
+    assert any("backoffLimit" in r for r in run_policy_rules)
+    nccl_env_rules = [r["rule"] for r in spec["properties"]["nccl"]["properties"]["env"]["x-kubernetes-validations"]]
+    assert nccl_env_rules == [f"self.all(k, k.matches('{contract.NCCL_ENV_PATTERN}'))"]
+
+
+def test_crd_rejects_what_the_model_rejects_where_openapi_can_say_it():
+    schema = crd.openapi_schema()
+    for obj in (with_spec("nodes", 0), with_spec("trainer.precision", "fp8-magic"), with_spec("trainer.batchSize", "big")):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.Draft4Validator(schema).validate(obj)
+
+
+def test_committed_crd_is_the_generated_one():
+    committed = ROOT / "manifests" / "crd.yaml"
+    assert committed.read_text() == crd.crd_yaml(), "run `make manifests` to regenerate manifests/crd.yaml"
+
+
+def test_immutable_spec_ignores_only_the_mutable_fields():
+    spec = api.DistributedTrainingSpec()
+    changed = copy.deepcopy(spec)
+    changed.run_policy.suspend = True
+    changed.run_policy.ttl_seconds_after_finished = 60
+    assert api.immutable_spec(spec) == api.immutable_spec(changed)
+    changed.run_policy.backoff_limit = 9
+    assert api.immutable_spec(spec) != api.immutable_spec(changed)

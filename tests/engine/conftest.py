@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# engine_test_models must be importable by its classPath, whatever pytest's import mode.
+sys.path.insert(0, str(Path(__file__).parent))
+
+from engine_test_models import make_model, write_training_artifacts  # noqa: E402
+
+from dtrain_operator import cli, contract  # noqa: E402
+
+# Few, short timed runs: the tests check the report, not the numbers.
+FAST_TIMING = ["--warmup", "1", "--iterations", "5", "--max-seconds", "0.2", "--seed", "7"]
+
+
+@dataclass
+class EngineCommand:
+    exit_code: int
+    stdout: str
+    stderr: str
+    out: Path
+    report_path: Path
+
+    @property
+    def report(self) -> dict[str, Any]:
+        return json.loads(self.report_path.read_text())
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the summary goes (the operator sets the same variable's default path in a pod)."""
+    path = tmp_path / "termination-log"
+    monkeypatch.setenv(contract.ENV_TERMINATION_LOG, str(path))
+    return path
+
+
+@pytest.fixture
+def build_engine(capsys: pytest.CaptureFixture[str], tmp_path: Path, termination_log: Path):
+    """Run `dtrain build-engine` through the real CLI entry point, with fast timing settings."""
+
+    def run(onnx: Path | str, *extra: str, out: Path | None = None, timing: bool = True) -> EngineCommand:
+        out = out or tmp_path / "out" / contract.ENGINE_FILE_NAME
+        argv = ["build-engine", "--onnx", str(onnx), "--out", str(out), *extra]
+        if timing:
+            argv += FAST_TIMING
+        capsys.readouterr()
+        exit_code = cli.main(argv)
+        captured = capsys.readouterr()
+        return EngineCommand(exit_code, captured.out, captured.err, out, out.parent / contract.ENGINE_REPORT_FILE_NAME)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def trained_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """artifacts.dir as training leaves it, for a dynamic-batch model (made once per session)."""
+    return write_training_artifacts(make_model(), tmp_path_factory.mktemp("artifacts") / "run")
+
+
+@pytest.fixture
+def artifacts_copy(trained_artifacts: Path, tmp_path: Path) -> Path:
+    """A private copy of the artifacts directory; returns its model.onnx."""
+    directory = tmp_path / "artifacts"
+    shutil.copytree(trained_artifacts.parent, directory)
+    return directory / contract.ONNX_FILE_NAME
+
+
+@pytest.fixture(scope="session")
+def static_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model exported with a fixed batch of 4."""
+    return write_training_artifacts(make_model(), tmp_path_factory.mktemp("static") / "run", static_batch=4)

@@ -1,0 +1,219 @@
+"""Checking and timing a model under test against references, whatever runs it.
+
+A backend (TensorRT, ONNX Runtime, PyTorch eager) is anything with `infer` (host arrays
+in, named host arrays out) and `prepare_timed_run` (a no-argument call that runs one batch
+from inputs already where the backend wants them and returns when the results are ready).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Protocol, Sequence
+
+import numpy as np
+
+from .engine_model import EngineError, OnnxModelInfo
+
+Arrays = Mapping[str, np.ndarray]
+
+
+class Backend(Protocol):
+    name: str
+
+    def infer(self, inputs: Arrays) -> dict[str, np.ndarray]: ...
+
+    def prepare_timed_run(self, inputs: Arrays) -> Callable[[], None]: ...
+
+
+def random_batch(model: OnnxModelInfo, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A fresh batch of standard-normal inputs (the scale of normalised images) for every model input."""
+    return {
+        tensor.name: rng.standard_normal((batch_size, *tensor.sample_shape), dtype=np.float32).astype(tensor.dtype)
+        for tensor in model.inputs
+    }
+
+
+# --- Accuracy ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The model under test against one reference at one batch size."""
+
+    reference: str
+    batch_size: int
+    max_relative_error: Optional[float]  # None when the outputs cannot be compared (see problem)
+    bound: float
+    problem: Optional[str] = None
+
+    @property
+    def passed(self) -> bool:
+        return self.problem is None and self.max_relative_error is not None and self.max_relative_error <= self.bound
+
+    def to_json(self) -> dict[str, object]:
+        error = self.max_relative_error
+        return {
+            "reference": self.reference,
+            "batch_size": self.batch_size,
+            "max_relative_error": None if error is None or not np.isfinite(error) else error,
+            "bound": self.bound,
+            "passed": self.passed,
+            **({"problem": self.problem} if self.problem else {}),
+        }
+
+
+def max_relative_error(output: np.ndarray, reference: np.ndarray) -> float:
+    """max|y - y_ref| / max|y_ref|: the largest error relative to the output's own scale.
+
+    Element-wise relative error explodes where a logit is near zero; scaling by the
+    largest reference magnitude keeps the bound meaningful for every output element.
+    A non-finite value in either output counts as an infinite error.
+    """
+    test = np.asarray(output, dtype=np.float64)
+    ref = np.asarray(reference, dtype=np.float64)
+    if not (np.all(np.isfinite(test)) and np.all(np.isfinite(ref))):
+        return float("inf")
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    error = float(np.max(np.abs(test - ref))) if ref.size else 0.0
+    return error / max(scale, float(np.finfo(np.float32).tiny))
+
+
+def compare_outputs(
+    outputs: Arrays, references: Arrays, reference_name: str, batch_size: int, bound: float
+) -> Comparison:
+    """Every output of the reference against the same-named output under test; the worst error counts."""
+    worst = 0.0
+    for name, reference in references.items():
+        if name not in outputs:
+            return Comparison(reference_name, batch_size, None, bound, f"output '{name}' is missing")
+        output = outputs[name]
+        if tuple(output.shape) != tuple(reference.shape):
+            return Comparison(
+                reference_name,
+                batch_size,
+                None,
+                bound,
+                f"output '{name}' has shape {list(output.shape)}, the reference {list(reference.shape)}",
+            )
+        worst = max(worst, max_relative_error(output, reference))
+    problem = "non-finite values (inf/nan) in the outputs" if not np.isfinite(worst) else None
+    return Comparison(reference_name, batch_size, worst, bound, problem)
+
+
+def non_finite_outputs(outputs: Arrays) -> list[str]:
+    """Names of the outputs holding inf or nan: checked on every run, with or without a reference."""
+    return [name for name, value in outputs.items() if not np.all(np.isfinite(np.asarray(value, dtype=np.float64)))]
+
+
+# --- Timing -----------------------------------------------------------------------------
+
+MIN_TIMED_RUNS = 5
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    warmup: int = 10
+    iterations: int = 100
+    max_seconds: float = 10.0  # per backend and batch size; at least MIN_TIMED_RUNS runs are timed
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    batch_size: int
+    warmup: int
+    iterations: int
+    median_ms: float
+    p99_ms: float
+    mean_ms: float
+
+    @property
+    def images_per_second(self) -> float:
+        return self.batch_size / (self.median_ms / 1000.0) if self.median_ms > 0 else float("inf")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "batch_size": self.batch_size,
+            "median_ms": round(self.median_ms, 6),
+            "p99_ms": round(self.p99_ms, 6),
+            "mean_ms": round(self.mean_ms, 6),
+            "images_per_second": round(self.images_per_second, 2),
+            "iterations": self.iterations,
+            "warmup": self.warmup,
+        }
+
+
+def summarize_latencies(samples_seconds: Sequence[float], batch_size: int, warmup: int) -> LatencyStats:
+    """Median and 99th percentile of per-batch latencies; throughput is batch size / median."""
+    if not samples_seconds:
+        raise ValueError("no timed runs")
+    ms = np.asarray(samples_seconds, dtype=np.float64) * 1000.0
+    return LatencyStats(
+        batch_size=batch_size,
+        warmup=warmup,
+        iterations=len(ms),
+        median_ms=float(np.median(ms)),
+        p99_ms=float(np.percentile(ms, 99)),
+        mean_ms=float(np.mean(ms)),
+    )
+
+
+def measure_latency(
+    run: Callable[[], None],
+    batch_size: int,
+    settings: TimingSettings,
+    clock: Callable[[], float] = time.perf_counter,
+) -> LatencyStats:
+    """Warm up, then time single runs until `iterations` or the time budget is spent.
+
+    Warm-up stops early after a quarter of the budget, so that a slow CPU fallback of a large
+    model still finishes; the report records how many runs each number rests on.
+    """
+    start = clock()
+    warmed = 0
+    while warmed < settings.warmup and (warmed == 0 or clock() - start < settings.max_seconds / 4):
+        run()
+        warmed += 1
+    samples: list[float] = []
+    timed_start = clock()
+    while len(samples) < settings.iterations:
+        before = clock()
+        run()
+        samples.append(clock() - before)
+        if len(samples) >= MIN_TIMED_RUNS and clock() - timed_start > settings.max_seconds:
+            break
+    return summarize_latencies(samples, batch_size, warmed)
+
+
+# --- ONNX Runtime on the CPU -------------------------------------------------------------
+
+
+class OnnxRuntimeCpu:
+    """ONNX Runtime's CPU provider: the reference for TensorRT, and the fallback's model under test."""
+
+    name = "onnxruntime-cpu"
+
+    def __init__(self, onnx_path: str):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        try:
+            self._session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+        except Exception as error:  # ORT raises its own exception types for models it cannot load
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise EngineError(f"ONNX Runtime cannot load {onnx_path}: {first_line}") from None
+        self._output_names = [output.name for output in self._session.get_outputs()]
+
+    def infer(self, inputs: Arrays) -> dict[str, np.ndarray]:
+        results = self._session.run(self._output_names, dict(inputs))
+        return {name: np.asarray(value) for name, value in zip(self._output_names, results)}
+
+    def prepare_timed_run(self, inputs: Arrays) -> Callable[[], None]:
+        feed = dict(inputs)
+        session, names = self._session, self._output_names
+
+        def run() -> None:
+            session.run(names, feed)
+
+        return run

@@ -1,0 +1,201 @@
+"""The engine report: one JSON document next to the engine, a short summary for the
+termination log (what the operator copies into status.artifacts), and a table for people."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from dtrain_operator import contract
+
+from .engine_check import Comparison, LatencyStats, TimingSettings
+from .engine_model import BatchSizes, OnnxModelInfo
+
+REPORT_SCHEMA = "dtrain.dev/engine-report/v1"
+ACCURACY_METRIC = "max|y - y_ref| / max|y_ref| over every output of a batch"
+NO_ENGINE_MESSAGE = "No TensorRT engine was built"
+
+
+@dataclass
+class EngineRun:
+    """Everything one `dtrain build-engine` run found, in the order it found it."""
+
+    backend: str  # "tensorrt" or "onnxruntime-cpu"
+    onnx: OnnxModelInfo
+    onnx_sha256: str
+    requested_precision: str
+    executed_precision: str
+    bound: float
+    batches: BatchSizes
+    device: str
+    timing: TimingSettings
+    seed: int
+    engine_path: Optional[str] = None
+    engine_bytes: Optional[int] = None
+    tensorrt: Optional[dict[str, Any]] = None
+    references: list[str] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+    non_finite: list[str] = field(default_factory=list)
+    latency: list[LatencyStats] = field(default_factory=list)
+    pytorch: dict[str, Any] = field(default_factory=dict)
+    pytorch_latency: list[LatencyStats] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def accuracy_passed(self) -> bool:
+        return not self.non_finite and all(c.passed for c in self.comparisons)
+
+
+def _tensor_json(tensors: Any) -> list[dict[str, Any]]:
+    return [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in tensors]
+
+
+def build_report(run: EngineRun, created_at: Optional[datetime] = None) -> dict[str, Any]:
+    created = (created_at or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    baseline = {stats.batch_size: stats for stats in run.pytorch_latency}
+    latency = []
+    for stats in run.latency:
+        row: dict[str, Any] = stats.to_json()
+        reference = baseline.get(stats.batch_size)
+        row["pytorch"] = reference.to_json() if reference else None
+        speedup = reference.median_ms / stats.median_ms if reference and stats.median_ms else None
+        row["speedup_vs_pytorch"] = round(speedup, 3) if speedup is not None else None
+        latency.append(row)
+    return {
+        "schema": REPORT_SCHEMA,
+        "created_at": created,
+        "passed": run.accuracy_passed,
+        "backend": run.backend,
+        "engine": run.engine_path,
+        "engine_bytes": run.engine_bytes,
+        "onnx": {
+            "path": run.onnx.path,
+            "sha256": run.onnx_sha256,
+            "opset": run.onnx.opset,
+            "dynamic_batch": run.onnx.dynamic_batch,
+            "quantized": run.onnx.quantized,
+            "inputs": _tensor_json(run.onnx.inputs),
+            "outputs": _tensor_json(run.onnx.outputs),
+        },
+        "precision": {"requested": run.requested_precision, "executed": run.executed_precision},
+        "batch_sizes": {"min": run.batches.min, "opt": run.batches.opt, "max": run.batches.max},
+        "device": run.device,
+        "tensorrt": run.tensorrt,
+        "accuracy": {
+            "metric": ACCURACY_METRIC,
+            "bound": run.bound,
+            "references": run.references,
+            "comparisons": [c.to_json() for c in run.comparisons],
+            "non_finite_outputs": run.non_finite,
+            "passed": run.accuracy_passed,
+        },
+        "latency": latency,
+        "pytorch": run.pytorch,
+        "timing": {
+            "warmup": run.timing.warmup,
+            "max_iterations": run.timing.iterations,
+            "max_seconds_per_measurement": run.timing.max_seconds,
+            "inputs": "random standard-normal batches, already in the backend's memory (no host-device copies timed)",
+            "seed": run.seed,
+        },
+        "notes": run.notes,
+        "versions": run.versions,
+    }
+
+
+def termination_summary(report: dict[str, Any], report_path: str) -> str:
+    """A compact JSON summary that fits Kubernetes' termination message limit (4 KiB)."""
+    errors = [c["max_relative_error"] for c in report["accuracy"]["comparisons"] if c["max_relative_error"] is not None]
+    summary: dict[str, Any] = {
+        "kind": "engine",
+        "passed": report["passed"],
+        "backend": report["backend"],
+        "engine": report["engine"],
+        "report": report_path,
+        "precision": report["precision"]["requested"],
+        "maxRelativeError": max(errors) if errors else None,
+        "bound": report["accuracy"]["bound"],
+        # [batch, median ms, p99 ms, images/s, speed-up over PyTorch]
+        "latency": [
+            [row["batch_size"], row["median_ms"], row["p99_ms"], row["images_per_second"], row["speedup_vs_pytorch"]]
+            for row in report["latency"]
+        ],
+    }
+    if report["engine"] is None:
+        summary["message"] = report["notes"][0] if report["notes"] else NO_ENGINE_MESSAGE
+    text = json.dumps(summary, separators=(",", ":"))
+    limit = contract.TERMINATION_MESSAGE_MAX_BYTES
+    if len(text.encode()) > limit:
+        summary["message"] = summary.get("message", "")[:200]
+        summary["latency"] = summary["latency"][:3]
+        text = json.dumps(summary, separators=(",", ":"))
+    return text.encode()[:limit].decode(errors="ignore")
+
+
+def termination_log_path(env: dict[str, str]) -> Optional[str]:
+    """Where the summary goes: DTRAIN_TERMINATION_LOG when set, else Kubernetes' file when it exists.
+
+    The default path is only written when the kubelet made it, so that a run outside a pod
+    never creates a stray /dev/termination-log.
+    """
+    configured = env.get(contract.ENV_TERMINATION_LOG)
+    if configured:
+        return configured
+    default = contract.TERMINATION_LOG_PATH
+    return default if os.path.exists(default) and os.access(default, os.W_OK) else None
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write a whole file or nothing: readers never see half an engine or half a report."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+    os.replace(temporary, path)
+
+
+def cpu_description(threads: int) -> str:
+    processor = platform.processor() or platform.machine()
+    return f"CPU ({processor}, {threads} threads)"
+
+
+def _number(value: Optional[float], digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The latency table and the accuracy verdict, for the log."""
+    lines = [
+        f"{'batch':>5}  {'backend':<16} {'median ms':>10} {'p99 ms':>9} {'images/s':>10}   "
+        f"{'pytorch ms':>10} {'speed-up':>8}  {'max rel err':>11}",
+    ]
+    errors: dict[int, float] = {}
+    for comparison in report["accuracy"]["comparisons"]:
+        value = comparison["max_relative_error"]
+        batch = comparison["batch_size"]
+        errors[batch] = max(errors.get(batch, 0.0), value if value is not None else float("inf"))
+    for row in report["latency"]:
+        pytorch = row["pytorch"]
+        speedup = row["speedup_vs_pytorch"]
+        error = errors.get(row["batch_size"])
+        lines.append(
+            f"{row['batch_size']:>5}  {report['backend']:<16} {row['median_ms']:>10.3f} {row['p99_ms']:>9.3f} "
+            f"{row['images_per_second']:>10.1f}   {_number(pytorch['median_ms'] if pytorch else None, 3):>10} "
+            f"{(_number(speedup) + 'x') if speedup else '-':>8}  {(f'{error:.2e}' if error is not None else '-'):>11}"
+        )
+    accuracy = report["accuracy"]
+    verdict = "passed" if accuracy["passed"] else "FAILED"
+    if accuracy["references"]:
+        lines.append(
+            f"accuracy {verdict}: bound {accuracy['bound']:g} ({report['precision']['executed']}) "
+            f"against {', '.join(accuracy['references'])}"
+        )
+    else:
+        lines.append(f"accuracy {verdict}: outputs checked to be finite only (no independent reference)")
+    return "\n".join(lines)

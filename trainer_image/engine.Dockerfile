@@ -1,0 +1,33 @@
+# syntax=docker/dockerfile:1
+# The engine image: `dtrain build-engine` with TensorRT 10, CUDA and PyTorch, as the
+# operator's engine Job runs it (spec.engine.image). NVIDIA's PyTorch image carries a
+# TensorRT 10 build matched to its CUDA and torch (25.01: TensorRT 10.8, torch 2.6, CUDA 12.8);
+# torch holds the engine's GPU buffers and runs the PyTorch eager baseline.
+# Build from the repository root:
+#   docker build -f trainer_image/engine.Dockerfile -t ghcr.io/dtrain-dev/dtrain-engine:0.1.0 .
+# (trainer_image/engine.Dockerfile.dockerignore keeps the build context to the package sources.)
+# A user's own model class must be importable here too for the PyTorch baseline: build
+# FROM this image with your package installed, and set spec.engine.image to it.
+
+ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.01-py3
+FROM ${BASE_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/dtrain_operator operator/dtrain_operator
+COPY trainer_image/dtrain_trainer trainer_image/dtrain_trainer
+# Keep the base image's torch, torchvision and TensorRT: pin what is installed so that pip
+# never replaces them with PyPI builds (NVIDIA's own constraints, if any, still apply).
+RUN pip list --format=freeze | grep -iE '^(torch|torchvision|tensorrt|tensorrt[-_]cu[0-9]+.*|numpy)==' > /tmp/base-pins.txt \
+ && PIP_CONSTRAINT="${PIP_CONSTRAINT:+$PIP_CONSTRAINT }/tmp/base-pins.txt" \
+    pip install --no-cache-dir '.[tensorrt]' \
+ && rm -rf /src /tmp/base-pins.txt \
+ && python -c "import tensorrt, torch; assert tensorrt.__version__.split('.')[0] == '10', tensorrt.__version__; print('TensorRT', tensorrt.__version__, 'torch', torch.__version__)"
+WORKDIR /workspace
+# Non-root and numeric, so that the pod's runAsNonRoot can verify it; HOME is writable for
+# TensorRT's and torch's caches.
+ENV HOME=/tmp
+USER 65532:65532
+ENTRYPOINT ["dtrain", "build-engine"]

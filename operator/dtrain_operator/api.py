@@ -485,6 +485,8 @@ class Progress(StatusModel):
     """Training throughput over all ranks (warm-up excluded)."""
     updated_at: Optional[str] = None
     """When this was reported (RFC 3339)."""
+    stage: Optional[str] = None
+    """What rank 0 is doing: training, or exporting (the model is being exported to ONNX)."""
 
 
 class CheckpointInfo(StatusModel):
@@ -523,6 +525,8 @@ class DistributedTrainingStatus(StatusModel):
     """What training and the engine Job produced: ONNX file, parity error, engine, latency report."""
     observed_generation: Optional[int] = None
     """The spec generation this status describes."""
+    accepted_spec: Optional[InitArgs] = None
+    """The spec the job was created with (defaults filled in). The operator runs this spec; later changes to immutable fields are reported in the SpecImmutable condition, not applied."""
 
 
 # --- The object -------------------------------------------------------------------

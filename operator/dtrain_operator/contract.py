@@ -37,6 +37,9 @@ PROGRESS_SINK_KUBERNETES = "kubernetes"
 PROGRESS_SINK_STDOUT = "stdout"
 PROGRESS_SINK_NONE = "none"
 PROGRESS_SINK_JSONL_PREFIX = "jsonl:"
+# status.progress.stage that rank 0 reports while it exports the model (the job's phase is then Exporting).
+PROGRESS_STAGE_TRAINING = "training"
+PROGRESS_STAGE_EXPORTING = "exporting"
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 15.0
 
 TERMINATION_LOG_PATH = "/dev/termination-log"
@@ -98,6 +101,12 @@ ONNX_FILE_NAME = "model.onnx"
 ARTIFACTS_FILE_NAME = "artifacts.json"
 ENGINE_FILE_NAME = "model.plan"
 ENGINE_REPORT_FILE_NAME = "engine-report.json"
+# Keys of artifacts.json that `dtrain build-engine` reads to load the PyTorch model for its
+# eager baseline and reference: the checkpoint model.onnx was exported from (a path, absolute
+# or relative to artifacts.json, or an object with a "path" key) and the model's class as
+# {"classPath": ..., "initArgs": {...}} (the spec's `model`).
+ARTIFACTS_KEY_CHECKPOINT = "checkpoint"
+ARTIFACTS_KEY_MODEL = "model"
 
 # --- Defaults for the images ------------------------------------------------------------
 DEFAULT_TRAINER_IMAGE = "ghcr.io/dtrain-dev/dtrain-trainer:0.1.0"

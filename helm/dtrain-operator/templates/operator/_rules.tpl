@@ -1,0 +1,49 @@
+{{/*
+The operator's RBAC rules, least privilege: every verb is one that kopf or the operator's code
+(operator/dtrain_operator/kube.py, called from controller.py) uses, and
+tests/operator/test_rbac_matches_calls.py compares them with the calls of a recorded run.
+
+Nothing is cluster-scoped: the operator runs kopf standalone (no peering objects) and with
+scanning disabled (main.py), so kopf neither watches CRDs nor lists namespaces; it finds the
+served resources once through discovery, which every authenticated client may read.
+*/}}
+{{- define "dtrain-operator.rules" -}}
+# kopf and the operator: Events on DistributedTrainings (kopf's warnings, dtrain's phase changes).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+# kopf: the watch of DistributedTrainings. The operator: deletes a finished job after
+# runPolicy.ttlSecondsAfterFinished.
+- apiGroups: [dtrain.dev]
+  resources: [distributedtrainings]
+  verbs: [list, watch, delete]
+# The operator: phase, conditions, node counts, restarts, artifacts.
+- apiGroups: [dtrain.dev]
+  resources: [distributedtrainings/status]
+  verbs: [patch]
+# Worker pods. kopf: watched (an index of each job's pods). The operator: created per gang
+# generation, read back when a create meets 409, deleted for a gang restart, suspend, cleanPodPolicy.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [create, get, list, watch, delete]
+# The engine Job: like the pods (deleted when a job is suspended or cleaned up).
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [create, get, list, watch, delete]
+# The headless Service (rank 0's DNS name) and the trainer's ConfigMap: created, read back on 409.
+# They go with the job through their owner reference (garbage collection), never by the operator.
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [create, get]
+# The PodGroup for gang scheduling (Volcano or scheduler-plugins): created, read back on 409.
+- apiGroups: [scheduling.volcano.sh, scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [create, get]
+{{- if .Values.rbac.ownerReferencesPermissionEnforcement }}
+# Children carry blockOwnerDeletion in their owner reference; with the
+# OwnerReferencesPermissionEnforcement admission plugin (OpenShift) that needs this.
+- apiGroups: [dtrain.dev]
+  resources: [distributedtrainings/finalizers]
+  verbs: [update]
+{{- end }}
+{{- end }}

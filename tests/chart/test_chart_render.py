@@ -1,0 +1,275 @@
+"""The Helm chart: `helm lint`, `helm template` with each value set, and what each value does.
+
+Rendering runs the real helm binary; every assertion is about the objects Kubernetes would get.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from dtrain_operator import cli, contract
+from dtrain_operator.crd import crd
+from dtrain_operator.main import operator_settings
+from tests.chart.helm import (
+    CHART_DIR,
+    MONITORING_API,
+    HelmError,
+    granted,
+    helm_lint,
+    helm_notes,
+    helm_template,
+    of_kind,
+    one,
+    rbac_rules,
+)
+from tests.chart.value_sets import VALUE_SETS
+
+NAMESPACE = "dtrain-system"
+
+
+def deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objects, "Deployment")
+
+
+def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_lint_passes(name: str) -> None:
+    values, _ = VALUE_SETS[name]
+    assert "0 chart(s) failed" in helm_lint(values)
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_operator_args_are_flags_the_operator_accepts(name: str) -> None:
+    """Every argument the chart passes parses with the real `dtrain operator` parser."""
+    values, api_versions = VALUE_SETS[name]
+    args = operator_container(helm_template(values, api_versions=api_versions))["args"]
+    parsed = cli.build_parser().parse_args(["operator", *args])
+    operator_values = values.get("operator", {})
+    assert parsed.log_level == operator_values.get("logLevel", "INFO")
+    assert parsed.log_format == operator_values.get("logFormat", "plain")
+    assert parsed.qps == operator_values.get("qps", 20)
+    assert parsed.burst == operator_values.get("burst", 40)
+    assert parsed.watch_timeout == operator_values.get("watchTimeout", 300)
+    assert parsed.namespaces == (values.get("watchNamespaces") or None)
+    assert parsed.all_namespaces is not bool(values.get("watchNamespaces"))
+
+
+def test_defaults_install_a_cluster_wide_operator() -> None:
+    objects = helm_template()
+    assert {obj["kind"] for obj in objects} == {
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "RoleBinding",
+        "Service",
+        "Deployment",
+    }
+    dep = deployment(objects)
+    assert dep["metadata"]["name"] == "dtrain-operator"
+    assert dep["metadata"]["namespace"] == NAMESPACE
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "dtrain-operator"
+    accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in of_kind(objects, "ServiceAccount")}
+    assert accounts == {(NAMESPACE, "dtrain-operator"), (NAMESPACE, "dtrain-trainer")}
+    assert not of_kind(objects, "Role")
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == "dtrain-operator"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-operator", "namespace": NAMESPACE}]
+
+
+def test_probes_and_ports_use_the_operator_ports() -> None:
+    container = operator_container(helm_template({"operator": {"healthPort": 9440}, "metrics": {"port": 9441}}))
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"health": 9440, "metrics": 9441}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    parsed = cli.build_parser().parse_args(["operator", *container["args"]])
+    assert (parsed.health_port, parsed.metrics_port) == (9440, 9441)
+
+
+def test_crd_is_the_generated_one_and_kept_on_uninstall() -> None:
+    rendered = one(helm_template(), "CustomResourceDefinition")
+    generated = crd()
+    assert rendered["spec"] == generated["spec"]
+    assert rendered["metadata"]["name"] == generated["metadata"]["name"]
+    assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    not_kept = one(helm_template({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert "annotations" not in not_kept["metadata"]
+
+
+def test_crd_can_be_left_out() -> None:
+    assert not of_kind(helm_template({"crds": {"install": False}}), "CustomResourceDefinition")
+
+
+def test_namespaced_install_uses_roles_in_each_watched_namespace() -> None:
+    objects = helm_template(VALUE_SETS["namespaced"][0])
+    roles = of_kind(objects, "Role")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    operator_bindings = [b for b in of_kind(objects, "RoleBinding") if b["roleRef"]["kind"] == "Role"]
+    assert sorted(b["metadata"]["namespace"] for b in operator_bindings) == ["team-a", "team-b"]
+    for binding in operator_bindings:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-operator", "namespace": NAMESPACE}]
+    # Nothing cluster-wide for the operator, and the same rules as a cluster-wide install.
+    assert [r["metadata"]["name"] for r in of_kind(objects, "ClusterRole")] == ["dtrain-operator-trainer"]
+    assert not of_kind(objects, "ClusterRoleBinding")
+    for role in roles:
+        assert role["rules"] == rbac_rules(helm_template(), "operator")
+
+
+def test_operator_needs_nothing_cluster_scoped() -> None:
+    """The chart grants no CRD watch and no namespace list: that holds because the operator runs
+    kopf standalone (no peering objects) and with its CRD and namespace scans disabled."""
+    args = operator_container(helm_template(VALUE_SETS["namespaced"][0]))["args"]
+    settings = operator_settings(cli.build_parser().parse_args(["operator", *args]))
+    assert settings.scanning.disabled is True
+    assert settings.peering.standalone is True
+    resources = {resource for _, resource, _ in granted(rbac_rules(helm_template(), "operator"))}
+    assert not resources & {"customresourcedefinitions", "namespaces", "kopfpeerings", "clusterkopfpeerings"}
+
+
+def test_owner_reference_permission_enforcement_adds_only_finalizers_update() -> None:
+    plain = granted(rbac_rules(helm_template(), "operator"))
+    enforced = granted(rbac_rules(helm_template({"rbac": {"ownerReferencesPermissionEnforcement": True}}), "operator"))
+    assert enforced - plain == {("dtrain.dev", "distributedtrainings/finalizers", "update")}
+    assert plain <= enforced
+
+
+def test_trainer_rbac_is_one_verb_on_status() -> None:
+    objects = helm_template(VALUE_SETS["namespaced"][0])
+    assert granted(rbac_rules(objects, "trainer")) == {("dtrain.dev", "distributedtrainings/status", "patch")}
+    accounts = [sa for sa in of_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "dtrain-trainer"]
+    assert sorted(sa["metadata"]["namespace"] for sa in accounts) == ["team-a", "team-b"]
+    bindings = [b for b in of_kind(objects, "RoleBinding") if b["metadata"]["name"] == "dtrain-trainer"]
+    for binding in bindings:
+        namespace = binding["metadata"]["namespace"]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "dtrain-operator-trainer",
+        }
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-trainer", "namespace": namespace}]
+
+
+def test_trainer_service_account_is_the_jobs_default() -> None:
+    """A job that names no service account runs as the one the chart creates."""
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert values["trainerRbac"]["serviceAccountName"] == contract.DEFAULT_WORKER_SERVICE_ACCOUNT
+
+
+def test_trainer_namespaces_when_watching_everything() -> None:
+    objects = helm_template({"trainerRbac": {"namespaces": ["research", NAMESPACE]}})
+    accounts = [sa for sa in of_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "dtrain-trainer"]
+    assert [sa["metadata"]["namespace"] for sa in accounts] == [NAMESPACE, "research"]
+
+
+def test_no_rbac_renders_no_roles_and_uses_the_given_service_account() -> None:
+    objects = helm_template(VALUE_SETS["no-rbac"][0])
+    for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"):
+        assert not of_kind(objects, kind), kind
+    assert deployment(objects)["spec"]["template"]["spec"]["serviceAccountName"] == "platform-operator"
+    assert "rbac.create is false" in helm_notes(VALUE_SETS["no-rbac"][0])
+
+
+def test_service_monitor_only_where_the_monitoring_api_exists() -> None:
+    values = VALUE_SETS["service-monitor"][0]
+    assert not of_kind(helm_template(values), "ServiceMonitor")
+    assert "no ServiceMonitor was created" in helm_notes(values)
+    objects = helm_template(values, api_versions=[MONITORING_API])
+    monitor = one(objects, "ServiceMonitor")
+    service = one(objects, "Service")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+    # The Service reaches the operator pod's metrics port.
+    pod_labels = deployment(objects)["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
+
+
+def test_metrics_service_can_be_turned_off() -> None:
+    values = {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}}
+    objects = helm_template(values, api_versions=[MONITORING_API])
+    assert not of_kind(objects, "Service")
+    assert not of_kind(objects, "ServiceMonitor")
+
+
+def test_custom_image_resources_and_placement() -> None:
+    values = VALUE_SETS["custom-image-and-resources"][0]
+    objects = helm_template(values)
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    container = operator_container(objects)
+    assert container["image"] == "registry.example.com/ml/dtrain-operator:1.2.3"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["resources"] == values["resources"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["nodeSelector"] == values["nodeSelector"]
+    assert pod["tolerations"] == values["tolerations"]
+    assert pod["affinity"] == values["affinity"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+
+
+def test_image_tag_defaults_to_the_app_version() -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert operator_container(helm_template())["image"] == f"ghcr.io/dtrain-dev/dtrain-operator:{chart['appVersion']}"
+
+
+def test_release_name_gives_the_object_names() -> None:
+    assert deployment(helm_template(release="dtrain-operator"))["metadata"]["name"] == "dtrain-operator"
+    assert deployment(helm_template(release="ml"))["metadata"]["name"] == "ml-operator"
+    assert deployment(helm_template({"fullnameOverride": "trainer-ops"}))["metadata"]["name"] == "trainer-ops"
+
+
+def test_notes_tell_the_next_commands() -> None:
+    notes = helm_notes()
+    assert "kubectl -n dtrain-system rollout status deployment/dtrain-operator" in notes
+    assert "kubectl apply -n dtrain-system -f examples/quickstart.yaml" in notes
+    assert "--clusterrole=dtrain-operator-trainer --serviceaccount=NS:dtrain-trainer" in notes
+    namespaced = helm_notes(VALUE_SETS["namespaced"][0])
+    assert "watching: team-a, team-b" in namespaced
+    assert "kubectl apply -n team-a -f examples/quickstart.yaml" in namespaced
+
+
+BAD_VALUES = [
+    ({"replicas": 2}, "/replicas"),
+    ({"replicas": "1"}, "/replicas"),
+    ({"watchNamespaces": "team-a"}, "/watchNamespaces"),
+    ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+    ({"operator": {"logLevel": "verbose"}}, "/operator/logLevel"),
+    ({"operator": {"qps": 0}}, "/operator/qps"),
+    ({"operator": {"burst": 2.5}}, "/operator/burst"),
+    ({"operator": {"healthPort": 80}}, "/operator/healthPort"),
+    ({"operator": {"leaderElection": True}}, "/operator"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"image": {"repository": ""}}, "/image/repository"),
+    # null deletes a default in Helm: the operator may not run without limits.
+    ({"resources": {"limits": None}}, "/resources"),
+    ({"resources": {"requests": {"cpu": "lots"}, "limits": {}}}, "/resources/requests/cpu"),
+    ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}}, "/metrics/serviceMonitor/interval"),
+    ({"rbac": {"create": "yes"}}, "/rbac/create"),
+    ({"imagePullSecrets": ["regcred"]}, "/imagePullSecrets/0"),
+    ({"trainerRbac": {"serviceAccountName": "Trainer"}}, "/trainerRbac/serviceAccountName"),
+    ({"watchNamespace": ["team-a"]}, "watchNamespace"),
+]
+
+
+@pytest.mark.parametrize("values,field", BAD_VALUES, ids=[json.dumps(v) for v, _ in BAD_VALUES])
+def test_values_that_break_the_schema_fail_with_the_field(values: dict[str, Any], field: str) -> None:
+    with pytest.raises(HelmError) as failure:
+        helm_template(values)
+    message = str(failure.value)
+    assert "values don't meet the specifications of the schema" in message
+    assert field in message

@@ -1,0 +1,50 @@
+"""The value sets every chart test renders: the defaults and the installs users ask for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.chart.helm import MONITORING_API
+
+# name -> (values, extra API versions the pretend cluster serves)
+VALUE_SETS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "defaults": ({}, ()),
+    "namespaced": ({"watchNamespaces": ["team-a", "team-b"]}, ()),
+    "no-rbac": (
+        {
+            "rbac": {"create": False},
+            "trainerRbac": {"create": False},
+            "serviceAccount": {"create": False, "name": "platform-operator"},
+            "crds": {"install": False},
+        },
+        (),
+    ),
+    "service-monitor": (
+        {"metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}}}},
+        (MONITORING_API,),
+    ),
+    "custom-image-and-resources": (
+        {
+            "image": {"repository": "registry.example.com/ml/dtrain-operator", "tag": "1.2.3", "pullPolicy": "Always"},
+            "imagePullSecrets": [{"name": "regcred"}],
+            "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": 2, "memory": "1Gi"}},
+            "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+            "tolerations": [
+                {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}
+                        ]
+                    }
+                }
+            },
+            "priorityClassName": "system-cluster-critical",
+            "operator": {"logLevel": "DEBUG", "logFormat": "json", "qps": 50, "burst": 100, "watchTimeout": 120},
+            "trainerRbac": {"namespaces": ["research"]},
+        },
+        (),
+    ),
+}

@@ -26,8 +26,9 @@ RUN pip list --format=freeze | grep -iE '^(torch|torchvision|tensorrt|tensorrt[-
  && rm -rf /src /tmp/base-pins.txt \
  && python -c "import tensorrt, torch; assert tensorrt.__version__.split('.')[0] == '10', tensorrt.__version__; print('TensorRT', tensorrt.__version__, 'torch', torch.__version__)"
 WORKDIR /workspace
-# Non-root and numeric, so that the pod's runAsNonRoot can verify it; HOME is writable for
-# TensorRT's and torch's caches.
+# Non-root and numeric, so that the pod's runAsNonRoot can verify it; the same user as the
+# trainer image (contract.WORKLOAD_UID), so that the engine can write next to the files
+# training left on the shared volume. HOME is writable for TensorRT's and torch's caches.
 ENV HOME=/tmp
-USER 65532:65532
+USER 10001:0
 ENTRYPOINT ["dtrain", "build-engine"]

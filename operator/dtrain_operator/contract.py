@@ -112,6 +112,9 @@ ARTIFACTS_KEY_MODEL = "model"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/dtrain-dev/dtrain-trainer:0.1.0"
 DEFAULT_ENGINE_IMAGE = "ghcr.io/dtrain-dev/dtrain-engine:0.1.0"
 DEFAULT_WORKER_SERVICE_ACCOUNT = "dtrain-trainer"
+# The user of the trainer and engine images; worker and engine pods use it as fsGroup so
+# that both can write checkpoints and artifacts on the shared volume.
+WORKLOAD_UID = 10001
 
 
 def is_reserved_env_name(name: str) -> bool:

@@ -171,7 +171,13 @@ _CONTAINER_SECURITY = {
     "privileged": False,
     "capabilities": {"drop": ["ALL"]},
 }
-_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+_POD_SECURITY = {
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "fsGroup": contract.WORKLOAD_UID,
+    # Only when the volume's root does not match yet: a recursive chown of a data set is slow.
+    "fsGroupChangePolicy": "OnRootMismatch",
+}
 
 
 def _uses_volcano(job: DistributedTraining) -> bool:

@@ -31,9 +31,9 @@ def _field_names(model: type[BaseModel]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+def _model_at(loc: tuple[Any, ...], root: type[BaseModel] = api.DistributedTraining) -> type[BaseModel] | None:
     """The pydantic model that holds the field at `loc` (for "did you mean" hints)."""
-    model: type[BaseModel] = api.DistributedTraining
+    model: type[BaseModel] = root
     for part in loc:
         if isinstance(part, int):
             continue
@@ -69,14 +69,14 @@ def _path(loc: tuple[Any, ...]) -> str:
     return text or "(document)"
 
 
-def format_error(error: dict[str, Any]) -> str:
+def format_error(error: dict[str, Any], root: type[BaseModel] = api.DistributedTraining) -> str:
     """One pydantic error as `field.path: what is wrong; what is allowed`."""
     loc = tuple(error["loc"])
     kind = error["type"]
     value = error.get("input")
     path = _path(loc)
     if kind == "extra_forbidden":
-        parent = _model_at(loc[:-1])
+        parent = _model_at(loc[:-1], root)
         known = _field_names(parent) if parent else []
         hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
         suggestion = f"; did you mean '{hint[0]}'?" if hint else (f"; known fields: {', '.join(known)}" if known else "")
@@ -94,10 +94,10 @@ def format_error(error: dict[str, Any]) -> str:
     return f"{path}: {message} (got {value!r})"
 
 
-def format_validation_error(exc: ValidationError) -> list[str]:
+def format_validation_error(exc: ValidationError, root: type[BaseModel] = api.DistributedTraining) -> list[str]:
     lines: list[str] = []
     for error in exc.errors():
-        line = format_error(error)
+        line = format_error(error, root)
         # A union reports one error per branch; one line per field is enough.
         if not any(existing.split(":")[0] == line.split(":")[0] for existing in lines):
             lines.append(line)

@@ -1,0 +1,127 @@
+"""The checks that run before anything trains: config file, launch environment, precision, progress interval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dtrain_operator import contract
+from dtrain_operator.api import TrainerConfig
+from dtrain_trainer.config import (
+    ConfigError,
+    check_launch_environment,
+    config_path,
+    load_config,
+    parse_config,
+    progress_interval,
+    resolve_precision,
+)
+
+
+def a_config(**fields: object) -> TrainerConfig:
+    return TrainerConfig.model_validate({"jobName": "j", "accelerator": "cpu", **fields})
+
+
+TORCHRUN_2x2 = {
+    contract.ENV_NNODES: "2",
+    contract.ENV_NPROC_PER_NODE: "2",
+    "WORLD_SIZE": "4",
+    "LOCAL_WORLD_SIZE": "2",
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+}
+
+
+def test_environment_that_matches_the_config_passes() -> None:
+    check_launch_environment(a_config(nodes=2, devicesPerNode=2), TORCHRUN_2x2, visible_gpus=0)
+
+
+def test_single_process_without_torchrun_passes() -> None:
+    check_launch_environment(a_config(), {}, visible_gpus=0)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        (contract.ENV_NNODES, "3", "nodes = 2"),
+        (contract.ENV_NPROC_PER_NODE, "1", "devicesPerNode = 2"),
+        ("WORLD_SIZE", "8", "nodes x devicesPerNode = 2 x 2 = 4"),
+        ("LOCAL_WORLD_SIZE", "4", "devicesPerNode = 2"),
+    ],
+)
+def test_a_variable_that_disagrees_is_named(variable: str, value: str, field: str) -> None:
+    env = {**TORCHRUN_2x2, variable: value}
+    with pytest.raises(ConfigError) as error:
+        check_launch_environment(a_config(nodes=2, devicesPerNode=2), env, visible_gpus=0)
+    message = str(error.value)
+    assert message.startswith(f"{variable} is {value} but the config says {field}")
+
+
+def test_a_variable_that_is_not_a_number_is_named() -> None:
+    with pytest.raises(ConfigError, match="PET_NNODES is 'two'"):
+        check_launch_environment(a_config(), {contract.ENV_NNODES: "two"}, visible_gpus=0)
+
+
+def test_many_processes_need_torchrun() -> None:
+    with pytest.raises(ConfigError, match="not started by torchrun \\(WORLD_SIZE is not set\\)"):
+        check_launch_environment(a_config(nodes=2), {}, visible_gpus=0)
+
+
+def test_gpu_accelerator_needs_visible_gpus() -> None:
+    config = a_config(accelerator="gpu", devicesPerNode=2)
+    with pytest.raises(ConfigError, match="sees 1 CUDA device"):
+        check_launch_environment(config, {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, visible_gpus=1)
+    check_launch_environment(config, {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, visible_gpus=2)
+
+
+@pytest.mark.parametrize(
+    ("asked", "accelerator", "runs", "warns"),
+    [
+        ("16-mixed", "cpu", "32-true", True),
+        ("16-mixed", "gpu", "16-mixed", False),
+        ("bf16-mixed", "cpu", "bf16-mixed", False),
+        ("32-true", "cpu", "32-true", False),
+    ],
+)
+def test_precision(asked: str, accelerator: str, runs: str, warns: bool) -> None:
+    precision, warning = resolve_precision(asked, accelerator)
+    assert precision == runs
+    assert (warning is not None) == warns
+    if warning:
+        assert "16-mixed needs a CUDA GPU" in warning and "32-true" in warning
+
+
+def test_progress_interval() -> None:
+    assert progress_interval({}) == contract.DEFAULT_PROGRESS_INTERVAL_SECONDS
+    assert progress_interval({contract.ENV_PROGRESS_INTERVAL: "2.5"}) == 2.5
+    for bad in ("soon", "-1", "nan"):
+        with pytest.raises(ConfigError, match=contract.ENV_PROGRESS_INTERVAL):
+            progress_interval({contract.ENV_PROGRESS_INTERVAL: bad})
+
+
+def test_config_path_prefers_the_flag() -> None:
+    assert config_path("a.yaml", {contract.ENV_CONFIG: "b.yaml"}) == Path("a.yaml")
+    assert config_path(None, {contract.ENV_CONFIG: "b.yaml"}) == Path("b.yaml")
+    with pytest.raises(ConfigError, match="--config FILE or set DTRAIN_CONFIG"):
+        config_path(None, {})
+
+
+def test_parse_config_names_each_bad_field() -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config("jobName: j\ntrainer: {maxStep: 3, batchSize: 0}\n", "c.yaml")
+    message = str(error.value)
+    assert "c.yaml: trainer.maxStep: unknown field; did you mean 'maxSteps'?" in message
+    assert "c.yaml: trainer.batchSize:" in message
+
+
+def test_parse_config_yaml_errors_have_a_position() -> None:
+    with pytest.raises(ConfigError, match=r"^c.yaml:\d+:\d+: YAML syntax error"):
+        parse_config("jobName: j\ntrainer: {maxSteps: 3\n", "c.yaml")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        parse_config("- a\n", "c.yaml")
+
+
+def test_load_config_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the config"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,201 @@
+"""ONNX export and its ONNX Runtime check: a good export passes, broken ones are caught."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+from dtrain_operator import contract
+from dtrain_trainer.config import ConfigError
+from dtrain_trainer.export import (
+    INPUT_NAME,
+    PARITY_TOLERANCE,
+    ExportError,
+    check_onnx_parity,
+    export_artifacts,
+    export_onnx,
+    relative_error,
+    resolve_input_shape,
+    termination_summary,
+    write_termination_log,
+)
+
+SHAPE = (3, 16, 16)
+
+
+def tiny_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 5),
+    )
+
+
+class StatefulModel(nn.Module):
+    """Its output depends on Python state that tracing bakes in as a constant: a broken export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = tiny_cnn()
+        self.calls = 0
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.net(images) * float(self.calls)
+
+
+def test_export_with_dynamic_batch_passes_the_check(tmp_path: Path) -> None:
+    model = tiny_cnn()
+    exported = export_onnx(model, SHAPE, tmp_path / "m.onnx", opset=17, dynamic_batch=True)
+    assert (exported.opset, exported.exporter, exported.dynamic_batch) == (17, "torchscript", True)
+    assert not model.training  # exported in eval mode
+    graph = onnx.load(str(exported.path)).graph
+    assert graph.input[0].name == INPUT_NAME
+    assert graph.input[0].type.tensor_type.shape.dim[0].dim_param  # symbolic batch axis
+    for batch in (1, 3, 7):
+        assert check_onnx_parity(model, exported.path, torch.randn(batch, *SHAPE)) < 1e-5
+
+
+def test_fixed_batch_export(tmp_path: Path) -> None:
+    exported = export_onnx(tiny_cnn(), SHAPE, tmp_path / "m.onnx", opset=17, dynamic_batch=False)
+    dims = onnx.load(str(exported.path)).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [1, *SHAPE]
+
+
+def test_opset_18_uses_the_dynamo_exporter(tmp_path: Path) -> None:
+    model = tiny_cnn()
+    exported = export_onnx(model, SHAPE, tmp_path / "m.onnx", opset=18, dynamic_batch=True)
+    assert (exported.opset, exported.exporter) == (18, "dynamo")
+    assert check_onnx_parity(model, exported.path, torch.randn(3, *SHAPE)) < 1e-5
+
+
+def test_tampered_weights_are_detected(tmp_path: Path) -> None:
+    model = tiny_cnn()
+    path = export_onnx(model, SHAPE, tmp_path / "m.onnx").path
+    proto = onnx.load(str(path))
+    largest = max(proto.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    weights = numpy_helper.to_array(largest).copy()
+    weights += 0.5
+    largest.CopyFrom(numpy_helper.from_array(weights, largest.name))
+    onnx.save(proto, str(path))
+    assert check_onnx_parity(model, path, torch.randn(2, *SHAPE)) > PARITY_TOLERANCE
+
+
+def test_a_file_that_is_not_onnx_is_an_export_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"not a model")
+    with pytest.raises(ExportError, match="ONNX Runtime cannot load"):
+        check_onnx_parity(tiny_cnn(), path, torch.randn(2, *SHAPE))
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_a_baked_in_batch_size_is_detected(tmp_path: Path) -> None:
+    class FixedBatch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny_cnn()
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            return self.net(images).reshape(int(images.shape[0]), -1)  # int(): tracing keeps the export's batch
+
+    model = FixedBatch()
+    path = export_onnx(model, SHAPE, tmp_path / "m.onnx", dynamic_batch=True).path
+    with pytest.raises(ExportError):
+        check_onnx_parity(model, path, torch.randn(3, *SHAPE))
+
+
+def test_export_artifacts_writes_checked_files(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "last.ckpt"
+    torch.save({"global_step": 7}, checkpoint)
+    metrics = {"loss": 0.5, "step": 7, "epoch": 1, "imagesPerSecond": 123.0}
+    model_class = {"classPath": "pkg.TinyCNN", "initArgs": {"width": 4}}
+    record = export_artifacts(
+        tiny_cnn(), SHAPE, 17, True, tmp_path / "art", "job", metrics, checkpoint, model_class=model_class
+    )
+    onnx_path = tmp_path / "art" / contract.ONNX_FILE_NAME
+    on_disk = json.loads((tmp_path / "art" / contract.ARTIFACTS_FILE_NAME).read_text())
+    assert on_disk == record
+    assert record["onnx"]["path"] == str(onnx_path) and record["onnx"]["sizeBytes"] == onnx_path.stat().st_size
+    assert len(record["onnx"]["sha256"]) == 64
+    assert record["parity"]["ok"] and record["parity"]["maxRelativeError"] <= PARITY_TOLERANCE
+    assert record["checkpoint"]["path"] == str(checkpoint)
+    assert record[contract.ARTIFACTS_KEY_MODEL] == model_class
+    assert record["metrics"] == metrics
+    assert {"torch", "lightning", "onnxruntime", "python"} <= set(record["versions"])
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    assert session.run(None, {INPUT_NAME: np.zeros((4, *SHAPE), np.float32)})[0].shape == (4, 5)
+    assert sorted(p.name for p in (tmp_path / "art").iterdir()) == [contract.ARTIFACTS_FILE_NAME, contract.ONNX_FILE_NAME]
+
+
+def test_export_artifacts_rejects_a_broken_export(tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="ONNX Runtime disagrees with PyTorch on a random batch"):
+        export_artifacts(StatefulModel(), SHAPE, 17, True, tmp_path / "art", "job", {}, None)
+    # Nothing half-done is left for the engine Job to pick up.
+    assert list((tmp_path / "art").iterdir()) == []
+
+
+def test_relative_error() -> None:
+    reference = np.array([[1.0, -4.0], [0.0, 2.0]])
+    assert relative_error(reference, reference) == 0.0
+    assert relative_error(reference + 0.004, reference) == pytest.approx(0.001)
+    assert relative_error(np.zeros(3), np.zeros(3)) == 0.0  # no division by zero
+    assert relative_error(np.array([np.nan]), np.array([1.0])) == math.inf
+    assert relative_error(np.zeros(2), np.zeros(3)) == math.inf
+
+
+def test_input_shape_sources() -> None:
+    class Data:
+        sample_shape = (3, 32, 32)
+
+    class Model:
+        example_input_array = torch.zeros(1, 1, 28, 28)
+
+    assert resolve_input_shape([3, 64, 64], Data(), Model()) == (3, 64, 64)
+    assert resolve_input_shape(None, Data(), Model()) == (3, 32, 32)
+    assert resolve_input_shape(None, object(), Model()) == (1, 28, 28)
+    with pytest.raises(ConfigError, match="export.onnx.inputShape"):
+        resolve_input_shape(None, object(), object())
+
+
+def test_termination_log(tmp_path: Path) -> None:
+    path = tmp_path / "termination-log"
+    write_termination_log({"ok": True, "step": 3}, {contract.ENV_TERMINATION_LOG: str(path)})
+    assert json.loads(path.read_text()) == {"ok": True, "step": 3}
+    huge = termination_summary({"ok": False, "error": "x" * 10_000, "step": 3, "noise": "y" * 10_000})
+    assert len(huge.encode()) <= contract.TERMINATION_MESSAGE_MAX_BYTES
+    assert json.loads(huge)["ok"] is False
+
+
+class DataDependentBranch(nn.Module):
+    """torch.export cannot trace a branch on a tensor's value; the TorchScript tracer follows the branch taken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = tiny_cnn()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.abs().sum() >= 0:  # always true, but only a value can tell
+            return self.net(images)
+        return -self.net(images)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_opset_18_falls_back_to_the_torchscript_exporter(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model = DataDependentBranch()
+    exported = export_onnx(model, SHAPE, tmp_path / "m.onnx", opset=18, dynamic_batch=True)
+    assert (exported.opset, exported.exporter) == (18, "torchscript")
+    assert "the dynamo ONNX exporter failed" in caplog.text
+    assert check_onnx_parity(model, exported.path, torch.randn(3, *SHAPE)) < 1e-5

@@ -1,0 +1,236 @@
+"""Progress: throughput, rate limiting, the sinks, and that a failing sink never stops training."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dtrain_operator import contract
+from dtrain_trainer.config import ConfigError
+from dtrain_trainer.progress import (
+    EVENT_CHECKPOINT,
+    EVENT_PROGRESS,
+    JsonlSink,
+    KubernetesStatusSink,
+    NullSink,
+    ProgressReporter,
+    StdoutSink,
+    TeeSink,
+    ThroughputMeter,
+    batch_size_of,
+    human_line,
+    sink_from_env,
+    status_patch,
+)
+
+from .conftest import FakeApiServer
+
+
+@pytest.fixture(autouse=True)
+def outside_a_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even when the tests run in a pod, the sink must find the test's kubeconfig, not the service account."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def send(self, record: Mapping[str, Any]) -> None:
+        self.records.append(dict(record))
+
+    def close(self) -> None:
+        pass
+
+
+class BrokenSink:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def send(self, record: Mapping[str, Any]) -> None:
+        self.calls += 1
+        raise OSError(28, "No space left on device")
+
+    def close(self) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_throughput_leaves_out_warm_up_and_time_between_epochs() -> None:
+    clock = FakeClock()
+    meter = ThroughputMeter(warmup_batches=2, clock=clock)
+    meter.epoch_start()
+    for _ in range(2):  # warm-up: slow, not counted
+        clock.now += 10.0
+        meter.batch_done(images=64)
+    assert meter.images_per_second() is None
+    for _ in range(4):
+        clock.now += 0.5
+        meter.batch_done(images=64)
+    clock.now += 100.0  # validation between epochs
+    meter.epoch_start()
+    for _ in range(4):
+        clock.now += 0.5
+        meter.batch_done(images=64)
+    assert meter.images_per_second() == pytest.approx(8 * 64 / 4.0)
+
+
+def test_progress_is_rate_limited_and_events_are_not() -> None:
+    clock = FakeClock()
+    sink = ListSink()
+    reporter = ProgressReporter(sink, interval_seconds=15.0, clock=clock)
+    sent = 0
+    for second in range(40):
+        clock.now = float(second)
+        if reporter.progress_due():
+            reporter.progress(step=second)
+            sent += 1
+        reporter.event(EVENT_CHECKPOINT, step=second, path="p")
+    assert [r["step"] for r in sink.records if r["event"] == EVENT_PROGRESS] == [0, 15, 30]
+    assert sum(r["event"] == EVENT_CHECKPOINT for r in sink.records) == 40
+    assert all(r["time"].endswith("Z") for r in sink.records)
+
+
+def test_a_failing_sink_warns_once_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    sink = BrokenSink()
+    reporter = ProgressReporter(sink, interval_seconds=0.0)
+    with caplog.at_level(logging.WARNING, logger="dtrain_trainer"):
+        for step in range(5):
+            reporter.progress(step=step)
+        reporter.close()
+    assert sink.calls == 1
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("progress sink BrokenSink failed" in w for w in warnings) == 1
+    assert any("No space left on device" in w for w in warnings)
+
+
+def test_jsonl_sink_appends_one_object_per_line(tmp_path: Path) -> None:
+    path = tmp_path / "progress.jsonl"
+    path.write_text('{"event": "start"}\n')  # a previous process's records stay
+    reporter = ProgressReporter(JsonlSink(path), interval_seconds=0.0)
+    reporter.progress(epoch=0, step=3, totalSteps=10, loss=0.5, imagesPerSecond=None, epochEnd=False)
+    reporter.event(EVENT_CHECKPOINT, step=3, path="/c/step=00000003.ckpt")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["event"] for line in lines] == ["start", "progress", "checkpoint"]
+    assert lines[1]["imagesPerSecond"] is None and lines[1]["totalSteps"] == 10
+
+
+def test_human_lines() -> None:
+    assert (
+        human_line({"event": "progress", "epoch": 1, "step": 20, "totalSteps": 100, "loss": 0.123456, "imagesPerSecond": 812.26})
+        == "epoch 1  step 20/100  loss 0.1235  812.3 img/s"
+    )
+    assert human_line({"event": "resumed", "path": "/c/last.ckpt", "step": 40}) == "resumed from /c/last.ckpt at step 40"
+    assert human_line({"event": "export", "ok": False, "error": "boom"}) == "export failed: boom"
+
+
+def test_stdout_sink(capsys: pytest.CaptureFixture[str]) -> None:
+    StdoutSink().send({"event": "checkpoint", "step": 4, "path": "/c/step=00000004.ckpt"})
+    assert capsys.readouterr().out == "dtrain: checkpoint at step 4: /c/step=00000004.ckpt\n"
+
+
+def test_status_patch_leaves_out_unknown_values() -> None:
+    record = {"event": "progress", "time": "t", "epoch": 0, "step": 3, "loss": None, "imagesPerSecond": None}
+    assert status_patch(record) == {"progress": {"epoch": 0, "step": 3, "updatedAt": "t"}}
+    assert status_patch({"event": "checkpoint", "time": "t", "step": 4, "path": "p"}) == {
+        "lastCheckpoint": {"step": 4, "path": "p", "time": "t"}
+    }
+    assert status_patch({"event": "start"}) is None
+
+
+def test_batch_size_of() -> None:
+    import torch
+
+    assert batch_size_of((torch.zeros(5, 3), torch.zeros(5))) == 5
+    assert batch_size_of({"image": torch.zeros(7, 3)}) == 7
+    assert batch_size_of("text") is None
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def kubernetes_env(api_server: FakeApiServer, tmp_path: Path) -> dict[str, str]:
+    return {
+        contract.ENV_PROGRESS_SINK: "kubernetes",
+        contract.ENV_JOB_NAME: "resnet",
+        contract.ENV_JOB_NAMESPACE: "team-a",
+        "KUBECONFIG": str(api_server.kubeconfig(tmp_path)),
+    }
+
+
+def test_kubernetes_sink_merge_patches_the_status_off_the_training_thread(
+    api_server: FakeApiServer, tmp_path: Path
+) -> None:
+    sink = sink_from_env(kubernetes_env(api_server, tmp_path), job_name="ignored")
+    assert isinstance(sink, TeeSink)
+    assert [type(s) for s in sink.sinks] == [KubernetesStatusSink, StdoutSink]  # kubectl logs shows progress too
+    reporter = ProgressReporter(sink, interval_seconds=0.0)
+    api_server.release.clear()  # the API server hangs: reporting must not wait for it
+    reporter.progress(epoch=0, step=1, loss=2.0, imagesPerSecond=None)
+    wait_until(lambda: len(api_server.requests) == 1)
+    for step in range(2, 6):
+        reporter.progress(epoch=0, step=step, loss=1.0 / step, imagesPerSecond=100.0 * step)
+    reporter.event(EVENT_CHECKPOINT, step=4, path="/c/step=00000004.ckpt")
+    api_server.release.set()
+    reporter.close()
+
+    assert api_server.requests, "no request reached the API server"
+    for request in api_server.requests:
+        assert request.method == "PATCH"
+        assert request.path == f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/team-a/{contract.PLURAL}/resnet/status"
+        assert request.content_type == "application/merge-patch+json"
+    # The first patch went out at once; the rest waited and were merged into one, newest values only.
+    assert len(api_server.requests) == 2
+    last = api_server.requests[-1].body["status"]
+    assert last["progress"]["step"] == 5 and last["progress"]["imagesPerSecond"] == 500.0
+    assert last["lastCheckpoint"] == {"step": 4, "path": "/c/step=00000004.ckpt", "time": last["lastCheckpoint"]["time"]}
+
+
+def test_kubernetes_sink_failure_is_one_warning(
+    api_server: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    api_server.status = 403
+    sink = sink_from_env(kubernetes_env(api_server, tmp_path), job_name="resnet")
+    with caplog.at_level(logging.DEBUG, logger="dtrain_trainer"):
+        reporter = ProgressReporter(sink, interval_seconds=0.0)
+        for step in range(3):
+            reporter.progress(step=step)
+            wait_until(lambda: len(api_server.requests) > step)  # each request fails on its own
+        reporter.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "HTTP 403" in warnings[0] and "training goes on" in warnings[0]
+    assert "test-token" not in caplog.text
+
+
+def test_kubernetes_sink_without_a_cluster_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    env = {contract.ENV_PROGRESS_SINK: "kubernetes", contract.ENV_JOB_NAMESPACE: "ns", "KUBECONFIG": str(tmp_path / "none")}
+    with caplog.at_level(logging.WARNING, logger="dtrain_trainer"):
+        assert isinstance(sink_from_env(env, job_name="j"), StdoutSink)
+    assert "progress is not reported to the job's status" in caplog.text
+
+
+def test_sink_choice(tmp_path: Path) -> None:
+    assert isinstance(sink_from_env({}, "j"), StdoutSink)
+    assert isinstance(sink_from_env({contract.ENV_PROGRESS_SINK: "none"}, "j"), NullSink)
+    jsonl = sink_from_env({contract.ENV_PROGRESS_SINK: f"jsonl:{tmp_path}/p.jsonl"}, "j")
+    assert isinstance(jsonl, JsonlSink) and jsonl.path == tmp_path / "p.jsonl"
+    with pytest.raises(ConfigError, match="give a file"):
+        sink_from_env({contract.ENV_PROGRESS_SINK: "jsonl:"}, "j")

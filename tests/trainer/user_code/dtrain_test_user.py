@@ -1,0 +1,105 @@
+"""A user's own model and data module, as a user would ship them in an image (tests put this folder on PYTHONPATH).
+
+The model records what the trainer tests need to see from inside training, through
+ordinary Lightning hooks: a digest of its weights at the start and end of training,
+of the first batch it saw, and the world size; and it can die at a given step, once,
+the way a node does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+CRASH_EXIT_CODE = 17
+
+
+def tensor_digest(tensors: list[torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class TinyClassifier(L.LightningModule):
+    def __init__(
+        self,
+        num_classes: int = 4,
+        lr: float = 0.05,
+        record_dir: str | None = None,
+        crash_at_step: int | None = None,
+        crash_marker: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.lr = lr
+        self.record_dir = Path(record_dir) if record_dir else None
+        self.crash_at_step = crash_at_step
+        self.crash_marker = Path(crash_marker) if crash_marker else None
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes)
+        )
+        self._record: dict[str, object] = {}
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        if "first_batch" not in self._record:
+            self._record["first_batch"] = tensor_digest([images])
+        return F.cross_entropy(self(images), labels)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def on_train_start(self) -> None:
+        self._record["start_weights"] = tensor_digest(list(self.parameters()))
+        self._record["world_size"] = self.trainer.world_size
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        marker = self.crash_marker
+        if self.crash_at_step is not None and self.trainer.global_step == self.crash_at_step:
+            if marker is not None and not marker.exists():
+                marker.touch()
+                os._exit(CRASH_EXIT_CODE)  # a node dying: no cleanup, no final checkpoint
+
+    def on_train_end(self) -> None:
+        if self.record_dir is None:
+            return
+        self._record["end_weights"] = tensor_digest(list(self.parameters()))
+        self._record["global_step"] = self.trainer.global_step
+        self.record_dir.mkdir(parents=True, exist_ok=True)
+        (self.record_dir / f"rank{self.global_rank}.json").write_text(json.dumps(self._record))
+
+
+class RandomImageData(L.LightningDataModule):
+    def __init__(
+        self, num_samples: int = 64, image_size: int = 16, num_classes: int = 4, batch_size: int = 8, num_workers: int = 0
+    ) -> None:
+        super().__init__()
+        self.num_samples = num_samples
+        self.num_classes = num_classes
+        self.sample_shape = (3, image_size, image_size)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+
+    def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+        generator = torch.Generator().manual_seed(1)
+        images = torch.randn((self.num_samples, *self.sample_shape), generator=generator)
+        labels = torch.randint(0, self.num_classes, (self.num_samples,), generator=generator)
+        return DataLoader(
+            TensorDataset(images, labels), batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers
+        )
+
+
+class NotAModule:
+    """Something a user might point classPath at by mistake."""

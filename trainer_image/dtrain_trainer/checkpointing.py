@@ -1,0 +1,102 @@
+"""Checkpoints every N optimizer steps, and the choice of the one a (gang) restart resumes from.
+
+Files in checkpoint.dir: `step=<8 digits>.ckpt` (the newest keepLast of them) and
+`last.ckpt`, written in that order at every save, and once more at the end of training.
+Lightning writes each file through an fsspec transaction (a temporary file moved into
+place), and the resume choice skips a file that is not a complete zip archive
+(torch.save's format), so a pod killed while writing cannot wedge the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+log = logging.getLogger("dtrain_trainer")
+
+LAST_CHECKPOINT = "last.ckpt"
+STEP_FILE_PATTERN = re.compile(r"^step=(\d+)\.ckpt$")
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint keeping the newest `keep_last` step checkpoints plus last.ckpt.
+
+    Two additions to Lightning's behaviour: it always saves at the end of training (Lightning
+    saves only on the step grid), and it tells `on_saved(step, path)` on rank 0 about each
+    new checkpoint.
+    """
+
+    def __init__(
+        self,
+        dirpath: str,
+        every_n_steps: int,
+        keep_last: int,
+        on_saved: Callable[[int, str], None] | None = None,
+    ) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="{step:08d}",
+            every_n_train_steps=every_n_steps,
+            save_last=True,
+            # "step" only grows, so the top k by step are the newest k.
+            monitor="step",
+            mode="max",
+            save_top_k=keep_last,
+            # Overwrite last.ckpt rather than add last-v1.ckpt next to a previous run's file.
+            enable_version_counter=False,
+        )
+        self.on_saved = on_saved
+        self._reported_step: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # The starting state is saved already (the checkpoint resumed from, or nothing trained):
+        # without this, a resumed run rewrites its own checkpoint at the first batch.
+        self._last_global_step_saved = trainer.global_step
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._last_global_step_saved != trainer.global_step:
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        # The step file is written first; last.ckpt then repeats it and needs no report of its own.
+        if trainer.is_global_zero and self.on_saved is not None and self._reported_step != trainer.global_step:
+            self._reported_step = trainer.global_step
+            self.on_saved(trainer.global_step, filepath)
+
+
+def _is_complete(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0 and zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
+def find_resume_checkpoint(directory: Path) -> Path | None:
+    """The checkpoint a start resumes from: last.ckpt, unless a newer step file exists; None for a fresh start.
+
+    A step file is newer than last.ckpt only when the writer died between the two files
+    of one save. Incomplete files are skipped with a warning.
+    """
+    if not directory.is_dir():
+        return None
+    candidates = [p for p in directory.iterdir() if p.name == LAST_CHECKPOINT or STEP_FILE_PATTERN.match(p.name)]
+    usable = []
+    for path in candidates:
+        if _is_complete(path):
+            usable.append(path)
+        else:
+            log.warning("checkpoint %s is incomplete or unreadable; not resuming from it", path)
+    if not usable:
+        return None
+    # Newest first; on equal times last.ckpt wins, as it is written after the step file.
+    return max(usable, key=lambda p: (p.stat().st_mtime_ns, p.name == LAST_CHECKPOINT))

@@ -1,0 +1,133 @@
+"""The trainer's inputs: the config file and torchrun's environment, checked before anything starts.
+
+Everything here is a pure decision over values (a file's text, an environment mapping,
+a count of visible GPUs), so that a wrong setting fails in the first second with one
+line that names it, not an hour later inside a collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from dtrain_operator import contract
+from dtrain_operator.api import TrainerConfig
+from dtrain_operator.validation import format_validation_error
+
+
+class ConfigError(Exception):
+    """A setting the trainer cannot run with. The message names the setting and the fix."""
+
+
+def config_path(cli_path: str | None, env: Mapping[str, str]) -> Path:
+    """--config wins over DTRAIN_CONFIG; one of them is needed."""
+    path = cli_path or env.get(contract.ENV_CONFIG)
+    if not path:
+        raise ConfigError(f"no config: pass --config FILE or set {contract.ENV_CONFIG}")
+    return Path(path)
+
+
+def parse_config(text: str, source: str) -> TrainerConfig:
+    """A TrainerConfig from YAML (wire format, camelCase), or a ConfigError naming each bad field."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"{source}: expected a mapping of trainer settings, got {type(document).__name__}")
+    try:
+        return TrainerConfig.model_validate(document)
+    except ValidationError as exc:
+        lines = format_validation_error(exc, TrainerConfig)
+        raise ConfigError("; ".join(f"{source}: {line}" for line in lines)) from None
+
+
+def load_config(path: Path) -> TrainerConfig:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: the config is not a text (UTF-8) file") from None
+    return parse_config(text, str(path))
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} is {raw!r}, not a whole number; the operator sets it from the job's spec") from None
+
+
+def check_launch_environment(config: TrainerConfig, env: Mapping[str, str], visible_gpus: int) -> None:
+    """The process was launched the way the config expects, or a ConfigError naming the variable that disagrees.
+
+    torchrun's PET_* variables come from the same spec as the config, so a mismatch means
+    the pod and its ConfigMap belong to different versions of the job (or a hand-made launch).
+    """
+    world = config.nodes * config.devices_per_node
+    expected = {
+        contract.ENV_NNODES: (config.nodes, "nodes"),
+        contract.ENV_NPROC_PER_NODE: (config.devices_per_node, "devicesPerNode"),
+        "LOCAL_WORLD_SIZE": (config.devices_per_node, "devicesPerNode"),
+        "WORLD_SIZE": (world, f"nodes x devicesPerNode = {config.nodes} x {config.devices_per_node}"),
+    }
+    for name, (want, field) in expected.items():
+        got = _int_var(env, name)
+        if got is not None and got != want:
+            raise ConfigError(
+                f"{name} is {got} but the config says {field} = {want}: "
+                "the launch environment and the config come from different job specs"
+            )
+    if _int_var(env, "WORLD_SIZE") is None and world > 1:
+        raise ConfigError(
+            f"the config trains on {world} processes (nodes {config.nodes} x devicesPerNode "
+            f"{config.devices_per_node}) but this process was not started by torchrun (WORLD_SIZE is not set); "
+            "start it with torchrun, as the operator and `dtrain run` do"
+        )
+    if config.accelerator == "gpu" and visible_gpus < config.devices_per_node:
+        raise ConfigError(
+            f"accelerator is gpu with devicesPerNode {config.devices_per_node}, but this process sees "
+            f"{visible_gpus} CUDA device(s); request the GPUs for the pod, or set accelerator: cpu"
+        )
+
+
+def resolve_precision(precision: str, accelerator: str) -> tuple[str, str | None]:
+    """The precision Lightning runs with, and a warning when it differs from the one asked for."""
+    if precision == "16-mixed" and accelerator == "cpu":
+        return "32-true", (
+            "precision 16-mixed needs a CUDA GPU (fp16 autocast with a gradient scaler) and the accelerator is cpu: "
+            "training runs in 32-true instead (bf16-mixed runs on a CPU, but slowly)"
+        )
+    return precision, None
+
+
+def progress_interval(env: Mapping[str, str]) -> float:
+    raw = env.get(contract.ENV_PROGRESS_INTERVAL)
+    if raw is None or raw == "":
+        return contract.DEFAULT_PROGRESS_INTERVAL_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ConfigError(f"{contract.ENV_PROGRESS_INTERVAL} is {raw!r}; use a number of seconds >= 0")
+    return seconds
+
+
+def global_rank(env: Mapping[str, str]) -> int:
+    """This process's rank as torchrun sets it (0 when not launched by torchrun)."""
+    return _int_var(env, "RANK") or 0
+
+
+def is_first_process_of_node(env: Mapping[str, str]) -> bool:
+    return (_int_var(env, "LOCAL_RANK") or 0) == 0

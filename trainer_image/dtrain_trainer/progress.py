@@ -1,0 +1,495 @@
+"""Live progress from rank 0, through a pluggable sink that can never fail or slow training.
+
+The sink is chosen by DTRAIN_PROGRESS_SINK:
+
+- `kubernetes`: merge-patches `status.progress` and `status.lastCheckpoint` of the
+  DistributedTraining named by DTRAIN_JOB_NAME in DTRAIN_JOB_NAMESPACE, with the pod's
+  service account (or a kubeconfig outside a pod), from a background thread; and prints
+  the `stdout` lines too, so that `kubectl logs` shows progress.
+- `stdout`: one human line per record (the default when the variable is unset).
+- `jsonl:<path>`: one JSON object per line, appended to <path> and flushed per line.
+  `dtrain run` reads this file to draw its progress bar.
+- `none`: nothing.
+
+Progress records are rate-limited to one per DTRAIN_PROGRESS_INTERVAL_SECONDS (default
+15) plus one at each epoch end and at the end of training; events are always sent.
+A sink that raises is reported once as a warning and then ignored.
+
+JSONL record format (every record has `event` and `time`, an RFC 3339 UTC timestamp;
+fields that are not known yet are null; consumers must ignore fields they do not know):
+
+    {"event": "start", "time": ..., "jobName": "quickstart", "worldSize": 2, "nodes": 2,
+     "devicesPerNode": 1, "accelerator": "cpu", "precision": "32-true",
+     "clusterEnvironment": "TorchElasticEnvironment", "maxSteps": -1, "maxEpochs": 2,
+     "resumeFrom": "/ckpt/last.ckpt" | null}
+    {"event": "warning", "time": ..., "message": "precision 16-mixed needs a CUDA GPU ..."}
+    {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
+    {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
+     "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false}
+    {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt"}
+    {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
+     "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
+    {"event": "finished", "time": ..., "ok": true, "step": 128, "epoch": 1, "loss": 0.41,
+     "imagesPerSecond": 815.0}
+    {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}
+
+`step` is Lightning's global step (optimizer steps; with gradient accumulation one step
+is several batches). `totalSteps` is the number of optimizer steps the run will take
+when that is known. `loss` is rank 0's latest training loss. `imagesPerSecond` counts
+the images of all ranks (the batch of each rank times the world size), excluding the
+first WARMUP_BATCHES batches of each process and the time between epochs (validation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+import lightning as L
+import torch
+
+from dtrain_operator import contract
+
+from .config import ConfigError
+
+log = logging.getLogger("dtrain_trainer")
+
+EVENT_START = "start"
+EVENT_WARNING = "warning"
+EVENT_RESUMED = "resumed"
+EVENT_PROGRESS = "progress"
+EVENT_CHECKPOINT = "checkpoint"
+EVENT_EXPORT = "export"
+EVENT_FINISHED = "finished"
+EVENT_ERROR = "error"
+
+# Batches at the start of each process that throughput leaves out: CUDA context,
+# cuDNN autotuning and allocator growth make them unrepresentative.
+WARMUP_BATCHES = 5
+KUBERNETES_REQUEST_TIMEOUT_SECONDS = 5.0
+SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class Sink(Protocol):
+    def send(self, record: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullSink:
+    def send(self, record: Mapping[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def human_line(record: Mapping[str, Any]) -> str:
+    """One record as a line for a person reading the log."""
+    event = record.get("event")
+    if event == EVENT_PROGRESS:
+        total = record.get("totalSteps")
+        step = f"{record.get('step')}/{total}" if total else str(record.get("step"))
+        rate = record.get("imagesPerSecond")
+        rate_text = f"  {rate:.1f} img/s" if rate is not None else ""
+        return f"epoch {record.get('epoch')}  step {step}  loss {_number(record.get('loss'))}{rate_text}"
+    if event == EVENT_START:
+        return (
+            f"training {record.get('jobName')}: {record.get('nodes')} node(s) x {record.get('devicesPerNode')} "
+            f"{record.get('accelerator')} process(es), precision {record.get('precision')}"
+        )
+    if event == EVENT_CHECKPOINT:
+        return f"checkpoint at step {record.get('step')}: {record.get('path')}"
+    if event == EVENT_RESUMED:
+        return f"resumed from {record.get('path')} at step {record.get('step')}"
+    if event == EVENT_EXPORT:
+        if record.get("ok"):
+            error = _number(record.get("parityError"), 3)
+            return f"exported {record.get('onnx')} (ONNX Runtime parity: max relative error {error})"
+        return f"export failed: {record.get('error')}"
+    if event == EVENT_FINISHED:
+        loss = _number(record.get("loss"))
+        return f"finished at step {record.get('step')} (epoch {record.get('epoch')}, loss {loss})"
+    if event in (EVENT_WARNING, EVENT_ERROR):
+        return f"{event}: {record.get('message')}"
+    return json.dumps(dict(record))
+
+
+class StdoutSink:
+    def send(self, record: Mapping[str, Any]) -> None:
+        print(f"dtrain: {human_line(record)}", file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlSink:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def send(self, record: Mapping[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as file:
+            file.write(json.dumps(dict(record), allow_nan=False) + "\n")
+
+    def close(self) -> None:
+        pass
+
+
+class TeeSink:
+    """Every record to each of several sinks."""
+
+    def __init__(self, *sinks: Sink) -> None:
+        self.sinks = sinks
+
+    def send(self, record: Mapping[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.send(record)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def status_patch(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The part of DistributedTraining.status a record updates (merge-patch shape), if any."""
+    if record.get("event") == EVENT_PROGRESS:
+        fields = {
+            "epoch": record.get("epoch"),
+            "step": record.get("step"),
+            "loss": record.get("loss"),
+            "imagesPerSecond": record.get("imagesPerSecond"),
+            "updatedAt": record.get("time"),
+        }
+        # null in a merge patch deletes a field: leave out what is not known yet instead.
+        return {"progress": {k: v for k, v in fields.items() if v is not None}}
+    if record.get("event") == EVENT_CHECKPOINT:
+        return {"lastCheckpoint": {"step": record.get("step"), "path": record.get("path"), "time": record.get("time")}}
+    return None
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A short, secret-free description of why a request failed."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+class KubernetesStatusSink:
+    """Merge-patches the job's status from a background thread; only the newest value of each field is sent.
+
+    The training thread only updates a dict under a lock, so a slow or failing API server
+    costs it nothing. A failure is warned about once; later ones are logged at debug level.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        name: str,
+        namespace: str,
+        request_timeout: float = KUBERNETES_REQUEST_TIMEOUT_SECONDS,
+    ) -> None:
+        self.api = api
+        self.name = name
+        self.namespace = namespace
+        self.request_timeout = request_timeout
+        self._pending: dict[str, Any] = {}
+        self._closed = False
+        self._warned = False
+        self._condition = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="dtrain-status-patch", daemon=True)
+        self._thread.start()
+
+    def send(self, record: Mapping[str, Any]) -> None:
+        patch = status_patch(record)
+        if patch is None:
+            return
+        with self._condition:
+            self._pending.update(patch)
+            self._condition.notify()
+
+    def close(self) -> None:
+        """Send what is pending, waiting at most about one request timeout."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify()
+        self._thread.join(self.request_timeout + 1.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not self._pending and not self._closed:
+                    self._condition.wait()
+                if not self._pending:
+                    return
+                body, self._pending = {"status": self._pending}, {}
+            try:
+                self.api.patch_namespaced_custom_object_status(
+                    contract.GROUP,
+                    contract.VERSION,
+                    self.namespace,
+                    contract.PLURAL,
+                    self.name,
+                    body,
+                    _request_timeout=self.request_timeout,
+                    _content_type="application/merge-patch+json",
+                )
+            except Exception as exc:  # the API server's trouble must never become the training's
+                self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        reason = describe_failure(exc)
+        if self._warned:
+            log.debug("progress report to the Kubernetes API failed: %s", reason)
+            return
+        self._warned = True
+        log.warning(
+            "progress report to the Kubernetes API failed (%s) for %s/%s; training goes on, "
+            "later failures are logged at debug level",
+            reason,
+            self.namespace,
+            self.name,
+        )
+
+
+def _kubernetes_api(env: Mapping[str, str]) -> Any:
+    """A CustomObjectsApi with the pod's service account, or else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        return client.CustomObjectsApi(config.new_client_from_config(config_file=env.get("KUBECONFIG")))
+    return client.CustomObjectsApi(client.ApiClient(configuration))
+
+
+def _namespace(env: Mapping[str, str]) -> str | None:
+    if env.get(contract.ENV_JOB_NAMESPACE):
+        return env[contract.ENV_JOB_NAMESPACE]
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def sink_from_env(env: Mapping[str, str], job_name: str) -> Sink:
+    """The sink DTRAIN_PROGRESS_SINK asks for (stdout when unset)."""
+    choice = env.get(contract.ENV_PROGRESS_SINK) or contract.PROGRESS_SINK_STDOUT
+    if choice == contract.PROGRESS_SINK_NONE:
+        return NullSink()
+    if choice == contract.PROGRESS_SINK_STDOUT:
+        return StdoutSink()
+    if choice.startswith(contract.PROGRESS_SINK_JSONL_PREFIX):
+        path = choice[len(contract.PROGRESS_SINK_JSONL_PREFIX) :]
+        if not path:
+            raise ConfigError(
+                f"{contract.ENV_PROGRESS_SINK} is {choice!r}: give a file, e.g. jsonl:/tmp/progress.jsonl"
+            )
+        return JsonlSink(Path(path))
+    if choice == contract.PROGRESS_SINK_KUBERNETES:
+        namespace = _namespace(env)
+        if namespace is None:
+            log.warning(
+                "%s is kubernetes but %s is not set and there is no service account namespace: "
+                "progress is not reported to the job's status",
+                contract.ENV_PROGRESS_SINK,
+                contract.ENV_JOB_NAMESPACE,
+            )
+            return StdoutSink()
+        try:
+            api = _kubernetes_api(env)
+        except Exception as exc:  # no service account and no kubeconfig: train anyway
+            log.warning(
+                "cannot reach the Kubernetes API (%s): progress is not reported to the job's status",
+                describe_failure(exc),
+            )
+            return StdoutSink()
+        status = KubernetesStatusSink(api, env.get(contract.ENV_JOB_NAME) or job_name, namespace)
+        return TeeSink(status, StdoutSink())
+    raise ConfigError(
+        f"{contract.ENV_PROGRESS_SINK} is {choice!r}; use kubernetes, stdout, jsonl:<path> or none"
+    )
+
+
+class ProgressReporter:
+    """Sends records to a sink: events at once, progress at most once per interval unless forced.
+
+    A sink that raises is warned about once and then ignored, so that reporting can never
+    stop training.
+    """
+
+    def __init__(self, sink: Sink, interval_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.sink = sink
+        self.interval = interval_seconds
+        self.clock = clock
+        self._last_progress: float | None = None
+        self._broken = False
+
+    def _send(self, record: dict[str, Any]) -> None:
+        if self._broken:
+            return
+        try:
+            self.sink.send(record)
+        except Exception as exc:  # a full disk or a closed pipe must not stop training
+            self._broken = True
+            log.warning(
+                "progress sink %s failed (%s); progress is no longer reported",
+                type(self.sink).__name__,
+                describe_failure(exc),
+            )
+
+    def event(self, event: str, **fields: Any) -> None:
+        self._send({"event": event, "time": utc_now(), **fields})
+
+    def progress_due(self) -> bool:
+        return self._last_progress is None or self.clock() - self._last_progress >= self.interval
+
+    def progress(self, **fields: Any) -> None:
+        self._last_progress = self.clock()
+        self.event(EVENT_PROGRESS, **fields)
+
+    def close(self) -> None:
+        try:
+            self.sink.close()
+        except Exception as exc:
+            if not self._broken:
+                log.warning(
+                    "progress sink %s failed while closing (%s)", type(self.sink).__name__, describe_failure(exc)
+                )
+
+
+class ThroughputMeter:
+    """Images per second over all ranks, leaving out warm-up batches and the time between epochs."""
+
+    def __init__(self, warmup_batches: int = WARMUP_BATCHES, clock: Callable[[], float] = time.monotonic) -> None:
+        self.warmup_batches = warmup_batches
+        self.clock = clock
+        self._batches = 0
+        self._images = 0
+        self._seconds = 0.0
+        self._mark: float | None = None
+
+    def epoch_start(self) -> None:
+        self._mark = self.clock()
+
+    def batch_done(self, images: int) -> None:
+        now = self.clock()
+        elapsed = 0.0 if self._mark is None else now - self._mark
+        self._mark = now
+        self._batches += 1
+        if self._batches > self.warmup_batches:
+            self._images += images
+            self._seconds += elapsed
+
+    def images_per_second(self) -> float | None:
+        if self._images == 0 or self._seconds <= 0:
+            return None
+        return self._images / self._seconds
+
+
+def batch_size_of(batch: Any) -> int | None:
+    """Samples in a batch: the leading dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    if isinstance(batch, (list, tuple)) and batch:
+        return batch_size_of(batch[0])
+    if isinstance(batch, Mapping) and batch:
+        return batch_size_of(next(iter(batch.values())))
+    return None
+
+
+def loss_of(outputs: Any) -> torch.Tensor | None:
+    if isinstance(outputs, torch.Tensor):
+        return outputs.detach()
+    if isinstance(outputs, Mapping) and isinstance(outputs.get("loss"), torch.Tensor):
+        return outputs["loss"].detach()
+    return None
+
+
+class ProgressCallback(L.Callback):
+    """Rank 0's reports of progress and of the checkpoint a run resumed from.
+
+    The loss is read from the GPU (a synchronisation) only when a record is sent.
+    """
+
+    def __init__(self, reporter: ProgressReporter, default_batch_size: int, meter: ThroughputMeter | None = None):
+        self.reporter = reporter
+        self.default_batch_size = default_batch_size
+        self.meter = meter or ThroughputMeter()
+        self._loss: torch.Tensor | None = None
+        self.last_loss: float | None = None
+        self.total_steps: int | None = None
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        step = checkpoint.get("global_step")
+        log.info("resumed from %s at step %s", trainer.ckpt_path, step)
+        if trainer.is_global_zero:
+            self.reporter.event(EVENT_RESUMED, path=str(trainer.ckpt_path), step=step, epoch=checkpoint.get("epoch"))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        estimated = trainer.estimated_stepping_batches
+        self.total_steps = int(estimated) if math.isfinite(estimated) else None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.meter.epoch_start()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not trainer.is_global_zero:
+            return
+        per_rank = batch_size_of(batch) or self.default_batch_size
+        self.meter.batch_done(per_rank * trainer.world_size)
+        self._loss = loss_of(outputs)
+        if self.reporter.progress_due():
+            self._report(trainer, epoch_end=False)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self._report(trainer, epoch_end=True)
+
+    def _read_loss(self) -> None:
+        if self._loss is not None:
+            value = float(self._loss.float().item())
+            self.last_loss = value if math.isfinite(value) else None
+            self._loss = None
+
+    def _report(self, trainer: L.Trainer, epoch_end: bool) -> None:
+        self._read_loss()
+        self.reporter.progress(
+            epoch=trainer.current_epoch,
+            step=trainer.global_step,
+            totalSteps=self.total_steps,
+            loss=self.last_loss,
+            imagesPerSecond=self.meter.images_per_second(),
+            epochEnd=epoch_end,
+        )
+
+    def final_metrics(self, trainer: L.Trainer) -> dict[str, Any]:
+        self._read_loss()
+        return {
+            "loss": self.last_loss,
+            "step": trainer.global_step,
+            "epoch": trainer.current_epoch,
+            "imagesPerSecond": self.meter.images_per_second(),
+        }

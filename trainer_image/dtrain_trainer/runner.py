@@ -1,0 +1,272 @@
+"""`python -m dtrain_trainer`: what each worker process runs under torchrun, in a pod or under `dtrain run`.
+
+Order of work: read and check the config and the launch environment; build the model and
+the data module; build Lightning's Trainer (DDP, Lightning detects TorchElasticEnvironment
+from torchrun's variables); resume from the newest checkpoint; train; then rank 0
+exports and checks the ONNX model while every other rank waits, so that the job's
+success means its artifacts exist.
+
+Exit codes: 0 success; 2 a setting the trainer cannot run with (one line names it);
+1 the export or its check failed. Other failures keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import DDPStrategy
+
+from dtrain_operator import contract
+from dtrain_operator.api import TrainerConfig
+
+from .checkpointing import LAST_CHECKPOINT, StepCheckpoint, find_resume_checkpoint
+from .config import (
+    ConfigError,
+    check_launch_environment,
+    config_path,
+    global_rank,
+    is_first_process_of_node,
+    load_config,
+    progress_interval,
+    resolve_precision,
+)
+from .export import ExportError, export_artifacts, resolve_input_shape, write_termination_log
+from .loading import instantiate
+from .progress import (
+    EVENT_CHECKPOINT,
+    EVENT_ERROR,
+    EVENT_EXPORT,
+    EVENT_FINISHED,
+    EVENT_START,
+    EVENT_WARNING,
+    NullSink,
+    ProgressCallback,
+    ProgressReporter,
+    sink_from_env,
+)
+
+log = logging.getLogger("dtrain_trainer")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG_ERROR = 2
+
+
+def build_trainer(config: TrainerConfig, reporter: ProgressReporter | None = None) -> L.Trainer:
+    """Lightning's Trainer for `config`, with dtrain's checkpoint and progress callbacks."""
+    reporter = reporter or ProgressReporter(NullSink(), math.inf)
+    settings = config.trainer
+    on_gpu = config.accelerator == "gpu"
+    precision, warning = resolve_precision(settings.precision, config.accelerator)
+    if warning:
+        log.warning(warning)
+        reporter.event(EVENT_WARNING, message=warning)
+    strategy = DDPStrategy(
+        find_unused_parameters=settings.find_unused_parameters,
+        timeout=timedelta(seconds=config.nccl.timeout_seconds),
+        process_group_backend="nccl" if on_gpu else "gloo",
+        gradient_as_bucket_view=True,
+    )
+    checkpoint = StepCheckpoint(
+        dirpath=config.checkpoint.dir,
+        every_n_steps=config.checkpoint.every_n_steps,
+        keep_last=config.checkpoint.keep_last,
+        on_saved=lambda step, path: reporter.event(EVENT_CHECKPOINT, step=step, path=path),
+    )
+    progress = ProgressCallback(reporter, default_batch_size=settings.batch_size)
+    return L.Trainer(
+        accelerator="gpu" if on_gpu else "cpu",
+        devices=config.devices_per_node,
+        num_nodes=config.nodes,
+        strategy=strategy,
+        precision=precision,  # type: ignore[arg-type]
+        gradient_clip_val=settings.gradient_clip_val,
+        gradient_clip_algorithm=settings.gradient_clip_algorithm,
+        accumulate_grad_batches=settings.accumulate_grad_batches,
+        max_epochs=settings.max_epochs,
+        max_steps=settings.max_steps,
+        log_every_n_steps=settings.log_every_n_steps,
+        limit_train_batches=settings.limit_train_batches,
+        callbacks=[progress, checkpoint],
+        logger=CSVLogger(save_dir=config.artifacts.dir, name="logs"),
+        default_root_dir=config.checkpoint.dir,
+        # Progress goes through the sink; a terminal progress bar only floods pod logs.
+        enable_progress_bar=False,
+        benchmark=on_gpu,
+    )
+
+
+def check_model_matches_data(model: Any, data: Any) -> None:
+    model_classes, data_classes = getattr(model, "num_classes", None), getattr(data, "num_classes", None)
+    if isinstance(model_classes, int) and isinstance(data_classes, int) and model_classes != data_classes:
+        raise ConfigError(
+            f"model.initArgs.num_classes is {model_classes} but the data has {data_classes} classes; make them equal"
+        )
+
+
+def _progress_callback(trainer: L.Trainer) -> ProgressCallback:
+    return next(c for c in trainer.callbacks if isinstance(c, ProgressCallback))  # type: ignore[attr-defined]
+
+
+def _export_on_rank_zero(
+    trainer: L.Trainer,
+    config: TrainerConfig,
+    model: L.LightningModule,
+    input_shape: tuple[int, ...],
+    metrics: Mapping[str, Any],
+    reporter: ProgressReporter,
+) -> tuple[bool, dict[str, Any]]:
+    """Rank 0 exports; every rank returns rank 0's outcome (the broadcast is the barrier)."""
+    outcome: dict[str, Any] = {}
+    ok = True
+    if trainer.is_global_zero:
+        onnx = config.export.onnx
+        checkpoint = Path(config.checkpoint.dir) / LAST_CHECKPOINT
+        artifacts = Path(config.artifacts.dir)
+        try:
+            record = export_artifacts(
+                model,
+                input_shape,
+                onnx.opset,
+                onnx.dynamic_batch,
+                artifacts,
+                config.job_name,
+                metrics,
+                checkpoint,
+                model_class=config.model.to_wire(),
+            )
+            outcome = {
+                "onnx": record["onnx"]["path"],
+                "sha256": record["onnx"]["sha256"],
+                "parityError": record["parity"]["maxRelativeError"],
+                "artifacts": str(artifacts / contract.ARTIFACTS_FILE_NAME),
+            }
+            reporter.event(
+                EVENT_EXPORT, ok=True, tolerance=record["parity"]["tolerance"], error=None, **outcome
+            )
+        except Exception as exc:  # other ranks wait in the broadcast below: never leave them hanging
+            if isinstance(exc, ExportError):
+                message = str(exc)
+            else:
+                log.exception("the export failed")
+                message = f"the export failed: {type(exc).__name__}: {exc}"
+            log.error(message)
+            reporter.event(EVENT_EXPORT, ok=False, error=message)
+            ok, outcome = False, {"error": message}
+    ok = bool(trainer.strategy.broadcast(ok, src=0))
+    return ok, outcome
+
+
+def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
+    """Train (resuming when a checkpoint exists), then export. Raises ConfigError for bad settings."""
+    visible_gpus = torch.cuda.device_count() if config.accelerator == "gpu" else 0
+    check_launch_environment(config, env, visible_gpus)
+    sink = sink_from_env(env, config.job_name) if global_rank(env) == 0 else NullSink()
+    reporter = ProgressReporter(sink, progress_interval(env))
+    try:
+        return _train_and_export(config, env, reporter)
+    except ConfigError as exc:
+        reporter.event(EVENT_ERROR, message=str(exc))
+        raise
+    except Exception as exc:
+        reporter.event(EVENT_ERROR, message=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        reporter.close()
+
+
+def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: ProgressReporter) -> int:
+    settings = config.trainer
+    L.seed_everything(settings.seed, workers=True, verbose=False)
+    model = instantiate(config.model, "model", L.LightningModule)
+    data = instantiate(
+        config.data,
+        "data",
+        L.LightningDataModule,
+        supplied={
+            "batch_size": (settings.batch_size, "trainer.batchSize"),
+            "num_workers": (settings.num_workers, "trainer.numWorkers"),
+        },
+    )
+    check_model_matches_data(model, data)
+    onnx = config.export.onnx
+    input_shape = resolve_input_shape(onnx.input_shape, data, model) if onnx.enabled else ()
+    if config.accelerator == "gpu":
+        # TF32 matmuls on Ampere and newer: the usual choice for training, several times faster than full fp32.
+        torch.set_float32_matmul_precision("high")
+    trainer = build_trainer(config, reporter)
+    resume = find_resume_checkpoint(Path(config.checkpoint.dir))
+    reporter.event(
+        EVENT_START,
+        jobName=config.job_name,
+        worldSize=config.nodes * config.devices_per_node,
+        nodes=config.nodes,
+        devicesPerNode=config.devices_per_node,
+        accelerator=config.accelerator,
+        precision=str(trainer.precision),
+        clusterEnvironment=type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
+        maxSteps=settings.max_steps,
+        maxEpochs=settings.max_epochs,
+        resumeFrom=str(resume) if resume else None,
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=str(resume) if resume else None)
+    metrics = _progress_callback(trainer).final_metrics(trainer)
+    ok = True
+    outcome: dict[str, Any] = {}
+    if onnx.enabled:
+        ok, outcome = _export_on_rank_zero(trainer, config, model, input_shape, metrics, reporter)
+    if trainer.is_global_zero:
+        reporter.event(EVENT_FINISHED, ok=ok, **metrics)
+        write_termination_log({"ok": ok, **metrics, **outcome}, env)
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def _configure_logging(env: Mapping[str, str]) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    rank = f"[rank {global_rank(env)}]" if "RANK" in env else ""
+    handler.setFormatter(logging.Formatter(f"%(asctime)s dtrain{rank} %(levelname)s %(message)s"))
+    logger = logging.getLogger("dtrain_trainer")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+
+
+def _silence_expected_warnings() -> None:
+    # Resuming into the directory that holds the checkpoints is the point, not a mistake.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    # ImageFolderDataModule without val_dir returns no validation loaders, on purpose.
+    warnings.filterwarnings("ignore", message=r"Total length of `list` across ranks is zero")
+    # Lightning's use of a torch API that torch deprecated; nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dtrain_trainer",
+        description="Train a DistributedTraining's model (one process of the gang; torchrun starts one per device).",
+    )
+    parser.add_argument("--config", metavar="FILE", help="the trainer config (default: $DTRAIN_CONFIG)")
+    args = parser.parse_args(argv)
+    env = os.environ
+    _configure_logging(env)
+    _silence_expected_warnings()
+    try:
+        config = load_config(config_path(args.config, env))
+        return run(config, env)
+    except ConfigError as exc:
+        prefix = f"dtrain[rank {global_rank(env)}]" if "RANK" in env else "dtrain"
+        print(f"{prefix}: error: {exc}", file=sys.stderr, flush=True)
+        if is_first_process_of_node(env):
+            write_termination_log({"ok": False, "error": str(exc)}, env)
+        return EXIT_CONFIG_ERROR

@@ -60,46 +60,119 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("operator", help="run the operator (what the operator Deployment runs)")
+    p = sub.add_parser(
+        "operator",
+        help="run the operator (what the operator Deployment runs)",
+        description=(
+            "Run the dtrain operator: it turns each DistributedTraining into a Service, a ConfigMap and a gang "
+            "of worker pods, restarts the gang when a worker fails, builds the engine in a Job, and reports "
+            "status. Credentials: the pod's service account in a cluster, else $KUBECONFIG (or ~/.kube/config)."
+        ),
+    )
     scope = p.add_mutually_exclusive_group()
     scope.add_argument(
-        "-n", "--namespace", action="append", dest="namespaces", metavar="NS", help="watch this namespace (repeatable)"
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="watch only this namespace (repeat for several; needs a Role in each)",
     )
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)")
-    p.add_argument("--health-port", type=int, default=8080, help="port of /healthz (default 8080)")
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default; needs a ClusterRole)"
+    )
+    p.add_argument("--health-port", type=int, default=8080, help="port of the /healthz liveness endpoint (default 8080)")
     p.add_argument("--metrics-port", type=int, default=8081, help="port of the Prometheus /metrics (default 8081)")
-    p.add_argument("--qps", type=float, default=20.0, help="client-side API request rate limit, requests/s (default 20)")
-    p.add_argument("--burst", type=int, default=40, help="requests allowed above --qps in a burst (default 40)")
     p.add_argument(
-        "--watch-timeout", type=int, default=300, help="seconds before a watch is re-opened, so a dead stream reconnects"
+        "--qps",
+        type=float,
+        default=20.0,
+        help="client-side limit on the operator's own API requests, per second on average (default 20)",
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level")
-    p.add_argument("--log-format", default="plain", choices=["plain", "json"], help="log format")
+    p.add_argument(
+        "--burst", type=int, default=40, help="requests allowed at once above --qps before it applies (default 40)"
+    )
+    p.add_argument(
+        "--watch-timeout",
+        type=int,
+        default=300,
+        metavar="SECONDS",
+        help="re-open every watch after this long, so that a stream that died silently reconnects (default 300)",
+    )
+    p.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level (default INFO)"
+    )
+    p.add_argument(
+        "--log-format", default="plain", choices=["plain", "json"], help="plain text or one JSON object a line"
+    )
     p.set_defaults(func=_lazy("dtrain_operator.main"))
 
-    p = sub.add_parser("run", help="run a job file on this machine: training, export and engine, end to end")
+    p = sub.add_parser(
+        "run",
+        help="run a job file on this machine: training, export and engine, end to end",
+        description="Run a job file on this machine as the operator would on a cluster: one local torchrun "
+        "per node with the worker pod's environment, gang restarts from the last checkpoint under runPolicy, "
+        "then the engine step, and a summary table. Exit codes: 0 everything asked for succeeded, 1 the job "
+        "failed, 2 the file is invalid or cannot run here, 128+N stopped by signal N (Ctrl-C: 130).",
+    )
     p.add_argument("file", metavar="FILE", help="a DistributedTraining YAML file")
-    p.add_argument("--nodes", type=int, help="override spec.nodes (local processes acting as nodes)")
-    p.add_argument("--devices-per-node", type=int, help="override spec.devicesPerNode")
-    p.add_argument("--workdir", help="checkpoints, artifacts and logs go here (default ./dtrain-runs/<name>/)")
+    p.add_argument("--nodes", type=int, metavar="N", help="override spec.nodes (local processes acting as nodes)")
+    p.add_argument("--devices-per-node", type=int, metavar="G", help="override spec.devicesPerNode")
+    p.add_argument(
+        "--workdir", metavar="DIR", help="checkpoints, artifacts and logs go here (default ./dtrain-runs/<name>/)"
+    )
     p.add_argument("--no-engine", action="store_true", help="stop after training and ONNX export")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint an earlier run left in the workdir (default: start afresh)",
+    )
     p.set_defaults(func=_lazy("dtrain_operator.local_run"))
 
-    p = sub.add_parser("build-engine", help="build and check a TensorRT engine from an ONNX model")
+    p = sub.add_parser(
+        "build-engine",
+        help="build a TensorRT engine from an ONNX model, check it against references and time it",
+        description="Build a TensorRT engine from an ONNX model, compare it with ONNX Runtime (and the PyTorch "
+        "model when known) on random batches at the min/opt/max batch sizes, time it next to PyTorch eager, "
+        "and write the engine and a JSON report. Exit codes: 0 passed, 1 build or accuracy check failed, "
+        "2 bad arguments or model, 3 TensorRT or a CUDA GPU missing (without --fallback).",
+    )
     p.add_argument("--onnx", required=True, metavar="PATH", help="the ONNX model")
     p.add_argument("--out", required=True, metavar="PATH", help="where the engine (.plan) is written")
     p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"], help="default fp16")
-    p.add_argument("--min-batch", type=int, default=1, metavar="N")
-    p.add_argument("--opt-batch", type=int, metavar="N", help="default: --max-batch")
-    p.add_argument("--max-batch", type=int, default=32, metavar="N")
-    p.add_argument("--workspace-mib", type=int, default=4096, metavar="N", help="builder workspace limit")
+    p.add_argument("--min-batch", type=int, metavar="N", help="default 1 (a static-batch model: its batch)")
+    p.add_argument("--opt-batch", type=int, metavar="N", help="batch size TensorRT tunes for (default: --max-batch)")
+    p.add_argument("--max-batch", type=int, metavar="N", help="default 32 (a static-batch model: its batch)")
+    p.add_argument("--workspace-mib", type=int, default=4096, metavar="N", help="builder workspace limit (default 4096)")
     p.add_argument("--timing-cache", metavar="PATH", help="TensorRT timing cache, read and written")
-    p.add_argument("--report", metavar="PATH", help="JSON report (default: next to --out)")
+    p.add_argument("--report", metavar="PATH", help="JSON report (default: engine-report.json next to --out)")
     p.add_argument(
         "--fallback",
         choices=["onnxruntime"],
         help="without TensorRT or a CUDA GPU, check and time the ONNX model with ONNX Runtime instead",
     )
+    p.add_argument(
+        "--pytorch-checkpoint",
+        metavar="PATH",
+        help="checkpoint of the PyTorch model (default: from artifacts.json next to --onnx)",
+    )
+    p.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="trainer config or job file whose `model` (classPath, initArgs) the checkpoint belongs to "
+        "(default: from artifacts.json next to --onnx)",
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the PyTorch reference and eager baseline")
+    p.add_argument("--warmup", type=int, default=10, metavar="N", help="warm-up runs per batch size (default 10)")
+    p.add_argument("--iterations", type=int, default=100, metavar="N", help="timed runs per batch size (default 100)")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="time budget per backend and batch size; at least 5 runs are timed (default 10)",
+    )
+    p.add_argument("--seed", type=int, metavar="N", help="seed of the random check batches (default: fresh)")
     p.set_defaults(func=_lazy("dtrain_trainer.engine"))
     return parser
 

@@ -96,6 +96,10 @@ ROLE_ENGINE = "engine"
 KOPF_PREFIX = GROUP
 FINALIZER = f"{GROUP}/finalizer"
 
+# --- Files in checkpoint.dir -----------------------------------------------------------
+# The newest checkpoint, rewritten at every save and at the end of training.
+LAST_CHECKPOINT_FILE_NAME = "last.ckpt"
+
 # --- Files in artifacts.dir ------------------------------------------------------------
 ONNX_FILE_NAME = "model.onnx"
 ARTIFACTS_FILE_NAME = "artifacts.json"

@@ -1,0 +1,223 @@
+"""What `dtrain run` starts for each node, decided from the operator's rendered pods (no processes)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtrain_operator import contract, render
+from dtrain_operator.api import DistributedTraining
+from dtrain_operator.local_plan import (
+    Overrides,
+    PlanError,
+    Workdir,
+    assign_gpus,
+    engine_argv,
+    failure_excerpt,
+    localize,
+    node_launches,
+    omp_threads,
+    resolve_env,
+    worker_exit_code,
+)
+
+
+def a_job(**spec: object) -> DistributedTraining:
+    return DistributedTraining.model_validate(
+        {
+            "apiVersion": contract.API_VERSION,
+            "kind": contract.KIND,
+            "metadata": {"name": "demo", "namespace": "ml"},
+            "spec": spec,
+        }
+    )
+
+
+WORKDIR = Workdir(Path("/runs/demo"))
+
+
+def test_paths_move_into_the_workdir_and_overrides_apply() -> None:
+    local = localize(a_job(nodes=4, accelerator="cpu"), Overrides(nodes=2, devices_per_node=3), WORKDIR, [])
+    spec = local.job.spec
+    assert (spec.nodes, spec.devices_per_node) == (2, 3)
+    assert spec.checkpoint.dir == "/runs/demo/checkpoints"
+    assert spec.artifacts.dir == "/runs/demo/artifacts"
+    config = render.trainer_config(local.job)
+    assert config["checkpoint"]["dir"] == "/runs/demo/checkpoints"
+    assert config["artifacts"]["dir"] == "/runs/demo/artifacts"
+    assert (config["nodes"], config["devicesPerNode"]) == (2, 3)
+    assert local.warnings == []
+
+
+def test_gpu_without_cuda_falls_back_to_cpu_with_one_warning() -> None:
+    job = a_job(accelerator="gpu", trainer={"precision": "16-mixed"})
+    local = localize(job, Overrides(), WORKDIR, [])
+    assert local.job.spec.accelerator == "cpu"
+    assert len(local.warnings) == 1
+    assert "no CUDA device" in local.warnings[0] and "16-mixed falls back to 32-true" in local.warnings[0]
+    assert render.trainer_config(local.job)["accelerator"] == "cpu"
+
+
+def test_gpus_are_split_between_nodes_and_too_few_is_an_error() -> None:
+    assert assign_gpus(2, 2, ["0", "1", "2", "3"]) == [["0", "1"], ["2", "3"]]
+    assert assign_gpus(1, 1, ["5", "7"]) == [["5"]]
+    with pytest.raises(PlanError, match=r"needs 4 GPU\(s\).*has 2.*--nodes"):
+        assign_gpus(2, 2, ["0", "1"])
+    local = localize(a_job(nodes=2, devicesPerNode=1), Overrides(), WORKDIR, ["0", "1"])
+    launches, _ = node_launches(local, WORKDIR, 29999, {}, cores=8)
+    assert [launch.env["CUDA_VISIBLE_DEVICES"] for launch in launches] == ["0", "1"]
+
+
+def test_volume_mounts_are_named_as_unmounted() -> None:
+    job = a_job(
+        accelerator="cpu",
+        volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}],
+        volumeMounts=[{"name": "data", "mountPath": "/data/imagenet"}],
+    )
+    assert localize(job, Overrides(), WORKDIR, []).warnings == [
+        "volumeMount data at /data/imagenet is not mounted outside a cluster: the trainer reads that path on this "
+        "machine as it is"
+    ]
+
+
+def test_bad_overrides_are_refused() -> None:
+    with pytest.raises(PlanError, match="--nodes must be at least 1"):
+        localize(a_job(), Overrides(nodes=0), WORKDIR, [])
+
+
+def test_each_node_runs_the_rendered_pod_with_its_environment() -> None:
+    job = a_job(
+        nodes=2,
+        accelerator="cpu",
+        nccl={"debug": "WARN"},
+        env=[
+            {"name": "MY_FLAG", "value": "1"},
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        ],
+    )
+    local = localize(job, Overrides(), WORKDIR, [])
+    base = {"PATH": "/usr/bin", "PET_NNODES": "9", "RANK": "3", "HOME": "/root"}
+    launches, warnings = node_launches(local, WORKDIR, 31234, base, cores=2, gang_generation=1)
+    assert [launch.rank for launch in launches] == [0, 1]
+    for launch in launches:
+        env = launch.env
+        assert launch.argv == [sys.executable, "-m", "torch.distributed.run", "-m", "dtrain_trainer"]
+        assert env[contract.ENV_NODE_RANK] == str(launch.rank)
+        assert env[contract.ENV_NNODES] == "2"
+        assert env[contract.ENV_MASTER_ADDR] == "127.0.0.1"
+        assert env[contract.ENV_MASTER_PORT] == "31234"
+        assert env[contract.ENV_CONFIG] == "/runs/demo/config.yaml"
+        assert env[contract.ENV_PROGRESS_SINK] == "jsonl:/runs/demo/progress.jsonl"
+        assert env[contract.ENV_TERMINATION_LOG] == f"/runs/demo/logs/node-{launch.rank}.termination.json"
+        assert env[contract.ENV_JOB_NAMESPACE] == "ml"
+        assert env["NCCL_DEBUG"] == "WARN"
+        assert env["MY_FLAG"] == "1"
+        assert env["POD"] == f"demo-{launch.rank}"
+        assert "TOKEN" not in env
+        # Inherited variables pass through; a surrounding launcher's do not.
+        assert env["PATH"] == "/usr/bin" and "RANK" not in env
+        assert env["OMP_NUM_THREADS"] == "1"
+    assert warnings == ["env TOKEN: secretKeyRef cannot be resolved outside a cluster; it is not set locally"]
+
+
+def test_omp_threads_from_the_job_then_the_caller_then_the_cores() -> None:
+    local = localize(a_job(accelerator="cpu", devicesPerNode=2), Overrides(), WORKDIR, [])
+    assert node_launches(local, WORKDIR, 29500, {}, cores=16)[0][0].env["OMP_NUM_THREADS"] == "8"
+    assert node_launches(local, WORKDIR, 29500, {"OMP_NUM_THREADS": "3"}, cores=16)[0][0].env["OMP_NUM_THREADS"] == "3"
+    job = a_job(accelerator="cpu", env=[{"name": "OMP_NUM_THREADS", "value": "7"}])
+    local = localize(job, Overrides(), WORKDIR, [])
+    launches, _ = node_launches(local, WORKDIR, 29500, {"OMP_NUM_THREADS": "3"}, cores=2)
+    assert launches[0].env["OMP_NUM_THREADS"] == "7"
+
+
+@pytest.mark.parametrize("cores, processes, threads", [(2, 2, 1), (2, 4, 1), (16, 4, 4), (1, 1, 1), (7, 2, 3)])
+def test_omp_threads_share_the_cores(cores: int, processes: int, threads: int) -> None:
+    assert omp_threads(cores, processes) == threads
+
+
+def test_resolve_env_answers_the_downward_api_for_one_machine() -> None:
+    job = a_job()
+    values, warnings = resolve_env(
+        job,
+        1,
+        [
+            {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+            {"name": "CM", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
+        ],
+    )
+    assert values == {"NS": "ml", "IP": "127.0.0.1"}
+    assert [w.split(":")[0] for w in warnings] == ["env CPU", "env CM"]
+
+
+def test_engine_step_is_the_engine_jobs_command_on_the_workdir() -> None:
+    local = localize(a_job(accelerator="cpu", engine={"maxBatch": 8, "optBatch": 4}), Overrides(), WORKDIR, [])
+    argv = engine_argv(local.job, WORKDIR)
+    assert argv[:4] == [sys.executable, "-m", "dtrain_operator.cli", "build-engine"]
+    assert argv[argv.index("--onnx") + 1] == "/runs/demo/artifacts/model.onnx"
+    assert argv[argv.index("--report") + 1] == "/runs/demo/artifacts/engine-report.json"
+    assert argv[argv.index("--opt-batch") + 1] == "4"
+    assert argv[argv.index("--fallback") + 1] == "onnxruntime"
+    assert argv[argv.index("--pytorch-checkpoint") + 1] == "/runs/demo/checkpoints/last.ckpt"
+    assert argv[argv.index("--model-config") + 1] == "/runs/demo/config.yaml"
+
+
+TORCHRUN_REPORT = """
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+dtrain_trainer FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2025-01-01_00:00:00
+  host      : box
+  rank      : 1 (local_rank: 0)
+  exitcode  : {code} (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+============================================================
+"""
+
+
+@pytest.mark.parametrize(
+    "returncode, log, expected",
+    [
+        (1, TORCHRUN_REPORT.format(code=-9), 137),  # worker killed: torchrun says 1, the worker's code is 128+9
+        (1, TORCHRUN_REPORT.format(code=3), 3),
+        (1, "Traceback ... ValueError: bad config", 1),  # torchrun itself failed
+        (-15, "", 143),  # torchrun killed by SIGTERM
+        (2, TORCHRUN_REPORT.format(code=-9), 2),
+    ],
+)
+def test_worker_exit_code_follows_the_pod_convention(returncode: int, log: str, expected: int) -> None:
+    assert worker_exit_code(returncode, log) == expected
+
+
+
+def test_failure_excerpt_drops_torchruns_own_traceback() -> None:
+    worker = [
+        "Traceback (most recent call last):",
+        '  File "/site-packages/lightning/trainer.py", line 10, in fit',
+        "    self._run()",
+        "RuntimeError: the model failed",
+    ]
+    torchrun = [
+        "Traceback (most recent call last):",
+        '  File "<frozen runpy>", line 198, in _run_module_as_main',
+        '  File "/site-packages/torch/distributed/launcher/api.py", line 386, in launch_agent',
+        "    raise ChildFailedError(",
+    ]  # the report that follows starts with the exception line
+    log = "\n".join(["starting", *worker, "E1129 api.py:1002] failed (exitcode: 1)", *torchrun])
+    log += TORCHRUN_REPORT.format(code=1)
+    excerpt = failure_excerpt(log, lines=1000)
+    assert "RuntimeError: the model failed" in excerpt and "lightning/trainer.py" in excerpt
+    assert "launch_agent" not in excerpt and "ChildFailedError" not in excerpt
+    assert "exitcode  : 1 (pid: 4242)" in excerpt
+    assert failure_excerpt(log, lines=2).splitlines()[-1].startswith("=====")

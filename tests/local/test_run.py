@@ -1,0 +1,144 @@
+"""`dtrain run` end to end: real torchrun nodes training with gloo, gang restarts, failures, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from dtrain_operator import cli
+
+from .dtrain_process import DtrainRun, records, tiny_job, torchrun_of_node, wait_for_record, write_job
+
+pytestmark = pytest.mark.slow
+
+RUN_TIMEOUT = 240
+
+
+def summary_of(workdir: Path) -> dict[str, Any]:
+    return json.loads((workdir / "summary.json").read_text())
+
+
+def test_a_job_runs_end_to_end_with_the_engine_step(tmp_path: Path) -> None:
+    job = write_job(tmp_path, tiny_job("tiny-e2e"))
+    workdir = tmp_path / "dtrain-runs" / "tiny-e2e"
+    run = DtrainRun(tmp_path, str(job))
+    code = run.wait(RUN_TIMEOUT)
+    assert code == 0, run.output
+    assert run.leftovers() == []
+    for name in ("model.onnx", "artifacts.json", "engine-report.json"):
+        assert (workdir / "artifacts" / name).is_file(), name
+    summary = summary_of(workdir)
+    assert summary["phase"] == "Succeeded"
+    assert (summary["nodes"], summary["devices_per_node"], summary["restarts"]) == (2, 1, 0)
+    assert summary["steps"] == 4  # 128 samples / (16 per rank x 2 ranks)
+    assert summary["onnx_parity_error"] is not None and summary["onnx_parity_error"] < 1e-3
+    assert summary["engine_backend"] in ("tensorrt", "onnxruntime-cpu")
+    assert [row["batch"] for row in summary["latency"]] == [1, 2, 4]
+    assert all(row["eager_ms"] and row["speedup"] for row in summary["latency"])
+    # Each node kept its log; the summary table names both nodes.
+    assert (workdir / "logs" / "node-0.log").is_file() and (workdir / "logs" / "node-1.log").is_file()
+    assert "gang started: node 0" in run.output and "node 1" in run.output
+    assert "2 x 1 cpu (nodes 0, 1)" in run.output
+    assert "speed-up" in run.output
+
+
+def test_a_killed_node_restarts_the_gang_from_its_checkpoint(tmp_path: Path) -> None:
+    job = write_job(
+        tmp_path,
+        tiny_job(
+            "tiny-restart",
+            data={"initArgs": {"num_samples": 1024}},
+            runPolicy={"backoffLimit": 2},
+        ),
+    )
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine")
+    checkpoint = wait_for_record(run, workdir, lambda r: r.get("event") == "checkpoint", timeout=RUN_TIMEOUT)
+    # Node 1 dies as a machine would: its torchrun is killed outright, leaving its worker orphaned.
+    node = torchrun_of_node(run, 1)
+    assert node is not None, run.output
+    node.kill()
+    code = run.wait(RUN_TIMEOUT)
+    assert code == 0, run.output
+    assert run.leftovers() == []
+    summary = summary_of(workdir)
+    assert (summary["phase"], summary["restarts"], summary["steps"]) == ("Succeeded", 1, 32), run.output
+    resumed = [r for r in records(workdir) if r.get("event") == "resumed"]
+    assert resumed and resumed[0]["step"] >= checkpoint["step"]
+    assert "worker 1 exited with code 137 (SIGKILL)" in run.output
+    assert "restarted from the last checkpoint (restart 1)" in run.output
+    assert "│ restarts          │ 1" in run.output
+
+
+def test_a_failing_model_with_no_restarts_left_fails_and_shows_the_log(tmp_path: Path) -> None:
+    job = write_job(
+        tmp_path,
+        tiny_job(
+            "tiny-fail",
+            model={"classPath": "user_models.FailingClassifier", "initArgs": {"fail_at_step": 1, "fail_on_rank": 1}},
+            runPolicy={"backoffLimit": 0},
+        ),
+    )
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir))
+    code = run.wait(RUN_TIMEOUT)
+    assert code == 1, run.output
+    assert run.leftovers() == []
+    assert "last lines of node 1's log" in run.output
+    assert "FailingClassifier fails on purpose at step 1" in run.output
+    summary = summary_of(workdir)
+    assert (summary["phase"], summary["reason"], summary["restarts"]) == ("Failed", "BackoffLimitExceeded", 0)
+    assert "backoffLimit is 0" in summary["message"]
+    assert not (workdir / "artifacts" / "engine-report.json").exists()
+
+
+def test_ctrl_c_stops_every_process_and_resume_continues(tmp_path: Path) -> None:
+    job = write_job(tmp_path, tiny_job("tiny-stop", data={"initArgs": {"num_samples": 1024}}))
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine")
+    wait_for_record(run, workdir, lambda r: r.get("event") == "checkpoint", timeout=RUN_TIMEOUT)
+    run.popen.send_signal(signal.SIGINT)
+    assert run.wait(60) == 128 + signal.SIGINT, run.output
+    assert run.leftovers() == []
+    assert "stopped by SIGINT" in run.output
+    assert f"the last checkpoint is {workdir / 'checkpoints'}" in run.output
+    assert "--resume" in run.output
+    assert summary_of(workdir)["phase"] == "Stopped"
+
+    again = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine", "--resume")
+    assert again.wait(RUN_TIMEOUT) == 0, again.output
+    resumed = [r for r in records(workdir) if r.get("event") == "resumed"]
+    assert resumed and resumed[0]["step"] >= 2
+    assert summary_of(workdir)["steps"] == 32
+
+
+def test_active_deadline_seconds_stops_the_run(tmp_path: Path) -> None:
+    job = write_job(tmp_path, tiny_job("tiny-deadline", runPolicy={"activeDeadlineSeconds": 3}))
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir))
+    assert run.wait(60) == 1, run.output
+    assert run.leftovers() == []
+    summary = summary_of(workdir)
+    assert (summary["phase"], summary["reason"]) == ("Failed", "DeadlineExceeded")
+    assert "activeDeadlineSeconds (3 s)" in run.output
+
+
+def test_a_bad_file_prints_the_validation_errors_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tiny_job("Bad_Name", trainer={"maxEpochs": 0}, nodez=2)
+    path = write_job(tmp_path, job)
+    workdir = tmp_path / "work"
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert cli.main(["run", str(path), "--workdir", str(workdir)]) == 2
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children_before
+    err = capsys.readouterr().err
+    assert "metadata.name: String should match pattern" in err
+    assert "spec.trainer.maxEpochs: Input should be greater than or equal to 1" in err
+    assert "spec.nodez: unknown field; did you mean 'nodes'?" in err
+    assert not workdir.exists()

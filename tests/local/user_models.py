@@ -1,0 +1,23 @@
+"""A user's model, named by classPath in the tests' job files (the runner puts this folder on PYTHONPATH)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dtrain_trainer.models import ImageClassifier
+
+
+class FailingClassifier(ImageClassifier):
+    """A model with a bug: from `fail_at_step` on, training_step raises on global rank `fail_on_rank`."""
+
+    def __init__(self, fail_at_step: int = 2, fail_on_rank: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail_at_step = fail_at_step
+        self.fail_on_rank = fail_on_rank
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.global_step >= self.fail_at_step and self.global_rank == self.fail_on_rank:
+            raise RuntimeError(f"FailingClassifier fails on purpose at step {self.global_step}")
+        return super().training_step(batch, batch_idx)

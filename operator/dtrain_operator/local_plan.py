@@ -10,13 +10,12 @@ into the workdir. Nothing here starts a process or touches the disk.
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from . import contract, render
+from . import contract, policy, render
 from .api import DistributedTraining
 
 LOCAL_MASTER_ADDR = "127.0.0.1"
@@ -26,7 +25,7 @@ LOCAL_PROGRESS_INTERVAL_SECONDS = 2.0
 # Commands of the rendered containers, run from this interpreter so that the
 # environment `dtrain` was installed in is the one that trains.
 _LOCAL_PROGRAMS = {
-    "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+    "python": [sys.executable],
     "dtrain": [sys.executable, "-m", "dtrain_operator.cli"],
 }
 # The downward API's answers when the "pod" is a process on this machine.
@@ -281,50 +280,15 @@ def engine_argv(job: DistributedTraining, workdir: Workdir) -> list[str]:
     ]
 
 
-# torchrun's failure report names the worker's own exit code, which torchrun's exit status (1) hides.
-_TORCHRUN_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?exitcode\s*:\s*(-?\d+)", re.S)
-
-
-def worker_exit_code(returncode: int, log_tail: str) -> int:
+def worker_exit_code(returncode: int) -> int:
     """The exit code a node's failure counts as, in the pod's convention (128 + n when killed by signal n).
 
-    torchrun exits 1 whenever a worker fails; the worker's own code, from torchrun's
-    failure report, is what the restart policy needs (a killed worker is retryable,
-    a worker's own error is not, under restartPolicy ExitCode).
+    The node's launcher (dtrain_trainer.launch) already exits with the failing worker's
+    own code; a launcher killed by signal n is -n to Popen and 128 + n in a pod.
     """
-    if returncode < 0:
-        return 128 - returncode
-    matches = _TORCHRUN_ROOT_CAUSE.findall(log_tail)
-    if returncode == 1 and matches:
-        code = int(matches[-1])
-        return 128 - code if code < 0 else code
-    return returncode
-
-
-_TORCHRUN_EXCEPTION = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+    return policy.SIGNAL_EXIT_CODE_BASE - returncode if returncode < 0 else returncode
 
 
 def failure_excerpt(log: str, lines: int) -> str:
-    """The last `lines` of a failed node's log, without torchrun's own traceback.
-
-    torchrun ends a failure with its launcher's traceback, which says nothing about the
-    job; the worker's output and torchrun's failure report (exit code, rank) are kept.
-    """
-    kept: list[str] = []
-    traceback: list[str] = []
-    for line in log.splitlines():
-        if line.startswith("Traceback (most recent call last):"):
-            kept.extend(traceback)
-            traceback = [line]
-        elif traceback and line.startswith(" "):
-            traceback.append(line)
-        elif traceback:
-            # The exception line ends a traceback: drop torchrun's, keep any other.
-            if not line.startswith(_TORCHRUN_EXCEPTION):
-                kept.extend(traceback)
-                kept.append(line)
-            traceback = []
-        else:
-            kept.append(line)
-    kept.extend(traceback)
-    return "\n".join(kept[-lines:])
+    """The last `lines` of a failed node's log: the worker's error and the launcher's failure report."""
+    return "\n".join(log.splitlines()[-lines:])

@@ -218,7 +218,7 @@ class LocalRun:
         failures = []
         for rank, code in sorted(exited.items()):
             if code != 0:
-                exit_code = worker_exit_code(code, gang.nodes[rank].log_since_start())
+                exit_code = worker_exit_code(code)
                 failures.append(policy.WorkerFailure(rank, exit_code, _reason(exit_code)))
         if failures:
             return StepOutcome(failures=failures)

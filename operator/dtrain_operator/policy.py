@@ -37,6 +37,7 @@ class WorkerFailure:
     exit_code: Optional[int]
     reason: str = "Error"
     message: str = ""
+    finished_at: Optional[datetime] = None
 
     def describe(self) -> str:
         if self.exit_code is None:
@@ -66,6 +67,25 @@ def is_retryable(policy: RunPolicy, failure: WorkerFailure) -> bool:
     return True
 
 
+# Kubernetes reports when a container finished to the second: failures this close together
+# cannot be ordered, and each may be the cause.
+SAME_MOMENT_SECONDS = 1.0
+
+
+def root_causes(failures: Sequence[WorkerFailure]) -> list[WorkerFailure]:
+    """The failures that came first.
+
+    When one rank dies, its peers fail moments later with errors of their own (a broken
+    connection, exit code 1): consequences, not causes. Without a finish time for every
+    failure they cannot be told apart, and all count.
+    """
+    timed = [(f, f.finished_at) for f in failures if f.finished_at is not None]
+    if len(timed) < len(failures):
+        return list(failures)
+    first = min(t for _, t in timed)
+    return [f for f, t in timed if (t - first).total_seconds() <= SAME_MOMENT_SECONDS]
+
+
 def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], restarts: int) -> FailureDecision:
     """Restart the gang or fail the job, given the failed workers and the restarts so far."""
     if not failures:
@@ -74,8 +94,7 @@ def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], rest
     summary = "; ".join(f.describe() for f in ordered)
     if policy.restart_policy == "Never":
         return FailureDecision(False, REASON_RESTART_POLICY_NEVER, f"{summary} (restartPolicy is Never)")
-    permanent = [f for f in ordered if not is_retryable(policy, f)]
-    if permanent:
+    if not any(is_retryable(policy, f) for f in root_causes(ordered)):
         return FailureDecision(
             False,
             REASON_NON_RETRYABLE_EXIT,

@@ -24,8 +24,9 @@ STORAGE_VOLUME = "dtrain-storage"
 VOLCANO_SCHEDULER = "volcano"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
-# Worker command: torchrun takes its flags from the PET_* variables.
-TRAINER_COMMAND = ["torchrun", "-m", "dtrain_trainer"]
+# Worker command: torchrun (through dtrain's launcher, which passes on the failing worker's
+# own exit code) takes its flags from the PET_* variables and runs the trainer module.
+TRAINER_COMMAND = ["python", "-m", "dtrain_trainer.launch", "-m", "dtrain_trainer"]
 
 
 # --- Names ---------------------------------------------------------------------------
@@ -134,12 +135,16 @@ def trainer_config(job: DistributedTraining) -> dict[str, Any]:
     return TrainerConfig.from_job(job).to_wire()
 
 
+# libyaml's emitter when present: the pure-Python one costs milliseconds per ConfigMap.
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def render_config_map(job: DistributedTraining) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(job, config_map_name(job), job_labels(job, contract.ROLE_WORKER)),
-        "data": {contract.CONFIG_FILE_NAME: yaml.safe_dump(trainer_config(job), sort_keys=False)},
+        "data": {contract.CONFIG_FILE_NAME: yaml.dump(trainer_config(job), Dumper=_YAML_DUMPER, sort_keys=False)},
     }
 
 

@@ -152,7 +152,7 @@ def torchrun_of_node(run: DtrainRun, rank: int) -> Optional[psutil.Process]:
     """The torchrun process that runs node `rank`."""
 
     def is_node(proc: psutil.Process) -> bool:
-        return "torch.distributed.run" in proc.cmdline() and proc.environ().get("PET_NODE_RANK") == str(rank)
+        return "dtrain_trainer.launch" in proc.cmdline() and proc.environ().get("PET_NODE_RANK") == str(rank)
 
     found = run.processes(is_node)
     return found[0] if found else None

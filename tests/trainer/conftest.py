@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -89,12 +88,6 @@ def run_trainer(config_path: Path, timeout: float = RUN_TIMEOUT_SECONDS, **env: 
         timeout=timeout,
     )
     return Run(done.returncode, done.stdout, done.stderr)
-
-
-def torchrun_executable() -> str:
-    found = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert found, "torchrun is not installed next to the test's Python"
-    return found
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

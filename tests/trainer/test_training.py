@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ from .conftest import (
     process_env,
     read_jsonl,
     run_trainer,
-    torchrun_executable,
     trainer_config,
     write_config,
 )
@@ -81,7 +81,7 @@ def test_two_torchrun_nodes_train_in_sync(tmp_path: Path) -> None:
     processes = []
     for rank in range(2):
         container = render_worker_pod(job, rank)["spec"]["containers"][0]
-        command = [torchrun_executable(), *container["command"][1:]]
+        command = [sys.executable, *container["command"][1:]]
         env = pod_environment(job, rank)
         assert env[contract.ENV_NODE_RANK] == str(rank) and env[contract.ENV_NNODES] == "2"
         env.update(

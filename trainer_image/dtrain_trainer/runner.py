@@ -230,7 +230,17 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     if trainer.is_global_zero:
         reporter.event(EVENT_FINISHED, ok=ok, **metrics)
         write_termination_log({"ok": ok, **metrics, **outcome}, env)
+    _leave_process_group()
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def _leave_process_group() -> None:
+    """Leave the process group together: a rank that exits while a peer is still tearing down
+    its connections can abort the peer ("terminate called without an active exception"),
+    which would turn a finished job into a failed node and a needless gang restart."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def _configure_logging(env: Mapping[str, str]) -> None:

@@ -1,0 +1,40 @@
+"""`python -m dtrain_trainer.launch`: torchrun, exiting with the failing worker's own exit code.
+
+torchrun exits 1 whenever any worker fails, so a worker killed by the OOM killer (137)
+and a worker that raised (1) look the same from outside. restartPolicy ExitCode needs
+the difference (1-127: the program's error, not retried; 128+: killed, retried), in a
+pod and under `dtrain run` alike. This runs torchrun itself, with its own arguments and
+PET_* variables, and exits with the code of the first worker that failed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+
+# Exit status of a process killed by signal n, as a shell and the kubelet report it.
+SIGNAL_EXIT_BASE = 128
+
+
+def pod_exit_code(worker_exit_code: int) -> int:
+    """torch reports a worker killed by signal n as -n; a container reports 128 + n."""
+    return SIGNAL_EXIT_BASE - worker_exit_code if worker_exit_code < 0 else worker_exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        run(args)
+    except ChildFailedError as failed:
+        # torchrun's failure report (rank, exit code, the worker's error) is what a person reads first.
+        print(failed, file=sys.stderr, flush=True)
+        _, first = failed.get_first_failure()
+        return pod_exit_code(first.exitcode)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -181,7 +181,7 @@ class NcclSettings(ApiModel):
     """NCCL_SOCKET_IFNAME: the network interface(s) NCCL uses, e.g. eth0 or ^lo,docker."""
     debug: Optional[NcclDebug] = None
     """NCCL_DEBUG: VERSION, WARN, INFO or TRACE."""
-    p2p_disable: Optional[bool] = None
+    p2p_disable: Annotated[Optional[bool], Field(alias="p2pDisable")] = None
     """NCCL_P2P_DISABLE: true to disable peer-to-peer GPU transfers (NVLink/PCIe)."""
     timeout_seconds: Annotated[int, Field(ge=1)] = 1800
     """Collective timeout of the process group: a rank that waits longer fails, and the gang restarts."""

@@ -176,6 +176,9 @@ def test_gang_restart_resumes_from_the_saved_step(tmp_path: Path, api_server: Fa
     assert all(r.path.endswith("/namespaces/team-a/distributedtrainings/resnet/status") for r in api_server.requests)
     progress_steps = [p["progress"]["step"] for p in patches if "progress" in p]
     assert progress_steps and min(progress_steps) >= 4 and max(progress_steps) == 8
+    # Rank 0 says it is exporting (the operator shows the Exporting phase) after training's last step.
+    stages = [p["progress"].get("stage") for p in patches if "progress" in p]
+    assert stages[-1] == contract.PROGRESS_STAGE_EXPORTING and contract.PROGRESS_STAGE_TRAINING in stages
     checkpoint_patches = [p["lastCheckpoint"] for p in patches if "lastCheckpoint" in p]
     assert checkpoint_patches[-1]["step"] == 8
     assert checkpoint_patches[-1]["path"] == str(checkpoints / "step=00000008.ckpt")

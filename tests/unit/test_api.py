@@ -137,6 +137,14 @@ def test_bad_spec_is_rejected_naming_the_field(case, obj, field):
     assert any(line.startswith(field) for line in result.errors), result.errors
 
 
+def test_wire_names_are_the_documented_ones():
+    """camelCase as a person writes it, where the automatic conversion would not (p2p -> p2P)."""
+    job = api.DistributedTraining.model_validate(with_spec("nccl", {"p2pDisable": True}))
+    assert job.spec.nccl.to_env()["NCCL_P2P_DISABLE"] == "1"
+    assert "p2pDisable" in crd.openapi_schema()["properties"]["spec"]["properties"]["nccl"]["properties"]
+    assert "workspaceMiB" in crd.openapi_schema()["properties"]["spec"]["properties"]["engine"]["properties"]
+
+
 def test_typo_gets_a_suggestion():
     [line] = validate_object(with_spec("trainer.maxEpoch", 3)).errors
     assert "did you mean 'maxEpochs'" in line

@@ -25,7 +25,8 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "warning", "time": ..., "message": "precision 16-mixed needs a CUDA GPU ..."}
     {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
     {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
-     "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false}
+     "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false,
+     "stage": "training" | "exporting"}   (the last progress record, before the export, says exporting)
     {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt"}
     {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
@@ -176,6 +177,7 @@ def status_patch(record: Mapping[str, Any]) -> dict[str, Any] | None:
             "step": record.get("step"),
             "loss": record.get("loss"),
             "imagesPerSecond": record.get("imagesPerSecond"),
+            "stage": record.get("stage"),
             "updatedAt": record.get("time"),
         }
         # null in a merge patch deletes a field: leave out what is not known yet instead.
@@ -483,6 +485,7 @@ class ProgressCallback(L.Callback):
             loss=self.last_loss,
             imagesPerSecond=self.meter.images_per_second(),
             epochEnd=epoch_end,
+            stage=contract.PROGRESS_STAGE_TRAINING,
         )
 
     def final_metrics(self, trainer: L.Trainer) -> dict[str, Any]:

@@ -135,6 +135,9 @@ def _export_on_rank_zero(
         onnx = config.export.onnx
         checkpoint = Path(config.checkpoint.dir) / LAST_CHECKPOINT
         artifacts = Path(config.artifacts.dir)
+        # The job's phase becomes Exporting: a large model's export and check take minutes.
+        total_steps = _progress_callback(trainer).total_steps
+        reporter.progress(stage=contract.PROGRESS_STAGE_EXPORTING, totalSteps=total_steps, **metrics)
         try:
             record = export_artifacts(
                 model,

@@ -1,0 +1,590 @@
+"""The reconciler: one DistributedTraining at a time, level-triggered, from cached observations.
+
+kopf watches DistributedTrainings, worker/engine pods and engine Jobs (server-side label
+selectors) and keeps the latter two in its indexes; every event queues the owning job here.
+A queued job is reconciled by one worker at a time: its status is computed (status.py) and
+patched when it differs, Events are posted, then the plan (plan.py) is carried out: deletions,
+then creations. No list call is made per reconcile.
+
+The watch lags behind the operator's own writes, so the writes are remembered until the watch
+shows them (as Kubernetes controllers' "expectations"): a pod just created is not created
+again, a pod just deleted is not counted, a status just patched is the one the next reconcile
+starts from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Generic, Hashable, Mapping, Optional, TypeVar, cast
+
+import kopf
+from pydantic import ValidationError
+
+from . import contract, render
+from .api import DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus
+from .kube import ApiError, KubeClient, RateLimiter, connection_info, load_configuration
+from .metrics import OperatorMetrics
+from .plan import Plan, plan_children
+from .status import (
+    EngineJobObservation,
+    JobEvent,
+    Observed,
+    PodObservation,
+    accepted_job,
+    compute_status,
+    controller_uid,
+    invalid_status,
+    observe_engine_job,
+    observe_pod,
+    only_counts_changed,
+    status_events,
+    status_patch,
+)
+from .validation import validate_object
+
+logger = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+
+POD_INDEX = "dtrain_pods"
+ENGINE_JOB_INDEX = "dtrain_engine_jobs"
+
+WORKERS = 32
+"""Jobs reconciled at once."""
+RETRY_BASE_SECONDS = 0.5
+RETRY_MAX_SECONDS = 60.0
+"""A failed reconcile is retried after 0.5 s, 1 s, 2 s, ... up to a minute."""
+EXPECTATION_TTL_SECONDS = 30.0
+"""How long a write is trusted over a watch that has not shown it (then the watch wins again)."""
+COUNTS_BATCH_SECONDS = 1.0
+"""A status change of node counts alone waits this long, so that pods starting together share one patch."""
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class WorkQueue(Generic[K]):
+    """Keys to process, each at most once at a time; a key added while in process runs again after."""
+
+    def __init__(
+        self,
+        process: Callable[[K], Awaitable[Optional[float]]],
+        on_error: Callable[[K, Exception], None],
+        workers: int = WORKERS,
+    ) -> None:
+        self._process = process
+        self._on_error = on_error
+        self._workers = workers
+        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._active: set[K] = set()
+        self._dirty: set[K] = set()
+        self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+        self._failures: dict[K, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._active)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work(), name=f"reconciler-{i}") for i in range(self._workers)]
+
+    async def stop(self) -> None:
+        for _, handle in self._timers.values():
+            handle.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def add(self, key: K, delay: float = 0.0) -> None:
+        if delay > 0:
+            due = time.monotonic() + delay
+            scheduled = self._timers.get(key)
+            if scheduled is not None and scheduled[0] <= due:
+                return
+            if scheduled is not None:
+                scheduled[1].cancel()
+            handle = asyncio.get_running_loop().call_later(delay, self._fire, key)
+            self._timers[key] = (due, handle)
+            return
+        if key in self._active:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def forget(self, key: K) -> None:
+        scheduled = self._timers.pop(key, None)
+        if scheduled is not None:
+            scheduled[1].cancel()
+        self._failures.pop(key, None)
+
+    def _fire(self, key: K) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            requeue: Optional[float]
+            try:
+                requeue = await self._process(key)
+                self._failures.pop(key, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the others
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                requeue = min(RETRY_BASE_SECONDS * 2 ** (failures - 1), RETRY_MAX_SECONDS)
+                self._on_error(key, exc)
+            finally:
+                self._active.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self.add(key)
+            if requeue is not None:
+                self.add(key, requeue)
+
+
+@dataclass
+class _Expectations:
+    """One job's writes that the watch has not shown yet."""
+
+    uid: str
+    created_pods: dict[str, tuple[float, PodObservation]] = field(default_factory=dict)  # by uid
+    deleted_pods: dict[str, tuple[float, bool]] = field(default_factory=dict)  # uid -> (when, known gone)
+    engine_job: Optional[tuple[float, EngineJobObservation]] = None
+    shared_children_for: Optional[int] = None  # gang generation whose Service/ConfigMap are known to exist
+    counts_pending_since: Optional[float] = None
+    conflict_reported: str = ""
+
+
+class ChildConflict(Exception):
+    """A child's name is taken by an object this job does not own."""
+
+
+def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether `candidate` is a later version of the object than `current`.
+
+    Kubernetes resource versions compare as integers (they are etcd revisions, comparable
+    since Kubernetes 1.35); when either does not parse, the later arrival wins.
+    """
+    try:
+        return int(candidate["metadata"]["resourceVersion"]) >= int(current["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return True
+
+
+def _status_of(body: Mapping[str, Any]) -> DistributedTrainingStatus:
+    try:
+        return DistributedTrainingStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        # Someone wrote a status we cannot read; start over rather than stop the job.
+        logger.warning("%s/%s: unreadable status, recomputing it", *_key(body))
+        return DistributedTrainingStatus()
+
+
+def _key(body: Mapping[str, Any]) -> JobKey:
+    meta = body.get("metadata") or {}
+    return meta.get("namespace") or "default", meta.get("name", "")
+
+
+@dataclass(frozen=True)
+class ParsedJob:
+    """A DistributedTraining as the operator can run it, or why it cannot."""
+
+    job: Optional[DistributedTraining]
+    errors: tuple[str, ...] = ()
+    """Validation errors: of the whole object when `job` is None, else of an edit to an accepted job."""
+
+
+def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> ParsedJob:
+    """Validate the object (not its status). An accepted job whose spec became invalid keeps its accepted spec."""
+    document = {k: v for k, v in body.items() if k != "status"}
+    result = validate_object(document, "")
+    if result.job is not None:
+        return ParsedJob(result.job.model_copy(update={"status": previous}))
+    if previous.accepted_spec is None:
+        return ParsedJob(None, tuple(result.errors))
+    run_policy = dict(previous.accepted_spec.get("runPolicy") or {})
+    raw_policy = ((body.get("spec") or {}).get("runPolicy")) or {}
+    if isinstance(raw_policy.get("suspend"), bool):
+        run_policy["suspend"] = raw_policy["suspend"]
+    try:
+        spec = DistributedTrainingSpec.model_validate({**previous.accepted_spec, "runPolicy": run_policy})
+        job = DistributedTraining.model_validate(
+            {"metadata": body.get("metadata") or {}, "spec": spec.to_wire()}
+        ).model_copy(update={"status": previous})
+    except ValidationError:
+        return ParsedJob(None, tuple(result.errors))
+    return ParsedJob(job, tuple(result.errors))
+
+
+class Controller:
+    """Caches, expectations and the reconcile loop; kopf's handlers (handlers.py) feed it."""
+
+    def __init__(self, metrics: OperatorMetrics, qps: float, burst: int) -> None:
+        self._pod_index: Optional[kopf.Index[JobKey, PodObservation]] = None
+        self._engine_job_index: Optional[kopf.Index[JobKey, EngineJobObservation]] = None
+        self._metrics = metrics
+        self._limiter = RateLimiter(qps, burst)
+        self._client: Optional[KubeClient] = None
+        self._jobs: dict[JobKey, Mapping[str, Any]] = {}
+        self._expectations: dict[JobKey, _Expectations] = {}
+        self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
+        self._event_tasks: dict[JobKey, asyncio.Task[None]] = {}
+        self._instance = os.environ.get("POD_ID") or socket.gethostname()
+
+    # --- kopf's side ---------------------------------------------------------------------------
+
+    async def login(self) -> kopf.ConnectionInfo:
+        """Credentials for kopf's watches and the operator's own requests (again after a 401)."""
+        configuration = await load_configuration()
+        if self._client is None:
+            self._client = KubeClient(configuration, self._limiter, self._metrics)
+        else:
+            self._client.use_configuration(configuration)
+        return await connection_info(configuration)
+
+    def start(self) -> None:
+        self._queue.start()
+
+    async def stop(self) -> None:
+        await self._queue.stop()
+        for task in list(self._event_tasks.values()):
+            task.cancel()
+        if self._client is not None:
+            await self._client.close()
+
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    def use_indexes(
+        self, pods: kopf.Index[JobKey, PodObservation], engine_jobs: kopf.Index[JobKey, EngineJobObservation]
+    ) -> None:
+        """kopf's indexes of the jobs' pods and engine Jobs (handed over by every handler call)."""
+        self._pod_index, self._engine_job_index = pods, engine_jobs
+
+    def job_changed(self, event_type: Optional[str], body: Mapping[str, Any]) -> None:
+        """A DistributedTraining event from the watch."""
+        key = _key(body)
+        if event_type == "DELETED":
+            self._forget(key)
+            return
+        self._remember(key, body)
+        self._queue.add(key)
+
+    def child_changed(self, namespace: str, job_name: str, uid: str, event_type: Optional[str]) -> None:
+        """A pod or engine Job event from the watch (the index already holds it)."""
+        key = (namespace, job_name)
+        expectations = self._expectations.get(key)
+        if expectations is not None:
+            expectations.created_pods.pop(uid, None)
+            if event_type == "DELETED":
+                expectations.deleted_pods.pop(uid, None)
+            if expectations.engine_job is not None and expectations.engine_job[1].uid == uid:
+                expectations.engine_job = None
+        if key in self._jobs:
+            self._queue.add(key)
+
+    def _remember(self, key: JobKey, body: Mapping[str, Any]) -> None:
+        current = self._jobs.get(key)
+        uid = (body.get("metadata") or {}).get("uid", "")
+        if current is not None and (current.get("metadata") or {}).get("uid") != uid:
+            self._expectations.pop(key, None)
+        elif current is not None and not _newer(body, current):
+            return
+        self._jobs[key] = body
+        self._metrics.job_phase(key, (body.get("status") or {}).get("phase"))
+
+    def _forget(self, key: JobKey) -> None:
+        self._jobs.pop(key, None)
+        self._expectations.pop(key, None)
+        self._queue.forget(key)
+        self._metrics.job_phase(key, None)
+
+    # --- Observation -------------------------------------------------------------------------------
+
+    def _expect(self, key: JobKey, uid: str) -> _Expectations:
+        expectations = self._expectations.get(key)
+        if expectations is None or expectations.uid != uid:
+            expectations = self._expectations[key] = _Expectations(uid=uid)
+        return expectations
+
+    def _observe(self, key: JobKey, expectations: _Expectations) -> tuple[Observed, frozenset[str]]:
+        """The job's children as the indexes show them, corrected by writes the watch has not shown yet.
+
+        Returns the observation and the names of worker pods the job does not own (they block creation).
+        """
+        now = time.monotonic()
+        pods: list[PodObservation] = list(self._pod_index.get(key, ())) if self._pod_index is not None else []
+        engine_jobs: list[EngineJobObservation] = (
+            list(self._engine_job_index.get(key, ())) if self._engine_job_index is not None else []
+        )
+        seen = {p.uid for p in pods}
+        for uid, (since, _) in list(expectations.created_pods.items()):
+            if uid in seen or now - since > EXPECTATION_TTL_SECONDS:
+                del expectations.created_pods[uid]
+        for uid, (since, _) in list(expectations.deleted_pods.items()):
+            if uid not in seen and now - since > EXPECTATION_TTL_SECONDS:
+                del expectations.deleted_pods[uid]
+
+        owned: list[PodObservation] = []
+        blocked: set[str] = set()
+        for pod in pods:
+            deleted = expectations.deleted_pods.get(pod.uid)
+            if deleted is not None and deleted[1]:
+                continue
+            if deleted is not None and not pod.deleting:
+                pod = replace(pod, deleting=True)
+            if pod.role == contract.ROLE_WORKER and pod.owner_uid != expectations.uid:
+                blocked.add(pod.name)
+                continue
+            owned.append(pod)
+        owned.extend(p for _, p in expectations.created_pods.values() if p.uid not in seen)
+
+        engine_job = next((j for j in engine_jobs if j.owner_uid == expectations.uid), None)
+        if expectations.engine_job is not None:
+            since, created = expectations.engine_job
+            if engine_job is not None or now - since > EXPECTATION_TTL_SECONDS:
+                expectations.engine_job = None
+            else:
+                engine_job = created
+        workers = tuple(p for p in owned if p.role == contract.ROLE_WORKER)
+        engine_pods = tuple(
+            p for p in owned if p.role == contract.ROLE_ENGINE and engine_job is not None and p.owner_uid == engine_job.uid
+        )
+        return Observed(workers=workers, engine_pods=engine_pods, engine_job=engine_job), frozenset(blocked)
+
+    # --- Reconcile ---------------------------------------------------------------------------------
+
+    def _reconcile_failed(self, key: JobKey, exc: Exception) -> None:
+        self._metrics.reconcile_errors.inc()
+        namespace, name = key
+        if isinstance(exc, (ApiError, ChildConflict)):
+            logger.warning("%s/%s: %s; retrying", namespace, name, exc)
+        else:
+            logger.error("%s/%s: reconcile failed; retrying", namespace, name, exc_info=exc)
+
+    async def _reconcile_key(self, key: JobKey) -> Optional[float]:
+        started = time.monotonic()
+        try:
+            return await self.reconcile(key)
+        finally:
+            self._metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    async def reconcile(self, key: JobKey) -> Optional[float]:
+        """Bring one job's status and children in line with what is observed. Returns a requeue delay."""
+        body = self._jobs.get(key)
+        if body is None or self._client is None:
+            return None
+        meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return None  # the garbage collector removes the children through their owner references
+        expectations = self._expect(key, meta.get("uid", ""))
+        now = datetime.now(timezone.utc)
+        previous_raw = body.get("status") or None
+        previous = _status_of(body)
+        parsed = parse_job(body, previous)
+        observed, blocked = self._observe(key, expectations)
+
+        if parsed.job is None:
+            new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
+            running: Optional[DistributedTraining] = None
+        else:
+            new = compute_status(parsed.job, observed, previous, now, parsed.errors)
+            running = accepted_job(parsed.job.model_copy(update={"status": new}))
+
+        requeue = await self._write_status(key, body, previous if previous_raw else None, new, expectations)
+        if running is None:
+            return requeue
+        plan = plan_children(running, new, observed, now)
+        try:
+            await self._carry_out(key, body, running, new.restarts, plan, blocked, expectations)
+        except ChildConflict as exc:
+            await self._report_conflict(key, body, str(exc), expectations)
+            raise
+        expectations.conflict_reported = ""
+        delays = [d for d in (requeue, plan.requeue_after) if d is not None]
+        return min(delays) if delays else None
+
+    async def _write_status(
+        self,
+        key: JobKey,
+        body: Mapping[str, Any],
+        previous: Optional[DistributedTrainingStatus],
+        new: DistributedTrainingStatus,
+        expectations: _Expectations,
+    ) -> Optional[float]:
+        """Patch the status when it changed (node counts alone: batched), then post the Events."""
+        assert self._client is not None
+        patch = status_patch(previous, new)
+        if patch is None:
+            expectations.counts_pending_since = None
+            return None
+        if only_counts_changed(patch):
+            now = time.monotonic()
+            if expectations.counts_pending_since is None:
+                expectations.counts_pending_since = now
+            waited = now - expectations.counts_pending_since
+            if waited < COUNTS_BATCH_SECONDS:
+                return COUNTS_BATCH_SECONDS - waited
+        expectations.counts_pending_since = None
+        namespace, name = key
+        updated = await self._client.patch_status(namespace, name, patch)
+        if updated:
+            self._remember(key, updated)
+        restarts = new.restarts - (previous.restarts if previous else 0)
+        if restarts > 0:
+            self._metrics.gang_restarts.inc(restarts)
+        if "phase" in patch:
+            logger.info("%s/%s: %s -> %s", namespace, name, previous.phase if previous else None, new.phase)
+        events = status_events(previous, new)
+        if events:
+            self._post_events(key, body, events)
+        return None
+
+    def _post_events(self, key: JobKey, body: Mapping[str, Any], events: list[JobEvent]) -> None:
+        """Post Events in the background (children are not kept waiting), in order for each job."""
+        earlier = self._event_tasks.get(key)
+        task = asyncio.create_task(self._post_in_order(key, body, events, earlier))
+        self._event_tasks[key] = task
+        task.add_done_callback(lambda done: self._event_tasks.pop(key) if self._event_tasks.get(key) is done else None)
+
+    async def _post_in_order(
+        self, key: JobKey, body: Mapping[str, Any], events: list[JobEvent], earlier: Optional[asyncio.Task[None]]
+    ) -> None:
+        if earlier is not None:
+            await asyncio.wait([earlier])
+        assert self._client is not None
+        for event in events:
+            try:
+                await self._client.post_event(body, event.type, event.reason, event.message, self._instance)
+            except ApiError as exc:
+                logger.warning("%s/%s: could not post the %s event: %s", *key, event.reason, exc)
+
+    async def _report_conflict(
+        self, key: JobKey, body: Mapping[str, Any], message: str, expectations: _Expectations
+    ) -> None:
+        """A Warning Event, once per distinct conflict, so that `kubectl describe` says why nothing starts."""
+        if expectations.conflict_reported == message or self._client is None:
+            return
+        expectations.conflict_reported = message
+        try:
+            await self._client.post_event(body, "Warning", "ChildConflict", message, self._instance)
+        except ApiError as exc:
+            logger.warning("%s/%s: could not post the ChildConflict event: %s", *key, exc)
+
+    async def _carry_out(
+        self,
+        key: JobKey,
+        body: Mapping[str, Any],
+        job: DistributedTraining,
+        generation: int,
+        plan: Plan,
+        blocked: frozenset[str],
+        expectations: _Expectations,
+    ) -> None:
+        """Deletions first, then creations; every call is safe to repeat."""
+        assert self._client is not None
+        namespace, name = key
+        await _gather(*(self._delete_pod(namespace, pod, expectations) for pod in plan.delete_pods))
+        if plan.delete_engine_job is not None:
+            await self._delete(
+                "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
+            )
+        ranks = [rank for rank in plan.create_ranks if render.worker_pod_name(job, rank) not in blocked]
+        if ranks:
+            pods = [render.render_worker_pod(job, rank, generation) for rank in ranks]
+            _adopt(pods, body)
+            await self._ensure_shared_children(body, job, generation, expectations)
+            await _gather(*(self._create_pod(pod, expectations) for pod in pods))
+            logger.info("%s/%s: created %d worker pod(s) of gang generation %d", namespace, name, len(pods), generation)
+        if len(ranks) < len(plan.create_ranks):
+            raise ChildConflict(
+                "worker pod names are taken by pods this job does not own (left by an earlier job of the same "
+                "name?); waiting for them to go"
+            )
+        if plan.create_engine_job:
+            engine_job = render.render_engine_job(job)
+            _adopt([engine_job], body)
+            created, _ = await self._create_owned(engine_job, expectations.uid)
+            expectations.engine_job = (time.monotonic(), observe_engine_job(created))
+            logger.info("%s/%s: created the engine Job %s", namespace, name, engine_job["metadata"]["name"])
+        if plan.delete_job:
+            logger.info("%s/%s: ttlSecondsAfterFinished has passed; deleting the job", namespace, name)
+            await self._delete(contract.API_VERSION, contract.KIND, namespace, name, expectations.uid, "Background")
+
+    async def _ensure_shared_children(
+        self, body: Mapping[str, Any], job: DistributedTraining, generation: int, expectations: _Expectations
+    ) -> None:
+        """The Service, ConfigMap (and PodGroup) the pods need, known to be this job's before any pod
+        is created: a ConfigMap of the same name left by someone else must never configure its trainers.
+        Once per gang generation, so that one deleted by hand is back for the next gang."""
+        if expectations.shared_children_for == generation:
+            return
+        children = [render.render_service(job), render.render_config_map(job)]
+        pod_group = render.render_pod_group(job)
+        if pod_group is not None:
+            children.append(pod_group)
+        _adopt(children, body)
+        await _gather(*(self._create_owned(child, expectations.uid) for child in children))
+        expectations.shared_children_for = generation
+
+    async def _create_owned(self, obj: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], bool]:
+        """Create a child; if it exists already it must be this job's (then it is adopted as is)."""
+        assert self._client is not None
+        existing, created = await self._client.create_or_read(obj)
+        if not created and controller_uid(existing.get("metadata") or {}) != owner_uid:
+            meta = obj["metadata"]
+            raise ChildConflict(
+                f"{obj['kind']} {meta['namespace']}/{meta['name']} exists and is not owned by this job; "
+                "delete it or rename the job"
+            )
+        return existing, created
+
+    async def _create_pod(self, pod: dict[str, Any], expectations: _Expectations) -> None:
+        # A 409 then a 404 (the pod went between the two) fails this reconcile: it is retried.
+        existing, _ = await self._create_owned(pod, expectations.uid)
+        observation = observe_pod(existing)
+        expectations.created_pods[observation.uid] = (time.monotonic(), observation)
+
+    async def _delete_pod(self, namespace: str, pod: PodObservation, expectations: _Expectations) -> None:
+        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid)
+        expectations.deleted_pods[pod.uid] = (time.monotonic(), gone)
+
+    async def _delete(
+        self, api_version: str, kind: str, namespace: str, name: str, uid: str, propagation: Optional[str] = None
+    ) -> bool:
+        """Delete one incarnation of an object. Returns True when it is known to be gone already."""
+        assert self._client is not None
+        try:
+            await self._client.delete(api_version, kind, namespace, name, uid=uid, propagation=propagation)
+        except ApiError as exc:
+            # 404: gone. 409: the uid precondition failed, so that incarnation is gone too.
+            if exc.not_found or exc.conflict:
+                return True
+            raise
+        return False
+
+
+def _adopt(children: list[dict[str, Any]], body: Mapping[str, Any]) -> None:
+    """The one place where children get their owner reference to the DistributedTraining
+    (controller, blockOwnerDeletion): the garbage collector deletes them with it."""
+    kopf.append_owner_reference(children, owner=kopf.Body(cast(kopf.RawBody, body)))
+
+
+async def _gather(*calls: Awaitable[Any]) -> None:
+    """Run calls at once; when some fail, raise the first failure after all have finished."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

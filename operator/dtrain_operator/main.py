@@ -1,0 +1,89 @@
+"""`dtrain operator`: kopf with dtrain's handlers, settings, health and metrics endpoints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+import kopf
+
+from . import contract
+from .controller import Controller
+from .handlers import build_registry
+from .kube import load_configuration
+from .metrics import OperatorMetrics
+
+logger = logging.getLogger(__name__)
+
+
+def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
+    """kopf's settings: bookkeeping under dtrain.dev/, watch timeouts, server-side selectors."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = contract.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=contract.KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=contract.KOPF_PREFIX)
+    # kopf's own events only for warnings and errors; dtrain posts one Event per phase change itself.
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "dtrain-operator"
+    # One active operator (the Deployment's Recreate strategy): no peering objects to read or write.
+    settings.peering.standalone = True
+    # The served resources are found once at startup: no cluster-wide watch of CRDs and namespaces.
+    settings.scanning.disabled = True
+    # The API server ends each watch after this; the client gives up a little later, so that a
+    # stream that went silent without closing is re-opened (from the last resourceVersion).
+    settings.watching.server_timeout = args.watch_timeout
+    settings.watching.client_timeout = args.watch_timeout + max(5.0, args.watch_timeout * 0.1)
+    settings.watching.connect_timeout = min(30.0, float(args.watch_timeout))
+    settings.networking.connect_timeout = 30.0
+    settings.networking.request_timeout = 60.0
+    # Only the operator's children are watched: the API server filters, not the operator.
+    settings.watching.label_selectors["pods"] = contract.LABEL_JOB_NAME
+    settings.watching.label_selectors["batch", "jobs"] = contract.LABEL_JOB_NAME
+    return settings
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    kopf.configure(
+        debug=level == "DEBUG",
+        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
+    )
+    logging.getLogger().setLevel(level)
+    # kopf reports every handled event at INFO; that is debugging detail for dtrain's users.
+    logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def main(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, args.log_format)
+    if args.qps <= 0 or args.burst < 1:
+        print("dtrain operator: --qps must be above 0 and --burst at least 1", file=sys.stderr)
+        return 2
+    if args.watch_timeout < 1:
+        print("dtrain operator: --watch-timeout must be at least 1 second", file=sys.stderr)
+        return 2
+    try:
+        # Fail at once, with one line, when there are no credentials (kopf would retry every minute).
+        asyncio.run(load_configuration())
+    except kopf.LoginError as exc:
+        print(f"dtrain operator: {exc}", file=sys.stderr)
+        return 1
+    metrics = OperatorMetrics()
+    try:
+        metrics.serve(args.metrics_port)
+    except OSError as exc:
+        print(f"dtrain operator: cannot serve metrics on port {args.metrics_port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    controller = Controller(metrics=metrics, qps=args.qps, burst=args.burst)
+    namespaces = args.namespaces or []
+    scope = f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces"
+    logger.info("dtrain operator starting: %s, health :%d, metrics :%d", scope, args.health_port, args.metrics_port)
+    kopf.run(
+        registry=build_registry(controller),
+        settings=operator_settings(args),
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+    )
+    return 0

@@ -1,0 +1,511 @@
+"""A Kubernetes API server for the operator's tests: kmock's KubernetesEmulator, extended where the
+operator relies on real API-server behaviour. Each extension is small and stands for one behaviour:
+
+- resourceVersion: one counter for every write, on objects, list metadata and watch events;
+  `uid`, `creationTimestamp` and `generation` (bumped when `spec` changes) set on create;
+- status subresource: PATCH .../status changes only `status`; a PATCH of the object leaves it alone;
+- watch: from a resourceVersion, the events since then are replayed (410 Gone when older than the
+  event log), as the API server's watch cache does; without one, the current objects come as ADDED;
+  `timeoutSeconds` ends the stream;
+- lists and watches filter by `labelSelector`; lists carry `kind` and `apiVersion`;
+- DELETE honours `preconditions.uid` (409) and finalizers (`deletionTimestamp`), and deleting an
+  object deletes its dependents (ownerReferences: the garbage collector, background propagation);
+- faults: chosen requests answered with an error, or held at a gate; watch streams dropped or
+  stalled (left open but silent, as a dead connection);
+- a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
+  for comparing the operator's calls with its RBAC rules.
+
+kmock still does the HTTP serving, request parsing, API discovery and object storage
+(`server.objects[...]` keeps every version of every object for assertions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import dataclasses
+import datetime
+import re
+import secrets
+import uuid
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Optional
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import rendering
+from kmock._internal.k8s import KubernetesError
+
+from dtrain_operator import contract
+
+EVENT_LOG_SIZE = 50_000
+
+# The resources the operator and the tests use: (group/version/plural, kind, has a status subresource).
+RESOURCES = [
+    ("v1/pods", "Pod", True),
+    ("v1/services", "Service", True),
+    ("v1/configmaps", "ConfigMap", False),
+    ("v1/events", "Event", False),
+    ("v1/namespaces", "Namespace", True),
+    ("batch/v1/jobs", "Job", True),
+    (f"{contract.API_VERSION}/{contract.PLURAL}", contract.KIND, True),
+    ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True),
+    ("scheduling.x-k8s.io/v1alpha1/podgroups", "PodGroup", True),
+]
+CLUSTER_SCOPED = {"namespaces"}
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (strategic merge patches are applied the same way: lists replaced)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+_REQUIREMENT = re.compile(r"^(?P<key>[^\s!=]+)\s+(?P<op>in|notin)\s+\((?P<values>[^)]*)\)$")
+
+
+def selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
+    """A Kubernetes label selector (equality- and set-based) against an object's labels."""
+    for requirement in re.split(r",(?![^(]*\))", selector or ""):
+        requirement = requirement.strip()
+        if not requirement:
+            continue
+        match = _REQUIREMENT.match(requirement)
+        if match:
+            values = {v.strip() for v in match["values"].split(",")}
+            present = labels.get(match["key"])
+            if (match["op"] == "in") != (present in values):
+                return False
+        elif "!=" in requirement:
+            key, value = requirement.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in requirement:
+            key, value = requirement.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif requirement.startswith("!"):
+            if requirement[1:] in labels:
+                return False
+        elif requirement not in labels:
+            return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One resource request, as RBAC sees it."""
+
+    verb: str
+    api_group: str
+    resource: str
+    subresource: str = ""
+
+    @property
+    def rbac_resource(self) -> str:
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+
+def rbac_verb(request: rendering.Request) -> str:
+    method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
+    if method == "GET":
+        if request.params.get("watch") in ("true", "1"):
+            return "watch"
+        return "get" if request.name else "list"
+    return {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(
+        method, "delete" if request.name else "deletecollection"
+    )
+
+
+class Gate:
+    """Holds matching requests until released; counts those waiting."""
+
+    def __init__(self, matches: Callable[[rendering.Request], bool], after: int = 0) -> None:
+        self.matches = matches
+        self.passed = 0
+        self.after = after
+        self.held = 0
+        self._open = asyncio.Event()
+        self._fail = False
+
+    async def wait(self, request: rendering.Request) -> None:
+        if self._open.is_set():
+            return  # released: later requests pass
+        if self.passed < self.after:
+            self.passed += 1
+            return
+        self.held += 1
+        await self._open.wait()
+        if self._fail:
+            raise KubernetesError(503, "ServiceUnavailable", "the gate failed this request")
+
+    def release(self, fail: bool = False) -> None:
+        """Let the held requests through (`fail`: answer them with 503 instead, as if never processed).
+        Requests that come after the release pass."""
+        self._fail = fail
+        self._open.set()
+
+
+@dataclasses.dataclass
+class _Failure:
+    matches: Callable[[rendering.Request], bool]
+    status: int
+    reason: str
+    times: Optional[int]
+    until: Optional[float]
+
+
+class Faults:
+    """Failures to inject: errors, gates, dropped and stalled watches."""
+
+    def __init__(self) -> None:
+        self._failures: list[_Failure] = []
+        self.gates: list[Gate] = []
+        self.stalled_until = 0.0
+        self.drops = 0
+        self.failed = 0
+
+    def fail(
+        self,
+        matches: Callable[[rendering.Request], bool],
+        status: int = 500,
+        reason: str = "InternalError",
+        times: Optional[int] = None,
+        seconds: Optional[float] = None,
+    ) -> None:
+        """Answer matching requests with `status`, `times` times or for `seconds` (or until cleared)."""
+        until = asyncio.get_running_loop().time() + seconds if seconds is not None else None
+        self._failures.append(_Failure(matches, status, reason, times, until))
+
+    def gate(self, matches: Callable[[rendering.Request], bool], after: int = 0) -> Gate:
+        """Hold matching requests (after letting `after` of them through) until the gate is released."""
+        gate = Gate(matches, after)
+        self.gates.append(gate)
+        return gate
+
+    def stall_watches(self, seconds: float) -> None:
+        """Keep watch streams open but silent for a while, as a connection that died without closing."""
+        self.stalled_until = asyncio.get_running_loop().time() + seconds
+
+    def drop_watches(self) -> None:
+        """Close every open watch stream now (clients reconnect)."""
+        self.drops += 1
+
+    def clear(self) -> None:
+        self._failures.clear()
+        for gate in self.gates:
+            gate.release()
+        self.gates.clear()
+
+    @property
+    def stalled(self) -> bool:
+        return asyncio.get_running_loop().time() < self.stalled_until
+
+    async def intercept(self, request: rendering.Request) -> None:
+        now = asyncio.get_running_loop().time()
+        for failure in list(self._failures):
+            if failure.until is not None and now > failure.until or failure.times == 0:
+                self._failures.remove(failure)
+                continue
+            if failure.matches(request):
+                if failure.times is not None:
+                    failure.times -= 1
+                self.failed += 1
+                raise KubernetesError(failure.status, failure.reason, f"injected fault ({failure.status})")
+        for gate in list(self.gates):
+            if gate.matches(request):
+                await gate.wait(request)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Event:
+    rv: int
+    type: str
+    resource: Any
+    namespace: Optional[str]
+    raw: dict[str, Any]
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock's KubernetesEmulator with the behaviour listed in this module's docstring."""
+
+    faults: Faults = attrs.field(factory=Faults, init=False)
+    calls: list[tuple[str, Call]] = attrs.field(factory=list, init=False)
+    _rv: int = attrs.field(default=0, init=False)
+    _events: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=EVENT_LOG_SIZE), init=False)
+    _wakeup: Optional[asyncio.Event] = attrs.field(default=None, init=False)
+    _status_resources: set = attrs.field(factory=set, init=False)
+    _kinds: dict = attrs.field(factory=dict, init=False)
+
+    def declare_resources(self) -> None:
+        for name, kind, has_status in RESOURCES:
+            resource = kmock.resource(name)
+            plural = name.rsplit("/", 1)[-1]
+            self.resources[name] = kmock.ResourceInfo(
+                kind=kind,
+                namespaced=plural not in CLUSTER_SCOPED,
+                verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
+                subresources={"status"} if has_status else set(),
+            )
+            self._kinds[resource] = (kind, name.rsplit("/", 1)[0])
+            if has_status:
+                self._status_resources.add(resource)
+
+    # --- What the operator asked ---------------------------------------------------------------
+
+    def calls_by(self, *agents: str) -> set[Call]:
+        """Resource requests made by clients whose User-Agent starts with one of `agents`."""
+        return {call for agent, call in self.calls if agent.startswith(agents)}
+
+    def count_calls(self, agents: Iterable[str], **where: str) -> int:
+        prefixes = tuple(agents)
+        return sum(
+            1
+            for agent, call in self.calls
+            if agent.startswith(prefixes) and all(getattr(call, k) == v for k, v in where.items())
+        )
+
+    # --- Request handling ------------------------------------------------------------------------
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        resource = request.resource
+        if resource is None or not resource.plural or request.action is None:
+            return await super()._handle(request)  # discovery and other paths
+        agent = request.headers.get("User-Agent", "")
+        self.calls.append(
+            (agent, Call(rbac_verb(request), resource.group or "", resource.plural, request.subresource or ""))
+        )
+        await self.faults.intercept(request)
+        if request.action == kmock.action.CREATE:
+            return aiohttp.web.json_response(await self._create(request), status=201)
+        if request.action == kmock.action.UPDATE:
+            return aiohttp.web.json_response(await self._patch(request))
+        if request.action == kmock.action.DELETE:
+            return aiohttp.web.json_response(await self._delete(request))
+        return await super()._handle(request)
+
+    def _next_rv(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _emit(self, event_type: str, resource: Any, raw: dict[str, Any]) -> None:
+        namespace = (raw.get("metadata") or {}).get("namespace")
+        self._events.append(_Event(int(raw["metadata"]["resourceVersion"]), event_type, resource, namespace, raw))
+        if self._wakeup is not None:
+            self._wakeup.set()
+        self._wakeup = asyncio.Event()
+
+    def _current(self, key: tuple[Any, Optional[str], str]) -> Optional[dict[str, Any]]:
+        if key not in self.objects:
+            return None
+        obj = self.objects[key]  # type: ignore[index]
+        return None if obj.deleted else dict(obj.last.raw)
+
+    def _store(self, key: tuple[Any, Optional[str], str], raw: dict[str, Any]) -> None:
+        if key in self.objects:
+            self.objects[key].history.append(raw)  # type: ignore[index]
+        else:
+            self.objects[key] = raw  # type: ignore[index]
+
+    async def _create(self, request: rendering.Request) -> dict[str, Any]:
+        raw = copy.deepcopy(request.data) if isinstance(request.data, dict) else None
+        if raw is None:
+            raise KubernetesError(400, "BadRequest", "the body is not a JSON object")
+        meta = raw.setdefault("metadata", {})
+        namespace = None if request.resource.plural in CLUSTER_SCOPED else (request.namespace or meta.get("namespace"))
+        name = meta.get("name") or (meta.get("generateName", "") + secrets.token_hex(3)[:5])
+        key = (request.resource, namespace, name)
+        async with self._lock:
+            if self._current(key) is not None:
+                raise KubernetesError(409, "AlreadyExists", f'{request.resource.plural} "{name}" already exists')
+            meta.update(
+                name=name,
+                uid=str(uuid.uuid4()),
+                creationTimestamp=now_rfc3339(),
+                resourceVersion=str(self._next_rv()),
+                generation=1,
+            )
+            if namespace is not None:
+                meta["namespace"] = namespace
+            if request.resource.plural == "pods":
+                raw.setdefault("status", {"phase": "Pending", "qosClass": "BestEffort"})
+            self._store(key, raw)
+            self._emit("ADDED", request.resource, raw)
+        return raw
+
+    async def _patch(self, request: rendering.Request) -> dict[str, Any]:
+        key = (request.resource, request.namespace, request.name)
+        content_type = request.headers.get("Content-Type", "")
+        async with self._lock:
+            old = self._current(key)
+            if old is None:
+                raise KubernetesError(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
+            if "json-patch" in content_type:
+                new = jsonpatch.apply_patch(copy.deepcopy(old), request.data)
+            else:
+                patch = dict(request.data or {})
+                wanted_rv = (patch.get("metadata") or {}).get("resourceVersion")
+                if wanted_rv is not None and str(wanted_rv) != old["metadata"]["resourceVersion"]:
+                    raise KubernetesError(409, "Conflict", "the object has been modified; resourceVersion differs")
+                if request.subresource == "status":
+                    patch = {"status": patch.get("status")}
+                elif request.resource in self._status_resources:
+                    patch.pop("status", None)
+                new = merge_patch(old, patch)
+            meta = new["metadata"]
+            for field in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+                if field in old["metadata"]:
+                    meta[field] = old["metadata"][field]
+            if new.get("spec") != old.get("spec"):
+                meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
+            meta["resourceVersion"] = str(self._next_rv())
+            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                self._store(key, new)
+                await self._remove(key, new)
+            else:
+                self._store(key, new)
+                self._emit("MODIFIED", request.resource, new)
+        return new
+
+    async def _delete(self, request: rendering.Request) -> dict[str, Any]:
+        key = (request.resource, request.namespace, request.name)
+        options = request.data if isinstance(request.data, dict) else {}
+        preconditions = options.get("preconditions") or {}
+        async with self._lock:
+            raw = self._current(key)
+            if raw is None:
+                raise KubernetesError(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
+            meta = raw["metadata"]
+            if preconditions.get("uid") and preconditions["uid"] != meta.get("uid"):
+                raise KubernetesError(409, "Conflict", "Precondition failed: UID in precondition does not match")
+            if meta.get("finalizers"):
+                if not meta.get("deletionTimestamp"):
+                    raw = merge_patch(raw, {"metadata": {"deletionTimestamp": now_rfc3339()}})
+                    raw["metadata"]["resourceVersion"] = str(self._next_rv())
+                    self._store(key, raw)
+                    self._emit("MODIFIED", request.resource, raw)
+                return raw
+            await self._remove(key, raw)
+        return raw
+
+    async def _remove(self, key: tuple[Any, Optional[str], str], raw: dict[str, Any]) -> None:
+        """Remove an object for good, then its dependents (the garbage collector's job)."""
+        raw["metadata"]["resourceVersion"] = str(self._next_rv())
+        self.objects[key].delete()  # type: ignore[index]
+        self._emit("DELETED", key[0], raw)
+        uid = raw["metadata"].get("uid")
+        dependents = [
+            (dep_key, obj)
+            for dep_key, obj in self.objects.items()
+            if not obj.deleted
+            and any(ref.get("uid") == uid for ref in (obj.last.raw.get("metadata") or {}).get("ownerReferences") or [])
+        ]
+        for dep_key, obj in dependents:
+            dependent = dict(obj.last.raw)
+            if (dependent.get("metadata") or {}).get("finalizers"):
+                dependent = merge_patch(dependent, {"metadata": {"deletionTimestamp": now_rfc3339()}})
+                dependent["metadata"]["resourceVersion"] = str(self._next_rv())
+                self._store(dep_key, dependent)
+                self._emit("MODIFIED", dep_key[0], dependent)
+            else:
+                await self._remove(dep_key, dependent)
+
+    # --- Reads -------------------------------------------------------------------------------------
+
+    def _matching(self, request: rendering.Request) -> list[dict[str, Any]]:
+        selector = request.params.get("labelSelector", "")
+        items = []
+        for (resource, namespace, _), obj in self.objects.items():
+            if resource != request.resource or obj.deleted:
+                continue
+            if request.namespace is not None and namespace != request.namespace:
+                continue
+            raw = obj.last.raw
+            if selector_matches(selector, (raw.get("metadata") or {}).get("labels") or {}):
+                items.append(raw)
+        return items
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        kind, api_version = self._kinds.get(request.resource, ("Unknown", ""))
+        async with self._lock:
+            items = self._matching(request)
+            rv = str(self._rv)
+        return {"apiVersion": api_version, "kind": f"{kind}List", "metadata": {"resourceVersion": rv}, "items": items}
+
+    def _events_after(self, cursor: int) -> list[_Event]:
+        newer = []
+        for event in reversed(self._events):
+            if event.rv <= cursor:
+                break
+            newer.append(event)
+        newer.reverse()
+        return newer
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        yield b""  # send the headers: the stream is open
+        loop = asyncio.get_running_loop()
+        params = request.params
+        selector = params.get("labelSelector", "")
+        timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
+        deadline = loop.time() + timeout if timeout else None
+        drops = self.faults.drops
+        since = params.get("resourceVersion")
+        if since in (None, "", "0"):
+            async with self._lock:
+                cursor = self._rv
+                current = self._matching(request)
+            for raw in current:
+                yield {"type": "ADDED", "object": raw}
+        else:
+            cursor = int(since)
+            if self._events and cursor < self._events[0].rv - 1:
+                yield {
+                    "type": "ERROR",
+                    "object": {"kind": "Status", "apiVersion": "v1", "code": 410, "reason": "Expired",
+                               "message": f"too old resource version: {cursor}"},
+                }
+                return
+        transport = request._raw_request.transport if request._raw_request is not None else None
+        dead = False
+        while True:
+            if transport is None or transport.is_closing():
+                return  # the client went away (or was killed)
+            wakeup = self._wakeup = self._wakeup or asyncio.Event()
+            # A stream caught by a stall is dead for good: it delivers nothing and never ends by
+            # itself, as a connection that broke without closing. Only the client can give it up.
+            dead = dead or self.faults.stalled
+            if dead:
+                await asyncio.sleep(0.2)
+                continue
+            for event in self._events_after(cursor):
+                cursor = event.rv
+                if event.resource != request.resource:
+                    continue
+                if request.namespace is not None and event.namespace != request.namespace:
+                    continue
+                if not selector_matches(selector, (event.raw.get("metadata") or {}).get("labels") or {}):
+                    continue
+                yield {"type": event.type, "object": event.raw}
+            if self.faults.drops != drops:
+                return
+            if deadline is not None and loop.time() >= deadline:
+                return
+            wait = 0.2 if deadline is None else min(0.2, max(deadline - loop.time(), 0.0))
+            try:
+                await asyncio.wait_for(wakeup.wait(), timeout=wait)
+            except asyncio.TimeoutError:
+                pass

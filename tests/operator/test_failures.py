@@ -1,0 +1,122 @@
+"""Worker failures: the whole gang restarts (DDP cannot lose a rank) within runPolicy's limits."""
+
+from __future__ import annotations
+
+from dtrain_operator import contract
+
+from .cluster import Cluster, a_job
+
+NS = "default"
+
+
+def generations(pods: list[dict]) -> set[str]:
+    return {p["metadata"]["labels"][contract.LABEL_GANG_GENERATION] for p in pods}
+
+
+async def test_a_failed_worker_restarts_the_gang_until_the_backoff_limit(operated: Cluster):
+    await operated.apply(a_job("flaky").nodes(3).backoff_limit(1).build())
+    first = await operated.run_all(NS, "flaky", 3)
+    await operated.phase(NS, "flaky", "Running")
+
+    await operated.exit(NS, "flaky-1", 1, "Traceback ...\nRuntimeError: NCCL error: unhandled system error")
+    await operated.eventually(lambda: operated.status(NS, "flaky").get("restarts") == 1, "restarts=1")
+    restarting = operated.condition(NS, "flaky", "Restarting")
+    assert (restarting["status"], restarting["reason"]) == ("True", "WorkerFailed")
+    assert "worker 1 exited with code 1" in restarting["message"]
+    assert "NCCL error" in restarting["message"]
+    second = await operated.eventually(
+        lambda: (p := operated.pods(NS, "flaky")) and len(p) == 3 and generations(p) == {"1"} and p,
+        "3 pods of gang generation 1 and none of generation 0",
+    )
+    assert {p["metadata"]["uid"] for p in second}.isdisjoint(p["metadata"]["uid"] for p in first)
+    await operated.run_all(NS, "flaky", 3)
+    await operated.phase(NS, "flaky", "Running")
+    assert operated.condition(NS, "flaky", "Restarting")["status"] == "False"
+
+    await operated.exit(NS, "flaky-2", 137, reason="OOMKilled")
+    await operated.phase(NS, "flaky", "Failed")
+    failed = operated.condition(NS, "flaky", "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert "worker 2 exited with code 137 (OOMKilled)" in failed["message"]
+    status = operated.status(NS, "flaky")
+    assert status["restarts"] == 1
+    assert status["completionTime"]
+    # cleanPodPolicy Running: the running workers go, the failed one stays for its logs.
+    await operated.eventually(lambda: [p["metadata"]["name"] for p in operated.pods(NS, "flaky")] == ["flaky-2"],
+                              "only the failed pod left")
+    events = await operated.event_reasons(NS, "flaky", ["Pending", "Running", "Restarting", "Running", "Failed"])
+    warnings = {e["reason"] for e in events if e["type"] == "Warning"}
+    assert warnings == {"Restarting", "Failed"}
+
+
+async def test_exit_code_policy_fails_a_program_error_at_once(operated: Cluster):
+    await operated.apply(a_job("typo").nodes(2).restart_policy("ExitCode").build())
+    await operated.run_all(NS, "typo", 2)
+    await operated.phase(NS, "typo", "Running")
+    await operated.exit(NS, "typo-0", 1, "ModuleNotFoundError: No module named 'mymodel'")
+    await operated.phase(NS, "typo", "Failed")
+    failed = operated.condition(NS, "typo", "Failed")
+    assert failed["reason"] == "NonRetryableExitCode"
+    assert "No module named 'mymodel'" in failed["message"]
+    assert operated.status(NS, "typo")["restarts"] == 0
+
+
+async def test_exit_code_policy_restarts_signals_and_evictions(operated: Cluster):
+    await operated.apply(a_job("preempted").nodes(2).restart_policy("ExitCode", backoff_limit=5).build())
+    await operated.run_all(NS, "preempted", 2)
+    await operated.phase(NS, "preempted", "Running")
+    await operated.exit(NS, "preempted-1", 143)
+    await operated.eventually(lambda: operated.status(NS, "preempted").get("restarts") == 1, "restart after SIGTERM")
+
+    await operated.eventually(lambda: generations(operated.pods(NS, "preempted")) == {"1"}, "gang generation 1")
+    await operated.run_all(NS, "preempted", 2)
+    await operated.phase(NS, "preempted", "Running")
+    await operated.evict(NS, "preempted-0")
+    await operated.eventually(lambda: operated.status(NS, "preempted").get("restarts") == 2, "restart after eviction")
+    message = operated.condition(NS, "preempted", "Restarting")["message"]
+    assert "worker 0 was lost (Evicted)" in message
+    assert "low on resource: memory" in message
+    assert operated.status(NS, "preempted")["phase"] == "Restarting"
+
+
+async def test_never_policy_fails_on_the_first_failure(operated: Cluster):
+    await operated.apply(a_job("once").nodes(2).restart_policy("Never").build())
+    await operated.run_all(NS, "once", 2)
+    await operated.phase(NS, "once", "Running")
+    await operated.exit(NS, "once-1", 137)
+    await operated.phase(NS, "once", "Failed")
+    assert operated.condition(NS, "once", "Failed")["reason"] == "RestartPolicyNever"
+    assert operated.status(NS, "once")["restarts"] == 0
+
+
+async def test_a_worker_deleted_by_someone_restarts_the_gang(operated: Cluster):
+    await operated.apply(a_job("drained").nodes(2).build())
+    await operated.run_all(NS, "drained", 2)
+    await operated.phase(NS, "drained", "Running")
+    await operated.delete("/api/v1/namespaces/default/pods/drained-1")
+    await operated.eventually(lambda: operated.status(NS, "drained").get("restarts") == 1, "restart after deletion")
+    assert "drained-1" in operated.condition(NS, "drained", "Restarting")["message"]
+    await operated.eventually(lambda: generations(operated.pods(NS, "drained")) == {"1"}
+                              and len(operated.pods(NS, "drained")) == 2, "the new gang")
+
+
+async def test_a_restart_waits_for_old_pods_to_terminate_before_reusing_their_names(operated: Cluster):
+    """Pod names are stable (DNS): a new pod `x-0` cannot exist before the old `x-0` is gone."""
+    await operated.apply(a_job("slow").nodes(2).build())
+    await operated.run_all(NS, "slow", 2)
+    await operated.phase(NS, "slow", "Running")
+    # A finalizer stands for the kubelet's graceful termination: deletion waits until it is removed.
+    await operated.patch("/api/v1/namespaces/default/pods/slow-0", {"metadata": {"finalizers": ["test/terminating"]}})
+    await operated.exit(NS, "slow-1", 1)
+    await operated.eventually(
+        lambda: operated.pod(NS, "slow-0")["metadata"].get("deletionTimestamp"), "the old slow-0 terminating"
+    )
+    await operated.eventually(lambda: [p["metadata"]["name"] for p in operated.pods(NS, "slow")] == ["slow-0", "slow-1"]
+                              and operated.pods(NS, "slow")[1]["metadata"]["labels"][contract.LABEL_GANG_GENERATION] == "1",
+                              "slow-1 of generation 1 created while slow-0 terminates")
+    assert operated.pod(NS, "slow-0")["metadata"]["labels"][contract.LABEL_GANG_GENERATION] == "0"
+    await operated.patch("/api/v1/namespaces/default/pods/slow-0", {"metadata": {"finalizers": None}})
+    await operated.eventually(lambda: generations(operated.pods(NS, "slow")) == {"1"}
+                              and len(operated.pods(NS, "slow")) == 2, "slow-0 of generation 1")
+    assert operated.pod_creations(NS, "slow-0") == 2
+    assert operated.status(NS, "slow")["restarts"] == 1

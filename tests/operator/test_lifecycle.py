@@ -1,0 +1,182 @@
+"""A DistributedTraining's life with a healthy cluster: children, Running, training success,
+the engine Job, Succeeded with artifacts. The operator runs as a process against the API server."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from dtrain_operator import contract
+
+from .cluster import Cluster, a_job
+
+NS = "default"
+
+
+def owned_by(obj: dict, job: dict) -> bool:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return refs == [
+        {
+            "apiVersion": contract.API_VERSION,
+            "kind": contract.KIND,
+            "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+async def test_create_makes_service_configmap_and_pods_with_the_environment_contract(operated: Cluster):
+    job = (
+        a_job("llm")
+        .nodes(3)
+        .gpus(2)
+        .with_spec("nccl", {"ibDisable": True, "socketIfname": "eth0", "debug": "INFO",
+                            "env": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}})
+        .with_spec("env", [{"name": "WANDB_MODE", "value": "offline"}])
+        .build()
+    )
+    created = await operated.apply(job)
+    pods = await operated.eventually(lambda: len(p := operated.pods(NS, "llm")) == 3 and p, "3 worker pods")
+
+    service = operated.objects("v1/services", NS, "llm")[0]
+    assert service["metadata"]["name"] == "llm"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {contract.LABEL_JOB_NAME: "llm", contract.LABEL_ROLE: "worker"}
+    assert owned_by(service, created)
+
+    config_map = operated.objects("v1/configmaps", NS, "llm")[0]
+    assert config_map["metadata"]["name"] == "llm-config"
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert (config["jobName"], config["nodes"], config["devicesPerNode"]) == ("llm", 3, 2)
+    assert owned_by(config_map, created)
+
+    for rank, pod in enumerate(pods):
+        meta, spec = pod["metadata"], pod["spec"]
+        assert meta["name"] == f"llm-{rank}"
+        assert owned_by(pod, created)
+        assert {k: meta["labels"][k] for k in (contract.LABEL_JOB_NAME, contract.LABEL_ROLE, contract.LABEL_NODE_RANK,
+                                                contract.LABEL_GANG_GENERATION)} == {
+            contract.LABEL_JOB_NAME: "llm", contract.LABEL_ROLE: "worker",
+            contract.LABEL_NODE_RANK: str(rank), contract.LABEL_GANG_GENERATION: "0",
+        }
+        assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == (f"llm-{rank}", "llm", "Never")
+        (container,) = spec["containers"]
+        assert container["command"] == ["python", "-m", "dtrain_trainer.launch", "-m", "dtrain_trainer"]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
+        assert container["env"] == [
+            {"name": "PET_NNODES", "value": "3"},
+            {"name": "PET_NPROC_PER_NODE", "value": "2"},
+            {"name": "PET_NODE_RANK", "value": str(rank)},
+            {"name": "PET_MASTER_ADDR", "value": "llm-0.llm.default.svc"},
+            {"name": "PET_MASTER_PORT", "value": "29500"},
+            {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
+            {"name": "DTRAIN_JOB_NAME", "value": "llm"},
+            {"name": "DTRAIN_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "DTRAIN_PROGRESS_SINK", "value": "kubernetes"},
+            {"name": "NCCL_IB_DISABLE", "value": "1"},
+            {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+            {"name": "NCCL_DEBUG", "value": "INFO"},
+            {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+            {"name": "WANDB_MODE", "value": "offline"},
+        ]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+        assert volumes["dtrain-config"]["configMap"] == {"name": "llm-config"}
+
+    status = await operated.phase(NS, "llm", "Pending")
+    assert status["nodesReady"] == "0/3"
+    assert status["nodes"] == {"total": 3, "pending": 3, "running": 0, "succeeded": 0, "failed": 0}
+    assert operated.condition(NS, "llm", "Created")["status"] == "True"
+    assert status["observedGeneration"] == 1
+    await operated.event_reasons(NS, "llm", ["Pending"])
+
+
+async def test_scheduled_pods_make_it_starting_and_running_pods_running(operated: Cluster):
+    await operated.apply(a_job("warmup").nodes(2).build())
+    pods = await operated.eventually(lambda: len(p := operated.pods(NS, "warmup")) == 2 and p, "2 pods")
+    for pod in pods:
+        await operated.schedule(NS, pod["metadata"]["name"])
+    await operated.phase(NS, "warmup", "Starting")
+    await operated.run(NS, "warmup-0")
+    status = await operated.eventually(lambda: operated.status(NS, "warmup").get("nodesReady") == "1/2", "1/2 ready")
+    await operated.run(NS, "warmup-1")
+    status = await operated.phase(NS, "warmup", "Running")
+    assert status["nodesReady"] == "2/2"
+    assert operated.condition(NS, "warmup", "Running")["reason"] == "AllWorkersRunning"
+    await operated.event_reasons(NS, "warmup", ["Pending", "Starting", "Running"])
+
+
+async def test_training_success_builds_the_engine_and_reports_artifacts(operated: Cluster):
+    await operated.apply(a_job("resnet").nodes(2).engine().build())
+    await operated.run_all(NS, "resnet", 2)
+    await operated.phase(NS, "resnet", "Running")
+
+    trainer_results = {"onnx": "/workspace/artifacts/model.onnx", "onnxParityMaxRelError": 2.1e-6, "epoch": 1}
+    await operated.exit(NS, "resnet-1", 0)
+    await operated.exit(NS, "resnet-0", 0, json.dumps(trainer_results))
+    await operated.phase(NS, "resnet", "BuildingEngine")
+    assert operated.condition(NS, "resnet", "TrainingSucceeded")["status"] == "True"
+    (engine_job,) = operated.objects("batch/v1/jobs", NS, "resnet")
+    assert engine_job["metadata"]["name"] == "resnet-engine"
+    assert engine_job["metadata"]["labels"][contract.LABEL_ROLE] == "engine"
+    assert owned_by(engine_job, operated.job(NS, "resnet"))
+    container = engine_job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:4] == ["dtrain", "build-engine", "--onnx", "/workspace/artifacts/model.onnx"]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert engine_job["spec"]["backoffLimit"] == 1
+
+    engine_results = {"engine": "/workspace/artifacts/model.plan", "latencyMsP50": 1.7}
+    await operated.finish_engine_job(NS, "resnet", succeeded=True, message=json.dumps(engine_results))
+    status = await operated.phase(NS, "resnet", "Succeeded")
+    assert status["artifacts"] == {**trainer_results, **engine_results}
+    assert status["completionTime"]
+    assert operated.condition(NS, "resnet", "EngineBuilt")["status"] == "True"
+    assert operated.condition(NS, "resnet", "Succeeded")["status"] == "True"
+    assert operated.condition(NS, "resnet", "Running")["status"] == "False"
+    await operated.event_reasons(NS, "resnet", ["Pending", "Running", "BuildingEngine", "Succeeded"])
+    # cleanPodPolicy Running (the default) keeps pods that exited: their logs are still there.
+    assert len(operated.pods(NS, "resnet")) == 2
+
+
+async def test_training_success_without_the_engine_is_success(operated: Cluster):
+    await operated.apply(a_job("plain").nodes(2).engine(False).build())
+    await operated.run_all(NS, "plain", 2)
+    await operated.phase(NS, "plain", "Running")
+    await operated.exit(NS, "plain-0", 0, '{"onnx": "/workspace/artifacts/model.onnx"}')
+    status = await operated.phase(NS, "plain", "Succeeded")
+    assert status["artifacts"] == {"onnx": "/workspace/artifacts/model.onnx"}
+    assert operated.objects("batch/v1/jobs", NS, "plain") == []
+    # rank 1 was still running: cleanPodPolicy Running deletes it, rank 0's pod stays.
+    await operated.eventually(lambda: [p["metadata"]["name"] for p in operated.pods(NS, "plain")] == ["plain-0"],
+                              "only the finished pod left")
+
+
+async def test_engine_failure_fails_the_job_with_the_pod_message(operated: Cluster):
+    await operated.apply(a_job("broken").nodes(1).engine().build())
+    await operated.run_all(NS, "broken", 1)
+    await operated.exit(NS, "broken-0", 0)
+    await operated.phase(NS, "broken", "BuildingEngine")
+    await operated.finish_engine_job(NS, "broken", succeeded=False, message="parity check failed: max error 0.31")
+    await operated.phase(NS, "broken", "Failed")
+    failed = operated.condition(NS, "broken", "Failed")
+    assert failed["reason"] == "EngineBuildFailed"
+    assert "parity check failed: max error 0.31" in failed["message"]
+
+
+async def test_exporting_phase_follows_the_trainer_and_progress_is_never_overwritten(operated: Cluster):
+    await operated.apply(a_job("export").nodes(2).build())
+    await operated.run_all(NS, "export", 2)
+    await operated.phase(NS, "export", "Running")
+    progress = {"epoch": 3, "step": 1200, "loss": 0.42, "imagesPerSecond": 880.5, "updatedAt": "2026-01-01T00:00:00Z",
+                "stage": "exporting"}
+    await operated.patch_job_status(NS, "export", {"progress": progress, "lastCheckpoint": {"step": 1200}})
+    await operated.phase(NS, "export", "Exporting")
+    await operated.exit(NS, "export-1", 0)
+    await operated.exit(NS, "export-0", 0)
+    status = await operated.phase(NS, "export", "Succeeded")
+    assert status["progress"] == progress
+    assert status["lastCheckpoint"] == {"step": 1200}

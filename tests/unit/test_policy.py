@@ -1,0 +1,101 @@
+"""The restart policy that the operator and `dtrain run` share: a table of failures and decisions."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from dtrain_operator.api import RunPolicy
+from dtrain_operator.policy import (
+    WorkerFailure,
+    deadline_exceeded,
+    decide_on_failure,
+    is_retryable,
+)
+
+EVICTED = WorkerFailure(1, None, "Evicted", "The node was low on resource: memory.")
+
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def exited(code: int, rank: int = 0, reason: str = "Error", at: float | None = None) -> WorkerFailure:
+    """A worker that exited with `code`, `at` seconds after T0 (None: finish time unknown)."""
+    return WorkerFailure(rank, code, reason, finished_at=None if at is None else T0 + timedelta(seconds=at))
+
+
+@pytest.mark.parametrize(
+    "policy,failure,retryable",
+    [
+        ("OnFailure", exited(1), True),
+        ("OnFailure", exited(137), True),
+        ("OnFailure", EVICTED, True),
+        ("ExitCode", exited(1), False),
+        ("ExitCode", exited(2), False),
+        ("ExitCode", exited(127), False),
+        ("ExitCode", exited(128), True),
+        ("ExitCode", exited(137, reason="OOMKilled"), True),
+        ("ExitCode", exited(143), True),
+        ("ExitCode", EVICTED, True),
+        ("Never", exited(137), False),
+        ("Never", EVICTED, False),
+    ],
+)
+def test_is_retryable(policy, failure, retryable):
+    assert is_retryable(RunPolicy(restart_policy=policy), failure) is retryable
+
+
+@pytest.mark.parametrize(
+    "policy,failures,restarts,restart,reason,message_part",
+    [
+        (RunPolicy(), [exited(1, rank=2)], 0, True, "WorkerFailed", "worker 2 exited with code 1; restarting the gang"),
+        (RunPolicy(), [exited(1)], 2, True, "WorkerFailed", "(3/3)"),
+        (RunPolicy(), [exited(1)], 3, False, "BackoffLimitExceeded", "gang restarted 3 time(s), backoffLimit is 3"),
+        (RunPolicy(backoff_limit=0), [EVICTED], 0, False, "BackoffLimitExceeded", "worker 1 was lost (Evicted)"),
+        (RunPolicy(restart_policy="ExitCode"), [exited(1)], 0, False, "NonRetryableExitCode", "codes 1-127"),
+        (RunPolicy(restart_policy="ExitCode"), [exited(137, reason="OOMKilled")], 0, True, "WorkerFailed",
+         "exited with code 137 (OOMKilled)"),
+        (RunPolicy(restart_policy="ExitCode"), [EVICTED], 0, True, "WorkerFailed", "low on resource"),
+        # Failures that cannot be ordered: a kill among them may have caused the program errors.
+        (RunPolicy(restart_policy="ExitCode"), [exited(137, rank=1), exited(3, rank=0)], 0, True,
+         "WorkerFailed", "worker 0 exited with code 3; worker 1 exited with code 137"),
+        # A killed rank, then its peer failing on the broken connection: the kill is the cause.
+        (RunPolicy(restart_policy="ExitCode"), [exited(137, rank=1, at=0), exited(1, rank=0, at=4)], 0, True,
+         "WorkerFailed", "restarting the gang"),
+        # A program error first, its peer killed later: the program error is the cause.
+        (RunPolicy(restart_policy="ExitCode"), [exited(3, rank=0, at=0), exited(137, rank=1, at=4)], 0, False,
+         "NonRetryableExitCode", "codes 1-127"),
+        # Within the same second (Kubernetes' resolution), either may be the cause.
+        (RunPolicy(restart_policy="ExitCode"), [exited(1, rank=0, at=0), exited(143, rank=1, at=1)], 0, True,
+         "WorkerFailed", "restarting the gang"),
+        (RunPolicy(restart_policy="Never"), [EVICTED], 0, False, "RestartPolicyNever", "restartPolicy is Never"),
+    ],
+)
+def test_decide_on_failure(policy, failures, restarts, restart, reason, message_part):
+    decision = decide_on_failure(policy, failures, restarts)
+    assert (decision.restart, decision.reason) == (restart, reason)
+    assert message_part in decision.message
+
+
+def test_decide_needs_a_failure():
+    with pytest.raises(ValueError):
+        decide_on_failure(RunPolicy(), [], 0)
+
+
+START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    "deadline,started,elapsed,exceeded",
+    [
+        (None, START, 10_000, False),
+        (60, None, 10_000, False),
+        (60, START, 59, False),
+        (60, START, 60, False),
+        (60, START, 61, True),
+    ],
+)
+def test_deadline_exceeded(deadline, started, elapsed, exceeded):
+    policy = RunPolicy(active_deadline_seconds=deadline)
+    assert deadline_exceeded(policy, started, START + timedelta(seconds=elapsed)) is exceeded

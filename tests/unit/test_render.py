@@ -1,0 +1,197 @@
+"""The pure renderers: spec in, Kubernetes objects out, compared with the objects we expect and
+validated against the real Kubernetes schemas (kubernetes-validate, strict)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dtrain_operator import contract, render
+from dtrain_operator.api import DistributedTraining
+
+
+def job(name: str = "mnist", namespace: str = "ml", **spec: Any) -> DistributedTraining:
+    return DistributedTraining.model_validate(
+        {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
+         "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    )
+
+
+def labels(role: str, **extra: str) -> dict[str, str]:
+    return {contract.LABEL_JOB_NAME: "mnist", contract.LABEL_ROLE: role, "app.kubernetes.io/name": "dtrain",
+            "app.kubernetes.io/managed-by": "dtrain-operator", **extra}
+
+
+def test_service_is_headless_and_publishes_unready_pods():
+    assert render.render_service(job(masterPort=29600)) == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "mnist", "namespace": "ml", "labels": labels("worker")},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {contract.LABEL_JOB_NAME: "mnist", contract.LABEL_ROLE: "worker"},
+            "ports": [{"name": "rendezvous", "port": 29600, "protocol": "TCP"}],
+        },
+    }
+
+
+def test_config_map_holds_the_resolved_trainer_config():
+    config_map = render.render_config_map(job(nodes=3, devicesPerNode=2, trainer={"batchSize": 8}))
+    assert config_map["metadata"] == {"name": "mnist-config", "namespace": "ml", "labels": labels("worker")}
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert (config["jobName"], config["nodes"], config["devicesPerNode"]) == ("mnist", 3, 2)
+    assert config["trainer"]["batchSize"] == 8
+    assert set(config) >= {"model", "data", "trainer", "checkpoint", "export", "artifacts", "nccl"}
+
+
+BASE_ENV = [
+    {"name": "PET_NNODES", "value": "3"},
+    {"name": "PET_NPROC_PER_NODE", "value": "2"},
+    {"name": "PET_NODE_RANK", "value": "2"},
+    {"name": "PET_MASTER_ADDR", "value": "mnist-0.mnist.ml.svc"},
+    {"name": "PET_MASTER_PORT", "value": "29500"},
+    {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
+    {"name": "DTRAIN_JOB_NAME", "value": "mnist"},
+    {"name": "DTRAIN_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    {"name": "DTRAIN_PROGRESS_SINK", "value": "kubernetes"},
+]
+
+
+@pytest.mark.parametrize(
+    "spec,after_contract",
+    [
+        ({}, []),
+        ({"nccl": {"ibDisable": False, "socketIfname": "^lo,docker"}},
+         [{"name": "NCCL_IB_DISABLE", "value": "0"}, {"name": "NCCL_SOCKET_IFNAME", "value": "^lo,docker"}]),
+        ({"nccl": {"debug": "WARN", "env": {"NCCL_ALGO": "Ring"}},
+          "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
+         [{"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "NCCL_ALGO", "value": "Ring"},
+          {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]),
+    ],
+)
+def test_worker_env_is_the_contract_then_nccl_then_the_users(spec, after_contract):
+    assert render.worker_env(job(nodes=3, devicesPerNode=2, **spec), rank=2) == BASE_ENV + after_contract
+
+
+def pod_spec_of(**spec: Any) -> dict[str, Any]:
+    return render.render_worker_pod(job(**spec), rank=1, gang_generation=4)["spec"]
+
+
+@pytest.mark.parametrize(
+    "spec,check",
+    [
+        ({"accelerator": "gpu", "devicesPerNode": 4},
+         lambda p: p["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 4}}),
+        ({"accelerator": "gpu", "resources": {"requests": {"cpu": 8, "memory": "64Gi"}, "limits": {"memory": "64Gi"}}},
+         lambda p: p["containers"][0]["resources"]
+         == {"requests": {"cpu": 8, "memory": "64Gi"}, "limits": {"memory": "64Gi", "nvidia.com/gpu": 1}}),
+        ({"accelerator": "cpu"}, lambda p: "resources" not in p["containers"][0]),
+        ({"storage": {"claimName": "shared"}},
+         lambda p: {"name": "dtrain-storage", "persistentVolumeClaim": {"claimName": "shared"}} in p["volumes"]
+         and {"name": "dtrain-storage", "mountPath": "/workspace"} in p["containers"][0]["volumeMounts"]),
+        ({"scheduling": {"nodeSelector": {"gpu": "h100"}, "priorityClassName": "high",
+                         "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]}},
+         lambda p: (p["nodeSelector"], p["priorityClassName"], p["tolerations"][0]["key"]) == ({"gpu": "h100"}, "high", "gpu")),
+        ({"hostNetwork": True}, lambda p: (p["hostNetwork"], p["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")),
+        ({"imagePullSecrets": [{"name": "regcred"}]}, lambda p: p["imagePullSecrets"] == [{"name": "regcred"}]),
+        ({}, lambda p: (p["hostname"], p["subdomain"], p["restartPolicy"]) == ("mnist-1", "mnist", "Never")),
+        ({}, lambda p: {"name": "dshm", "emptyDir": {"medium": "Memory"}} in p["volumes"]),
+        ({}, lambda p: p["securityContext"]["runAsNonRoot"] is True
+         and p["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False),
+        ({}, lambda p: p["containers"][0]["terminationMessagePath"] == "/dev/termination-log"),
+    ],
+    ids=["gpus", "gpus-with-resources", "cpu", "storage", "scheduling", "host-network", "pull-secrets", "dns",
+         "shm", "non-root", "termination-log"],
+)
+def test_worker_pod_spec(spec, check):
+    assert check(pod_spec_of(**spec))
+
+
+def test_worker_pod_labels_name_and_gang_generation():
+    pod = render.render_worker_pod(job(), rank=1, gang_generation=4)
+    assert pod["metadata"] == {
+        "name": "mnist-1",
+        "namespace": "ml",
+        "labels": labels("worker", **{contract.LABEL_NODE_RANK: "1", contract.LABEL_GANG_GENERATION: "4"}),
+    }
+
+
+@pytest.mark.parametrize(
+    "scheduler,kind_api,where",
+    [
+        ("volcano", "scheduling.volcano.sh/v1beta1", ("annotations", "scheduling.k8s.io/group-name")),
+        ("scheduler-plugins-scheduler", "scheduling.x-k8s.io/v1alpha1", ("labels", "scheduling.x-k8s.io/pod-group")),
+    ],
+)
+def test_gang_scheduling_pod_group_and_membership(scheduler, kind_api, where):
+    spec = {"nodes": 4, "scheduling": {"schedulerName": scheduler, "gang": {"enabled": True, "minAvailable": 3}}}
+    group = render.render_pod_group(job(**spec))
+    assert (group["apiVersion"], group["kind"], group["metadata"]["name"]) == (kind_api, "PodGroup", "mnist")
+    assert group["spec"]["minMember"] == 3
+    pod = render.render_worker_pod(job(**spec), rank=0)
+    assert pod["metadata"][where[0]][where[1]] == "mnist"
+    assert pod["spec"]["schedulerName"] == scheduler
+
+
+def test_no_pod_group_without_gang_scheduling():
+    assert render.render_pod_group(job()) is None
+
+
+def test_engine_job():
+    engine = render.render_engine_job(job(engine={"precision": "fp16", "maxBatch": 16, "optBatch": 8}))
+    assert engine["metadata"] == {"name": "mnist-engine", "namespace": "ml", "labels": labels("engine")}
+    assert engine["spec"]["backoffLimit"] == 1
+    assert engine["spec"]["template"]["metadata"] == {"labels": labels("engine")}
+    pod = engine["spec"]["template"]["spec"]
+    assert (pod["restartPolicy"], pod["automountServiceAccountToken"]) == ("Never", False)
+    (container,) = pod["containers"]
+    assert container["command"] == [
+        "dtrain", "build-engine", "--onnx", "/workspace/artifacts/model.onnx", "--out", "/workspace/artifacts/model.plan",
+        "--precision", "fp16", "--min-batch", "1", "--opt-batch", "8", "--max-batch", "16", "--workspace-mib", "4096",
+        "--timing-cache", "/workspace/artifacts/timing.cache", "--report", "/workspace/artifacts/engine-report.json",
+    ]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    custom = render.render_engine_job(job(engine={"resources": {"limits": {"nvidia.com/gpu": 2, "memory": "32Gi"}}}))
+    assert custom["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "limits": {"nvidia.com/gpu": 2, "memory": "32Gi"}
+    }
+
+
+def test_children_in_creation_order():
+    kinds = [c["kind"] for c in render.render_children(job(nodes=2, engine={"enabled": True},
+                                                           scheduling={"schedulerName": "volcano",
+                                                                       "gang": {"enabled": True}}))]
+    assert kinds == ["Service", "ConfigMap", "PodGroup", "Pod", "Pod", "Job"]
+    assert [c["kind"] for c in render.render_children(job(nodes=1, engine={"enabled": False}))] == [
+        "Service", "ConfigMap", "Pod"
+    ]
+
+
+FULL_SPEC = {
+    "nodes": 2,
+    "devicesPerNode": 2,
+    "accelerator": "gpu",
+    "resources": {"requests": {"cpu": 4, "memory": "16Gi"}},
+    "env": [{"name": "WANDB_MODE", "value": "offline"}],
+    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}],
+    "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+    "storage": {"claimName": "shared"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "nccl": {"ibDisable": True},
+    "scheduling": {"schedulerName": "volcano", "gang": {"enabled": True},
+                   "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                       "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}}}},
+}
+
+
+@pytest.mark.parametrize("version", ["1.33", "1.35"])
+def test_rendered_objects_are_valid_kubernetes(version):
+    for child in render.render_children(job(**copy.deepcopy(FULL_SPEC))):
+        if child["kind"] == "PodGroup":
+            continue  # not a core API: kubernetes-validate has no schema for it
+        kubernetes_validate.validate(child, version, strict=True)

@@ -1,0 +1,479 @@
+"""The pure status and plan functions: observations in, status and actions out, table by table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, Optional
+
+import pytest
+
+from dtrain_operator import contract
+from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, immutable_spec
+from dtrain_operator.plan import plan_children
+from dtrain_operator.status import (
+    EngineJobObservation,
+    Observed,
+    PodObservation,
+    compute_status,
+    format_time,
+    invalid_status,
+    observe_engine_job,
+    observe_pod,
+    only_counts_changed,
+    status_events,
+    status_patch,
+)
+
+NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+EARLIER = NOW - timedelta(minutes=10)
+UID = "0b8e1f9e-7c44-4c1f-a2b6-1d7e3f6f2a11"
+
+
+def a_job(generation: int = 1, **spec: Any) -> DistributedTraining:
+    spec = {"nodes": 3, "accelerator": "cpu", "engine": {"enabled": False}, **spec}
+    return DistributedTraining.model_validate(
+        {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
+         "metadata": {"name": "mnist", "namespace": "ml", "uid": UID, "generation": generation}, "spec": spec}
+    )
+
+
+def accepted(job: DistributedTraining, phase: str = "Running", restarts: int = 0, **fields: Any) -> DistributedTrainingStatus:
+    """The status of a job the operator has been running since EARLIER."""
+    return DistributedTrainingStatus.model_validate(
+        {"phase": phase, "restarts": restarts, "startTime": format_time(EARLIER),
+         "acceptedSpec": immutable_spec(job.spec), **fields}
+    )
+
+
+def pod(rank: int, phase: str = "Running", generation: int = 0, **fields: Any) -> PodObservation:
+    return PodObservation(
+        name=f"mnist-{rank}", uid=f"uid-{generation}-{rank}", resource_version="1", role=contract.ROLE_WORKER,
+        rank=rank, generation=generation, phase=phase, created_at=EARLIER, scheduled=phase != "Pending",
+        owner_uid=UID, **fields,
+    )
+
+
+def gang(*phases: str, generation: int = 0) -> tuple[PodObservation, ...]:
+    return tuple(pod(rank, phase, generation) for rank, phase in enumerate(phases))
+
+
+def condition(status: DistributedTrainingStatus, type_: str) -> Optional[tuple[str, str]]:
+    found = next((c for c in status.conditions if c.type == type_), None)
+    return None if found is None else (found.status, found.reason)
+
+
+def compute(job: DistributedTraining, observed: Observed = Observed(), previous=None, now=NOW):
+    return compute_status(job, observed, previous, now)
+
+
+# --- Phases -------------------------------------------------------------------------------------------
+
+JOB = a_job()
+
+PHASE_TABLE = [
+    # (case, previous status, observed workers, expected phase, expected restarts, expected nodesReady)
+    ("new job", None, (), "Pending", 0, "0/3"),
+    ("pods not scheduled yet", accepted(JOB, "Pending"), gang("Pending", "Pending", "Pending"), "Pending", 0, "0/3"),
+    ("all scheduled, none running", accepted(JOB, "Pending"),
+     tuple(replace(p, scheduled=True) for p in gang("Pending", "Pending", "Pending")), "Starting", 0, "0/3"),
+    ("some running", accepted(JOB, "Starting"),
+     tuple(replace(p, scheduled=True) for p in gang("Running", "Pending", "Running")), "Starting", 0, "2/3"),
+    ("all running", accepted(JOB, "Starting"), gang("Running", "Running", "Running"), "Running", 0, "3/3"),
+    ("a rank finished early", accepted(JOB), gang("Running", "Succeeded", "Running"), "Running", 0, "2/3"),
+    ("a worker failed", accepted(JOB), gang("Running", "Failed", "Running"), "Restarting", 1, "0/3"),
+    ("a worker vanished", accepted(JOB), gang("Running", "Running"), "Restarting", 1, "0/3"),
+    ("a pod not created yet before the gang ran", accepted(JOB, "Pending"), gang("Pending", "Pending"), "Pending", 0, "0/3"),
+    ("the new gang starting, the old one ignored", accepted(JOB, "Restarting", restarts=1),
+     gang("Failed", "Running", "Running") + gang("Pending", "Running", "Running", generation=1), "Restarting", 1, "2/3"),
+    ("the new gang running", accepted(JOB, "Restarting", restarts=1),
+     gang("Running", "Running", "Running", generation=1), "Running", 1, "3/3"),
+    ("backoff limit reached", accepted(JOB, restarts=3), gang("Failed", "Running", "Running", generation=3),
+     "Failed", 3, "2/3"),
+    ("rank 0 exited 0", accepted(JOB), gang("Succeeded", "Running", "Running"), "Succeeded", 0, "2/3"),
+]
+
+
+@pytest.mark.parametrize("case,previous,workers,phase,restarts,ready", PHASE_TABLE, ids=[row[0] for row in PHASE_TABLE])
+def test_phase_table(case, previous, workers, phase, restarts, ready):
+    status = compute(JOB, Observed(workers=workers), previous)
+    assert (status.phase, status.restarts, status.nodes_ready) == (phase, restarts, ready)
+
+
+def test_a_new_job_records_what_it_accepted():
+    status = compute(JOB)
+    assert status.accepted_spec == immutable_spec(JOB.spec)
+    assert (status.start_time, status.observed_generation) == (format_time(NOW), 1)
+    assert condition(status, "Created") == ("True", "JobCreated")
+    assert status.nodes.model_dump() == {"total": 3, "pending": 3, "running": 0, "succeeded": 0, "failed": 0}
+
+
+def test_a_restart_carries_the_decision():
+    status = compute(JOB, Observed(workers=gang("Running", "Failed", "Running")), accepted(JOB))
+    assert condition(status, "Restarting") == ("True", "WorkerFailed")
+    assert condition(status, "Running") == ("False", "GangRestarting")
+    again = compute(JOB, Observed(workers=gang("Running", "Running", "Running", generation=1)), status)
+    assert condition(again, "Restarting") == ("False", "GangRunning")
+    assert condition(again, "Running") == ("True", "AllWorkersRunning")
+
+
+@pytest.mark.parametrize(
+    "policy,exit_code,lost,phase,reason",
+    [
+        ("ExitCode", 1, False, "Failed", "NonRetryableExitCode"),
+        ("ExitCode", 137, False, "Restarting", "WorkerFailed"),
+        ("ExitCode", None, True, "Restarting", "WorkerFailed"),
+        ("Never", 137, False, "Failed", "RestartPolicyNever"),
+        ("OnFailure", 1, False, "Restarting", "WorkerFailed"),
+    ],
+)
+def test_restart_policies(policy, exit_code, lost, phase, reason):
+    job = a_job(runPolicy={"restartPolicy": policy})
+    failed = replace(pod(1, "Failed"), exit_code=exit_code, lost=lost, reason="Evicted" if lost else "Error")
+    status = compute(job, Observed(workers=(pod(0), failed, pod(2))), accepted(job))
+    assert status.phase == phase
+    assert condition(status, "Failed" if phase == "Failed" else "Restarting")[1] == reason
+
+
+def test_the_first_failure_decides_and_its_peers_consequences_do_not():
+    job = a_job(runPolicy={"restartPolicy": "ExitCode"})
+    killed = replace(pod(1, "Failed"), exit_code=137, reason="OOMKilled", finished_at=EARLIER)
+    broken_pipe = replace(pod(0, "Failed"), exit_code=1, finished_at=EARLIER + timedelta(seconds=20))
+    status = compute(job, Observed(workers=(broken_pipe, killed, pod(2))), accepted(job))
+    assert (status.phase, status.restarts) == ("Restarting", 1)
+
+
+def test_observe_pod_reads_when_the_container_finished():
+    raw = raw_pod({"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+        "exitCode": 1, "reason": "Error", "finishedAt": "2026-05-01T11:59:00Z"}}}]})
+    assert observe_pod(raw).finished_at == datetime(2026, 5, 1, 11, 59, tzinfo=timezone.utc)
+
+
+def test_training_success_copies_the_trainer_results():
+    results = {"onnx": "/workspace/artifacts/model.onnx", "onnxParityMaxRelError": 1e-6}
+    done = replace(pod(0, "Succeeded"), exit_code=0, message=json.dumps(results))
+    status = compute(JOB, Observed(workers=(done, pod(1), pod(2))), accepted(JOB))
+    assert status.phase == "Succeeded"
+    assert status.artifacts == results
+    assert condition(status, "TrainingSucceeded") == ("True", "TrainerSucceeded")
+    assert status.completion_time == format_time(NOW)
+
+
+def engine_pod(phase: str, message: str = "") -> PodObservation:
+    return replace(pod(0, phase), name="mnist-engine-x", role=contract.ROLE_ENGINE, rank=None, generation=None,
+                   message=message, owner_uid="engine-uid")
+
+
+def engine_job(succeeded: bool = False, failed: bool = False, finished_at=NOW) -> EngineJobObservation:
+    return EngineJobObservation(name="mnist-engine", uid="engine-uid", resource_version="1", succeeded=succeeded,
+                                failed=failed, owner_uid=UID, finished_at=finished_at if succeeded or failed else None)
+
+
+ENGINE_JOB = a_job(engine={"enabled": True})
+TRAINED = accepted(ENGINE_JOB, "BuildingEngine", conditions=[{"type": "TrainingSucceeded", "status": "True"}],
+                   artifacts={"onnx": "model.onnx"})
+
+
+@pytest.mark.parametrize(
+    "case,observed,now,phase,artifacts,message",
+    [
+        ("no engine Job yet", Observed(), NOW, "BuildingEngine", {"onnx": "model.onnx"}, None),
+        ("engine Job running", Observed(engine_job=engine_job()), NOW, "BuildingEngine", {"onnx": "model.onnx"}, None),
+        ("engine built", Observed(engine_job=engine_job(succeeded=True),
+                                  engine_pods=(engine_pod("Succeeded", '{"engine": "model.plan"}'),)),
+         NOW, "Succeeded", {"onnx": "model.onnx", "engine": "model.plan"}, None),
+        ("Job seen done before its pod", Observed(engine_job=engine_job(succeeded=True)), NOW + timedelta(seconds=5),
+         "BuildingEngine", {"onnx": "model.onnx"}, None),
+        ("the pod never seen", Observed(engine_job=engine_job(succeeded=True)), NOW + timedelta(minutes=5),
+         "Succeeded", {"onnx": "model.onnx"}, None),
+        ("engine build failed", Observed(engine_job=engine_job(failed=True),
+                                         engine_pods=(engine_pod("Failed", "TensorRT: unsupported op"),)),
+         NOW, "Failed", {"onnx": "model.onnx"}, "Job mnist-engine failed: TensorRT: unsupported op"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_engine_table(case, observed, now, phase, artifacts, message):
+    status = compute(ENGINE_JOB, observed, TRAINED, now)
+    assert (status.phase, status.artifacts) == (phase, artifacts)
+    if message:
+        failed = next(c for c in status.conditions if c.type == "Failed")
+        assert (failed.reason, failed.message) == ("EngineBuildFailed", message)
+
+
+def test_suspend_and_resume():
+    suspended_job = a_job(runPolicy={"suspend": True})
+    status = compute(suspended_job, Observed(workers=gang("Running", "Running", "Running")), accepted(JOB))
+    assert (status.phase, condition(status, "Suspended")) == ("Suspended", ("True", "JobSuspended"))
+    resumed = compute(JOB, Observed(), status, NOW + timedelta(hours=1))
+    assert resumed.phase == "Pending"
+    assert condition(resumed, "Suspended") == ("False", "JobResumed")
+    assert resumed.start_time == format_time(NOW + timedelta(hours=1))  # the deadline counts from the resume
+    assert resumed.restarts == 0
+
+
+def test_deadline():
+    job = a_job(runPolicy={"activeDeadlineSeconds": 600})
+    inside = compute(job, Observed(workers=gang("Running", "Running", "Running")), accepted(job), EARLIER + timedelta(seconds=599))
+    assert inside.phase == "Running"
+    past = compute(job, Observed(workers=gang("Running", "Running", "Running")), accepted(job), EARLIER + timedelta(seconds=601))
+    assert (past.phase, condition(past, "Failed")) == ("Failed", ("True", "DeadlineExceeded"))
+
+
+def test_finished_jobs_keep_their_status():
+    done = compute(JOB, Observed(workers=gang("Succeeded", "Succeeded", "Succeeded")), accepted(JOB))
+    later = compute(JOB, Observed(), done, NOW + timedelta(hours=1))
+    assert later == done
+
+
+def test_pods_pending_too_long_are_named_with_their_reasons():
+    job = a_job(scheduling={"gang": {"scheduleTimeoutSeconds": 60}})
+    stuck = replace(pod(1, "Pending"), pending_reason="Unschedulable: 0/4 nodes are available")
+    fresh = replace(pod(2, "Pending"), created_at=NOW - timedelta(seconds=10), pending_reason="ContainerCreating")
+    status = compute(job, Observed(workers=(pod(0), stuck, fresh)), accepted(job, "Starting"))
+    found = next(c for c in status.conditions if c.type == "PodsPending")
+    assert (found.status, found.reason) == ("True", "PodsPendingTooLong")
+    assert found.message == "Pending for more than 60 s: mnist-1: Unschedulable: 0/4 nodes are available"
+    plan = plan_children(job, status, Observed(workers=(pod(0), stuck, fresh)), NOW)
+    assert plan.requeue_after == pytest.approx(50.1)
+
+
+def test_an_immutable_change_is_reported_and_the_accepted_spec_runs():
+    previous = accepted(JOB)
+    changed = a_job(generation=2, nodes=4, trainer={"batchSize": 64})
+    status = compute(changed, Observed(workers=gang("Running", "Running", "Running")), previous)
+    found = next(c for c in status.conditions if c.type == "SpecImmutable")
+    assert (found.status, found.reason) == ("True", "ImmutableFieldChanged")
+    assert found.message.startswith("spec.nodes, spec.trainer.batchSize cannot change")
+    assert (status.phase, status.nodes_ready, status.observed_generation) == ("Running", "3/3", 2)
+    reverted = compute(a_job(generation=3), Observed(workers=gang("Running", "Running", "Running")), status)
+    assert condition(reverted, "SpecImmutable") == ("False", "SpecUnchanged")
+
+
+def test_scheduling_may_change_while_suspended():
+    suspended = compute(a_job(runPolicy={"suspend": True}), Observed(), accepted(JOB))
+    moved = a_job(generation=2, runPolicy={"suspend": True}, scheduling={"nodeSelector": {"pool": "h100"}})
+    status = compute(moved, Observed(), suspended)
+    assert condition(status, "SpecImmutable") is None
+    assert status.accepted_spec["scheduling"]["nodeSelector"] == {"pool": "h100"}
+    # Kueue injects the node selector and unsuspends in one update: still accepted.
+    admitted = compute(a_job(generation=3, scheduling={"nodeSelector": {"pool": "a100"}}), Observed(), status)
+    assert (admitted.phase, condition(admitted, "SpecImmutable")) == ("Pending", None)
+    assert admitted.accepted_spec["scheduling"]["nodeSelector"] == {"pool": "a100"}
+    moved_again = compute(a_job(generation=4, scheduling={"nodeSelector": {"pool": "v100"}}), Observed(), admitted)
+    assert condition(moved_again, "SpecImmutable") == ("True", "ImmutableFieldChanged")
+
+
+def test_a_mutable_change_is_not_reported():
+    status = compute(a_job(runPolicy={"ttlSecondsAfterFinished": 60}), Observed(workers=gang(*["Running"] * 3)),
+                     accepted(JOB))
+    assert condition(status, "SpecImmutable") is None
+
+
+def test_an_invalid_edit_is_reported():
+    status = compute_status(JOB, Observed(workers=gang(*["Running"] * 3)), accepted(JOB), NOW,
+                            spec_errors=["spec.nodes: Input should be greater than or equal to 1"])
+    assert condition(status, "SpecImmutable") == ("True", "InvalidSpecChange")
+    assert status.phase == "Running"
+
+
+def test_exporting_follows_the_trainers_stage():
+    previous = accepted(JOB, progress={"epoch": 2, "stage": contract.PROGRESS_STAGE_EXPORTING})
+    status = compute(JOB, Observed(workers=gang("Running", "Succeeded", "Succeeded")), previous)
+    assert status.phase == "Exporting"
+    assert status.progress.model_dump(by_alias=True, exclude_none=True) == {"epoch": 2, "stage": "exporting"}
+
+
+def test_invalid_objects_fail_and_start_once_fixed():
+    failed = invalid_status(None, ["spec.nodes: Input should be greater than or equal to 1"], 1, NOW)
+    assert (failed.phase, condition(failed, "Failed")) == ("Failed", ("True", "InvalidSpec"))
+    assert "spec.nodes: Input should be greater than or equal to 1" in failed.conditions[0].message
+    assert failed.accepted_spec is None
+    started = compute(JOB, Observed(), failed)
+    assert (started.phase, condition(started, "Failed")) == ("Pending", None)
+
+
+def test_condition_times_move_only_when_the_status_flips():
+    first = compute(JOB, Observed(workers=gang(*["Running"] * 3)), accepted(JOB, "Starting"))
+    later = compute(JOB, Observed(workers=gang(*["Running"] * 3)), first, NOW + timedelta(minutes=5))
+    assert later.conditions == first.conditions
+
+
+# --- What is written and said ---------------------------------------------------------------------------
+
+
+def test_status_patch_holds_only_what_changed_and_never_the_trainers_fields():
+    previous = accepted(JOB, "Starting", progress={"epoch": 1}, lastCheckpoint={"step": 10}, nodesReady="2/3",
+                        nodes={"total": 3, "pending": 1, "running": 2})
+    new = compute(JOB, Observed(workers=gang(*["Running"] * 3)), previous)
+    patch = status_patch(previous, new)
+    assert set(patch) == {"phase", "conditions", "nodes", "nodesReady", "observedGeneration"}
+    assert status_patch(new, new) is None
+
+
+def test_a_patch_of_counts_alone_can_wait():
+    before = accepted(JOB, "Starting", nodesReady="1/3")
+    after = before.model_copy(update={"nodes_ready": "2/3"})
+    assert only_counts_changed(status_patch(before, after))
+    assert not only_counts_changed(status_patch(before, after.model_copy(update={"phase": "Running"})))
+
+
+def test_removed_artifacts_are_nulled_in_the_merge_patch():
+    before = accepted(JOB, artifacts={"onnx": "a", "engine": "b"})
+    after = before.model_copy(update={"artifacts": {"onnx": "a"}})
+    assert status_patch(before, after) == {"artifacts": {"engine": None, "onnx": "a"}}
+
+
+@pytest.mark.parametrize(
+    "before,after,events",
+    [
+        (None, "Pending", [("Normal", "Pending")]),
+        ("Pending", "Running", [("Normal", "Running")]),
+        ("Running", "Restarting", [("Warning", "Restarting")]),
+        ("Running", "Failed", [("Warning", "Failed")]),
+        ("Running", "Running", []),
+    ],
+)
+def test_an_event_for_every_phase_change(before, after, events):
+    previous = accepted(JOB, before) if before else None
+    new = accepted(JOB, after)
+    assert [(e.type, e.reason) for e in status_events(previous, new)] == events
+
+
+def test_warnings_for_conditions_that_need_the_user():
+    previous = accepted(JOB)
+    new = accepted(JOB, conditions=[{"type": "PodsPending", "status": "True", "reason": "PodsPendingTooLong",
+                                     "message": "mnist-1: Unschedulable"}])
+    (event,) = status_events(previous, new)
+    assert (event.type, event.reason, event.message) == ("Warning", "PodsPending", "mnist-1: Unschedulable")
+    assert status_events(new, new) == []
+
+
+# --- Observing pods and Jobs ----------------------------------------------------------------------------
+
+
+def raw_pod(status: dict, **meta: Any) -> dict:
+    return {
+        "metadata": {"name": "mnist-1", "uid": "u1", "resourceVersion": "7", "creationTimestamp": "2026-05-01T11:50:00Z",
+                     "labels": {contract.LABEL_ROLE: "worker", contract.LABEL_NODE_RANK: "1",
+                                contract.LABEL_GANG_GENERATION: "2"},
+                     "ownerReferences": [{"uid": UID, "controller": True}], **meta},
+        "spec": {},
+        "status": status,
+    }
+
+
+def terminated(code: int, reason: str, message: str = "") -> dict:
+    state = {"terminated": {"exitCode": code, "reason": reason, "message": message}}
+    return {"containerStatuses": [{"name": "trainer", "image": "i", "imageID": "i@sha256:0", "ready": False,
+                                   "restartCount": 0, "state": state}]}
+
+
+@pytest.mark.parametrize(
+    "status,meta,expected",
+    [
+        ({"phase": "Running"}, {}, {"phase": "Running", "exit_code": None, "lost": False}),
+        ({"phase": "Failed", **terminated(1, "Error", "Traceback ...")}, {},
+         {"phase": "Failed", "exit_code": 1, "reason": "Error", "message": "Traceback ...", "lost": False}),
+        ({"phase": "Failed", **terminated(137, "OOMKilled")}, {},
+         {"exit_code": 137, "reason": "OOMKilled", "lost": False}),
+        ({"phase": "Failed", "reason": "Evicted", "message": "low on memory", **terminated(137, "ContainerStatusUnknown")},
+         {}, {"exit_code": None, "reason": "Evicted", "message": "low on memory", "lost": True}),
+        ({"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True",
+                                             "reason": "PreemptionByScheduler", "message": "preempted"}],
+          **terminated(143, "Error")}, {}, {"exit_code": None, "reason": "PreemptionByScheduler", "lost": True}),
+        ({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                              "message": "0/4 nodes"}]}, {},
+         {"scheduled": False, "pending_reason": "Unschedulable: 0/4 nodes"}),
+        ({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+          "containerStatuses": [{"name": "trainer", "state": {"waiting": {"reason": "ImagePullBackOff",
+                                                                          "message": "not found"}}}]}, {},
+         {"scheduled": True, "pending_reason": "ImagePullBackOff: not found"}),
+        ({"phase": "Running"}, {"deletionTimestamp": "2026-05-01T12:00:00Z"}, {"deleting": True}),
+    ],
+    ids=["running", "exit-1", "oom", "evicted", "preempted", "unschedulable", "image-pull", "deleting"],
+)
+def test_observe_pod(status, meta, expected):
+    observed = observe_pod(raw_pod(status, **meta))
+    assert (observed.rank, observed.generation, observed.owner_uid) == (1, 2, UID)
+    assert {k: getattr(observed, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize(
+    "conditions,succeeded,failed",
+    [
+        ([], False, False),
+        ([{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}], True, False),
+        ([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}], False, True),
+        ([{"type": "Complete", "status": "False"}], False, False),
+    ],
+)
+def test_observe_engine_job(conditions, succeeded, failed):
+    observed = observe_engine_job({"metadata": {"name": "e", "uid": "u"}, "status": {"conditions": conditions}})
+    assert (observed.succeeded, observed.failed) == (succeeded, failed)
+
+
+# --- The plan -------------------------------------------------------------------------------------------
+
+
+def plan_for(job: DistributedTraining, phase: str, workers=(), restarts: int = 0, now=NOW, **fields: Any):
+    status = accepted(job, phase, restarts=restarts, **fields)
+    return plan_children(job, status, Observed(workers=tuple(workers)), now)
+
+
+def names(pods) -> list[str]:
+    return sorted(f"{p.name}@{p.generation}" for p in pods)
+
+
+def test_plan_creates_missing_pods_while_starting():
+    plan = plan_for(JOB, "Pending", [pod(1, "Pending")])
+    assert (plan.create_ranks, plan.delete_pods) == ((0, 2), ())
+
+
+def test_plan_replaces_the_old_gang_waiting_for_names_to_free():
+    old = [pod(0, "Running"), replace(pod(1, "Failed")), replace(pod(2, "Running"), deleting=True)]
+    plan = plan_for(JOB, "Restarting", old, restarts=1)
+    assert names(plan.delete_pods) == ["mnist-0@0", "mnist-1@0"]
+    assert plan.create_ranks == ()
+    plan = plan_for(JOB, "Restarting", [pod(2, "Running", generation=1)], restarts=1)
+    assert plan.create_ranks == (0, 1)
+
+
+def test_plan_creates_nothing_once_running():
+    assert plan_for(JOB, "Running", gang("Running", "Running")).create_ranks == ()
+
+
+def test_plan_suspended_deletes_every_worker():
+    assert names(plan_for(JOB, "Suspended", gang("Running", "Pending")).delete_pods) == ["mnist-0@0", "mnist-1@0"]
+
+
+def test_plan_builds_the_engine_once():
+    assert plan_children(ENGINE_JOB, TRAINED, Observed(), NOW).create_engine_job
+    assert not plan_children(ENGINE_JOB, TRAINED, Observed(engine_job=engine_job()), NOW).create_engine_job
+
+
+@pytest.mark.parametrize(
+    "policy,deleted,engine_deleted",
+    [("All", ["mnist-0@0", "mnist-1@0", "mnist-2@0"], True), ("Running", ["mnist-0@0"], True), ("None", [], False)],
+)
+def test_plan_cleans_up_finished_jobs(policy, deleted, engine_deleted):
+    job = a_job(engine={"enabled": True}, runPolicy={"cleanPodPolicy": policy})
+    status = accepted(job, "Failed", completionTime=format_time(NOW))
+    observed = Observed(workers=gang("Running", "Failed", "Succeeded"), engine_job=engine_job())
+    plan = plan_children(job, status, observed, NOW)
+    assert names(plan.delete_pods) == deleted
+    assert (plan.delete_engine_job is not None) == engine_deleted
+
+
+def test_plan_deletes_the_job_after_its_ttl():
+    job = a_job(runPolicy={"ttlSecondsAfterFinished": 30})
+    status = accepted(job, "Succeeded", completionTime=format_time(NOW))
+    waiting = plan_children(job, status, Observed(), NOW + timedelta(seconds=10))
+    assert (waiting.delete_job, waiting.requeue_after) == (False, pytest.approx(20.1))
+    assert plan_children(job, status, Observed(), NOW + timedelta(seconds=30)).delete_job
+
+
+def test_plan_requeues_at_the_deadline():
+    job = a_job(runPolicy={"activeDeadlineSeconds": 900})
+    plan = plan_for(job, "Running", gang("Running", "Running", "Running"))
+    assert plan.requeue_after == pytest.approx(300.1)

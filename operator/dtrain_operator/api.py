@@ -143,8 +143,8 @@ BUILTIN_IMAGE_FOLDER_DATA = "dtrain_trainer.data.ImageFolderDataModule"
 class TrainerSettings(ApiModel):
     """How Lightning's Trainer runs."""
 
-    max_epochs: Optional[Annotated[int, Field(ge=1)]] = 1
-    """Stop after this many epochs."""
+    max_epochs: Optional[Annotated[int, Field(ge=1)]] = None
+    """Stop after this many epochs (default: 1, or no epoch limit when maxSteps is set)."""
     max_steps: Annotated[int, Field(ge=-1)] = -1
     """Stop after this many optimizer steps (-1: no step limit). Whichever of maxEpochs and maxSteps comes first ends training."""
     precision: Precision = "32-true"
@@ -167,6 +167,13 @@ class TrainerSettings(ApiModel):
     """Use only this many training batches per epoch (an integer) or this fraction of them (a number in (0, 1])."""
     seed: Annotated[int, Field(ge=0)] = 42
     """Random seed for every rank (each data-loader worker is seeded from it)."""
+
+    @property
+    def resolved_max_epochs(self) -> int:
+        """Lightning's max_epochs: maxEpochs when set; -1 (no limit) when only maxSteps is; else 1."""
+        if self.max_epochs is not None:
+            return self.max_epochs
+        return -1 if self.max_steps > 0 else 1
 
 
 NcclDebug = Literal["VERSION", "WARN", "INFO", "TRACE"]

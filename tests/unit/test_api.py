@@ -275,3 +275,12 @@ def test_immutable_spec_ignores_only_the_mutable_fields():
     assert api.immutable_spec(spec) == api.immutable_spec(changed)
     changed.run_policy.backoff_limit = 9
     assert api.immutable_spec(spec) != api.immutable_spec(changed)
+
+
+@pytest.mark.parametrize(
+    "trainer,epochs",
+    [({}, 1), ({"maxSteps": 100}, -1), ({"maxEpochs": 3, "maxSteps": 100}, 3), ({"maxEpochs": 5}, 5)],
+)
+def test_max_steps_alone_sets_no_epoch_limit(trainer, epochs):
+    """A job that says only maxSteps trains for that many steps, not for one epoch."""
+    assert api.TrainerSettings.model_validate(trainer).resolved_max_epochs == epochs

@@ -95,7 +95,7 @@ def build_trainer(config: TrainerConfig, reporter: ProgressReporter | None = Non
         gradient_clip_val=settings.gradient_clip_val,
         gradient_clip_algorithm=settings.gradient_clip_algorithm,
         accumulate_grad_batches=settings.accumulate_grad_batches,
-        max_epochs=settings.max_epochs,
+        max_epochs=settings.resolved_max_epochs,
         max_steps=settings.max_steps,
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
@@ -221,7 +221,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         precision=str(trainer.precision),
         clusterEnvironment=type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
         maxSteps=settings.max_steps,
-        maxEpochs=settings.max_epochs,
+        maxEpochs=settings.resolved_max_epochs if settings.resolved_max_epochs > 0 else None,
         resumeFrom=str(resume) if resume else None,
     )
     trainer.fit(model, datamodule=data, ckpt_path=str(resume) if resume else None)

@@ -15,6 +15,7 @@ from onnx import numpy_helper
 from torch import nn
 
 from dtrain_operator import contract
+from dtrain_trainer.accuracy import max_relative_error
 from dtrain_trainer.config import ConfigError
 from dtrain_trainer.export import (
     INPUT_NAME,
@@ -23,7 +24,6 @@ from dtrain_trainer.export import (
     check_onnx_parity,
     export_artifacts,
     export_onnx,
-    relative_error,
     resolve_input_shape,
     termination_summary,
     write_termination_log,
@@ -147,13 +147,13 @@ def test_export_artifacts_rejects_a_broken_export(tmp_path: Path) -> None:
     assert list((tmp_path / "art").iterdir()) == []
 
 
-def test_relative_error() -> None:
+def test_max_relative_error() -> None:
     reference = np.array([[1.0, -4.0], [0.0, 2.0]])
-    assert relative_error(reference, reference) == 0.0
-    assert relative_error(reference + 0.004, reference) == pytest.approx(0.001)
-    assert relative_error(np.zeros(3), np.zeros(3)) == 0.0  # no division by zero
-    assert relative_error(np.array([np.nan]), np.array([1.0])) == math.inf
-    assert relative_error(np.zeros(2), np.zeros(3)) == math.inf
+    assert max_relative_error(reference, reference) == 0.0
+    assert max_relative_error(reference + 0.004, reference) == pytest.approx(0.001)
+    assert max_relative_error(np.zeros(3), np.zeros(3)) == 0.0  # no division by zero
+    assert max_relative_error(np.array([np.nan]), np.array([1.0])) == math.inf
+    assert max_relative_error(np.zeros(2), np.zeros(3)) == math.inf
 
 
 def test_input_shape_sources() -> None:

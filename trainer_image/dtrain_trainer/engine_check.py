@@ -13,6 +13,7 @@ from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 
+from .accuracy import max_relative_error
 from .engine_model import EngineError, OnnxModelInfo
 
 Arrays = Mapping[str, np.ndarray]
@@ -61,22 +62,6 @@ class Comparison:
             "passed": self.passed,
             **({"problem": self.problem} if self.problem else {}),
         }
-
-
-def max_relative_error(output: np.ndarray, reference: np.ndarray) -> float:
-    """max|y - y_ref| / max|y_ref|: the largest error relative to the output's own scale.
-
-    Element-wise relative error explodes where a logit is near zero; scaling by the
-    largest reference magnitude keeps the bound meaningful for every output element.
-    A non-finite value in either output counts as an infinite error.
-    """
-    test = np.asarray(output, dtype=np.float64)
-    ref = np.asarray(reference, dtype=np.float64)
-    if not (np.all(np.isfinite(test)) and np.all(np.isfinite(ref))):
-        return float("inf")
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    error = float(np.max(np.abs(test - ref))) if ref.size else 0.0
-    return error / max(scale, float(np.finfo(np.float32).tiny))
 
 
 def compare_outputs(

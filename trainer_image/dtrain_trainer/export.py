@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import platform
 import warnings
@@ -32,6 +31,7 @@ import torch
 
 from dtrain_operator import contract
 
+from .accuracy import max_relative_error
 from .config import ConfigError
 from .progress import utc_now
 
@@ -41,8 +41,6 @@ INPUT_NAME = "input"
 OUTPUT_NAME = "output"
 # Largest max|onnx - torch| / max|torch| accepted for an fp32 model.
 PARITY_TOLERANCE = 1e-3
-# Denominator floor of the relative error, so an all-zero output does not divide by zero.
-RELATIVE_ERROR_FLOOR = 1e-6
 FIRST_DYNAMO_OPSET = 18
 EXPORT_BATCH_DYNAMIC = 2  # not 1: an example batch of 1 lets tracing specialise the batch axis
 PARITY_BATCH_DYNAMIC = 3  # differs from the export batch, so the check proves the axis is dynamic
@@ -154,21 +152,6 @@ def export_onnx(
     return OnnxFile(path, _file_opset(path), exporter, dynamic_batch, tuple(int(d) for d in input_shape))
 
 
-def relative_error(actual: np.ndarray, reference: np.ndarray) -> float:
-    """max|actual - reference| / max(max|reference|, floor): one number for a whole output, robust to
-    elements near zero (where an element-wise relative error explodes). NaN or a shape mismatch is inf."""
-    if actual.shape != reference.shape:
-        return math.inf
-    actual = actual.astype(np.float64)
-    reference = reference.astype(np.float64)
-    if reference.size == 0:
-        return 0.0
-    difference = float(np.max(np.abs(actual - reference)))
-    scale = max(float(np.max(np.abs(reference))), RELATIVE_ERROR_FLOOR)
-    error = difference / scale
-    return error if math.isfinite(error) else math.inf
-
-
 def _flatten(outputs: Any) -> list[torch.Tensor]:
     if isinstance(outputs, torch.Tensor):
         return [outputs]
@@ -180,7 +163,7 @@ def _flatten(outputs: Any) -> list[torch.Tensor]:
 
 
 def check_onnx_parity(model: torch.nn.Module, onnx_path: str | os.PathLike[str], batch: torch.Tensor) -> float:
-    """The largest relative error (see `relative_error`) between ONNX Runtime and PyTorch over all outputs
+    """The largest relative error (see `accuracy.max_relative_error`) between ONNX Runtime and PyTorch over all outputs
     of `model` for `batch`. Raises ExportError when the file cannot be run or its outputs do not match in
     number or shape."""
     import onnxruntime as ort
@@ -205,7 +188,7 @@ def check_onnx_parity(model: torch.nn.Module, onnx_path: str | os.PathLike[str],
     for index, (a, e) in enumerate(zip(actual, expected)):
         if a.shape != e.shape:
             raise ExportError(f"output {index} of {onnx_path} is shaped {list(a.shape)}, PyTorch's {list(e.shape)}")
-    return max(relative_error(np.asarray(a), e) for a, e in zip(actual, expected))
+    return max(max_relative_error(np.asarray(a), e) for a, e in zip(actual, expected))
 
 
 def sha256_file(path: Path) -> str:

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -169,3 +169,16 @@ def api_server() -> Iterator[FakeApiServer]:
     state.release.set()
     httpd.shutdown()
     httpd.server_close()
+
+
+class ListSink:
+    """A progress sink that keeps every record, to assert on what rank 0 reported."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def send(self, record: Mapping[str, Any]) -> None:
+        self.records.append(dict(record))
+
+    def close(self) -> None:
+        pass

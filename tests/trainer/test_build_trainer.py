@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightning.pytorch.strategies import DDPStrategy
@@ -16,18 +14,7 @@ from dtrain_trainer.checkpointing import StepCheckpoint
 from dtrain_trainer.progress import ProgressCallback, ProgressReporter
 from dtrain_trainer.runner import build_trainer
 
-from .conftest import trainer_config
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def send(self, record: Mapping[str, Any]) -> None:
-        self.records.append(dict(record))
-
-    def close(self) -> None:
-        pass
+from .conftest import ListSink, trainer_config
 
 
 def test_settings_reach_lightning(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from dtrain_trainer.progress import (
     status_patch,
 )
 
-from .conftest import FakeApiServer
+from .conftest import FakeApiServer, ListSink
 
 
 @pytest.fixture(autouse=True)
@@ -44,17 +44,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def send(self, record: Mapping[str, Any]) -> None:
-        self.records.append(dict(record))
-
-    def close(self) -> None:
-        pass
 
 
 class BrokenSink:

@@ -105,6 +105,8 @@ ONNX_FILE_NAME = "model.onnx"
 ARTIFACTS_FILE_NAME = "artifacts.json"
 ENGINE_FILE_NAME = "model.plan"
 ENGINE_REPORT_FILE_NAME = "engine-report.json"
+# TensorRT's timing cache, kept beside the engine so that a rebuild on the same GPU is faster.
+TIMING_CACHE_FILE_NAME = "timing.cache"
 # Keys of artifacts.json that `dtrain build-engine` reads to load the PyTorch model for its
 # eager baseline and reference: the checkpoint model.onnx was exported from (a path, absolute
 # or relative to artifacts.json, or an object with a "path" key) and the model's class as

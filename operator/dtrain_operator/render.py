@@ -280,7 +280,7 @@ def engine_command(job: DistributedTraining) -> list[str]:
         "--workspace-mib",
         str(engine.workspace_mi_b),
         "--timing-cache",
-        f"{artifacts}/timing.cache",
+        f"{artifacts}/{contract.TIMING_CACHE_FILE_NAME}",
         "--report",
         f"{artifacts}/{contract.ENGINE_REPORT_FILE_NAME}",
     ]

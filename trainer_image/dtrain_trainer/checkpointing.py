@@ -18,9 +18,11 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from dtrain_operator import contract
+
 log = logging.getLogger("dtrain_trainer")
 
-LAST_CHECKPOINT = "last.ckpt"
+LAST_CHECKPOINT = contract.LAST_CHECKPOINT_FILE_NAME
 STEP_FILE_PATTERN = re.compile(r"^step=(\d+)\.ckpt$")
 
 

@@ -86,13 +86,17 @@ async def test_pods_pending_too_long_are_named_with_their_reason(operated: Clust
     message = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
     for pod in pods:
         await operated.unschedulable(NS, pod["metadata"]["name"], message)
+    # Under load the timeout can pass before the second pod has its reason: the condition
+    # follows the pods' reasons as they change, so wait until it names both.
+    both = [f"starved-{rank}: Unschedulable: {message}" for rank in range(2)]
     condition = await operated.eventually(
-        lambda: (c := operated.condition(NS, "starved", "PodsPending")) and c["status"] == "True" and c,
-        "the PodsPending condition", timeout=10,
+        lambda: (c := operated.condition(NS, "starved", "PodsPending"))
+        and c["status"] == "True"
+        and all(text in c["message"] for text in both)
+        and c,
+        "the PodsPending condition naming both pods and their reason", timeout=10,
     )
     assert condition["reason"] == "PodsPendingTooLong"
-    assert f"starved-0: Unschedulable: {message}" in condition["message"]
-    assert f"starved-1: Unschedulable: {message}" in condition["message"]
     assert operated.status(NS, "starved")["phase"] == "Pending"
     await operated.eventually(lambda: "PodsPending" in [e["reason"] for e in operated.events(NS, "starved")],
                               "a PodsPending event")

@@ -12,20 +12,24 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from . import contract
+from .free_form import check_free_form, credential_keys
+from .redaction import is_credential_name
 
 # A Kubernetes object or list item whose schema the API server knows (Volume,
 # Affinity, Toleration, ...). We pass it through and let the API server validate it.
 KubeObject = Annotated[
     dict[str, Any],
+    AfterValidator(check_free_form),
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 # Free-form arguments for a user's class (LightningCLI's init_args).
 InitArgs = Annotated[
     dict[str, Any],
+    AfterValidator(check_free_form),
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 QUANTITY_PATTERN = (
@@ -61,6 +65,8 @@ class ApiModel(BaseModel):
         extra="forbid",
         use_attribute_docstrings=True,
         validate_default=False,
+        # JSON, and so the API server, has no infinity or NaN.
+        allow_inf_nan=False,
     )
 
     def to_wire(self) -> dict[str, Any]:
@@ -132,7 +138,18 @@ class ClassSpec(ApiModel):
     class_path: Annotated[str, Field(pattern=CLASS_PATH_PATTERN)]
     """Importable path of the class, e.g. dtrain_trainer.models.ImageClassifier or mypkg.MyModule."""
     init_args: InitArgs = Field(default_factory=dict)
-    """Keyword arguments for the class's constructor."""
+    """Keyword arguments for the class's constructor. They are stored in the job's ConfigMap, which anyone who may view the namespace can read: never put a credential here; pass it with env[].valueFrom.secretKeyRef and read the variable in your class."""
+
+    @field_validator("init_args")
+    @classmethod
+    def _no_credentials(cls, init_args: dict[str, Any]) -> dict[str, Any]:
+        found = credential_keys(init_args, is_credential_name)
+        if found:
+            raise ValueError(
+                f"{', '.join(found)} looks like a credential; initArgs are stored in a ConfigMap that namespace viewers "
+                "can read: pass it with spec.env[].valueFrom.secretKeyRef and read the variable in your class"
+            )
+        return init_args
 
 
 BUILTIN_MODEL = "dtrain_trainer.models.ImageClassifier"

@@ -14,6 +14,7 @@ from .controller import Controller
 from .handlers import build_registry
 from .kube import load_configuration
 from .metrics import OperatorMetrics
+from .redaction import redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +45,27 @@ def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     return settings
 
 
+class RedactingFilter(logging.Filter):
+    """Masks credentials in every record: API errors quote objects, and pods' messages quote logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
 def configure_logging(level: str, log_format: str) -> None:
     kopf.configure(
         debug=level == "DEBUG",
         log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
     )
     logging.getLogger().setLevel(level)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     # kopf reports every handled event at INFO; that is debugging detail for dtrain's users.
     logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 

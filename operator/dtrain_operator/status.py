@@ -27,6 +27,7 @@ from .api import (
     immutable_spec,
 )
 from .policy import WorkerFailure
+from .redaction import redact_text
 from .render import ENGINE_CONTAINER, TRAINER_CONTAINER, engine_job_name, worker_pod_name
 
 # Condition types.
@@ -338,7 +339,8 @@ class _Conditions:
 
     def set(self, type_: str, status: bool, reason: str, message: str) -> None:
         value: Literal["True", "False"] = "True" if status else "False"
-        message = _truncate(message)
+        # Messages quote trainer logs and termination messages, and become Events that `view` can read.
+        message = _truncate(redact_text(message))
         condition = self.get(type_)
         if condition is None:
             self._items.append(

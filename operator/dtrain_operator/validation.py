@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import api, contract
+from .redaction import REDACTED, is_credential_name, redact_text
+from .safe_yaml import YamlRefused, echo, load_documents
 
 
 @dataclass
@@ -69,12 +70,21 @@ def _path(loc: tuple[Any, ...]) -> str:
     return text or "(document)"
 
 
+def _may_hold_a_secret(loc: tuple[Any, ...]) -> bool:
+    """A value under a credential-like key, or any env value: never echoed."""
+    if any(isinstance(part, str) and is_credential_name(part) for part in loc):
+        return True
+    return "env" in loc and loc[-1] == "value"
+
+
 def format_error(error: dict[str, Any], root: type[BaseModel] = api.DistributedTraining) -> str:
     """One pydantic error as `field.path: what is wrong; what is allowed`."""
     loc = tuple(error["loc"])
     kind = error["type"]
     value = error.get("input")
     path = _path(loc)
+    if _may_hold_a_secret(loc):
+        value = REDACTED
     if kind == "extra_forbidden":
         parent = _model_at(loc[:-1], root)
         known = _field_names(parent) if parent else []
@@ -85,13 +95,13 @@ def format_error(error: dict[str, Any], root: type[BaseModel] = api.DistributedT
         return f"{path}: required field is missing"
     if kind in ("literal_error", "enum"):
         expected = error.get("ctx", {}).get("expected", "")
-        return f"{path}: {value!r} is not allowed; use one of {expected}"
-    message = error["msg"]
+        return f"{path}: {echo(value)} is not allowed; use one of {expected}"
+    message = redact_text(error["msg"])
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     if kind in ("model_type", "dict_type", "list_type") or value is None or isinstance(value, (dict, list)):
         return f"{path}: {message}"
-    return f"{path}: {message} (got {value!r})"
+    return f"{path}: {message} (got {echo(value)})"
 
 
 def format_validation_error(exc: ValidationError, root: type[BaseModel] = api.DistributedTraining) -> list[str]:
@@ -112,27 +122,26 @@ def validate_object(obj: Any, source: str = "") -> DocumentResult:
         return result
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     if kind != contract.KIND:
-        result.errors.append(f"kind: expected {contract.KIND}, got {kind!r}")
+        result.errors.append(f"kind: expected {contract.KIND}, got {echo(kind)}")
     if api_version != contract.API_VERSION:
-        result.errors.append(f"apiVersion: expected {contract.API_VERSION}, got {api_version!r}")
+        result.errors.append(f"apiVersion: expected {contract.API_VERSION}, got {echo(api_version)}")
     if result.errors:
         return result
     try:
-        result.job = api.DistributedTraining.model_validate(obj)
+        # Strict, as the API server is: "2" is not an integer, true is not 1, "no" is not false.
+        result.job = api.DistributedTraining.model_validate(obj, strict=True)
     except ValidationError as exc:
         result.errors.extend(format_validation_error(exc))
     return result
 
 
 def validate_text(text: str, source: str) -> list[DocumentResult]:
-    """Every document of a YAML text; YAML syntax errors and empty files are errors too."""
+    """Every document of a YAML text; YAML syntax errors, hostile YAML and empty files are errors too."""
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        return [DocumentResult(source=where, errors=[f"YAML syntax error: {problem}"])]
+        documents = load_documents(text)
+    except YamlRefused as exc:
+        where = f"{source}:{exc.line}:{exc.column}" if exc.line else source
+        return [DocumentResult(source=where, errors=[str(exc)])]
     if not documents:
         return [DocumentResult(source=source, errors=["the file holds no YAML document"])]
     many = len(documents) > 1

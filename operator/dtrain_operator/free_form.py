@@ -1,0 +1,57 @@
+"""Caps on the free-form parts of a spec (`initArgs`, pass-through Kubernetes objects).
+
+Their contents are not typed, so nothing else bounds them: a 300-level `initArgs`
+validates and then breaks every place that serialises the job (the status patch, the
+ConfigMap). The walk is iterative, so checking a hostile value cannot itself recurse.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+# Deeper than any constructor argument or Kubernetes object needs.
+MAX_DEPTH = 32
+# Values (scalars, lists and maps) in one free-form field.
+MAX_VALUES = 10_000
+# Characters in one string (a path, a URL, a small inline config).
+MAX_STRING_LENGTH = 32 * 1024
+
+
+def check_free_form(value: Any) -> Any:
+    """`value` unchanged, or ValueError naming the first limit it breaks and the way out."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    count = 0
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ValueError(f"holds more than {MAX_VALUES} values; pass large settings as a file on a volume")
+        if depth > MAX_DEPTH:
+            raise ValueError(f"is nested deeper than {MAX_DEPTH} levels")
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str) and len(item) > MAX_STRING_LENGTH:
+            raise ValueError(f"holds a string of {len(item)} characters (at most {MAX_STRING_LENGTH})")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("holds infinity or NaN, which JSON (and so the API server) cannot carry")
+    return value
+
+
+def credential_keys(value: Any, is_credential: Callable[[str], bool]) -> list[str]:
+    """Dotted paths of the keys in `value` that `is_credential` names a credential."""
+    found: list[str] = []
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                child_path = f"{path}.{key}" if path else str(key)
+                if is_credential(str(key)) and not isinstance(child, (dict, list)):
+                    found.append(child_path)
+                stack.append((child, child_path))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    return sorted(found)

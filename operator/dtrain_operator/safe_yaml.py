@@ -1,0 +1,174 @@
+"""Read job files the way the API server would accept them, and refuse hostile ones cheaply.
+
+PyYAML's `safe_load` is safe from code execution but not from a file built to hurt:
+an alias bomb ("billion laughs") expands to billions of nodes, deep nesting ends in a
+RecursionError, a duplicate key silently wins over the first, and YAML 1.1 reads
+`1:30` as the integer 90. `kubectl apply` rejects duplicate keys and caps alias
+expansion; the API server caps a request at 3 MiB. This loader does the same before
+anything is constructed: it composes the node graph, measures it (the alias-expanded
+size is counted with shared subtrees memoised, so a bomb costs no more than its text),
+and constructs Python objects only when every limit holds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+# The API server refuses requests over 3 MiB (--max-request-bytes' default for
+# resources is 3 MiB); a job file larger than that could never be applied.
+MAX_FILE_BYTES = 3 * 1024 * 1024
+# Deeper than any Kubernetes object needs (a pod spec is about 12 levels deep).
+MAX_DEPTH = 64
+# Nodes after alias expansion: a generous pod-spec-sized document is a few thousand.
+MAX_EXPANDED_NODES = 100_000
+# How much of a bad value an error message echoes.
+ECHO_LIMIT = 60
+
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_INT_TAG = "tag:yaml.org,2002:int"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+@dataclass
+class YamlRefused(Exception):
+    """A document that is not valid YAML, or that breaks one of the limits above."""
+
+    message: str
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def echo(value: Any, limit: int = ECHO_LIMIT) -> str:
+    """`repr(value)`, cut to `limit` characters so that a 100 KB value prints as one short line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} characters)"
+
+
+class _JobFileLoader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 numbers (`1:30` stays a string, as in YAML 1.2
+    and for the API server's JSON)."""
+
+
+_JobFileLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_JobFileLoader.add_implicit_resolver(
+    _INT_TAG,
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$", re.X),
+    list("-+0123456789"),
+)
+_JobFileLoader.add_implicit_resolver(
+    _FLOAT_TAG,
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def _mark(node: Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+def _check_graph(root: Node) -> None:
+    """Depth, alias-expanded size, duplicate keys and non-finite numbers, without recursion."""
+    expanded: dict[int, int] = {}
+    # Iterative post-order walk: (node, depth, children_done).
+    stack: list[tuple[Node, int, bool]] = [(root, 1, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, depth, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            children = _children(node)
+            expanded[key] = 1 + sum(expanded[id(child)] for child in children)
+            if expanded[key] > MAX_EXPANDED_NODES:
+                line, column = _mark(node)
+                raise YamlRefused(
+                    f"the document expands to more than {MAX_EXPANDED_NODES} values (aliases that repeat "
+                    "aliases); write it out or make it smaller",
+                    line,
+                    column,
+                )
+            continue
+        if key in expanded:
+            continue
+        if key in on_path:
+            line, column = _mark(node)
+            raise YamlRefused("a recursive alias (an anchor that contains itself)", line, column)
+        if depth > MAX_DEPTH:
+            line, column = _mark(node)
+            raise YamlRefused(f"nested deeper than {MAX_DEPTH} levels", line, column)
+        _check_node(node)
+        on_path.add(key)
+        stack.append((node, depth, True))
+        stack.extend((child, depth + 1, False) for child in _children(node) if id(child) not in expanded)
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_node(node: Node) -> None:
+    if isinstance(node, MappingNode):
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue
+            if key_node.value in seen:
+                line, column = _mark(key_node)
+                raise YamlRefused(
+                    f"duplicate key {echo(key_node.value)} (kubectl rejects duplicate keys); keep one", line, column
+                )
+            seen.add(key_node.value)
+    elif isinstance(node, ScalarNode) and node.tag == _FLOAT_TAG and node.value.lower().lstrip("+-") in (".inf", ".nan"):
+        line, column = _mark(node)
+        raise YamlRefused(
+            f"{node.value} is not a number the API server accepts (JSON has no infinity or NaN)", line, column
+        )
+
+
+def load_documents(text: str) -> list[Any]:
+    """The non-empty documents of `text`, or YamlRefused naming the line and what to change."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        raise YamlRefused(f"the file is over {MAX_FILE_BYTES // (1024 * 1024)} MiB, the API server's request limit")
+    documents: list[Any] = []
+    loader = None
+    try:
+        loader = _JobFileLoader(text)
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            _check_graph(node)
+            document = loader.construct_document(node)
+            if document is not None:
+                documents.append(document)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise YamlRefused(
+            f"YAML syntax error: {problem}", mark.line + 1 if mark else None, mark.column + 1 if mark else None
+        ) from None
+    except RecursionError:
+        raise YamlRefused(f"nested deeper than {MAX_DEPTH} levels") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    return documents

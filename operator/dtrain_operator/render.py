@@ -238,6 +238,8 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
         "subdomain": service_name(job),
         "restartPolicy": "Never",
         "serviceAccountName": spec.service_account_name,
+        # Only rank 0 reports progress; a token in every other pod is a credential nobody uses.
+        "automountServiceAccountToken": rank == 0,
         "enableServiceLinks": False,
         "securityContext": dict(_POD_SECURITY),
         "containers": [container],

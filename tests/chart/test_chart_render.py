@@ -72,6 +72,8 @@ def test_defaults_install_a_cluster_wide_operator() -> None:
         "RoleBinding",
         "Service",
         "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     dep = deployment(objects)
     assert dep["metadata"]["name"] == "dtrain-operator"

@@ -195,3 +195,10 @@ def test_rendered_objects_are_valid_kubernetes(version):
         if child["kind"] == "PodGroup":
             continue  # not a core API: kubernetes-validate has no schema for it
         kubernetes_validate.validate(child, version, strict=True)
+
+
+def test_only_rank_zero_gets_a_service_account_token():
+    """Rank 0 alone patches progress; every other pod runs without an API credential."""
+    three = job(nodes=3)
+    mounts = [render.render_worker_pod(three, rank)["spec"]["automountServiceAccountToken"] for rank in range(3)]
+    assert mounts == [True, False, False]

@@ -19,19 +19,25 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from .validation import validate_file
 
     failed = False
+    estimate_code = 0
     for path in args.files:
         for result in validate_file(path):
             if result.errors:
                 failed = True
                 for error in result.errors:
                     print(f"{result.source}: {error}", file=sys.stderr)
-            elif not args.quiet and result.job is not None:
+            elif result.job is not None:
                 spec = result.job.spec
-                print(
-                    f"{result.source}: ok: DistributedTraining {result.job.name} "
-                    f"({spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es))"
-                )
-    return 1 if failed else 0
+                if not args.quiet:
+                    print(
+                        f"{result.source}: ok: DistributedTraining {result.job.name} "
+                        f"({spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es))"
+                    )
+                if args.estimate:
+                    from dtrain_trainer.memory_report import print_estimate  # torch: only when asked
+
+                    estimate_code = max(estimate_code, print_estimate(result.job, args.gpu_memory))
+    return 1 if failed else estimate_code
 
 
 def _lazy(module: str, function: str = "main") -> Callable[[argparse.Namespace], int]:
@@ -58,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check job files; one line per error naming the field")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="also estimate per-GPU memory (builds the model on the CPU; needs the trainer extra); "
+        "exit code 3 when it does not fit",
+    )
+    p.add_argument(
+        "--gpu-memory", metavar="SIZE", help="memory of one GPU for --estimate's verdict, e.g. 32Gi or 80G"
+    )
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser(

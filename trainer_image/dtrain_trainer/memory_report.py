@@ -1,0 +1,59 @@
+"""`dtrain validate --estimate`: build the job's model and data as the trainer does, estimate
+per-GPU memory (memory.py) and print it as a table with a verdict."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import lightning as L
+import torch
+
+from dtrain_operator import api
+
+from .config import ConfigError
+from .export import resolve_input_shape
+from .loading import instantiate
+from .memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, gpu_memory_of
+
+
+def estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> JobEstimate:
+    """Raises ConfigError (a bad class or arguments) or ValueError (a bad --gpu-memory)."""
+    spec = job.spec
+    gpu_memory = gpu_memory_of(spec, gpu_memory_flag)
+    torch.manual_seed(spec.trainer.seed)
+    model = instantiate(spec.model, "model", L.LightningModule)
+    notes = []
+    try:
+        data = instantiate(
+            spec.data,
+            "data",
+            L.LightningDataModule,
+            supplied={"batch_size": (MEASURED_BATCHES[1], "trainer.batchSize"), "num_workers": (0, "trainer.numWorkers")},
+        )
+    except ConfigError as exc:  # the data set lives on the cluster: estimate from the input shape
+        data, notes = None, [f"the data module cannot be built here ({exc})"]
+    shape = resolve_input_shape(spec.export.onnx.input_shape, data, model)
+    result = estimate_job(model, data, shape, spec.trainer, gpu_memory)
+    result.estimate.notes.extend(notes)
+    return result
+
+
+def print_estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> int:
+    """The table on stdout; 0 when it fits or no GPU memory is known, 3 when it does not fit."""
+    try:
+        result = estimate(job, gpu_memory_flag)
+    except (ConfigError, ValueError) as exc:
+        print(f"{job.name}: cannot estimate: {exc}", file=sys.stderr)
+        return 1
+    e = result.estimate
+    print(f"memory per GPU of {job.name} ({e.precision}, batch {e.batch_size} per process)")
+    rows = describe(e, result.fit, result.gpu_memory)
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
+    for note in e.notes:
+        print(f"  note: {note}")
+    if result.gpu_memory is None:
+        print("  (give --gpu-memory 32Gi, or select nodes by the nvidia.com/gpu.memory label, for a verdict)")
+    return 3 if result.fit is not None and not result.fit.fits else 0

@@ -95,6 +95,9 @@ ROLE_ENGINE = "engine"
 # Prefix for kopf's own bookkeeping (progress annotations, last-handled state, finalizer).
 KOPF_PREFIX = GROUP
 FINALIZER = f"{GROUP}/finalizer"
+# On a namespace: an administrator allows jobs there to use hostNetwork and hostPath volumes
+# (only consulted when the operator runs with --refuse-host-access).
+LABEL_ALLOW_HOST_ACCESS = f"{GROUP}/allow-host-access"
 
 # --- Files in checkpoint.dir -----------------------------------------------------------
 # The newest checkpoint, rewritten at every save and at the end of training.

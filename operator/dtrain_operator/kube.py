@@ -21,6 +21,7 @@ from kubernetes.aio.client.configuration import Configuration
 from kubernetes.aio.config import ConfigException, load_incluster_config, load_kube_config
 
 from . import contract
+from .redaction import redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ class KubeClient:
             },
             "type": event_type,
             "reason": reason,
-            "message": message[:1024],
+            "message": redact_text(message)[:1024],
             "source": {"component": "dtrain-operator"},
             "reportingComponent": "dtrain.dev/operator",
             "reportingInstance": instance,

@@ -40,11 +40,13 @@ FAILED = "Failed"
 SUSPENDED = "Suspended"
 PODS_PENDING = "PodsPending"
 SPEC_IMMUTABLE = "SpecImmutable"
+STATUS_UNREADABLE = "StatusUnreadable"
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
 REASON_IMMUTABLE_FIELD_CHANGED = "ImmutableFieldChanged"
 REASON_INVALID_SPEC_CHANGE = "InvalidSpecChange"
+REASON_UNREADABLE_STATUS = "UnreadableStatus"
 # Fields that may change while the job is suspended: its scheduling directives.
 MUTABLE_WHEN_SUSPENDED = ("spec.scheduling.",)
 
@@ -450,11 +452,12 @@ def compute_status(
     """
     status = (previous or DistributedTrainingStatus()).model_copy(deep=True)
     conditions = _Conditions(status.conditions, now)
-    if status.accepted_spec is None:
+    never_accepted = status.accepted_spec is None
+    if never_accepted:
         status.accepted_spec = immutable_spec(job.spec)
-    failed = conditions.get(FAILED)
-    if status.phase == "Failed" and failed is not None and failed.reason == REASON_INVALID_SPEC:
-        # It failed validation before anything was created; the spec has been fixed since.
+    if never_accepted and status.phase == "Failed":
+        # It failed validation before anything was created (a job the operator accepted always
+        # has an accepted spec); the spec has been fixed since.
         status = DistributedTrainingStatus(accepted_spec=immutable_spec(job.spec), progress=status.progress)
         conditions = _Conditions([], now)
     status.observed_generation = (job.metadata.model_extra or {}).get("generation")
@@ -484,6 +487,7 @@ def compute_status(
         )
     else:
         conditions.clear(SPEC_IMMUTABLE, "SpecUnchanged", "the spec matches the one the job was created with")
+    conditions.clear(STATUS_UNREADABLE, "StatusRead", "the operator reads the whole status")
 
     if status.phase in FINISHED_PHASES:
         status.conditions = conditions.items()
@@ -492,9 +496,8 @@ def compute_status(
     total = spec.nodes
     gang = current_gang(status, observed.workers)
     previous_phase = status.phase
-    training_done = conditions.is_true(TRAINING_SUCCEEDED) or (
-        0 in gang and gang[0].phase == "Succeeded"
-    )
+    # From the phase, not the TrainingSucceeded condition: conditions are shown, never trusted.
+    training_done = previous_phase == "BuildingEngine" or (0 in gang and gang[0].phase == "Succeeded")
 
     def finish(phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> DistributedTrainingStatus:
         status.phase = phase
@@ -626,6 +629,27 @@ def _after_training(
     return status
 
 
+def unreadable_status(
+    read: DistributedTrainingStatus, problems: Sequence[str], now: datetime
+) -> DistributedTrainingStatus:
+    """The status as read, with a StatusUnreadable condition naming what the operator could not read.
+
+    The operator does not act on a status it cannot read in full: it leaves the job's pods
+    alone, and its own record of the job (trusted.py) stays as it was.
+    """
+    status = read.model_copy(deep=True)
+    conditions = _Conditions(status.conditions, now)
+    conditions.set(
+        STATUS_UNREADABLE,
+        True,
+        REASON_UNREADABLE_STATUS,
+        f"the operator cannot read {'; '.join(problems)}. It leaves the job's pods alone until it can: "
+        "fix or remove what it names (kubectl patch --subresource=status)",
+    )
+    status.conditions = conditions.items()
+    return status
+
+
 def invalid_status(
     previous: Optional[DistributedTrainingStatus], errors: Sequence[str], generation: Optional[int], now: datetime
 ) -> DistributedTrainingStatus:
@@ -733,7 +757,7 @@ def status_events(
         events.append(JobEvent(kind, new.phase, phase_message(new)))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
-        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING) or condition.status != "True":
+        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE) or condition.status != "True":
             continue
         old = before.get(condition.type)
         if old is None or old.status != "True" or old.message != condition.message:

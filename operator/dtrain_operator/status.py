@@ -387,8 +387,9 @@ def worker_failures(
     """Workers of the current gang that failed, were lost, or vanished.
 
     A missing pod is a failure only once the whole gang has run (`gang_started`): before that it
-    is simply not created yet. A pod being deleted is a failure because the operator deletes pods
-    of the current gang only when it stops the job, and then it asks no more questions.
+    is simply not created yet. Once the gang runs, a pod being deleted is a failure because the
+    operator deletes pods of a running gang only when it stops the job, and then it asks no more
+    questions; before, `compute_status` leaves pods on their way out out of the gang.
     """
     failures: list[WorkerFailure] = []
     for rank in range(job.spec.nodes):
@@ -496,6 +497,12 @@ def compute_status(
     total = spec.nodes
     gang = current_gang(status, observed.workers)
     previous_phase = status.phase
+    gang_started = previous_phase in ("Running", "Exporting")
+    if not gang_started:
+        # Until the whole gang runs, a pod on its way out is neither part of the gang nor a
+        # failure: the operator deleted it (suspend) or it was deleted before it ran. Its name
+        # is reused once it is gone; whatever it does while it terminates counts for nothing.
+        gang = {rank: p for rank, p in gang.items() if not p.deleting}
     # From the phase, not the TrainingSucceeded condition: conditions are shown, never trusted.
     training_done = previous_phase == "BuildingEngine" or (0 in gang and gang[0].phase == "Succeeded")
 
@@ -546,7 +553,7 @@ def compute_status(
     if training_done:
         return _after_training(running_job, status, conditions, gang, observed, finish, now)
 
-    failures = worker_failures(running_job, gang, gang_started=previous_phase in ("Running", "Exporting"))
+    failures = worker_failures(running_job, gang, gang_started=gang_started)
     if failures:
         decision = policy.decide_on_failure(spec.run_policy, failures, status.restarts)
         if not decision.restart:

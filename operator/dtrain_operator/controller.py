@@ -45,6 +45,7 @@ from .status import (
     only_counts_changed,
     status_events,
     status_patch,
+    succeeded_ranks,
     unreadable_status,
 )
 from .validation import validate_object
@@ -405,11 +406,12 @@ class Controller:
             new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
             running: Optional[DistributedTraining] = None
         else:
-            new = compute_status(parsed.job, observed, previous, now, parsed.errors)
+            finished = state.succeeded_ranks if state is not None else ()
+            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
         requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
-        await self._write_state(key, state, new)
+        await self._write_state(key, state, new, observed)
         if running is None:
             return requeue
         plan = plan_children(running, new, observed, now)
@@ -465,10 +467,13 @@ class Controller:
             self._post_events(key, body, events)
         return None
 
-    async def _write_state(self, key: JobKey, state: Optional[trusted.TrustedState], new: DistributedTrainingStatus) -> None:
+    async def _write_state(
+        self, key: JobKey, state: Optional[trusted.TrustedState], new: DistributedTrainingStatus, observed: Observed
+    ) -> None:
         """Record what was decided in the operator's own annotation, before anything is carried out."""
         assert self._client is not None
-        recorded = trusted.state_of(new)
+        earlier = (state.succeeded_ranks, state.restarts) if state is not None else ((), None)
+        recorded = trusted.state_of(new, succeeded_ranks(new, observed, *earlier))
         if recorded is None or recorded == state:
             return
         namespace, name = key

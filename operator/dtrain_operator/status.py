@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Literal, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequence
 
 from pydantic import ValidationError
 
@@ -363,9 +363,9 @@ class _Conditions:
 # --- The status ---------------------------------------------------------------------------------------
 
 
-def _node_counts(total: int, pods: Sequence[PodObservation], active: bool) -> NodeCounts:
+def _node_counts(total: int, pods: Sequence[PodObservation], active: bool, gone_succeeded: int = 0) -> NodeCounts:
     running = sum(p.phase == "Running" for p in pods)
-    succeeded = sum(p.phase == "Succeeded" for p in pods)
+    succeeded = sum(p.phase == "Succeeded" for p in pods) + gone_succeeded
     failed = sum(p.phase == "Failed" for p in pods)
     # While the job runs, a pod not yet created counts as pending; otherwise only pods that exist.
     pending = max(total - running - succeeded - failed, 0) if active else sum(p.phase == "Pending" for p in pods)
@@ -382,20 +382,24 @@ def current_gang(status: DistributedTrainingStatus, workers: Sequence[PodObserva
 
 
 def worker_failures(
-    job: DistributedTraining, gang: Mapping[int, PodObservation], gang_started: bool
+    job: DistributedTraining,
+    gang: Mapping[int, PodObservation],
+    gang_started: bool,
+    succeeded_ranks: Collection[int] = (),
 ) -> list[WorkerFailure]:
     """Workers of the current gang that failed, were lost, or vanished.
 
     A missing pod is a failure only once the whole gang has run (`gang_started`): before that it
     is simply not created yet. Once the gang runs, a pod being deleted is a failure because the
     operator deletes pods of a running gang only when it stops the job, and then it asks no more
-    questions; before, `compute_status` leaves pods on their way out out of the gang.
+    questions; before, `compute_status` leaves pods on their way out out of the gang. A rank
+    that exited 0 (`succeeded_ranks`) stays finished when its pod goes (drained, collected).
     """
     failures: list[WorkerFailure] = []
     for rank in range(job.spec.nodes):
         pod = gang.get(rank)
         if pod is None:
-            if gang_started:
+            if gang_started and rank not in succeeded_ranks:
                 name = worker_pod_name(job, rank)
                 failures.append(WorkerFailure(rank, None, "Deleted", f"pod {name} was deleted"))
         elif pod.phase == "Failed":
@@ -443,13 +447,15 @@ def compute_status(
     previous: Optional[DistributedTrainingStatus],
     now: datetime,
     spec_errors: Sequence[str] = (),
+    succeeded_ranks: Collection[int] = (),
 ) -> DistributedTrainingStatus:
     """The whole status of a job, from what is observed now.
 
     `job` is the object as it is now (its spec may carry rejected changes); the job runs the
     spec recorded in `acceptedSpec` at its first status. `spec_errors` are the validation
     errors of an edit that made an accepted job's spec invalid (`job` then carries the
-    accepted spec). Finished jobs keep their status.
+    accepted spec). `succeeded_ranks` are the ranks of the current gang known to have exited 0
+    (see `succeeded_ranks`). Finished jobs keep their status.
     """
     status = (previous or DistributedTrainingStatus()).model_copy(deep=True)
     conditions = _Conditions(status.conditions, now)
@@ -503,8 +509,12 @@ def compute_status(
         # failure: the operator deleted it (suspend) or it was deleted before it ran. Its name
         # is reused once it is gone; whatever it does while it terminates counts for nothing.
         gang = {rank: p for rank, p in gang.items() if not p.deleting}
+    # Ranks that exited 0 and whose pods are gone since: finished all the same.
+    gone_succeeded = {rank for rank in succeeded_ranks if rank not in gang and rank < total}
     # From the phase, not the TrainingSucceeded condition: conditions are shown, never trusted.
-    training_done = previous_phase == "BuildingEngine" or (0 in gang and gang[0].phase == "Succeeded")
+    training_done = (
+        previous_phase == "BuildingEngine" or 0 in gone_succeeded or (0 in gang and gang[0].phase == "Succeeded")
+    )
 
     def finish(phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> DistributedTrainingStatus:
         status.phase = phase
@@ -512,7 +522,7 @@ def compute_status(
         conditions.clear(RUNNING, "JobFinished", f"the job {phase.lower()}")
         conditions.clear(RESTARTING, "JobFinished", f"the job {phase.lower()}")
         status.completion_time = format_time(now)
-        status.nodes = _node_counts(total, list(gang.values()), active=False)
+        status.nodes = _node_counts(total, list(gang.values()), active=False, gone_succeeded=len(gone_succeeded))
         status.nodes_ready = f"{status.nodes.running}/{total}"
         status.conditions = conditions.items()
         return status
@@ -553,7 +563,7 @@ def compute_status(
     if training_done:
         return _after_training(running_job, status, conditions, gang, observed, finish, now)
 
-    failures = worker_failures(running_job, gang, gang_started=gang_started)
+    failures = worker_failures(running_job, gang, gang_started=gang_started, succeeded_ranks=gone_succeeded)
     if failures:
         decision = policy.decide_on_failure(spec.run_policy, failures, status.restarts)
         if not decision.restart:
@@ -568,7 +578,7 @@ def compute_status(
         status.conditions = conditions.items()
         return status
 
-    status.nodes = _node_counts(total, list(gang.values()), active=True)
+    status.nodes = _node_counts(total, list(gang.values()), active=True, gone_succeeded=len(gone_succeeded))
     status.nodes_ready = f"{status.nodes.running}/{total}"
     all_running = status.nodes.running == total
     if all_running or previous_phase in ("Running", "Exporting"):
@@ -593,6 +603,21 @@ def compute_status(
         conditions.clear(PODS_PENDING, "PodsStarted", "no worker pod is Pending beyond the schedule timeout")
     status.conditions = conditions.items()
     return status
+
+
+def succeeded_ranks(
+    status: DistributedTrainingStatus, observed: Observed, earlier: Collection[int] = (), earlier_generation: Optional[int] = None
+) -> frozenset[int]:
+    """Ranks of the current gang that exited 0, for the operator's record: those seen Succeeded
+    while the gang ran, and those recorded earlier for the same generation. A suspend forgets
+    them (the resumed gang runs every rank again)."""
+    if status.phase == "Suspended":
+        return frozenset()
+    kept = frozenset(earlier) if earlier_generation == status.restarts else frozenset()
+    if status.phase not in ("Running", "Exporting", "BuildingEngine", "Succeeded"):
+        return kept
+    seen = {p.rank for p in current_gang(status, observed.workers).values() if p.phase == "Succeeded"}
+    return kept | {rank for rank in seen if rank is not None}
 
 
 def _after_training(

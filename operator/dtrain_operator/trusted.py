@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pydantic import ValidationError
 
@@ -54,6 +54,8 @@ class TrustedState:
     phase: Optional[str] = None
     start_time: Optional[str] = None
     completion_time: Optional[str] = None
+    succeeded_ranks: tuple[int, ...] = ()
+    """Ranks of gang generation `restarts` that exited 0: finished, even once their pods are gone."""
 
     def encode(self) -> str:
         return json.dumps(
@@ -64,6 +66,7 @@ class TrustedState:
                 "phase": self.phase,
                 "startTime": self.start_time,
                 "completionTime": self.completion_time,
+                "succeededRanks": list(self.succeeded_ranks),
                 "acceptedSpec": self.accepted_spec,
             },
             sort_keys=True,
@@ -96,8 +99,12 @@ def decode(text: str) -> TrustedState:
     texts = {k: record.get(k) for k in ("phase", "startTime", "completionTime")}
     if any(v is not None and not isinstance(v, str) for v in texts.values()):
         raise UntrustedState(f"annotation {ANNOTATION}: phase, startTime and completionTime must be strings")
+    succeeded = record.get("succeededRanks", [])
+    if not isinstance(succeeded, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in succeeded):
+        raise UntrustedState(f"annotation {ANNOTATION}: succeededRanks is not a list of ranks")
     return TrustedState(
         accepted_spec=spec,
+        succeeded_ranks=tuple(sorted(set(succeeded))),
         restarts=restarts,
         phase=texts["phase"],
         start_time=texts["startTime"],
@@ -116,11 +123,12 @@ def read_state(body: Mapping[str, Any]) -> Optional[TrustedState]:
     return decode(text)
 
 
-def state_of(status: DistributedTrainingStatus) -> Optional[TrustedState]:
+def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] = ()) -> Optional[TrustedState]:
     """The record of a status the operator just computed (None for a job it never accepted)."""
     if status.accepted_spec is None:
         return None
     return TrustedState(
+        succeeded_ranks=tuple(sorted(set(succeeded_ranks))),
         accepted_spec=dict(status.accepted_spec),
         restarts=status.restarts,
         phase=status.phase,

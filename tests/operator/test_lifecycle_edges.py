@@ -46,3 +46,27 @@ async def test_resume_before_the_suspended_pods_are_gone_counts_no_failure(opera
     status = await operated.phase(NS, "preempted", "Running")
     assert status["restarts"] == 0
     await operated.event_reasons(NS, "preempted", ["Pending", "Running", "Suspended", "Pending", "Running"])
+
+
+async def test_a_finished_worker_whose_pod_goes_stays_finished(operated: Cluster):
+    await operated.apply(a_job("exported").nodes(2).build())
+    await operated.run_all(NS, "exported", 2)
+    await operated.phase(NS, "exported", "Running")
+    rank0 = operated.pod(NS, "exported-0")["metadata"]["uid"]
+    await operated.exit(NS, "exported-1", 0)
+    await operated.patch_job_status(NS, "exported", {"progress": {"stage": contract.PROGRESS_STAGE_EXPORTING}})
+    await operated.phase(NS, "exported", "Exporting")
+    await operated.eventually(lambda: operated.status(NS, "exported")["nodes"]["succeeded"] == 1, "rank 1 counted")
+
+    # The node is drained and the finished pod garbage-collected.
+    await operated.delete("/api/v1/namespaces/default/pods/exported-1")
+    await asyncio.sleep(0.5)
+    status = operated.status(NS, "exported")
+    assert (status["phase"], status["restarts"], status["nodes"]["succeeded"]) == ("Exporting", 0, 1)
+    assert operated.pod(NS, "exported-0")["metadata"]["uid"] == rank0
+    assert not operated.pod(NS, "exported-0")["metadata"].get("deletionTimestamp")
+    assert [p["metadata"]["name"] for p in operated.pods(NS, "exported")] == ["exported-0"]
+
+    await operated.exit(NS, "exported-0", 0)
+    status = await operated.phase(NS, "exported", "Succeeded")
+    assert (status["restarts"], status["nodes"]["succeeded"]) == (0, 2)

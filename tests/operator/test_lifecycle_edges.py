@@ -70,3 +70,24 @@ async def test_a_finished_worker_whose_pod_goes_stays_finished(operated: Cluster
     await operated.exit(NS, "exported-0", 0)
     status = await operated.phase(NS, "exported", "Succeeded")
     assert (status["restarts"], status["nodes"]["succeeded"]) == (0, 2)
+
+
+async def test_exit_code_policy_restarts_when_a_node_is_lost_whatever_the_timing(cluster: Cluster):
+    operator = await cluster.start_operator()
+    await cluster.apply(a_job("faraway").nodes(3).restart_policy("ExitCode").build())
+    await cluster.run_all(NS, "faraway", 3)
+    await cluster.phase(NS, "faraway", "Running")
+    # The operator sees everything at once (as after a slow watch or its own restart): rank 0's
+    # node is gone; ranks 1 and 2 exit 1 on the broken connection at once, while rank 0's pod is
+    # marked lost by the node controller only later.
+    operator.kill()
+    await cluster.exit(NS, "faraway-1", 1, "RuntimeError: Connection reset by peer")
+    await cluster.exit(NS, "faraway-2", 1, "RuntimeError: Connection reset by peer")
+    await asyncio.sleep(2.1)
+    await cluster.evict(NS, "faraway-0")
+    await cluster.start_operator()
+    status = await cluster.eventually(
+        lambda: (s := cluster.status(NS, "faraway")).get("phase") in ("Restarting", "Failed") and s, "a decision"
+    )
+    assert (status["phase"], status["restarts"]) == ("Restarting", 1), cluster.condition(NS, "faraway", "Failed")
+    assert "worker 0 was lost (Evicted)" in cluster.condition(NS, "faraway", "Restarting")["message"]

@@ -89,6 +89,9 @@ LABEL_NODE_RANK = f"{GROUP}/node-rank"
 # The gang generation a worker pod belongs to: bumped by every gang restart, so
 # that pods of an older generation are recognised and never mistaken for the new gang.
 LABEL_GANG_GENERATION = f"{GROUP}/gang-generation"
+# On the DistributedTraining: the operator's own record of the job (trusted.py). Only the
+# operator writes it; a status patch cannot reach it.
+ANNOTATION_STATE = f"{GROUP}/state"
 ROLE_WORKER = "worker"
 ROLE_ENGINE = "engine"
 

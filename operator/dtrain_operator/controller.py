@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Generic, Hashable, Mapping, Optiona
 import kopf
 from pydantic import ValidationError
 
-from . import contract, render
+from . import contract, render, trusted
 from .api import DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus
 from .kube import ApiError, KubeClient, RateLimiter, connection_info, load_configuration
 from .metrics import OperatorMetrics
@@ -45,6 +45,8 @@ from .status import (
     only_counts_changed,
     status_events,
     status_patch,
+    succeeded_ranks,
+    unreadable_status,
 )
 from .validation import validate_object
 
@@ -181,15 +183,6 @@ def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
         return int(candidate["metadata"]["resourceVersion"]) >= int(current["metadata"]["resourceVersion"])
     except (KeyError, TypeError, ValueError):
         return True
-
-
-def _status_of(body: Mapping[str, Any]) -> DistributedTrainingStatus:
-    try:
-        return DistributedTrainingStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        # Someone wrote a status we cannot read; start over rather than stop the job.
-        logger.warning("%s/%s: unreadable status, recomputing it", *_key(body))
-        return DistributedTrainingStatus()
 
 
 def _key(body: Mapping[str, Any]) -> JobKey:
@@ -391,19 +384,34 @@ class Controller:
             return None  # the garbage collector removes the children through their owner references
         expectations = self._expect(key, meta.get("uid", ""))
         now = datetime.now(timezone.utc)
-        previous_raw = body.get("status") or None
-        previous = _status_of(body)
-        parsed = parse_job(body, previous)
+        read = trusted.read_status(body)
+        problems = list(read.problems)
+        try:
+            state = trusted.read_state(body)
+        except trusted.UntrustedState as exc:
+            state = None
+            problems.append(str(exc))
+        written = read.status if body.get("status") else None
+        if problems:
+            # Nothing is decided from a status or a record the operator cannot read: the pods stay.
+            logger.warning("%s/%s: cannot read %s; leaving the pods alone", *key, "; ".join(problems))
+            return await self._write_status(key, body, written, unreadable_status(read.status, problems, now), expectations)
         observed, blocked = self._observe(key, expectations)
+        previous = trusted.trusted_previous(
+            read.status, state, [p.generation for p in observed.workers if p.generation is not None]
+        )
+        parsed = parse_job(body, previous)
 
         if parsed.job is None:
             new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
             running: Optional[DistributedTraining] = None
         else:
-            new = compute_status(parsed.job, observed, previous, now, parsed.errors)
+            finished = state.succeeded_ranks if state is not None else ()
+            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
-        requeue = await self._write_status(key, body, previous if previous_raw else None, new, expectations)
+        requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
+        await self._write_state(key, state, new, observed)
         if running is None:
             return requeue
         plan = plan_children(running, new, observed, now)
@@ -423,10 +431,17 @@ class Controller:
         previous: Optional[DistributedTrainingStatus],
         new: DistributedTrainingStatus,
         expectations: _Expectations,
+        decided_from: Optional[DistributedTrainingStatus] = None,
     ) -> Optional[float]:
-        """Patch the status when it changed (node counts alone: batched), then post the Events."""
+        """Patch the status when it changed (node counts alone: batched), then post the Events.
+
+        `previous` is the status as written (what the patch must change); `decided_from` what
+        the new status was decided from (the operator's own record: phase changes and restarts).
+        """
         assert self._client is not None
         patch = status_patch(previous, new)
+        if decided_from is not None:
+            previous = decided_from
         if patch is None:
             expectations.counts_pending_since = None
             return None
@@ -451,6 +466,22 @@ class Controller:
         if events:
             self._post_events(key, body, events)
         return None
+
+    async def _write_state(
+        self, key: JobKey, state: Optional[trusted.TrustedState], new: DistributedTrainingStatus, observed: Observed
+    ) -> None:
+        """Record what was decided in the operator's own annotation, before anything is carried out."""
+        assert self._client is not None
+        earlier = (state.succeeded_ranks, state.restarts) if state is not None else ((), None)
+        recorded = trusted.state_of(new, succeeded_ranks(new, observed, *earlier))
+        if recorded is None or recorded == state:
+            return
+        namespace, name = key
+        updated = await self._client.patch(
+            contract.API_VERSION, contract.KIND, namespace, name, trusted.state_patch(recorded)
+        )
+        if updated:
+            self._remember(key, updated)
 
     def _post_events(self, key: JobKey, body: Mapping[str, Any], events: list[JobEvent]) -> None:
         """Post Events in the background (children are not kept waiting), in order for each job."""

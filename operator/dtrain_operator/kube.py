@@ -241,6 +241,16 @@ class KubeClient:
             content_type="application/merge-patch+json",
         )
 
+    async def patch(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch an object (the operator's own annotation on a DistributedTraining)."""
+        path = object_path(api_version, kind, namespace, name)
+        return await self._request(
+            "PATCH", path, "patch", RESOURCES[(api_version, kind)][1], dict(patch),
+            content_type="application/merge-patch+json",
+        )
+
     async def post_event(
         self, involved: Mapping[str, Any], event_type: str, reason: str, message: str, instance: str
     ) -> None:

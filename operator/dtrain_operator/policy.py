@@ -73,17 +73,19 @@ SAME_MOMENT_SECONDS = 1.0
 
 
 def root_causes(failures: Sequence[WorkerFailure]) -> list[WorkerFailure]:
-    """The failures that came first.
+    """The failures that came first, and every worker that was lost.
 
     When one rank dies, its peers fail moments later with errors of their own (a broken
     connection, exit code 1): consequences, not causes. Without a finish time for every
-    failure they cannot be told apart, and all count.
+    failure they cannot be told apart, and all count. A worker that was lost (evicted,
+    deleted, its node gone: no exit code) is a cause whatever its time: its peers see the
+    loss at once, while its pod is only marked once the node is found gone, much later.
     """
     timed = [(f, f.finished_at) for f in failures if f.finished_at is not None]
     if len(timed) < len(failures):
         return list(failures)
     first = min(t for _, t in timed)
-    return [f for f, t in timed if (t - first).total_seconds() <= SAME_MOMENT_SECONDS]
+    return [f for f, t in timed if f.exit_code is None or (t - first).total_seconds() <= SAME_MOMENT_SECONDS]
 
 
 def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], restarts: int) -> FailureDecision:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Literal, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequence
 
 from pydantic import ValidationError
 
@@ -41,11 +41,13 @@ FAILED = "Failed"
 SUSPENDED = "Suspended"
 PODS_PENDING = "PodsPending"
 SPEC_IMMUTABLE = "SpecImmutable"
+STATUS_UNREADABLE = "StatusUnreadable"
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
 REASON_IMMUTABLE_FIELD_CHANGED = "ImmutableFieldChanged"
 REASON_INVALID_SPEC_CHANGE = "InvalidSpecChange"
+REASON_UNREADABLE_STATUS = "UnreadableStatus"
 # Fields that may change while the job is suspended: its scheduling directives.
 MUTABLE_WHEN_SUSPENDED = ("spec.scheduling.",)
 
@@ -363,9 +365,9 @@ class _Conditions:
 # --- The status ---------------------------------------------------------------------------------------
 
 
-def _node_counts(total: int, pods: Sequence[PodObservation], active: bool) -> NodeCounts:
+def _node_counts(total: int, pods: Sequence[PodObservation], active: bool, gone_succeeded: int = 0) -> NodeCounts:
     running = sum(p.phase == "Running" for p in pods)
-    succeeded = sum(p.phase == "Succeeded" for p in pods)
+    succeeded = sum(p.phase == "Succeeded" for p in pods) + gone_succeeded
     failed = sum(p.phase == "Failed" for p in pods)
     # While the job runs, a pod not yet created counts as pending; otherwise only pods that exist.
     pending = max(total - running - succeeded - failed, 0) if active else sum(p.phase == "Pending" for p in pods)
@@ -382,19 +384,24 @@ def current_gang(status: DistributedTrainingStatus, workers: Sequence[PodObserva
 
 
 def worker_failures(
-    job: DistributedTraining, gang: Mapping[int, PodObservation], gang_started: bool
+    job: DistributedTraining,
+    gang: Mapping[int, PodObservation],
+    gang_started: bool,
+    succeeded_ranks: Collection[int] = (),
 ) -> list[WorkerFailure]:
     """Workers of the current gang that failed, were lost, or vanished.
 
     A missing pod is a failure only once the whole gang has run (`gang_started`): before that it
-    is simply not created yet. A pod being deleted is a failure because the operator deletes pods
-    of the current gang only when it stops the job, and then it asks no more questions.
+    is simply not created yet. Once the gang runs, a pod being deleted is a failure because the
+    operator deletes pods of a running gang only when it stops the job, and then it asks no more
+    questions; before, `compute_status` leaves pods on their way out out of the gang. A rank
+    that exited 0 (`succeeded_ranks`) stays finished when its pod goes (drained, collected).
     """
     failures: list[WorkerFailure] = []
     for rank in range(job.spec.nodes):
         pod = gang.get(rank)
         if pod is None:
-            if gang_started:
+            if gang_started and rank not in succeeded_ranks:
                 name = worker_pod_name(job, rank)
                 failures.append(WorkerFailure(rank, None, "Deleted", f"pod {name} was deleted"))
         elif pod.phase == "Failed":
@@ -442,21 +449,24 @@ def compute_status(
     previous: Optional[DistributedTrainingStatus],
     now: datetime,
     spec_errors: Sequence[str] = (),
+    succeeded_ranks: Collection[int] = (),
 ) -> DistributedTrainingStatus:
     """The whole status of a job, from what is observed now.
 
     `job` is the object as it is now (its spec may carry rejected changes); the job runs the
     spec recorded in `acceptedSpec` at its first status. `spec_errors` are the validation
     errors of an edit that made an accepted job's spec invalid (`job` then carries the
-    accepted spec). Finished jobs keep their status.
+    accepted spec). `succeeded_ranks` are the ranks of the current gang known to have exited 0
+    (see `succeeded_ranks`). Finished jobs keep their status.
     """
     status = (previous or DistributedTrainingStatus()).model_copy(deep=True)
     conditions = _Conditions(status.conditions, now)
-    if status.accepted_spec is None:
+    never_accepted = status.accepted_spec is None
+    if never_accepted:
         status.accepted_spec = immutable_spec(job.spec)
-    failed = conditions.get(FAILED)
-    if status.phase == "Failed" and failed is not None and failed.reason == REASON_INVALID_SPEC:
-        # It failed validation before anything was created; the spec has been fixed since.
+    if never_accepted and status.phase == "Failed":
+        # It failed validation before anything was created (a job the operator accepted always
+        # has an accepted spec); the spec has been fixed since.
         status = DistributedTrainingStatus(accepted_spec=immutable_spec(job.spec), progress=status.progress)
         conditions = _Conditions([], now)
     status.observed_generation = (job.metadata.model_extra or {}).get("generation")
@@ -486,6 +496,7 @@ def compute_status(
         )
     else:
         conditions.clear(SPEC_IMMUTABLE, "SpecUnchanged", "the spec matches the one the job was created with")
+    conditions.clear(STATUS_UNREADABLE, "StatusRead", "the operator reads the whole status")
 
     if status.phase in FINISHED_PHASES:
         status.conditions = conditions.items()
@@ -494,8 +505,17 @@ def compute_status(
     total = spec.nodes
     gang = current_gang(status, observed.workers)
     previous_phase = status.phase
-    training_done = conditions.is_true(TRAINING_SUCCEEDED) or (
-        0 in gang and gang[0].phase == "Succeeded"
+    gang_started = previous_phase in ("Running", "Exporting")
+    if not gang_started:
+        # Until the whole gang runs, a pod on its way out is neither part of the gang nor a
+        # failure: the operator deleted it (suspend) or it was deleted before it ran. Its name
+        # is reused once it is gone; whatever it does while it terminates counts for nothing.
+        gang = {rank: p for rank, p in gang.items() if not p.deleting}
+    # Ranks that exited 0 and whose pods are gone since: finished all the same.
+    gone_succeeded = {rank for rank in succeeded_ranks if rank not in gang and rank < total}
+    # From the phase, not the TrainingSucceeded condition: conditions are shown, never trusted.
+    training_done = (
+        previous_phase == "BuildingEngine" or 0 in gone_succeeded or (0 in gang and gang[0].phase == "Succeeded")
     )
 
     def finish(phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> DistributedTrainingStatus:
@@ -504,7 +524,7 @@ def compute_status(
         conditions.clear(RUNNING, "JobFinished", f"the job {phase.lower()}")
         conditions.clear(RESTARTING, "JobFinished", f"the job {phase.lower()}")
         status.completion_time = format_time(now)
-        status.nodes = _node_counts(total, list(gang.values()), active=False)
+        status.nodes = _node_counts(total, list(gang.values()), active=False, gone_succeeded=len(gone_succeeded))
         status.nodes_ready = f"{status.nodes.running}/{total}"
         status.conditions = conditions.items()
         return status
@@ -545,7 +565,7 @@ def compute_status(
     if training_done:
         return _after_training(running_job, status, conditions, gang, observed, finish, now)
 
-    failures = worker_failures(running_job, gang, gang_started=previous_phase in ("Running", "Exporting"))
+    failures = worker_failures(running_job, gang, gang_started=gang_started, succeeded_ranks=gone_succeeded)
     if failures:
         decision = policy.decide_on_failure(spec.run_policy, failures, status.restarts)
         if not decision.restart:
@@ -560,7 +580,7 @@ def compute_status(
         status.conditions = conditions.items()
         return status
 
-    status.nodes = _node_counts(total, list(gang.values()), active=True)
+    status.nodes = _node_counts(total, list(gang.values()), active=True, gone_succeeded=len(gone_succeeded))
     status.nodes_ready = f"{status.nodes.running}/{total}"
     all_running = status.nodes.running == total
     if all_running or previous_phase in ("Running", "Exporting"):
@@ -585,6 +605,21 @@ def compute_status(
         conditions.clear(PODS_PENDING, "PodsStarted", "no worker pod is Pending beyond the schedule timeout")
     status.conditions = conditions.items()
     return status
+
+
+def succeeded_ranks(
+    status: DistributedTrainingStatus, observed: Observed, earlier: Collection[int] = (), earlier_generation: Optional[int] = None
+) -> frozenset[int]:
+    """Ranks of the current gang that exited 0, for the operator's record: those seen Succeeded
+    while the gang ran, and those recorded earlier for the same generation. A suspend forgets
+    them (the resumed gang runs every rank again)."""
+    if status.phase == "Suspended":
+        return frozenset()
+    kept = frozenset(earlier) if earlier_generation == status.restarts else frozenset()
+    if status.phase not in ("Running", "Exporting", "BuildingEngine", "Succeeded"):
+        return kept
+    seen = {p.rank for p in current_gang(status, observed.workers).values() if p.phase == "Succeeded"}
+    return kept | {rank for rank in seen if rank is not None}
 
 
 def _after_training(
@@ -624,6 +659,27 @@ def _after_training(
         return finish("Failed", REASON_ENGINE_BUILD_FAILED, message)
     status.phase = "BuildingEngine"
     conditions.set(ENGINE_BUILT, False, "EngineBuilding", f"Job {name} is building the TensorRT engine")
+    status.conditions = conditions.items()
+    return status
+
+
+def unreadable_status(
+    read: DistributedTrainingStatus, problems: Sequence[str], now: datetime
+) -> DistributedTrainingStatus:
+    """The status as read, with a StatusUnreadable condition naming what the operator could not read.
+
+    The operator does not act on a status it cannot read in full: it leaves the job's pods
+    alone, and its own record of the job (trusted.py) stays as it was.
+    """
+    status = read.model_copy(deep=True)
+    conditions = _Conditions(status.conditions, now)
+    conditions.set(
+        STATUS_UNREADABLE,
+        True,
+        REASON_UNREADABLE_STATUS,
+        f"the operator cannot read {'; '.join(problems)}. It leaves the job's pods alone until it can: "
+        "fix or remove what it names (kubectl patch --subresource=status)",
+    )
     status.conditions = conditions.items()
     return status
 
@@ -735,7 +791,7 @@ def status_events(
         events.append(JobEvent(kind, new.phase, phase_message(new)))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
-        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING) or condition.status != "True":
+        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE) or condition.status != "True":
             continue
         old = before.get(condition.type)
         if old is None or old.status != "True" or old.message != condition.message:

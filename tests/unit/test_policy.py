@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -70,6 +71,10 @@ def test_is_retryable(policy, failure, retryable):
         (RunPolicy(restart_policy="ExitCode"), [exited(1, rank=0, at=0), exited(143, rank=1, at=1)], 0, True,
          "WorkerFailed", "restarting the gang"),
         (RunPolicy(restart_policy="Never"), [EVICTED], 0, False, "RestartPolicyNever", "restartPolicy is Never"),
+        # A lost node: its peers exit 1 at once, its pod is marked lost much later. The loss is the cause.
+        (RunPolicy(restart_policy="ExitCode"),
+         [exited(1, rank=1, at=0), exited(1, rank=2, at=0), replace(EVICTED, rank=0, finished_at=T0 + timedelta(seconds=40))],
+         0, True, "WorkerFailed", "worker 0 was lost"),
     ],
 )
 def test_decide_on_failure(policy, failures, restarts, restart, reason, message_part):

@@ -1,0 +1,100 @@
+"""Kubelet behaviour the lifecycle-edge tests need, beyond cluster.Cluster's kubelet. Each piece is
+small, drives the API server over HTTP as a kubelet would, and touches no shared code:
+
+- graceful termination: a deleted pod stays (Terminating, held by a finalizer) until its
+  container has exited, as a kubelet holds it for terminationGracePeriodSeconds (30 s by
+  default); `finish_termination` ends it (exit 143, SIGTERM) and lets the pod go; a pod on a
+  node that is gone for good is never finished;
+- image pulls that fail: `PullFlipper` flips a pod's waiting reason between ErrImagePull and
+  ImagePullBackOff, as the kubelet's back-off does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator
+
+from .apiserver import now_rfc3339
+from .cluster import Cluster, container_status
+
+TERMINATION_FINALIZER = "kubelet.test.dtrain.dev/graceful-termination"
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+async def hold_termination(cluster: Cluster, namespace: str, name: str) -> None:
+    """From now on, deleting the pod leaves it Terminating until `finish_termination`."""
+    await cluster.patch(_pod_path(namespace, name), {"metadata": {"finalizers": [TERMINATION_FINALIZER]}})
+
+
+async def hold_all(cluster: Cluster, namespace: str, pods: list[dict[str, Any]]) -> None:
+    for pod in pods:
+        await hold_termination(cluster, namespace, pod["metadata"]["name"])
+
+
+def terminating(cluster: Cluster, namespace: str, job: str) -> list[str]:
+    """Names of the job's worker pods that are deleted but not gone."""
+    return [p["metadata"]["name"] for p in cluster.pods(namespace, job) if p["metadata"].get("deletionTimestamp")]
+
+
+async def finish_termination(cluster: Cluster, namespace: str, name: str, exit_code: int = 143) -> None:
+    """The container exited (SIGTERM: 143) and the kubelet lets the pod go."""
+    pod = cluster.pod(namespace, name)
+    now = now_rfc3339()
+    terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
+                  "startedAt": now, "finishedAt": now}
+    await cluster._pod_status(
+        namespace,
+        name,
+        {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": container_status(pod, {"terminated": terminated}, ready=False),
+        },
+    )
+    await cluster.patch(_pod_path(namespace, name), {"metadata": {"finalizers": None}})
+
+
+async def pull_failing(cluster: Cluster, namespace: str, name: str, reason: str, message: str) -> None:
+    """The pod is scheduled and its trainer container waits on its image."""
+    pod = cluster.pod(namespace, name)
+    now = now_rfc3339()
+    await cluster._pod_status(
+        namespace,
+        name,
+        {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}],
+            "containerStatuses": container_status(pod, {"waiting": {"reason": reason, "message": message}}, ready=False),
+        },
+    )
+
+
+@contextlib.asynccontextmanager
+async def pull_flipping(
+    cluster: Cluster, namespace: str, names: list[str], period: float = 0.3
+) -> AsyncIterator[list[int]]:
+    """Flip the pods' waiting reason ErrImagePull <-> ImagePullBackOff every `period` seconds
+    while the block runs. Yields a one-item list: the number of flips so far."""
+    flips = [0]
+    image_message = 'failed to pull and unpack image "registry.example/missing:1": not found'
+
+    async def flip() -> None:
+        reasons = ("ErrImagePull", "ImagePullBackOff")
+        while True:
+            reason = reasons[flips[0] % 2]
+            message = image_message if reason == "ErrImagePull" else 'Back-off pulling image "registry.example/missing:1"'
+            for name in names:
+                await pull_failing(cluster, namespace, name, reason, message)
+            flips[0] += 1
+            await asyncio.sleep(period)
+
+    task = asyncio.create_task(flip())
+    try:
+        yield flips
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

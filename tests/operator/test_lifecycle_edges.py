@@ -1,0 +1,93 @@
+"""The lifecycle's edges: pods that take their time to terminate, pods that finished and went,
+gangs that cannot start, stale progress. Pods are held by a finalizer the way a kubelet's
+graceful termination holds them (kubelet.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dtrain_operator import contract
+
+from . import kubelet
+from .cluster import Cluster, a_job
+
+NS = "default"
+
+
+def generations(pods: list[dict]) -> set[str]:
+    return {p["metadata"]["labels"][contract.LABEL_GANG_GENERATION] for p in pods}
+
+
+async def test_resume_before_the_suspended_pods_are_gone_counts_no_failure(operated: Cluster):
+    await operated.apply(a_job("preempted").nodes(2).restart_policy("Never").build())
+    pods = await operated.run_all(NS, "preempted", 2)
+    await operated.phase(NS, "preempted", "Running")
+    await kubelet.hold_all(operated, NS, pods)
+
+    # Kueue-style preempt and readmit: suspended, and resumed while the pods still terminate.
+    await operated.patch_job(NS, "preempted", {"spec": {"runPolicy": {"suspend": True}}})
+    await operated.phase(NS, "preempted", "Suspended")
+    await operated.eventually(lambda: len(kubelet.terminating(operated, NS, "preempted")) == 2, "2 pods terminating")
+    await operated.patch_job(NS, "preempted", {"spec": {"runPolicy": {"suspend": False}}})
+    await operated.phase(NS, "preempted", "Pending")
+    await asyncio.sleep(0.5)
+    status = operated.status(NS, "preempted")
+    assert (status["phase"], status["restarts"]) == ("Pending", 0)
+
+    # The old containers exit (SIGTERM) and the pods go: the same gang starts again.
+    for name in ("preempted-0", "preempted-1"):
+        await kubelet.finish_termination(operated, NS, name)
+    new = await operated.eventually(
+        lambda: len(p := operated.pods(NS, "preempted")) == 2 and not kubelet.terminating(operated, NS, "preempted") and p,
+        "the new pods, once the old ones are gone",
+    )
+    assert generations(new) == {"0"}
+    await operated.run_all(NS, "preempted", 2)
+    status = await operated.phase(NS, "preempted", "Running")
+    assert status["restarts"] == 0
+    await operated.event_reasons(NS, "preempted", ["Pending", "Running", "Suspended", "Pending", "Running"])
+
+
+async def test_a_finished_worker_whose_pod_goes_stays_finished(operated: Cluster):
+    await operated.apply(a_job("exported").nodes(2).build())
+    await operated.run_all(NS, "exported", 2)
+    await operated.phase(NS, "exported", "Running")
+    rank0 = operated.pod(NS, "exported-0")["metadata"]["uid"]
+    await operated.exit(NS, "exported-1", 0)
+    await operated.patch_job_status(NS, "exported", {"progress": {"stage": contract.PROGRESS_STAGE_EXPORTING}})
+    await operated.phase(NS, "exported", "Exporting")
+    await operated.eventually(lambda: operated.status(NS, "exported")["nodes"]["succeeded"] == 1, "rank 1 counted")
+
+    # The node is drained and the finished pod garbage-collected.
+    await operated.delete("/api/v1/namespaces/default/pods/exported-1")
+    await asyncio.sleep(0.5)
+    status = operated.status(NS, "exported")
+    assert (status["phase"], status["restarts"], status["nodes"]["succeeded"]) == ("Exporting", 0, 1)
+    assert operated.pod(NS, "exported-0")["metadata"]["uid"] == rank0
+    assert not operated.pod(NS, "exported-0")["metadata"].get("deletionTimestamp")
+    assert [p["metadata"]["name"] for p in operated.pods(NS, "exported")] == ["exported-0"]
+
+    await operated.exit(NS, "exported-0", 0)
+    status = await operated.phase(NS, "exported", "Succeeded")
+    assert (status["restarts"], status["nodes"]["succeeded"]) == (0, 2)
+
+
+async def test_exit_code_policy_restarts_when_a_node_is_lost_whatever_the_timing(cluster: Cluster):
+    operator = await cluster.start_operator()
+    await cluster.apply(a_job("faraway").nodes(3).restart_policy("ExitCode").build())
+    await cluster.run_all(NS, "faraway", 3)
+    await cluster.phase(NS, "faraway", "Running")
+    # The operator sees everything at once (as after a slow watch or its own restart): rank 0's
+    # node is gone; ranks 1 and 2 exit 1 on the broken connection at once, while rank 0's pod is
+    # marked lost by the node controller only later.
+    operator.kill()
+    await cluster.exit(NS, "faraway-1", 1, "RuntimeError: Connection reset by peer")
+    await cluster.exit(NS, "faraway-2", 1, "RuntimeError: Connection reset by peer")
+    await asyncio.sleep(2.1)
+    await cluster.evict(NS, "faraway-0")
+    await cluster.start_operator()
+    status = await cluster.eventually(
+        lambda: (s := cluster.status(NS, "faraway")).get("phase") in ("Restarting", "Failed") and s, "a decision"
+    )
+    assert (status["phase"], status["restarts"]) == ("Restarting", 1), cluster.condition(NS, "faraway", "Failed")
+    assert "worker 0 was lost (Evicted)" in cluster.condition(NS, "faraway", "Restarting")["message"]

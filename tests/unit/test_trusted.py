@@ -1,0 +1,80 @@
+"""The operator's own record of a job, and reading a status that others write too."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dtrain_operator import contract, trusted
+from dtrain_operator.api import DistributedTrainingStatus
+
+SPEC = {"image": "registry.example/trainer:1", "nodes": 2}
+
+
+def body(state: trusted.TrustedState | None = None, status=None, annotation=None) -> dict:
+    annotations = {}
+    if state is not None:
+        annotations[contract.ANNOTATION_STATE] = state.encode()
+    if annotation is not None:
+        annotations[contract.ANNOTATION_STATE] = annotation
+    return {"metadata": {"name": "x", "annotations": annotations}, "status": status}
+
+
+def test_a_record_reads_back_as_written():
+    state = trusted.TrustedState(SPEC, restarts=3, phase="Running", start_time="2026-01-01T00:00:00Z")
+    assert trusted.read_state(body(state)) == state
+    assert trusted.read_state(body()) is None
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda r: r["acceptedSpec"].update(image="attacker/evil:1"), "does not match its hash"),
+        (lambda r: r.update(version=2), "version 2"),
+        (lambda r: r.update(restarts=-1), "restarts is not a count"),
+        (lambda r: r.update(restarts="0"), "restarts is not a count"),
+    ],
+)
+def test_a_record_not_written_by_this_operator_is_not_trusted(edit, message):
+    record = json.loads(trusted.TrustedState(SPEC, restarts=2).encode())
+    edit(record)
+    with pytest.raises(trusted.UntrustedState, match=message):
+        trusted.read_state(body(annotation=json.dumps(record)))
+    with pytest.raises(trusted.UntrustedState, match="not JSON"):
+        trusted.read_state(body(annotation="{"))
+
+
+def test_the_record_decides_over_the_status():
+    read = DistributedTrainingStatus.model_validate(
+        {"phase": "Succeeded", "restarts": 0, "acceptedSpec": {"image": "attacker/evil:1"}, "progress": {"step": 4}}
+    )
+    state = trusted.TrustedState(SPEC, restarts=2, phase="Running", start_time="2026-01-01T00:00:00Z")
+    previous = trusted.trusted_previous(read, state)
+    assert (previous.accepted_spec, previous.restarts, previous.phase) == (SPEC, 2, "Running")
+    assert previous.progress is not None and previous.progress.step == 4
+
+
+def test_without_a_record_a_job_starts_afresh_from_its_pods_generation():
+    read = DistributedTrainingStatus.model_validate({"phase": "Running", "restarts": 0, "acceptedSpec": {"image": "e"}})
+    previous = trusted.trusted_previous(read, None, [1, 2])
+    assert (previous.accepted_spec, previous.phase, previous.restarts) == (None, None, 2)
+
+
+def test_an_unreadable_field_is_named_and_the_rest_is_read():
+    read = trusted.read_status(body(status={"phase": "Running", "restarts": 1, "progress": {"epoch": "three"}}))
+    assert read.status.phase == "Running" and read.status.progress is None
+    assert len(read.problems) == 1 and read.problems[0].startswith("status.progress.epoch:")
+    assert '"three"' in read.problems[0]
+
+
+def test_the_trainers_fields_are_size_capped():
+    huge = {"stage": "x" * (trusted.MAX_TRAINER_FIELD_BYTES + 1)}
+    read = trusted.read_status(body(status={"progress": huge}))
+    assert read.status.progress is None
+    assert "more than the 4096 read" in read.problems[0]
+
+
+def test_a_status_that_is_not_an_object_is_a_problem():
+    assert trusted.read_status(body(status="broken")).problems
+    assert trusted.read_status(body(status=None)).problems == ()

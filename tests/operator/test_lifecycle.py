@@ -120,7 +120,10 @@ async def test_training_success_builds_the_engine_and_reports_artifacts(operated
     await operated.exit(NS, "resnet-0", 0, json.dumps(trainer_results))
     await operated.phase(NS, "resnet", "BuildingEngine")
     assert operated.condition(NS, "resnet", "TrainingSucceeded")["status"] == "True"
-    (engine_job,) = operated.objects("batch/v1/jobs", NS, "resnet")
+    # The phase is reported before the Job is created: wait for the Job itself.
+    (engine_job,) = await operated.eventually(
+        lambda: len(jobs := operated.objects("batch/v1/jobs", NS, "resnet")) == 1 and jobs, "the engine Job"
+    )
     assert engine_job["metadata"]["name"] == "resnet-engine"
     assert engine_job["metadata"]["labels"][contract.LABEL_ROLE] == "engine"
     assert owned_by(engine_job, operated.job(NS, "resnet"))

@@ -52,7 +52,7 @@ async def full_lifecycle(cluster: Cluster) -> None:
     await cluster.run_all(NS, "life", 2)
     await cluster.phase(NS, "life", "Running")
 
-    await cluster.patch_job(NS, "life", {"spec": {"nodes": 3}})
+    await cluster.patch_job(NS, "life", {"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}})
     await cluster.eventually(lambda: (cluster.condition(NS, "life", "SpecImmutable") or {}).get("status") == "True",
                              "SpecImmutable")
     await cluster.exit(NS, "life-1", 1)

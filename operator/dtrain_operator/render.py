@@ -178,6 +178,11 @@ _CONTAINER_SECURITY = {
 }
 _POD_SECURITY = {
     "runAsNonRoot": True,
+    # The trainer image's own user (trainer_image/Dockerfile): stated, so that the kubelet need not
+    # read the image's USER (an image built FROM a root base runs as this user, or is refused at
+    # once by the image's own check, instead of CreateContainerConfigError minutes later).
+    "runAsUser": contract.WORKLOAD_UID,
+    "runAsGroup": contract.WORKLOAD_GID,
     "seccompProfile": {"type": "RuntimeDefault"},
     "fsGroup": contract.WORKLOAD_UID,
     # Only when the volume's root does not match yet: a recursive chown of a data set is slow.

@@ -195,3 +195,14 @@ def test_rendered_objects_are_valid_kubernetes(version):
         if child["kind"] == "PodGroup":
             continue  # not a core API: kubernetes-validate has no schema for it
         kubernetes_validate.validate(child, version, strict=True)
+
+
+def test_worker_and_engine_pods_run_as_the_trainer_images_user():
+    """Stated in the pod, so that the kubelet need not read the image's USER (a root-based image
+    otherwise fails with CreateContainerConfigError after its pull)."""
+    spec = job(engine={"enabled": True}, accelerator="cpu")
+    pods = [render.render_worker_pod(spec, 0, 0)["spec"], render.render_engine_job(spec)["spec"]["template"]["spec"]]
+    for pod in pods:
+        context = pod["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"]) == (contract.WORKLOAD_UID, contract.WORKLOAD_GID) == (10001, 0)
+        assert context["runAsNonRoot"] is True

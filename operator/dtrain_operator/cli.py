@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--burst", type=int, default=1000, help="requests allowed at once above --qps before it applies (default 1000)"
     )
     p.add_argument(
+        "--network-policy",
+        action="store_true",
+        help="create a NetworkPolicy per job that admits ingress to its pods (the rendezvous port included) "
+        "only from the job's own pods",
+    )
+    p.add_argument(
         "--watch-timeout",
         type=int,
         default=300,

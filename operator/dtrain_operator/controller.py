@@ -232,7 +232,8 @@ def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> P
 class Controller:
     """Caches, expectations and the reconcile loop; kopf's handlers (handlers.py) feed it."""
 
-    def __init__(self, metrics: OperatorMetrics, qps: float, burst: int) -> None:
+    def __init__(self, metrics: OperatorMetrics, qps: float, burst: int, network_policy: bool = False) -> None:
+        self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
         self._pod_index: Optional[kopf.Index[JobKey, PodObservation]] = None
         self._engine_job_index: Optional[kopf.Index[JobKey, EngineJobObservation]] = None
         self._metrics = metrics
@@ -564,6 +565,8 @@ class Controller:
         pod_group = render.render_pod_group(job)
         if pod_group is not None:
             children.append(pod_group)
+        if self._network_policy:
+            children.append(render.render_network_policy(job))
         _adopt(children, body)
         await _gather(*(self._create_owned(child, expectations.uid) for child in children))
         expectations.shared_children_for = generation

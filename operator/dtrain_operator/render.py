@@ -130,6 +130,22 @@ def render_service(job: DistributedTraining) -> dict[str, Any]:
     }
 
 
+def render_network_policy(job: DistributedTraining) -> dict[str, Any]:
+    """Ingress to the job's pods only from the job's own pods (`dtrain operator --network-policy`):
+    torchrun's rendezvous port, and the ports NCCL and gloo open between ranks, admit no one else."""
+    own = {contract.LABEL_JOB_NAME: job.name}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, job.name, job_labels(job, contract.ROLE_WORKER)),
+        "spec": {
+            "podSelector": {"matchLabels": own},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": own}}]}],
+        },
+    }
+
+
 def trainer_config(job: DistributedTraining) -> dict[str, Any]:
     """The trainer's config (wire format), as mounted at DTRAIN_CONFIG."""
     return TrainerConfig.from_job(job).to_wire()

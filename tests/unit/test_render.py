@@ -206,3 +206,14 @@ def test_worker_and_engine_pods_run_as_the_trainer_images_user():
         context = pod["securityContext"]
         assert (context["runAsUser"], context["runAsGroup"]) == (contract.WORKLOAD_UID, contract.WORKLOAD_GID) == (10001, 0)
         assert context["runAsNonRoot"] is True
+
+
+@pytest.mark.parametrize("version", ["1.33", "1.35"])
+def test_network_policy_is_valid_kubernetes_and_admits_only_the_jobs_pods(version):
+    policy = render.render_network_policy(job(name="fenced"))
+    kubernetes_validate.validate(policy, version, strict=True)
+    own = {contract.LABEL_JOB_NAME: "fenced"}
+    assert policy["spec"]["podSelector"] == {"matchLabels": own}
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": own}}]}]
+    worker = render.render_worker_pod(job(name="fenced"), 0, 0)
+    assert own.items() <= worker["metadata"]["labels"].items()

@@ -18,8 +18,8 @@ a Service, a ConfigMap, N pods and one status patch per phase the job passes thr
 (Pending, Running). The operator's CPU seconds and peak resident memory (VmHWM) come
 from /proc through psutil.
 
-The operator runs with its shipped defaults (the Helm chart's and manifests' --qps 20,
---burst 40) unless --operator-args says otherwise.
+The operator runs with its shipped defaults (the Helm chart's and manifests' --qps 500,
+--burst 1000) unless --operator-args says otherwise.
 
     python -m bench.operator_scale                # 200 jobs x 4 nodes, bursts of 50
     python -m bench.operator_scale --large        # 1,000 jobs
@@ -56,7 +56,7 @@ TARGET_REQUEST_RATIO = 1.5
 TARGET_RSS_MIB = 300.0
 QUIET_SECONDS = 3.0
 NAMESPACES = ("team-a", "team-b")
-SHIPPED_DEFAULTS = ("--log-level=INFO", "--qps=20", "--burst=40", "--watch-timeout=300")
+SHIPPED_DEFAULTS = ("--log-level=INFO", "--qps=500", "--burst=1000", "--watch-timeout=300")
 
 
 @attrs.define(kw_only=True)
@@ -293,7 +293,7 @@ async def measure(
 
 
 def operator_qps(args: tuple[str, ...]) -> float:
-    qps = 20.0  # dtrain operator's default
+    qps = 500.0  # dtrain operator's default
     for arg in args:
         if arg.startswith("--qps="):
             qps = float(arg.split("=", 1)[1])

@@ -48,6 +48,24 @@ MAX_NAME_LENGTH = 45
 CLASS_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
+# Bounds on what a user may write. The API server estimates the worst-case cost of each CEL rule
+# from the schema's maxLength/maxItems/maxProperties (an unbounded string counts as the whole 3 MiB
+# request), so every string, list and map gets one; every integer gets a maximum so that no value
+# that passes validation can overflow a datetime or a timedelta in the operator.
+MAX_OBJECT_NAME = 253  # a DNS-1123 subdomain: Secrets, PVCs, service accounts, priority classes, schedulers
+MAX_IMAGE_LENGTH = 1024
+MAX_PATH_LENGTH = 4096
+MAX_ENV_NAME_LENGTH = 256
+MAX_ENV_VALUE_LENGTH = 32768
+MAX_CLASS_PATH_LENGTH = 512
+MAX_LABEL_VALUE_LENGTH = 63
+MAX_MAP_ENTRIES = 64
+INT32_MAX = 2**31 - 1
+MAX_SEED = 2**32 - 1  # numpy's seed range, which Lightning's seed_everything uses
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600  # a week
+MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600  # ten years
+MAX_BATCH = 65536
+
 Precision = Literal["64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]
 EnginePrecision = Literal["fp32", "fp16", "bf16", "int8"]
 Phase = Literal[
@@ -83,7 +101,7 @@ _RESERVED_CEL_LIST = "[" + ", ".join(f"'{n}'" for n in sorted(contract.RESERVED_
 class LocalObjectReference(ApiModel):
     """A reference to an object in the same namespace."""
 
-    name: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]
     """Name of the referenced object."""
 
 
@@ -95,9 +113,9 @@ class EnvVar(ApiModel):
         {"rule": "!self.name.matches('^(NCCL|TORCH_NCCL)_')", "message": 'NCCL variables go under spec.nccl (or spec.nccl.env)'},
     ]})
 
-    name: Annotated[str, Field(pattern=ENV_NAME_PATTERN, min_length=1)]
+    name: Annotated[str, Field(pattern=ENV_NAME_PATTERN, min_length=1, max_length=MAX_ENV_NAME_LENGTH)]
     """Name of the variable. Names the operator sets (PET_*, DTRAIN_*, MASTER_ADDR, RANK, ...) are reserved."""
-    value: Optional[str] = None
+    value: Optional[Annotated[str, Field(max_length=MAX_ENV_VALUE_LENGTH)]] = None
     """Value of the variable."""
     value_from: Optional[KubeObject] = None
     """Source of the value (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)."""
@@ -115,9 +133,9 @@ class EnvVar(ApiModel):
 class Resources(ApiModel):
     """Compute resources of a container (core/v1 ResourceRequirements)."""
 
-    limits: dict[str, Annotated[Quantity, Field()]] = Field(default_factory=dict)
+    limits: Annotated[dict[str, Annotated[Quantity, Field()]], Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
     """Maximum resources, e.g. {cpu: 8, memory: 64Gi}. GPUs (nvidia.com/gpu) are set from devicesPerNode."""
-    requests: dict[str, Annotated[Quantity, Field()]] = Field(default_factory=dict)
+    requests: Annotated[dict[str, Annotated[Quantity, Field()]], Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
     """Minimum resources the scheduler reserves, e.g. {cpu: 8, memory: 64Gi}."""
 
     @field_validator("limits", "requests")
@@ -135,7 +153,7 @@ class Resources(ApiModel):
 class ClassSpec(ApiModel):
     """A class to instantiate, in LightningCLI's shape: classPath + initArgs."""
 
-    class_path: Annotated[str, Field(pattern=CLASS_PATH_PATTERN)]
+    class_path: Annotated[str, Field(pattern=CLASS_PATH_PATTERN, max_length=MAX_CLASS_PATH_LENGTH)]
     """Importable path of the class, e.g. dtrain_trainer.models.ImageClassifier or mypkg.MyModule."""
     init_args: InitArgs = Field(default_factory=dict)
     """Keyword arguments for the class's constructor. They are stored in the job's ConfigMap, which anyone who may view the namespace can read: never put a credential here; pass it with env[].valueFrom.secretKeyRef and read the variable in your class."""
@@ -160,29 +178,33 @@ BUILTIN_IMAGE_FOLDER_DATA = "dtrain_trainer.data.ImageFolderDataModule"
 class TrainerSettings(ApiModel):
     """How Lightning's Trainer runs."""
 
-    max_epochs: Optional[Annotated[int, Field(ge=1)]] = None
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": '!has(self.limitTrainBatches) || self.limitTrainBatches <= 1.0 || double(int(self.limitTrainBatches)) == self.limitTrainBatches', "message": 'limitTrainBatches is a number of batches (an integer) or a fraction in (0, 1]'},
+    ]})
+
+    max_epochs: Optional[Annotated[int, Field(ge=1, le=1_000_000)]] = None
     """Stop after this many epochs (default: 1, or no epoch limit when maxSteps is set)."""
-    max_steps: Annotated[int, Field(ge=-1)] = -1
+    max_steps: Annotated[int, Field(ge=-1, le=INT32_MAX)] = -1
     """Stop after this many optimizer steps (-1: no step limit). Whichever of maxEpochs and maxSteps comes first ends training."""
     precision: Precision = "32-true"
     """Numerical precision: 32-true, 16-mixed, bf16-mixed, bf16-true, 16-true or 64-true. 16-mixed needs a GPU; on a CPU it falls back to 32-true with a warning."""
-    gradient_clip_val: Optional[Annotated[float, Field(ge=0)]] = None
+    gradient_clip_val: Optional[Annotated[float, Field(ge=0, le=1e6)]] = None
     """Clip gradients to this value (none: no clipping)."""
     gradient_clip_algorithm: Literal["norm", "value"] = "norm"
     """How gradients are clipped: by total norm or by value."""
-    accumulate_grad_batches: Annotated[int, Field(ge=1)] = 1
+    accumulate_grad_batches: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
     """Accumulate gradients over this many batches before each optimizer step."""
     find_unused_parameters: bool = False
     """DDP's find_unused_parameters: needed only for models with parameters that some steps do not use; it slows training."""
-    batch_size: Annotated[int, Field(ge=1)] = 32
+    batch_size: Annotated[int, Field(ge=1, le=1_048_576)] = 32
     """Batch size per process (per GPU). The global batch is batchSize x devicesPerNode x nodes x accumulateGradBatches."""
-    num_workers: Annotated[int, Field(ge=0)] = 4
+    num_workers: Annotated[int, Field(ge=0, le=256)] = 4
     """Data-loader worker processes per training process."""
-    log_every_n_steps: Annotated[int, Field(ge=1)] = 50
+    log_every_n_steps: Annotated[int, Field(ge=1, le=INT32_MAX)] = 50
     """Log metrics every this many steps."""
-    limit_train_batches: Optional[Union[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0, le=1)]]] = None
+    limit_train_batches: Optional[Union[Annotated[int, Field(ge=1, le=INT32_MAX)], Annotated[float, Field(gt=0, le=1)]]] = None
     """Use only this many training batches per epoch (an integer) or this fraction of them (a number in (0, 1])."""
-    seed: Annotated[int, Field(ge=0)] = 42
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 42
     """Random seed for every rank (each data-loader worker is seeded from it)."""
 
     @property
@@ -201,15 +223,18 @@ class NcclSettings(ApiModel):
 
     ib_disable: Optional[bool] = None
     """NCCL_IB_DISABLE: true to stop NCCL using InfiniBand/RoCE (e.g. on plain Ethernet clusters)."""
-    socket_ifname: Optional[Annotated[str, Field(min_length=1)]] = None
+    socket_ifname: Optional[Annotated[str, Field(min_length=1, max_length=256)]] = None
     """NCCL_SOCKET_IFNAME: the network interface(s) NCCL uses, e.g. eth0 or ^lo,docker."""
     debug: Optional[NcclDebug] = None
     """NCCL_DEBUG: VERSION, WARN, INFO or TRACE."""
     p2p_disable: Annotated[Optional[bool], Field(alias="p2pDisable")] = None
     """NCCL_P2P_DISABLE: true to disable peer-to-peer GPU transfers (NVLink/PCIe)."""
-    timeout_seconds: Annotated[int, Field(ge=1)] = 1800
+    timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 1800
     """Collective timeout of the process group: a rank that waits longer fails, and the gang restarts."""
-    env: dict[Annotated[str, Field(pattern=contract.NCCL_ENV_PATTERN)], str] = Field(default_factory=dict)
+    env: Annotated[
+        dict[Annotated[str, Field(pattern=contract.NCCL_ENV_PATTERN)], Annotated[str, Field(max_length=4096)]],
+        Field(max_length=MAX_MAP_ENTRIES),
+    ] = Field(default_factory=dict)
     """Any other NCCL_* or TORCH_NCCL_* variable, e.g. {NCCL_ALGO: Ring}."""
 
     @model_validator(mode="after")
@@ -243,27 +268,27 @@ class NcclSettings(ApiModel):
 class Storage(ApiModel):
     """A PersistentVolumeClaim shared by every worker and the engine Job (checkpoints, artifacts)."""
 
-    claim_name: Annotated[str, Field(min_length=1)]
+    claim_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]
     """Name of a ReadWriteMany PersistentVolumeClaim in the job's namespace."""
-    mount_path: Annotated[str, Field(pattern=r"^/")] = "/workspace"
+    mount_path: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace"
     """Where the claim is mounted in the worker and engine containers."""
 
 
 class CheckpointSettings(ApiModel):
     """Where and how often checkpoints are written. A gang restart resumes from the last one."""
 
-    dir: Annotated[str, Field(pattern=r"^/")] = "/workspace/checkpoints"
+    dir: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace/checkpoints"
     """Directory for checkpoints: it must survive a pod (a PVC, e.g. through spec.storage)."""
-    every_n_steps: Annotated[int, Field(ge=1)] = 500
+    every_n_steps: Annotated[int, Field(ge=1, le=INT32_MAX)] = 500
     """Save a checkpoint every this many optimizer steps (and always at the end)."""
-    keep_last: Annotated[int, Field(ge=1)] = 3
+    keep_last: Annotated[int, Field(ge=1, le=1000)] = 3
     """Keep this many step checkpoints besides last.ckpt."""
 
 
 class ArtifactSettings(ApiModel):
     """Where the exported model and the engine go."""
 
-    dir: Annotated[str, Field(pattern=r"^/")] = "/workspace/artifacts"
+    dir: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace/artifacts"
     """Directory for model.onnx, artifacts.json, the TensorRT engine and its report (a PVC that the engine Job mounts too)."""
 
 
@@ -276,7 +301,7 @@ class OnnxExport(ApiModel):
     """ONNX opset version (17 or newer)."""
     dynamic_batch: bool = True
     """Make the batch axis dynamic, so that the engine can be built for a range of batch sizes."""
-    input_shape: Optional[Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1, max_length=4)]] = None
+    input_shape: Optional[Annotated[list[Annotated[int, Field(ge=1, le=MAX_BATCH)]], Field(min_length=1, max_length=4)]] = None
     """Shape of one sample without the batch axis, e.g. [3, 224, 224]. Default: taken from the data module."""
 
 
@@ -296,21 +321,21 @@ class EngineSettings(ApiModel):
 
     enabled: bool = True
     """Build the engine after training succeeds."""
-    image: Annotated[str, Field(min_length=1)] = contract.DEFAULT_ENGINE_IMAGE
+    image: Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_LENGTH)] = contract.DEFAULT_ENGINE_IMAGE
     """A TensorRT-capable image with dtrain's `tensorrt` extra installed."""
     precision: EnginePrecision = "fp16"
     """Engine precision: fp32, fp16, bf16 or int8 (int8 needs a quantized ONNX model)."""
-    min_batch: Annotated[int, Field(ge=1)] = 1
+    min_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
     """Smallest batch size the engine accepts."""
-    opt_batch: Optional[Annotated[int, Field(ge=1)]] = None
+    opt_batch: Optional[Annotated[int, Field(ge=1, le=MAX_BATCH)]] = None
     """Batch size TensorRT tunes for (default: maxBatch)."""
-    max_batch: Annotated[int, Field(ge=1)] = 32
+    max_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 32
     """Largest batch size the engine accepts."""
-    workspace_mi_b: Annotated[int, Field(ge=16, alias="workspaceMiB")] = 4096
+    workspace_mi_b: Annotated[int, Field(ge=16, le=1_048_576, alias="workspaceMiB")] = 4096
     """Builder workspace memory limit in MiB."""
     resources: Optional[Resources] = None
     """Resources of the engine container (default: one nvidia.com/gpu)."""
-    backoff_limit: Annotated[int, Field(ge=0)] = 1
+    backoff_limit: Annotated[int, Field(ge=0, le=100)] = 1
     """Retries of the engine Job before it is marked failed."""
 
     @model_validator(mode="after")
@@ -332,11 +357,11 @@ class RunPolicy(ApiModel):
 
     restart_policy: Literal["OnFailure", "ExitCode", "Never"] = "OnFailure"
     """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job."""
-    backoff_limit: Annotated[int, Field(ge=0)] = 3
+    backoff_limit: Annotated[int, Field(ge=0, le=1000)] = 3
     """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
-    active_deadline_seconds: Optional[Annotated[int, Field(ge=1)]] = None
+    active_deadline_seconds: Optional[Annotated[int, Field(ge=1, le=MAX_DURATION_SECONDS)]] = None
     """Fail the job (DeadlineExceeded) when it runs longer than this, counted from its start."""
-    ttl_seconds_after_finished: Optional[Annotated[int, Field(ge=0)]] = None
+    ttl_seconds_after_finished: Optional[Annotated[int, Field(ge=0, le=MAX_DURATION_SECONDS)]] = None
     """Delete the DistributedTraining this long after it succeeded or failed (none: keep it)."""
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
     """Pods deleted when the job finishes: Running (those still running), All, or None (keep them for debugging)."""
@@ -349,9 +374,9 @@ class GangScheduling(ApiModel):
 
     enabled: bool = False
     """Create a PodGroup so that the scheduler places all workers or none (needs Volcano or the scheduler-plugins coscheduling plugin)."""
-    min_available: Optional[Annotated[int, Field(ge=1)]] = None
+    min_available: Optional[Annotated[int, Field(ge=1, le=4096)]] = None
     """Workers that must be schedulable together (default: nodes)."""
-    schedule_timeout_seconds: Annotated[int, Field(ge=1)] = 300
+    schedule_timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 300
     """Report pods still Pending after this long, with their reason, in a condition."""
 
 
@@ -362,11 +387,13 @@ class SchedulingSettings(ApiModel):
         {"rule": '!has(self.gang) || !self.gang.enabled || has(self.schedulerName)', "message": 'gang.enabled needs schedulerName: volcano, or the name of your scheduler-plugins scheduler'},
     ]})
 
-    scheduler_name: Optional[Annotated[str, Field(min_length=1)]] = None
+    scheduler_name: Optional[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]] = None
     """Scheduler of the worker pods, e.g. volcano or scheduler-plugins-scheduler. Gang scheduling picks the PodGroup kind from it."""
-    priority_class_name: Optional[Annotated[str, Field(min_length=1)]] = None
+    priority_class_name: Optional[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]] = None
     """PriorityClass of the worker pods."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: Annotated[
+        dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE_LENGTH)]], Field(max_length=MAX_MAP_ENTRIES)
+    ] = Field(default_factory=dict)
     """Node labels the worker pods must match, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}."""
     tolerations: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
     """Tolerations of the worker pods (core/v1 Toleration)."""
@@ -389,10 +416,10 @@ class DistributedTrainingSpec(ApiModel):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": '!has(self.scheduling) || !has(self.scheduling.gang) || !has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= self.nodes', "message": 'scheduling.gang.minAvailable cannot exceed nodes'},
-        {"rule": '!has(self.engine) || !self.engine.enabled || !has(self.export) || !has(self.export.onnx) || self.export.onnx.enabled', "message": 'engine.enabled needs export.onnx.enabled: the engine is built from model.onnx'},
+        {"rule": '(has(self.engine) && !self.engine.enabled) || !has(self.export) || !has(self.export.onnx) || self.export.onnx.enabled', "message": 'engine.enabled needs export.onnx.enabled: the engine is built from model.onnx'},
     ]})
 
-    image: Annotated[str, Field(min_length=1)] = contract.DEFAULT_TRAINER_IMAGE
+    image: Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_LENGTH)] = contract.DEFAULT_TRAINER_IMAGE
     """Trainer image: dtrain's trainer image or one built FROM it with your own code."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """When the kubelet pulls the image."""
@@ -414,7 +441,7 @@ class DistributedTrainingSpec(ApiModel):
     """Extra volume mounts of the trainer container (core/v1 VolumeMount)."""
     host_network: bool = False
     """Run worker pods in the host's network namespace. Only some NCCL/RDMA setups need this; it weakens isolation."""
-    service_account_name: Annotated[str, Field(min_length=1)] = contract.DEFAULT_WORKER_SERVICE_ACCOUNT
+    service_account_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] = contract.DEFAULT_WORKER_SERVICE_ACCOUNT
     """Service account of the worker pods: it needs `patch` on distributedtrainings/status to report progress."""
     master_port: Annotated[int, Field(ge=1024, le=65535)] = contract.DEFAULT_MASTER_PORT
     """Port of torchrun's rendezvous on node 0."""

@@ -101,11 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--qps",
         type=float,
-        default=20.0,
-        help="client-side limit on the operator's own API requests, per second on average (default 20)",
+        default=500.0,
+        help="client-side limit on the operator's own API requests, per second on average (default 500; "
+        "the API server's Priority and Fairness protects it; lower it for clusters older than Kubernetes 1.29)",
     )
     p.add_argument(
-        "--burst", type=int, default=40, help="requests allowed at once above --qps before it applies (default 40)"
+        "--burst", type=int, default=1000, help="requests allowed at once above --qps before it applies (default 1000)"
+    )
+    p.add_argument(
+        "--network-policy",
+        action="store_true",
+        help="create a NetworkPolicy per job that admits ingress to its pods (the rendezvous port included) "
+        "only from the job's own pods",
     )
     p.add_argument(
         "--watch-timeout",

@@ -127,6 +127,8 @@ DEFAULT_WORKER_SERVICE_ACCOUNT = "dtrain-trainer"
 # The user of the trainer and engine images; worker and engine pods use it as fsGroup so
 # that both can write checkpoints and artifacts on the shared volume.
 WORKLOAD_UID = 10001
+# Its group: 0, so that an arbitrary UID assigned by the platform (OpenShift) can still write its home.
+WORKLOAD_GID = 0
 
 
 def is_reserved_env_name(name: str) -> bool:

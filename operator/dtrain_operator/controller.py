@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Generic, Hashable, Mapping, Optiona
 import kopf
 from pydantic import ValidationError
 
-from . import contract, render, trusted
+from . import contract, refusals, render, trusted
 from .api import DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus
 from .kube import ApiError, KubeClient, RateLimiter, connection_info, load_configuration
 from .metrics import OperatorMetrics
@@ -167,6 +167,7 @@ class _Expectations:
     shared_children_for: Optional[int] = None  # gang generation whose Service/ConfigMap are known to exist
     counts_pending_since: Optional[float] = None
     conflict_reported: str = ""
+    refusal_reported: str = ""
 
 
 class ChildConflict(Exception):
@@ -224,7 +225,8 @@ def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> P
 class Controller:
     """Caches, expectations and the reconcile loop; kopf's handlers (handlers.py) feed it."""
 
-    def __init__(self, metrics: OperatorMetrics, qps: float, burst: int) -> None:
+    def __init__(self, metrics: OperatorMetrics, qps: float, burst: int, network_policy: bool = False) -> None:
+        self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
         self._pod_index: Optional[kopf.Index[JobKey, PodObservation]] = None
         self._engine_job_index: Optional[kopf.Index[JobKey, EngineJobObservation]] = None
         self._metrics = metrics
@@ -420,7 +422,12 @@ class Controller:
         except ChildConflict as exc:
             await self._report_conflict(key, body, str(exc), expectations)
             raise
+        except refusals.CreateRefused as exc:
+            return await self._report_refusal(key, body, new, exc.refusal, expectations, state, observed)
         expectations.conflict_reported = ""
+        if refusals.is_refused(new):
+            expectations.refusal_reported = ""
+            await self._write_status(key, body, new, refusals.cleared_status(new, now), expectations)
         delays = [d for d in (requeue, plan.requeue_after) if d is not None]
         return min(delays) if delays else None
 
@@ -514,6 +521,33 @@ class Controller:
         except ApiError as exc:
             logger.warning("%s/%s: could not post the ChildConflict event: %s", *key, exc)
 
+    async def _report_refusal(
+        self,
+        key: JobKey,
+        body: Mapping[str, Any],
+        status: DistributedTrainingStatus,
+        refusal: refusals.Refusal,
+        expectations: _Expectations,
+        state: Optional[trusted.TrustedState],
+        observed: Observed,
+    ) -> Optional[float]:
+        """A refused create (refusals.py decides): the condition, a Warning Event with the API server's
+        message (once per distinct message), and the retry, or the failed job."""
+        assert self._client is not None
+        now = datetime.now(timezone.utc)
+        refused = refusals.refused_status(status, refusal, now)
+        await self._write_status(key, body, status, refused, expectations)
+        # A refusal that fails the job is a decision: the operator's own record must say so too.
+        await self._write_state(key, state, refused, observed)
+        if expectations.refusal_reported != refusal.message:
+            expectations.refusal_reported = refusal.message
+            logger.warning("%s/%s: %s", *key, refusal.message)
+            try:
+                await self._client.post_event(body, "Warning", refusal.reason, refusal.message, self._instance)
+            except ApiError as exc:
+                logger.warning("%s/%s: could not post the %s event: %s", *key, refusal.reason, exc)
+        return None if refusal.fails_job else refusals.retry_after(refused, now)
+
     async def _carry_out(
         self,
         key: JobKey,
@@ -566,6 +600,8 @@ class Controller:
         pod_group = render.render_pod_group(job)
         if pod_group is not None:
             children.append(pod_group)
+        if self._network_policy:
+            children.append(render.render_network_policy(job))
         _adopt(children, body)
         await _gather(*(self._create_owned(child, expectations.uid) for child in children))
         expectations.shared_children_for = generation
@@ -573,7 +609,14 @@ class Controller:
     async def _create_owned(self, obj: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], bool]:
         """Create a child; if it exists already it must be this job's (then it is adopted as is)."""
         assert self._client is not None
-        existing, created = await self._client.create_or_read(obj)
+        try:
+            existing, created = await self._client.create_or_read(obj)
+        except ApiError as exc:
+            meta = obj["metadata"]
+            refusal = refusals.classify(obj["kind"], f"{meta['namespace']}/{meta['name']}", exc.status, exc.message)
+            if refusal is None:
+                raise
+            raise refusals.CreateRefused(refusal) from exc
         if not created and controller_uid(existing.get("metadata") or {}) != owner_uid:
             meta = obj["metadata"]
             raise ChildConflict(

@@ -27,6 +27,8 @@ _KEPT_KEYWORDS = (
     "maxLength",
     "minItems",
     "maxItems",
+    "minProperties",
+    "maxProperties",
     "format",
     "x-kubernetes-preserve-unknown-fields",
     "x-kubernetes-int-or-string",
@@ -57,6 +59,9 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             if all(low is not None for low in lows):
                 merged["minimum"] = min(lows)
                 merged["exclusiveMinimum"] = any("exclusiveMinimum" in b for b in branches)
+            highs = [b.get("maximum") for b in branches]
+            if all(high is not None for high in highs):
+                merged["maximum"] = max(highs)
             return _finish(merged, defs)
         raise ValueError(f"cannot express union {branches} in a structural schema")
     return _finish(dict(node), defs)
@@ -134,6 +139,10 @@ def _immutability_rules(spec_schema: dict[str, Any]) -> list[dict[str, str]]:
             }
         )
     run_policy = spec_schema["properties"]["runPolicy"]
+    # The API server runs a transition rule only where the old object has the value: with
+    # runPolicy defaulted to {} (its fields then take their defaults), every stored job has one,
+    # so that adding runPolicy.backoffLimit to a job created without runPolicy is an edit too.
+    run_policy["default"] = {}
     for field in run_policy["properties"]:
         if field in api.MUTABLE_RUN_POLICY_FIELDS:
             continue

@@ -130,6 +130,22 @@ def render_service(job: DistributedTraining) -> dict[str, Any]:
     }
 
 
+def render_network_policy(job: DistributedTraining) -> dict[str, Any]:
+    """Ingress to the job's pods only from the job's own pods (`dtrain operator --network-policy`):
+    torchrun's rendezvous port, and the ports NCCL and gloo open between ranks, admit no one else."""
+    own = {contract.LABEL_JOB_NAME: job.name}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, job.name, job_labels(job, contract.ROLE_WORKER)),
+        "spec": {
+            "podSelector": {"matchLabels": own},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": own}}]}],
+        },
+    }
+
+
 def trainer_config(job: DistributedTraining) -> dict[str, Any]:
     """The trainer's config (wire format), as mounted at DTRAIN_CONFIG."""
     return TrainerConfig.from_job(job).to_wire()
@@ -178,6 +194,11 @@ _CONTAINER_SECURITY = {
 }
 _POD_SECURITY = {
     "runAsNonRoot": True,
+    # The trainer image's own user (trainer_image/Dockerfile): stated, so that the kubelet need not
+    # read the image's USER (an image built FROM a root base runs as this user, or is refused at
+    # once by the image's own check, instead of CreateContainerConfigError minutes later).
+    "runAsUser": contract.WORKLOAD_UID,
+    "runAsGroup": contract.WORKLOAD_GID,
     "seccompProfile": {"type": "RuntimeDefault"},
     "fsGroup": contract.WORKLOAD_UID,
     # Only when the volume's root does not match yet: a recursive chown of a data set is slow.

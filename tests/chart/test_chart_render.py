@@ -55,9 +55,10 @@ def test_operator_args_are_flags_the_operator_accepts(name: str) -> None:
     operator_values = values.get("operator", {})
     assert parsed.log_level == operator_values.get("logLevel", "INFO")
     assert parsed.log_format == operator_values.get("logFormat", "plain")
-    assert parsed.qps == operator_values.get("qps", 20)
-    assert parsed.burst == operator_values.get("burst", 40)
+    assert parsed.qps == operator_values.get("qps", 500)
+    assert parsed.burst == operator_values.get("burst", 1000)
     assert parsed.watch_timeout == operator_values.get("watchTimeout", 300)
+    assert parsed.network_policy is bool(values.get("networkPolicy", {}).get("enabled"))
     assert parsed.namespaces == (values.get("watchNamespaces") or None)
     assert parsed.all_namespaces is not bool(values.get("watchNamespaces"))
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tests.chart.helm import MONITORING_API
+
+HARDENED = yaml.safe_load((Path(__file__).resolve().parents[2] / "helm/dtrain-operator/values-hardened.yaml").read_text())
 
 # name -> (values, extra API versions the pretend cluster serves)
 VALUE_SETS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "defaults": ({}, ()),
+    "hardened": (HARDENED, ()),
     "namespaced": ({"watchNamespaces": ["team-a", "team-b"]}, ()),
     "no-rbac": (
         {

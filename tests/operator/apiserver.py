@@ -12,6 +12,8 @@ operator relies on real API-server behaviour. Each extension is small and stands
   object deletes its dependents (ownerReferences: the garbage collector, background propagation);
 - faults: chosen requests answered with an error, or held at a gate; watch streams dropped or
   stalled (left open but silent, as a dead connection);
+- admission: hooks (`admission`, e.g. crd_admission.py) that check or refuse an object on create
+  and update, before it is stored;
 - a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
   for comparing the operator's calls with its RBAC rules.
 
@@ -50,6 +52,7 @@ RESOURCES = [
     ("v1/events", "Event", False),
     ("v1/namespaces", "Namespace", True),
     ("batch/v1/jobs", "Job", True),
+    ("networking.k8s.io/v1/networkpolicies", "NetworkPolicy", False),
     (f"{contract.API_VERSION}/{contract.PLURAL}", contract.KIND, True),
     ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True),
     ("scheduling.x-k8s.io/v1alpha1/podgroups", "PodGroup", True),
@@ -250,6 +253,13 @@ class ApiServer(kmock.KubernetesEmulator):
     _wakeup: Optional[asyncio.Event] = attrs.field(default=None, init=False)
     _status_resources: set = attrs.field(factory=set, init=False)
     _kinds: dict = attrs.field(factory=dict, init=False)
+    # Called on create and update as hook(request, new, old) -> the object to store (or raise KubernetesError).
+    admission: list[Callable[..., dict[str, Any]]] = attrs.field(factory=list, init=False)
+
+    def admit(self, request: rendering.Request, new: dict[str, Any], old: Optional[dict[str, Any]]) -> dict[str, Any]:
+        for hook in self.admission:
+            new = hook(request, new, old)
+        return new
 
     def declare_resources(self) -> None:
         for name, kind, has_status in RESOURCES:
@@ -329,6 +339,9 @@ class ApiServer(kmock.KubernetesEmulator):
         namespace = None if request.resource.plural in CLUSTER_SCOPED else (request.namespace or meta.get("namespace"))
         name = meta.get("name") or (meta.get("generateName", "") + secrets.token_hex(3)[:5])
         key = (request.resource, namespace, name)
+        meta["name"] = name
+        raw = self.admit(request, raw, None)
+        meta = raw.setdefault("metadata", {})
         async with self._lock:
             if self._current(key) is not None:
                 raise KubernetesError(409, "AlreadyExists", f'{request.resource.plural} "{name}" already exists')
@@ -366,6 +379,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 elif request.resource in self._status_resources:
                     patch.pop("status", None)
                 new = merge_patch(old, patch)
+            new = self.admit(request, new, old)
             meta = new["metadata"]
             for field in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
                 if field in old["metadata"]:

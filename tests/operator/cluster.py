@@ -22,9 +22,10 @@ from typing import Any, Awaitable, Callable, Optional, Union
 
 import kmock
 
-from dtrain_operator import contract
+from dtrain_operator import contract, crd
 
 from .apiserver import ApiServer, now_rfc3339
+from .crd_admission import CrdAdmission, Refusals
 
 OPERATOR_AGENTS = ("kopf/", "dtrain-operator/")
 DTR = kmock.resource(f"{contract.API_VERSION}/{contract.PLURAL}")
@@ -208,6 +209,9 @@ class Cluster:
         self.tmp = tmp
         self.kubeconfig = write_kubeconfig(tmp / "kubeconfig", str(api.url).rstrip("/"))
         self.operators: list[OperatorProcess] = []
+        # The CRD's schema, defaults and CEL rules, enforced on create and update as kube-apiserver does.
+        self.crd_admission = CrdAdmission(crd.crd())
+        self.refusals = Refusals()  # creates the API server refuses, as a real cluster's admission does
 
     # --- The operator ------------------------------------------------------------------------------
 
@@ -233,6 +237,10 @@ class Cluster:
             timeout=60,
         )
         return process
+
+    def without_crd_validation(self) -> None:
+        """The API server stores custom resources unchecked, as with a CRD from before its rules."""
+        self.api.admission.remove(self.crd_admission.hook)
 
     def logs(self) -> str:
         return "\n".join(p.log_tail() for p in self.operators[-1:])
@@ -511,6 +519,7 @@ async def running_cluster(tmp: Path):
     async with ApiServer() as api, kmock.Server(api):
         api.declare_resources()
         cluster = Cluster(api, tmp)
+        api.admission += [cluster.crd_admission.hook, cluster.refusals.hook]
         try:
             yield cluster
         finally:

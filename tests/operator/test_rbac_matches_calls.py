@@ -52,7 +52,7 @@ async def full_lifecycle(cluster: Cluster) -> None:
     await cluster.run_all(NS, "life", 2)
     await cluster.phase(NS, "life", "Running")
 
-    await cluster.patch_job(NS, "life", {"spec": {"nodes": 3}})
+    await cluster.patch_job(NS, "life", {"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}})
     await cluster.eventually(lambda: (cluster.condition(NS, "life", "SpecImmutable") or {}).get("status") == "True",
                              "SpecImmutable")
     await cluster.exit(NS, "life-1", 1)
@@ -117,3 +117,28 @@ async def test_namespaced_install_grants_what_the_operator_uses_in_each_namespac
         assert used <= in_namespace, difference_report(used, in_namespace)
     # It watches only its namespaces: a job elsewhere is never seen.
     assert cluster.status("team-c", "elsewhere") == {}
+
+
+async def test_network_policy_install_grants_what_the_operator_uses(cluster: Cluster):
+    """networkPolicy.enabled: the operator creates one NetworkPolicy per job, and may."""
+    from tests.chart.helm import granted, helm_template, rbac_rules
+
+    await cluster.start_operator("--network-policy")
+    await cluster.apply(a_job("fenced").nodes(2).build())
+    await cluster.run_all(NS, "fenced", 2)
+    await cluster.phase(NS, "fenced", "Running")
+    [policy] = cluster.objects("networking.k8s.io/v1/networkpolicies", NS, "fenced")
+    own = {contract.LABEL_JOB_NAME: "fenced"}
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": own},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {"matchLabels": own}}]}],
+    }
+    assert policy["metadata"]["ownerReferences"][0]["name"] == "fenced"
+    for pod in cluster.pods(NS, "fenced"):
+        assert pod["metadata"]["labels"][contract.LABEL_JOB_NAME] == "fenced"  # selected by the policy
+    used = operator_calls(cluster)
+    assert ("networking.k8s.io", "networkpolicies", "create") in used
+    rules = granted(rbac_rules(helm_template({"networkPolicy": {"enabled": True}})))
+    assert used <= rules, difference_report(used, rules)
+    assert ("networking.k8s.io", "networkpolicies", "create") not in granted(rbac_rules(helm_template()))

@@ -105,18 +105,31 @@ async def test_pods_pending_too_long_are_named_with_their_reason(operated: Clust
     assert operated.condition(NS, "starved", "PodsPending")["status"] == "False"
 
 
+async def test_the_api_server_refuses_a_change_to_an_immutable_field(operated: Cluster):
+    """The CRD's transition rules (oldSelf): `kubectl apply` of a new node count gets the rule's message."""
+    await operated.apply(a_job("frozen").nodes(2).build())
+    with pytest.raises(AssertionError, match=r"422 .*spec.nodes is immutable: delete and re-create"):
+        await operated.patch_job(NS, "frozen", {"spec": {"nodes": 3}})
+    with pytest.raises(AssertionError, match=r"422 .*spec.runPolicy.backoffLimit is immutable"):
+        await operated.patch_job(NS, "frozen", {"spec": {"runPolicy": {"backoffLimit": 9}}})
+    assert operated.job(NS, "frozen")["spec"]["nodes"] == 2
+
+
 async def test_a_change_to_an_immutable_field_is_reported_not_applied(operated: Cluster):
+    """Free-form fields (volumes, affinity) have no CEL transition rule (their cost cannot be bounded):
+    the operator compares them with the spec it accepted and reports a change instead of applying it."""
     await operated.apply(a_job("fixed").nodes(2).build())
     await operated.run_all(NS, "fixed", 2)
     await operated.phase(NS, "fixed", "Running")
 
-    await operated.patch_job(NS, "fixed", {"spec": {"nodes": 3, "trainer": {"batchSize": 64}}})
+    volume = {"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}
+    await operated.patch_job(NS, "fixed", {"spec": {"volumes": [volume], "scheduling": {"affinity": {"nodeAffinity": {}}}}})
     condition = await operated.eventually(
         lambda: (c := operated.condition(NS, "fixed", "SpecImmutable")) and c["status"] == "True" and c,
         "the SpecImmutable condition",
     )
     assert condition["reason"] == "ImmutableFieldChanged"
-    assert "spec.nodes" in condition["message"] and "spec.trainer.batchSize" in condition["message"]
+    assert "spec.volumes" in condition["message"] and "spec.scheduling.affinity" in condition["message"]
     status = operated.status(NS, "fixed")
     assert (status["phase"], status["observedGeneration"]) == ("Running", 2)
     assert len(operated.pods(NS, "fixed")) == 2
@@ -126,13 +139,14 @@ async def test_a_change_to_an_immutable_field_is_reported_not_applied(operated: 
     # A gang restart still runs the spec the job was created with.
     await operated.exit(NS, "fixed-0", 1)
     await operated.eventually(lambda: operated.status(NS, "fixed").get("restarts") == 1, "a restart")
-    await operated.eventually(
+    pods = await operated.eventually(
         lambda: len(p := operated.pods(NS, "fixed")) == 2
-        and {x["metadata"]["labels"][contract.LABEL_GANG_GENERATION] for x in p} == {"1"},
-        "two pods of the new gang, not three",
+        and {x["metadata"]["labels"][contract.LABEL_GANG_GENERATION] for x in p} == {"1"} and p,
+        "two pods of the new gang",
     )
+    assert all(not any(v["name"] == "data" for v in p["spec"].get("volumes", [])) for p in pods)
 
-    await operated.patch_job(NS, "fixed", {"spec": {"nodes": 2, "trainer": {"batchSize": 32}}})
+    await operated.patch_job(NS, "fixed", {"spec": {"volumes": None, "scheduling": {"affinity": None}}})
     await operated.eventually(lambda: operated.condition(NS, "fixed", "SpecImmutable")["status"] == "False",
                               "the condition cleared by the revert")
 
@@ -146,7 +160,19 @@ async def test_mutable_fields_can_change(operated: Cluster):
     assert operated.condition(NS, "mutable", "SpecImmutable") is None
 
 
+async def test_kubectl_apply_of_a_bad_spec_gets_the_api_servers_error(operated: Cluster):
+    with pytest.raises(AssertionError, match=r'400 .*strict decoding error: unknown field \"spec.trainer.maxEpoch\"'):
+        await operated.apply(a_job("typo").with_spec("trainer", {"maxEpoch": 3}).build())
+    with pytest.raises(AssertionError, match=r"422 .*spec.nodes: Invalid value: 0: spec.nodes in body should be greater"):
+        await operated.apply(a_job("zero").nodes(0).build())
+    with pytest.raises(AssertionError, match=r"422 .*spec.engine: Invalid value: \"object\": need minBatch <= optBatch"):
+        await operated.apply(a_job("batch").with_spec("engine", {"enabled": False, "minBatch": 64}).build())
+    assert operated.job(NS, "typo") is None and operated.job(NS, "zero") is None
+
+
 async def test_an_invalid_object_fails_with_the_messages_and_others_run(operated: Cluster):
+    """What reaches the operator without the CRD's checks (a CRD from before its rules) fails with the model's messages."""
+    operated.without_crd_validation()
     bad = a_job("bad").with_spec("nodes", 0).with_spec("trainer", {"batchSize": 8, "maxEpoch": 3}).build()
     await operated.apply(bad)
     await operated.apply(a_job("good").nodes(2).build())
@@ -168,6 +194,7 @@ async def test_an_invalid_object_fails_with_the_messages_and_others_run(operated
 
 
 async def test_an_invalid_edit_of_a_running_job_keeps_it_running(operated: Cluster):
+    operated.without_crd_validation()
     await operated.apply(a_job("steady").nodes(2).build())
     await operated.run_all(NS, "steady", 2)
     await operated.phase(NS, "steady", "Running")

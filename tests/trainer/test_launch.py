@@ -40,3 +40,12 @@ def test_launcher_exits_with_the_workers_code(tmp_path: Path, body: str, expecte
     assert proc.returncode == expected, proc.stderr[-2000:]
     if expected:
         assert "exitcode" in proc.stderr  # torchrun's failure report is kept for the person reading the log
+
+
+def test_a_home_the_user_cannot_write_fails_at_once_with_the_reason(tmp_path: Path) -> None:
+    """An image built FROM a root base runs as uid 10001 (the pod's runAsUser): it says so at once."""
+    env = {**process_env(), "HOME": str(tmp_path / "missing-home")}
+    run = subprocess.run([sys.executable, "-m", "dtrain_trainer.launch", "-m", "dtrain_trainer"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "is not a writable directory: build your image FROM the dtrain trainer image" in run.stderr

@@ -202,3 +202,25 @@ def test_only_rank_zero_gets_a_service_account_token():
     three = job(nodes=3)
     mounts = [render.render_worker_pod(three, rank)["spec"]["automountServiceAccountToken"] for rank in range(3)]
     assert mounts == [True, False, False]
+
+
+def test_worker_and_engine_pods_run_as_the_trainer_images_user():
+    """Stated in the pod, so that the kubelet need not read the image's USER (a root-based image
+    otherwise fails with CreateContainerConfigError after its pull)."""
+    spec = job(engine={"enabled": True}, accelerator="cpu")
+    pods = [render.render_worker_pod(spec, 0, 0)["spec"], render.render_engine_job(spec)["spec"]["template"]["spec"]]
+    for pod in pods:
+        context = pod["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"]) == (contract.WORKLOAD_UID, contract.WORKLOAD_GID) == (10001, 0)
+        assert context["runAsNonRoot"] is True
+
+
+@pytest.mark.parametrize("version", ["1.33", "1.35"])
+def test_network_policy_is_valid_kubernetes_and_admits_only_the_jobs_pods(version):
+    policy = render.render_network_policy(job(name="fenced"))
+    kubernetes_validate.validate(policy, version, strict=True)
+    own = {contract.LABEL_JOB_NAME: "fenced"}
+    assert policy["spec"]["podSelector"] == {"matchLabels": own}
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": own}}]}]
+    worker = render.render_worker_pod(job(name="fenced"), 0, 0)
+    assert own.items() <= worker["metadata"]["labels"].items()

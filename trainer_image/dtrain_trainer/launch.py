@@ -9,6 +9,7 @@ PET_* variables, and exits with the code of the first worker that failed.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -24,7 +25,27 @@ def pod_exit_code(worker_exit_code: int) -> int:
     return SIGNAL_EXIT_BASE - worker_exit_code if worker_exit_code < 0 else worker_exit_code
 
 
+def home_problem() -> str | None:
+    """Why this process cannot run the trainer as the user it is (None: it can).
+
+    Worker pods run as the trainer image's user (uid 10001, the pod's runAsUser). An image built
+    FROM a base with a root home, without that user, fails here at once with this message.
+    """
+    home = os.environ.get("HOME") or os.path.expanduser("~")
+    if os.path.isdir(home) and os.access(home, os.W_OK):
+        return None
+    return (
+        f"dtrain: running as uid {os.getuid()} (the pod's runAsUser), but HOME={home} is not a writable "
+        "directory: build your image FROM the dtrain trainer image, or create that user with a home "
+        "(see trainer_image/Dockerfile)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    problem = home_problem()
+    if problem is not None:
+        print(problem, file=sys.stderr, flush=True)
+        return 1
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         run(args)

@@ -40,6 +40,12 @@ served resources once through discovery, which every authenticated client may re
 - apiGroups: [scheduling.volcano.sh, scheduling.x-k8s.io]
   resources: [podgroups]
   verbs: [create, get]
+{{- if .Values.networkPolicy.enabled }}
+# networkPolicy.enabled: a NetworkPolicy per job (ingress only from its own pods): created, read back on 409.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, get]
+{{- end }}
 {{- if .Values.rbac.ownerReferencesPermissionEnforcement }}
 # Children carry blockOwnerDeletion in their owner reference; with the
 # OwnerReferencesPermissionEnforcement admission plugin (OpenShift) that needs this.

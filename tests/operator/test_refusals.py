@@ -1,0 +1,97 @@
+"""A create the API server refuses is a condition and a Warning Event with the API server's own
+message, not a job Pending forever: each refusal injected as a real cluster's admission makes it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dtrain_operator import refusals
+
+from .cluster import Cluster, a_job
+
+NS = "default"
+
+
+def refused(cluster: Cluster, name: str):
+    condition = cluster.condition(NS, name, refusals.CREATE_REFUSED)
+    return condition if condition and condition["status"] == "True" else None
+
+
+async def test_pod_security_forbidding_host_network_and_host_path(operated: Cluster):
+    operated.refusals.pod_security("baseline")
+    volume = {"name": "nvme", "hostPath": {"path": "/mnt/nvme"}}
+    job = a_job("hostnet").nodes(2).with_spec("hostNetwork", True).with_spec("volumes", [volume]).build()
+    await operated.apply(job)
+    condition = await operated.eventually(lambda: refused(operated, "hostnet"), "the CreateRefused condition")
+    assert condition["reason"] == refusals.REASON_POD_SECURITY
+    assert 'violates PodSecurity "baseline:latest": host namespaces (hostNetwork=true), hostPath volumes (volume "nvme")' \
+        in condition["message"]
+    assert "spec.hostNetwork" in condition["message"]
+    events = await operated.eventually(
+        lambda: [e for e in operated.events(NS, "hostnet") if e["reason"] == refusals.REASON_POD_SECURITY],
+        "the Warning Event",
+    )
+    assert events[0]["type"] == "Warning" and "violates PodSecurity" in events[0]["message"]
+    assert operated.status(NS, "hostnet")["phase"] == "Pending"
+
+
+async def test_quota_is_retried_with_backoff_and_says_so(operated: Cluster):
+    quota = operated.refusals.quota("requests.nvidia.com/gpu", "4")
+    await operated.apply(a_job("big").nodes(2).gpus(4).build())
+    condition = await operated.eventually(lambda: refused(operated, "big"), "the CreateRefused condition")
+    assert condition["reason"] == refusals.REASON_QUOTA
+    assert "exceeded quota: team-quota, requested: requests.nvidia.com/gpu=8" in condition["message"]
+    assert "retries with a backoff" in condition["message"]
+    attempts = operated.refusals.refused
+    # The quota frees up: the next retry creates the pods and the condition clears.
+    operated.refusals.remove(quota)
+    pods = await operated.eventually(lambda: len(p := operated.pods(NS, "big")) == 2 and p, "2 pods", timeout=30)
+    assert len(pods) == 2 and attempts >= 1
+    await operated.eventually(
+        lambda: operated.condition(NS, "big", refusals.CREATE_REFUSED)["status"] == "False", "the condition cleared"
+    )
+    events = [e for e in operated.events(NS, "big") if e["reason"] == refusals.REASON_QUOTA]
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+
+
+async def test_quota_retries_back_off(operated: Cluster):
+    operated.refusals.quota()
+    await operated.apply(a_job("wait").nodes(1).gpus(8).build())
+    await operated.eventually(lambda: refused(operated, "wait"), "the CreateRefused condition")
+    first = operated.refusals.refused
+    await asyncio.sleep(4)
+    # The first retries come within seconds, not in a hot loop: a handful in 4 s.
+    assert operated.refusals.refused - first <= 3
+
+
+async def test_a_missing_service_account(operated: Cluster):
+    operated.refusals.missing_service_account()
+    await operated.apply(a_job("nosa").nodes(1).with_spec("serviceAccountName", "trainer").build())
+    condition = await operated.eventually(lambda: refused(operated, "nosa"), "the CreateRefused condition")
+    assert condition["reason"] == refusals.REASON_SERVICE_ACCOUNT
+    assert 'error looking up service account default/trainer: serviceaccount "trainer" not found' in condition["message"]
+
+
+async def test_an_invalid_object_fails_the_job_with_its_own_reason(operated: Cluster):
+    operated.refusals.invalid("pods", "spec.containers[0].resources.requests",
+                              'Invalid value: "64": must be less than or equal to cpu limit of 8')
+    await operated.apply(a_job("toobig").nodes(2).build())
+    await operated.phase(NS, "toobig", "Failed")
+    failed = operated.condition(NS, "toobig", "Failed")
+    assert failed["reason"] == "InvalidPod"
+    assert 'Pod "toobig-' in failed["message"] and "must be less than or equal to cpu limit of 8" in failed["message"]
+    events = await operated.eventually(
+        lambda: [e for e in operated.events(NS, "toobig") if e["reason"] == "InvalidPod"], "the InvalidPod event"
+    )
+    assert events[0]["type"] == "Warning"
+    count = operated.refusals.refused
+    await asyncio.sleep(1)
+    assert operated.refusals.refused == count, "a failed job is not retried"
+
+
+async def test_a_refused_service_is_reported_too(operated: Cluster):
+    operated.refusals.invalid("services", "spec.ports[0].port", "Invalid value: 0: must be between 1 and 65535")
+    await operated.apply(a_job("svc").nodes(1).build())
+    await operated.phase(NS, "svc", "Failed")
+    assert operated.condition(NS, "svc", "Failed")["reason"] == "InvalidService"
+    assert operated.pods(NS, "svc") == []

@@ -9,6 +9,7 @@ place), and the resume choice skips a file that is not a complete zip archive
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import zipfile
@@ -20,13 +21,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from dtrain_operator import contract
 
+from . import flavor
+
 log = logging.getLogger("dtrain_trainer")
 
 LAST_CHECKPOINT = contract.LAST_CHECKPOINT_FILE_NAME
 STEP_FILE_PATTERN = re.compile(r"^step=(\d+)\.ckpt$")
 
 
-class StepCheckpoint(ModelCheckpoint):
+class _StepCheckpointBehaviour:
     """ModelCheckpoint keeping the newest `keep_last` step checkpoints plus last.ckpt.
 
     Two additions to Lightning's behaviour: it always saves at the end of training (Lightning
@@ -41,7 +44,7 @@ class StepCheckpoint(ModelCheckpoint):
         keep_last: int,
         on_saved: Callable[[int, str], None] | None = None,
     ) -> None:
-        super().__init__(
+        super().__init__(  # type: ignore[call-arg]
             dirpath=dirpath,
             filename="{step:08d}",
             every_n_train_steps=every_n_steps,
@@ -69,11 +72,24 @@ class StepCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, candidates)
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+        super()._save_checkpoint(trainer, filepath)  # type: ignore[misc]
         # The step file is written first; last.ckpt then repeats it and needs no report of its own.
         if trainer.is_global_zero and self.on_saved is not None and self._reported_step != trainer.global_step:
             self._reported_step = trainer.global_step
             self.on_saved(trainer.global_step, filepath)
+
+
+@functools.cache
+def step_checkpoint_class(package: str) -> type:
+    """StepCheckpoint on `package`'s ModelCheckpoint (lightning.pytorch or pytorch_lightning)."""
+    if package == flavor.LIGHTNING:
+        return StepCheckpoint
+    base = flavor.flavor(package).callbacks.ModelCheckpoint
+    return type("StepCheckpoint", (_StepCheckpointBehaviour, base), {"__module__": __name__})
+
+
+class StepCheckpoint(_StepCheckpointBehaviour, ModelCheckpoint):
+    __doc__ = _StepCheckpointBehaviour.__doc__
 
 
 def _is_complete(path: Path) -> bool:

@@ -58,19 +58,8 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.images[slot], self.labels[slot]
 
 
-class SyntheticImageDataModule(L.LightningDataModule):
-    """Random images of a given size and class count, for smoke tests and benchmarks.
-
-    Args:
-        image_size: side of the square images, or [height, width].
-        channels: channels per image.
-        num_classes: labels are drawn from 0..num_classes-1.
-        num_samples: training samples per epoch (over all ranks).
-        pool_size: distinct images behind those samples.
-        seed: seed of the generated data (the same on every rank).
-        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
-        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
-    """
+class _SyntheticImageData:
+    """SyntheticImageDataModule's behaviour, without a Lightning base (see `flavor.rebased`)."""
 
     def __init__(
         self,
@@ -112,24 +101,29 @@ class SyntheticImageDataModule(L.LightningDataModule):
         )
 
 
+class SyntheticImageDataModule(_SyntheticImageData, L.LightningDataModule):
+    """Random images of a given size and class count, for smoke tests and benchmarks.
+
+    Args:
+        image_size: side of the square images, or [height, width].
+        channels: channels per image.
+        num_classes: labels are drawn from 0..num_classes-1.
+        num_samples: training samples per epoch (over all ranks).
+        pool_size: distinct images behind those samples.
+        seed: seed of the generated data (the same on every rank).
+        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
+        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
+    """
+
+    _dtrain_behaviour = _SyntheticImageData
+
+
 def _class_directories(root: Path) -> list[str]:
     return sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
 
 
-class ImageFolderDataModule(L.LightningDataModule):
-    """Images in `<dir>/<class name>/<image>` trees (the ImageNet layout), with the standard ImageNet transforms.
-
-    Training: RandomResizedCrop(image_size), horizontal flip, normalisation.
-    Validation: resize the short side to image_size * 256/224, CenterCrop(image_size), normalisation.
-
-    Args:
-        train_dir: the training tree; its class directories define the classes.
-        val_dir: the validation tree with the same class directories (optional).
-        image_size: side of the square crops, or [height, width].
-        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
-        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
-        persistent_workers: keep loader workers alive between epochs (when num_workers > 0).
-    """
+class _ImageFolderData:
+    """ImageFolderDataModule's behaviour, without a Lightning base (see `flavor.rebased`)."""
 
     def __init__(
         self,
@@ -198,3 +192,21 @@ class ImageFolderDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader[tuple[torch.Tensor, int]] | list[DataLoader[tuple[torch.Tensor, int]]]:
         # An empty list tells Lightning there is no validation.
         return [] if self.val_dir is None else self._loader(self.val_dir, train=False)
+
+
+class ImageFolderDataModule(_ImageFolderData, L.LightningDataModule):
+    """Images in `<dir>/<class name>/<image>` trees (the ImageNet layout), with the standard ImageNet transforms.
+
+    Training: RandomResizedCrop(image_size), horizontal flip, normalisation.
+    Validation: resize the short side to image_size * 256/224, CenterCrop(image_size), normalisation.
+
+    Args:
+        train_dir: the training tree; its class directories define the classes.
+        val_dir: the validation tree with the same class directories (optional).
+        image_size: side of the square crops, or [height, width].
+        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
+        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
+        persistent_workers: keep loader workers alive between epochs (when num_workers > 0).
+    """
+
+    _dtrain_behaviour = _ImageFolderData

@@ -21,7 +21,8 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "start", "time": ..., "jobName": "quickstart", "worldSize": 2, "nodes": 2,
      "devicesPerNode": 1, "accelerator": "cpu", "precision": "32-true",
      "clusterEnvironment": "TorchElasticEnvironment", "maxSteps": -1, "maxEpochs": 2,
-     "resumeFrom": "/ckpt/last.ckpt" | null}
+     "resumeFrom": "/ckpt/last.ckpt" | null,
+     "lightning": "lightning.pytorch" | "pytorch_lightning"}   (the package the job trains with)
     {"event": "warning", "time": ..., "message": "precision 16-mixed needs a CUDA GPU ..."}
     {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
     {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
@@ -43,6 +44,7 @@ first WARMUP_BATCHES batches of each process and the time between epochs (valida
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -59,6 +61,7 @@ import torch
 
 from dtrain_operator import contract
 
+from . import flavor
 from .config import ConfigError
 
 log = logging.getLogger("dtrain_trainer")
@@ -116,6 +119,7 @@ def human_line(record: Mapping[str, Any]) -> str:
         return (
             f"training {record.get('jobName')}: {record.get('nodes')} node(s) x {record.get('devicesPerNode')} "
             f"{record.get('accelerator')} process(es), precision {record.get('precision')}"
+            + (f", {record['lightning']}" if record.get("lightning") else "")
         )
     if event == EVENT_CHECKPOINT:
         return f"checkpoint at step {record.get('step')}: {record.get('path')}"
@@ -428,7 +432,7 @@ def loss_of(outputs: Any) -> torch.Tensor | None:
     return None
 
 
-class ProgressCallback(L.Callback):
+class _ProgressBehaviour:
     """Rank 0's reports of progress and of the checkpoint a run resumed from.
 
     The loss is read from the GPU (a synchronisation) only when a record is sent.
@@ -496,3 +500,16 @@ class ProgressCallback(L.Callback):
             "epoch": trainer.current_epoch,
             "imagesPerSecond": self.meter.images_per_second(),
         }
+
+
+class ProgressCallback(_ProgressBehaviour, L.Callback):
+    __doc__ = _ProgressBehaviour.__doc__
+
+
+@functools.cache
+def progress_callback_class(package: str) -> type:
+    """ProgressCallback on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
+    if package == flavor.LIGHTNING:
+        return ProgressCallback
+    base = flavor.flavor(package).Callback
+    return type("ProgressCallback", (_ProgressBehaviour, base), {"__module__": __name__})

@@ -314,7 +314,7 @@ class RunPolicy(ApiModel):
     """How failures, deadlines and cleanup are handled."""
 
     restart_policy: Literal["OnFailure", "ExitCode", "Never"] = "OnFailure"
-    """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job."""
+    """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job. Under every policy, the trainer's exit code 78 (a classPath, initArgs, checkpoint directory or model export that cannot work) fails the job at once with reason InvalidTrainerConfig."""
     backoff_limit: Annotated[int, Field(ge=0)] = 3
     """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
     active_deadline_seconds: Optional[Annotated[int, Field(ge=1)]] = None

@@ -42,6 +42,12 @@ PROGRESS_STAGE_TRAINING = "training"
 PROGRESS_STAGE_EXPORTING = "exporting"
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 15.0
 
+# The trainer's exit code for an error that no restart can cure: a classPath that does not import,
+# initArgs the class refuses, a checkpoint directory it cannot write, a model it cannot export,
+# a full disk. The restart policy fails the job at once on it, under every restartPolicy
+# (sysexits.h's EX_CONFIG; 1 and 2 stay Python's and argparse's own).
+TRAINER_EXIT_INVALID_CONFIG = 78
+
 TERMINATION_LOG_PATH = "/dev/termination-log"
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 

@@ -50,6 +50,10 @@ class Flavor:
         return importlib.import_module(f"{self.name}.strategies")
 
     @property
+    def plugins(self) -> ModuleType:
+        return importlib.import_module(f"{self.name}.plugins")
+
+    @property
     def loggers(self) -> ModuleType:
         return importlib.import_module(f"{self.name}.loggers")
 

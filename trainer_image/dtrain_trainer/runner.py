@@ -6,8 +6,11 @@ from torchrun's variables); resume from the newest checkpoint; train; then rank 
 exports and checks the ONNX model while every other rank waits, so that the job's
 success means its artifacts exist.
 
-Exit codes: 0 success; 2 a setting the trainer cannot run with (one line names it);
-1 the export or its check failed. Other failures keep their traceback.
+Exit codes: 0 success; contract.TRAINER_EXIT_INVALID_CONFIG (78) for an error that no
+restart can cure - a setting the trainer cannot run with, a class that does not import or
+refuses its initArgs, a checkpoint or artifacts directory it cannot write, a model it
+cannot export, a full disk - with one line that names it (the restart policy fails the job
+at once on this code); 1 the export or its check failed. Other failures keep their traceback.
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ from dtrain_operator import contract
 from dtrain_operator.api import TrainerConfig
 
 from . import flavor
-from .checkpointing import LAST_CHECKPOINT, find_resume_checkpoint, step_checkpoint_class
+from .checkpointing import (
+    LAST_CHECKPOINT,
+    atomic_checkpoint_io_class,
+    check_writable,
+    find_resume_checkpoint,
+    step_checkpoint_class,
+)
 from .config import (
     ConfigError,
     check_launch_environment,
@@ -61,7 +70,7 @@ log = logging.getLogger("dtrain_trainer")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_CONFIG_ERROR = 2
+EXIT_CONFIG_ERROR = contract.TRAINER_EXIT_INVALID_CONFIG
 
 
 def build_trainer(
@@ -106,6 +115,7 @@ def build_trainer(
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
         callbacks=[progress, checkpoint],
+        plugins=[atomic_checkpoint_io_class(package)()],
         logger=pl.loggers.CSVLogger(save_dir=config.artifacts.dir, name="logs"),
         default_root_dir=config.checkpoint.dir,
         # Progress goes through the sink; a terminal progress bar only floods pod logs.
@@ -217,6 +227,9 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         },
     )
     check_model_matches_data(model, data)
+    check_writable(Path(config.checkpoint.dir), "checkpoint.dir")
+    if global_rank(env) == 0:
+        check_writable(Path(config.artifacts.dir), "artifacts.dir")
     onnx = config.export.onnx
     input_shape = resolve_input_shape(onnx.input_shape, data, model) if onnx.enabled else ()
     if config.accelerator == "gpu":

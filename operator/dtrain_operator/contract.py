@@ -23,7 +23,14 @@ ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
 ENV_NODE_RANK = "PET_NODE_RANK"
 ENV_MASTER_ADDR = "PET_MASTER_ADDR"
 ENV_MASTER_PORT = "PET_MASTER_PORT"
+# torchrun's --shutdown-timeout: how long, after SIGTERM, it waits for its workers to stop
+# (they stop at a step boundary and rank 0 saves a checkpoint) before it kills them.
+ENV_SHUTDOWN_TIMEOUT = "PET_SHUTDOWN_TIMEOUT"
 DEFAULT_MASTER_PORT = 29500
+# A worker pod's default terminationGracePeriodSeconds (spec.terminationGracePeriodSeconds).
+DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS = 600
+# Of the grace period, what torchrun does not give its workers: time for it to exit itself.
+SHUTDOWN_MARGIN_SECONDS = 10
 
 # --- dtrain's own variables ------------------------------------------------------
 ENV_CONFIG = "DTRAIN_CONFIG"  # path of the trainer config (a mounted ConfigMap in a pod)
@@ -64,6 +71,7 @@ RESERVED_ENV_NAMES = frozenset(
         ENV_NODE_RANK,
         ENV_MASTER_ADDR,
         ENV_MASTER_PORT,
+        ENV_SHUTDOWN_TIMEOUT,
         ENV_CONFIG,
         ENV_JOB_NAME,
         ENV_JOB_NAMESPACE,

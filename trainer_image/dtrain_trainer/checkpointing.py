@@ -74,10 +74,14 @@ class _StepCheckpointBehaviour:
         self._last_global_step_saved = trainer.global_step
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save_now(trainer)
+
+    def save_now(self, trainer: L.Trainer) -> None:
+        """Save the current step (a step file and last.ckpt) unless it is saved already; every rank calls it."""
         if self._last_global_step_saved != trainer.global_step:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+            candidates = self._monitor_candidates(trainer)  # type: ignore[attr-defined]
+            self._save_topk_checkpoint(trainer, candidates)  # type: ignore[attr-defined]
+            self._save_last_checkpoint(trainer, candidates)  # type: ignore[attr-defined]
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)  # type: ignore[misc]

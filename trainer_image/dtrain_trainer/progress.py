@@ -33,6 +33,8 @@ fields that are not known yet are null; consumers must ignore fields they do not
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
     {"event": "finished", "time": ..., "ok": true, "step": 128, "epoch": 1, "loss": 0.41,
      "imagesPerSecond": 815.0}
+    {"event": "stopped", "time": ..., "signal": "SIGTERM", "checkpoint": "/ckpt/last.ckpt", "step": 57,
+     "epoch": 0, "loss": 0.9, "imagesPerSecond": 810.2}   (SIGTERM: every rank stopped after this step)
     {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}
 
 `step` is Lightning's global step (optimizer steps; with gradient accumulation one step
@@ -73,6 +75,7 @@ EVENT_PROGRESS = "progress"
 EVENT_CHECKPOINT = "checkpoint"
 EVENT_EXPORT = "export"
 EVENT_FINISHED = "finished"
+EVENT_STOPPED = "stopped"
 EVENT_ERROR = "error"
 
 # Batches at the start of each process that throughput leaves out: CUDA context,
@@ -133,6 +136,8 @@ def human_line(record: Mapping[str, Any]) -> str:
     if event == EVENT_FINISHED:
         loss = _number(record.get("loss"))
         return f"finished at step {record.get('step')} (epoch {record.get('epoch')}, loss {loss})"
+    if event == EVENT_STOPPED:
+        return f"stopped by {record.get('signal')} at step {record.get('step')}; checkpoint {record.get('checkpoint')}"
     if event in (EVENT_WARNING, EVENT_ERROR):
         return f"{event}: {record.get('message')}"
     return json.dumps(dict(record))

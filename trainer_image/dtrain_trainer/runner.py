@@ -10,7 +10,9 @@ Exit codes: 0 success; contract.TRAINER_EXIT_INVALID_CONFIG (78) for an error th
 restart can cure - a setting the trainer cannot run with, a class that does not import or
 refuses its initArgs, a checkpoint or artifacts directory it cannot write, a model it
 cannot export, a full disk - with one line that names it (the restart policy fails the job
-at once on this code); 1 the export or its check failed. Other failures keep their traceback.
+at once on this code); 143 stopped by SIGTERM after saving a checkpoint of the step every
+rank stopped at (see `stopping`); 1 the export or its check failed. Other failures keep
+their traceback.
 """
 
 from __future__ import annotations
@@ -52,12 +54,14 @@ from .config import (
 )
 from .export import ExportError, export_artifacts, resolve_input_shape, write_termination_log
 from .loading import import_class, instantiate
+from .stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
 from .progress import (
     EVENT_CHECKPOINT,
     EVENT_ERROR,
     EVENT_EXPORT,
     EVENT_FINISHED,
     EVENT_START,
+    EVENT_STOPPED,
     EVENT_WARNING,
     NullSink,
     ProgressReporter,
@@ -101,6 +105,7 @@ def build_trainer(
         on_saved=lambda step, path: reporter.event(EVENT_CHECKPOINT, step=step, path=path),
     )
     progress = progress_callback_class(package)(reporter, default_batch_size=settings.batch_size)
+    stop = graceful_stop_class(package)()
     return pl.Trainer(  # type: ignore[no-any-return]
         accelerator="gpu" if on_gpu else "cpu",
         devices=config.devices_per_node,
@@ -114,7 +119,7 @@ def build_trainer(
         max_steps=settings.max_steps,
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
-        callbacks=[progress, checkpoint],
+        callbacks=[progress, stop, checkpoint],
         plugins=[atomic_checkpoint_io_class(package)()],
         logger=pl.loggers.CSVLogger(save_dir=config.artifacts.dir, name="logs"),
         default_root_dir=config.checkpoint.dir,
@@ -253,6 +258,9 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     )
     trainer.fit(model, datamodule=data, ckpt_path=str(resume) if resume else None)
     metrics = _progress_callback(trainer).final_metrics(trainer)
+    stop = next(c for c in trainer.callbacks if isinstance(c, _GracefulStopBehaviour))  # type: ignore[attr-defined]
+    if stop.signalled:
+        return _stopped(trainer, config, metrics, reporter, env)
     ok = True
     outcome: dict[str, Any] = {}
     if onnx.enabled:
@@ -262,6 +270,20 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         write_termination_log({"ok": ok, **metrics, **outcome}, env)
     _leave_process_group()
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def _stopped(
+    trainer: L.Trainer, config: TrainerConfig, metrics: Mapping[str, Any], reporter: ProgressReporter, env: Mapping[str, str]
+) -> int:
+    """SIGTERM stopped training (the pod is going away): its checkpoint is saved; no export, exit 143."""
+    if trainer.is_global_zero:
+        checkpoint = str(Path(config.checkpoint.dir) / LAST_CHECKPOINT)
+        reporter.event(EVENT_STOPPED, signal=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics)
+        write_termination_log(
+            {"ok": False, "stopped": STOP_SIGNAL.name, "checkpoint": checkpoint, **metrics}, env
+        )
+    _leave_process_group()
+    return STOPPED_EXIT_CODE
 
 
 def _leave_process_group() -> None:

@@ -1,7 +1,9 @@
 """The built-in data modules: synthetic images (no download, no disk) and an ImageFolder tree.
 
 The trainer passes `batch_size` and `num_workers` (trainer.batchSize, trainer.numWorkers)
-to any data module whose constructor names them. A data module tells the shape of one
+to any data module whose constructor names them. Their training loaders are
+torchdata StatefulDataLoaders (see `resumable`): a restart from a mid-epoch checkpoint continues the epoch
+where it stopped. A data module tells the shape of one
 sample through `sample_shape` (channels, height, width), which the ONNX export uses
 when export.onnx.inputShape is not set; `num_classes` lets the trainer check the
 model against the data before training starts.
@@ -14,7 +16,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -90,10 +93,11 @@ class _SyntheticImageData:
 
     def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, torch.Tensor]]:
         dataset = SyntheticImages(self.num_samples, self.sample_shape, self.num_classes, self.pool_size, self.seed)
-        return DataLoader(
+        return StatefulDataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=True,
+            # torch's RandomSampler: Lightning replaces it with a DistributedSampler (see resumable.py).
+            sampler=RandomSampler(dataset),
             drop_last=True,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
@@ -176,10 +180,13 @@ class _ImageFolderData:
                     normalize,
                 ]
             )
-        return DataLoader(
-            datasets.ImageFolder(str(root), transform=transform),
+        dataset = datasets.ImageFolder(str(root), transform=transform)
+        loader = StatefulDataLoader if train else DataLoader
+        return loader(
+            dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            # torch's RandomSampler: Lightning replaces it with a DistributedSampler (see resumable.py).
+            sampler=RandomSampler(dataset) if train else None,
             drop_last=train,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,

@@ -54,6 +54,7 @@ from .config import (
 )
 from .export import ExportError, export_artifacts, resolve_input_shape, write_termination_log
 from .loading import import_class, instantiate
+from .resumable import resumable
 from .stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
 from .progress import (
     EVENT_CHECKPOINT,
@@ -232,6 +233,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         },
     )
     check_model_matches_data(model, data)
+    resumable(data)
     check_writable(Path(config.checkpoint.dir), "checkpoint.dir")
     if global_rank(env) == 0:
         check_writable(Path(config.artifacts.dir), "artifacts.dir")

@@ -39,7 +39,9 @@ fields that are not known yet are null; consumers must ignore fields they do not
 
 `step` is Lightning's global step (optimizer steps; with gradient accumulation one step
 is several batches). `totalSteps` is the number of optimizer steps the run will take
-when that is known. `loss` is rank 0's latest training loss. `imagesPerSecond` counts
+when that is known. `loss` is rank 0's training loss as the model computed it (what it
+logs as train_loss), averaged over the batches of the latest optimizer step (all
+accumulateGradBatches of them), not Lightning's loss divided by accumulateGradBatches. `imagesPerSecond` counts
 the images of all ranks (the batch of each rank times the world size), excluding the
 first WARMUP_BATCHES batches of each process and the time between epochs (validation).
 """
@@ -449,6 +451,9 @@ class _ProgressBehaviour:
         self.meter = meter or ThroughputMeter()
         self._loss: torch.Tensor | None = None
         self.last_loss: float | None = None
+        self._window_sum: torch.Tensor | None = None
+        self._window_batches = 0
+        self._window_step: int | None = None
         self.total_steps: int | None = None
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -458,6 +463,7 @@ class _ProgressBehaviour:
             self.reporter.event(EVENT_RESUMED, path=str(trainer.ckpt_path), step=step, epoch=checkpoint.get("epoch"))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._window_step = trainer.global_step
         estimated = trainer.estimated_stepping_batches
         self.total_steps = int(estimated) if math.isfinite(estimated) else None
 
@@ -471,13 +477,29 @@ class _ProgressBehaviour:
             return
         per_rank = batch_size_of(batch) or self.default_batch_size
         self.meter.batch_done(per_rank * trainer.world_size)
-        self._loss = loss_of(outputs)
+        self._add_loss(trainer, loss_of(outputs))
         if self.reporter.progress_due():
             self._report(trainer, epoch_end=False)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
             self._report(trainer, epoch_end=True)
+
+    def _add_loss(self, trainer: L.Trainer, normalised: torch.Tensor | None) -> None:
+        """Average the model's own loss over the accumulation window; publish it at each optimizer step.
+
+        Lightning hands on_train_batch_end the loss divided by accumulate_grad_batches (what it
+        back-propagates); the model computed that times accumulate_grad_batches.
+        """
+        if normalised is None:
+            return
+        loss = normalised * trainer.accumulate_grad_batches
+        self._window_sum = loss if self._window_sum is None else self._window_sum + loss
+        self._window_batches += 1
+        if trainer.global_step != self._window_step:
+            self._window_step = trainer.global_step
+            self._loss = self._window_sum / self._window_batches
+            self._window_sum, self._window_batches = None, 0
 
     def _read_loss(self) -> None:
         if self._loss is not None:

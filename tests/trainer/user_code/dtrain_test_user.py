@@ -58,11 +58,12 @@ class TinyClassifier(L.LightningModule):
         images, labels = batch
         if "first_batch" not in self._record:
             self._record["first_batch"] = tensor_digest([images])
+        loss = F.cross_entropy(self(images), labels)
         if self.batch_log is not None:
-            # Every batch each rank trains on, in order: what an exact resume must reproduce.
+            # Every batch each rank trains on, in order (what an exact resume must reproduce), and its loss.
             with open(f"{self.batch_log}.rank{self.global_rank}", "a") as log:
-                log.write(f"{self.trainer.current_epoch} {batch_idx} {tensor_digest([images])[:12]}\n")
-        return F.cross_entropy(self(images), labels)
+                log.write(f"{self.trainer.current_epoch} {batch_idx} {tensor_digest([images])[:12]} {loss.item()!r}\n")
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)

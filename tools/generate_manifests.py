@@ -38,7 +38,7 @@ def helm_binary() -> str:
         return str(local)
     found = shutil.which("helm")
     if found is None:
-        raise SystemExit("helm not found: run `python tools/install_k8s_tools.py` (installs it into .tools/bin)")
+        raise SystemExit("helm not found: run `make tools` (installs helm and kubectl into .tools/bin)")
     return found
 
 

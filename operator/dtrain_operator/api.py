@@ -356,7 +356,7 @@ class RunPolicy(ApiModel):
     """How failures, deadlines and cleanup are handled."""
 
     restart_policy: Literal["OnFailure", "ExitCode", "Never"] = "OnFailure"
-    """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job."""
+    """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job. Under every policy, the trainer's exit code 78 (a classPath, initArgs, checkpoint directory or model export that cannot work) fails the job at once with reason InvalidTrainerConfig."""
     backoff_limit: Annotated[int, Field(ge=0, le=1000)] = 3
     """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
     active_deadline_seconds: Optional[Annotated[int, Field(ge=1, le=MAX_DURATION_SECONDS)]] = None
@@ -445,6 +445,10 @@ class DistributedTrainingSpec(ApiModel):
     """Service account of the worker pods: it needs `patch` on distributedtrainings/status to report progress."""
     master_port: Annotated[int, Field(ge=1024, le=65535)] = contract.DEFAULT_MASTER_PORT
     """Port of torchrun's rendezvous on node 0."""
+    termination_grace_period_seconds: Annotated[int, Field(ge=15, le=86400)] = (
+        contract.DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS
+    )
+    """Seconds a worker pod has after SIGTERM (preemption, a node drain, kubectl delete) before it is killed. In that time every rank stops at the next optimizer step and rank 0 saves a checkpoint, so that the restarted gang loses no work. Make it longer than writing one checkpoint of your model takes (minutes for a large model on network storage); the default is 600."""
     storage: Optional[Storage] = None
     """A shared PVC mounted in every worker and the engine Job, for checkpoints and artifacts."""
     model: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_MODEL))

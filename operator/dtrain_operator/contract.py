@@ -23,7 +23,14 @@ ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
 ENV_NODE_RANK = "PET_NODE_RANK"
 ENV_MASTER_ADDR = "PET_MASTER_ADDR"
 ENV_MASTER_PORT = "PET_MASTER_PORT"
+# torchrun's --shutdown-timeout: how long, after SIGTERM, it waits for its workers to stop
+# (they stop at a step boundary and rank 0 saves a checkpoint) before it kills them.
+ENV_SHUTDOWN_TIMEOUT = "PET_SHUTDOWN_TIMEOUT"
 DEFAULT_MASTER_PORT = 29500
+# A worker pod's default terminationGracePeriodSeconds (spec.terminationGracePeriodSeconds).
+DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS = 600
+# Of the grace period, what torchrun does not give its workers: time for it to exit itself.
+SHUTDOWN_MARGIN_SECONDS = 10
 
 # --- dtrain's own variables ------------------------------------------------------
 ENV_CONFIG = "DTRAIN_CONFIG"  # path of the trainer config (a mounted ConfigMap in a pod)
@@ -42,6 +49,12 @@ PROGRESS_STAGE_TRAINING = "training"
 PROGRESS_STAGE_EXPORTING = "exporting"
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 15.0
 
+# The trainer's exit code for an error that no restart can cure: a classPath that does not import,
+# initArgs the class refuses, a checkpoint directory it cannot write, a model it cannot export,
+# a full disk. The restart policy fails the job at once on it, under every restartPolicy
+# (sysexits.h's EX_CONFIG; 1 and 2 stay Python's and argparse's own).
+TRAINER_EXIT_INVALID_CONFIG = 78
+
 TERMINATION_LOG_PATH = "/dev/termination-log"
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 
@@ -58,6 +71,7 @@ RESERVED_ENV_NAMES = frozenset(
         ENV_NODE_RANK,
         ENV_MASTER_ADDR,
         ENV_MASTER_PORT,
+        ENV_SHUTDOWN_TIMEOUT,
         ENV_CONFIG,
         ENV_JOB_NAME,
         ENV_JOB_NAMESPACE,

@@ -219,12 +219,20 @@ class LocalRun:
         for rank, code in sorted(exited.items()):
             if code != 0:
                 exit_code = worker_exit_code(code)
-                failures.append(policy.WorkerFailure(rank, exit_code, _reason(exit_code)))
+                message = self._trainer_message(rank) if exit_code == contract.TRAINER_EXIT_INVALID_CONFIG else ""
+                failures.append(policy.WorkerFailure(rank, exit_code, _reason(exit_code), message))
         if failures:
             return StepOutcome(failures=failures)
         if len(exited) == len(gang.nodes):
             return StepOutcome(succeeded=True)
         return None
+
+    def _trainer_message(self, rank: int) -> str:
+        """What the node's trainer left as its termination message, as a pod's would be."""
+        try:
+            return self.workdir.termination_log(rank).read_text()
+        except OSError:
+            return ""
 
     def _watch(self, gang: Gang, on_exit: Callable[[Gang], Optional[StepOutcome]]) -> StepOutcome:
         run_policy = self.job.spec.run_policy

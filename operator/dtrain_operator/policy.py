@@ -7,10 +7,12 @@ job ends. Neither caller decides this anywhere else.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional, Sequence
 
+from . import contract
 from .api import RunPolicy
 
 # Exit codes of 128 and above mean the process was killed by a signal (128 + n):
@@ -23,6 +25,8 @@ REASON_NON_RETRYABLE_EXIT = "NonRetryableExitCode"
 REASON_RESTART_POLICY_NEVER = "RestartPolicyNever"
 REASON_WORKER_FAILED = "WorkerFailed"
 REASON_DEADLINE = "DeadlineExceeded"
+# The trainer exited with contract.TRAINER_EXIT_INVALID_CONFIG: its settings are wrong.
+REASON_INVALID_TRAINER_CONFIG = "InvalidTrainerConfig"
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,28 @@ class FailureDecision:
     message: str
 
 
+def is_invalid_trainer_config(failure: WorkerFailure) -> bool:
+    """The trainer said its settings are wrong (a bad classPath, initArgs, checkpoint dir, ...)."""
+    return failure.exit_code == contract.TRAINER_EXIT_INVALID_CONFIG
+
+
+def trainer_error(message: str) -> str:
+    """The trainer's own error line from a termination message (its JSON results), else the message."""
+    text = message.strip()
+    if text.startswith("{"):
+        try:
+            document = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(document, dict) and isinstance(document.get("error"), str):
+            return str(document["error"])
+    return text
+
+
 def is_retryable(policy: RunPolicy, failure: WorkerFailure) -> bool:
     """Whether a restart could cure this failure under the job's restart policy."""
+    if is_invalid_trainer_config(failure):
+        return False
     if policy.restart_policy == "Never":
         return False
     if policy.restart_policy == "ExitCode":
@@ -93,6 +117,17 @@ def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], rest
     if not failures:
         raise ValueError("decide_on_failure needs at least one failed worker")
     ordered = sorted(failures, key=lambda f: f.rank)
+    invalid = [f for f in ordered if is_invalid_trainer_config(f)]
+    if invalid:
+        # No restart can cure it, whatever restartPolicy says: fail now, with the trainer's own words.
+        first = invalid[0]
+        error = trainer_error(first.message) or f"exit code {first.exit_code}"
+        return FailureDecision(
+            False,
+            REASON_INVALID_TRAINER_CONFIG,
+            f"worker {first.rank}: {error} (the trainer's settings are wrong and a restart cannot cure that: "
+            "fix the spec and create the job again)",
+        )
     summary = "; ".join(f.describe() for f in ordered)
     if policy.restart_policy == "Never":
         return FailureDecision(False, REASON_RESTART_POLICY_NEVER, f"{summary} (restartPolicy is Never)")

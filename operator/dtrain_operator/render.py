@@ -93,6 +93,12 @@ def _var(name: str, value: Any) -> dict[str, Any]:
     return {"name": name, "value": str(value)}
 
 
+def shutdown_timeout_seconds(job: DistributedTraining) -> int:
+    """torchrun's wait for its workers after SIGTERM: the pod's grace period, less time for torchrun to exit."""
+    grace = job.spec.termination_grace_period_seconds
+    return max(1, grace - min(contract.SHUTDOWN_MARGIN_SECONDS, grace // 3))
+
+
 def worker_env(job: DistributedTraining, rank: int) -> list[dict[str, Any]]:
     """The trainer container's environment: the design's contract, then NCCL, then the user's."""
     spec = job.spec
@@ -102,6 +108,7 @@ def worker_env(job: DistributedTraining, rank: int) -> list[dict[str, Any]]:
         _var(contract.ENV_NODE_RANK, rank),
         _var(contract.ENV_MASTER_ADDR, master_address(job)),
         _var(contract.ENV_MASTER_PORT, spec.master_port),
+        _var(contract.ENV_SHUTDOWN_TIMEOUT, shutdown_timeout_seconds(job)),
         _var(contract.ENV_CONFIG, contract.CONFIG_PATH),
         _var(contract.ENV_JOB_NAME, job.name),
         {"name": contract.ENV_JOB_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -258,6 +265,8 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
         "hostname": worker_pod_name(job, rank),
         "subdomain": service_name(job),
         "restartPolicy": "Never",
+        # SIGTERM stops training at a step boundary and rank 0 saves a checkpoint: give it the time.
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
         "serviceAccountName": spec.service_account_name,
         # Only rank 0 reports progress; a token in every other pod is a credential nobody uses.
         "automountServiceAccountToken": rank == 0,

@@ -183,12 +183,30 @@ def test_error_reaches_the_progress_sink_and_the_termination_log(
     assert '"event": "error"' in progress and "nosuchpackage" in progress
 
 
-def test_real_process_prints_one_line_and_exits_2(tmp_path: Path) -> None:
+def test_unwritable_directories_are_named_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A file where a directory should be: as unwritable for root as for the trainer's user.
+    (tmp_path / "volume").write_text("not a directory")
+    config = trainer_config(tmp_path, checkpoint={"dir": str(tmp_path / "volume" / "checkpoints")})
+    fails_with(capsys, ["--config", str(write_config(tmp_path, config))], "checkpoint.dir", "is not writable")
+    config = trainer_config(tmp_path, artifacts={"dir": str(tmp_path / "volume" / "artifacts")})
+    fails_with(capsys, ["--config", str(write_config(tmp_path, config))], "artifacts.dir", "is not writable")
+    # Nothing trained: no checkpoint was written.
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_the_invalid_config_exit_code_is_the_contracts() -> None:
+    assert EXIT_CONFIG_ERROR == contract.TRAINER_EXIT_INVALID_CONFIG
+
+
+def test_real_process_prints_one_line_and_exits_with_the_invalid_config_code(tmp_path: Path) -> None:
     config = trainer_config(tmp_path)
     config["model"] = {"classPath": "dtrain_test_user.NotAModule"}
     run = run_trainer(write_config(tmp_path, config), DTRAIN_PROGRESS_SINK="none")
     assert run.returncode == EXIT_CONFIG_ERROR
     assert run.stderr.strip().splitlines() == [
-        "dtrain: error: model.classPath: dtrain_test_user.NotAModule is not a LightningModule subclass"
+        "dtrain: error: model.classPath: dtrain_test_user.NotAModule is not a LightningModule subclass "
+        "(of lightning.pytorch or pytorch_lightning)"
     ]
     assert "Traceback" not in run.stdout + run.stderr

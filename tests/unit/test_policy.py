@@ -7,12 +7,15 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from dtrain_operator import contract
 from dtrain_operator.api import RunPolicy
 from dtrain_operator.policy import (
+    REASON_INVALID_TRAINER_CONFIG,
     WorkerFailure,
     deadline_exceeded,
     decide_on_failure,
     is_retryable,
+    trainer_error,
 )
 
 EVICTED = WorkerFailure(1, None, "Evicted", "The node was low on resource: memory.")
@@ -104,3 +107,30 @@ START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 def test_deadline_exceeded(deadline, started, elapsed, exceeded):
     policy = RunPolicy(active_deadline_seconds=deadline)
     assert deadline_exceeded(policy, started, START + timedelta(seconds=elapsed)) is exceeded
+
+
+@pytest.mark.parametrize("restart_policy", ["OnFailure", "ExitCode", "Never"])
+def test_an_invalid_trainer_config_fails_at_once_under_every_restart_policy(restart_policy: str) -> None:
+    # The pod's termination message is the trainer's JSON results, naming the class.
+    typo = WorkerFailure(
+        0,
+        contract.TRAINER_EXIT_INVALID_CONFIG,
+        "Error",
+        '{"ok":false,"error":"model.classPath: module \'mypkg\' has no \'LitModle\'; did you mean mypkg.LitModel?"}',
+    )
+    # Its peer lost the connection a moment later: a consequence, and a restartable exit.
+    peer = WorkerFailure(1, 1, "Error", "connection reset by peer")
+    policy = RunPolicy(restart_policy=restart_policy, backoff_limit=5)
+    assert not is_retryable(policy, typo)
+    decision = decide_on_failure(policy, [peer, typo], restarts=0)
+    assert (decision.restart, decision.reason) == (False, REASON_INVALID_TRAINER_CONFIG)
+    assert decision.message.startswith("worker 0: model.classPath: module 'mypkg' has no 'LitModle'")
+    assert "a restart cannot cure" in decision.message
+
+
+def test_the_trainers_error_is_read_from_its_results_or_taken_as_it_is() -> None:
+    assert trainer_error('{"ok": false, "error": "checkpoint.dir /ckpt is not writable"}') == (
+        "checkpoint.dir /ckpt is not writable"
+    )
+    assert trainer_error("Traceback (most recent call last): ...") == "Traceback (most recent call last): ..."
+    assert trainer_error("{not json") == "{not json"

@@ -55,6 +55,7 @@ BASE_ENV = [
     {"name": "PET_NODE_RANK", "value": "2"},
     {"name": "PET_MASTER_ADDR", "value": "mnist-0.mnist.ml.svc"},
     {"name": "PET_MASTER_PORT", "value": "29500"},
+    {"name": "PET_SHUTDOWN_TIMEOUT", "value": "590"},
     {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
     {"name": "DTRAIN_JOB_NAME", "value": "mnist"},
     {"name": "DTRAIN_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -104,9 +105,14 @@ def pod_spec_of(**spec: Any) -> dict[str, Any]:
         ({}, lambda p: p["securityContext"]["runAsNonRoot"] is True
          and p["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False),
         ({}, lambda p: p["containers"][0]["terminationMessagePath"] == "/dev/termination-log"),
+        ({}, lambda p: p["terminationGracePeriodSeconds"] == 600),
+        ({"terminationGracePeriodSeconds": 1800}, lambda p: p["terminationGracePeriodSeconds"] == 1800
+         and {"name": "PET_SHUTDOWN_TIMEOUT", "value": "1790"} in p["containers"][0]["env"]),
+        ({"terminationGracePeriodSeconds": 15}, lambda p: p["terminationGracePeriodSeconds"] == 15
+         and {"name": "PET_SHUTDOWN_TIMEOUT", "value": "10"} in p["containers"][0]["env"]),
     ],
     ids=["gpus", "gpus-with-resources", "cpu", "storage", "scheduling", "host-network", "pull-secrets", "dns",
-         "shm", "non-root", "termination-log"],
+         "shm", "non-root", "termination-log", "grace-default", "grace-long", "grace-short"],
 )
 def test_worker_pod_spec(spec, check):
     assert check(pod_spec_of(**spec))

@@ -2,14 +2,19 @@
 
 Files in checkpoint.dir: `step=<8 digits>.ckpt` (the newest keepLast of them) and
 `last.ckpt`, written in that order at every save, and once more at the end of training.
-Lightning writes each file through an fsspec transaction (a temporary file moved into
-place), and the resume choice skips a file that is not a complete zip archive
+Each file is written by `AtomicCheckpointIO`: into a hidden temporary file in the same
+directory (never the container's small /tmp), flushed to disk, then renamed into place,
+so a file under a checkpoint's name is always complete; a full disk leaves no file behind
+and says so. The resume choice also skips a file that is not a complete zip archive
 (torch.save's format), so a pod killed while writing cannot wedge the job.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
+import os
 import re
 import zipfile
 from collections.abc import Callable
@@ -18,7 +23,13 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+import torch
+from lightning.pytorch.plugins import TorchCheckpointIO
+
 from dtrain_operator import contract
+
+from . import flavor
+from .config import ConfigError
 
 log = logging.getLogger("dtrain_trainer")
 
@@ -26,7 +37,7 @@ LAST_CHECKPOINT = contract.LAST_CHECKPOINT_FILE_NAME
 STEP_FILE_PATTERN = re.compile(r"^step=(\d+)\.ckpt$")
 
 
-class StepCheckpoint(ModelCheckpoint):
+class _StepCheckpointBehaviour:
     """ModelCheckpoint keeping the newest `keep_last` step checkpoints plus last.ckpt.
 
     Two additions to Lightning's behaviour: it always saves at the end of training (Lightning
@@ -41,7 +52,7 @@ class StepCheckpoint(ModelCheckpoint):
         keep_last: int,
         on_saved: Callable[[int, str], None] | None = None,
     ) -> None:
-        super().__init__(
+        super().__init__(  # type: ignore[call-arg]
             dirpath=dirpath,
             filename="{step:08d}",
             every_n_train_steps=every_n_steps,
@@ -63,17 +74,108 @@ class StepCheckpoint(ModelCheckpoint):
         self._last_global_step_saved = trainer.global_step
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save_now(trainer)
+
+    def save_now(self, trainer: L.Trainer) -> None:
+        """Save the current step (a step file and last.ckpt) unless it is saved already; every rank calls it."""
         if self._last_global_step_saved != trainer.global_step:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+            candidates = self._monitor_candidates(trainer)  # type: ignore[attr-defined]
+            self._save_topk_checkpoint(trainer, candidates)  # type: ignore[attr-defined]
+            self._save_last_checkpoint(trainer, candidates)  # type: ignore[attr-defined]
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+        super()._save_checkpoint(trainer, filepath)  # type: ignore[misc]
         # The step file is written first; last.ckpt then repeats it and needs no report of its own.
         if trainer.is_global_zero and self.on_saved is not None and self._reported_step != trainer.global_step:
             self._reported_step = trainer.global_step
             self.on_saved(trainer.global_step, filepath)
+
+
+@functools.cache
+def step_checkpoint_class(package: str) -> type:
+    """StepCheckpoint on `package`'s ModelCheckpoint (lightning.pytorch or pytorch_lightning)."""
+    if package == flavor.LIGHTNING:
+        return StepCheckpoint
+    base = flavor.flavor(package).callbacks.ModelCheckpoint
+    return type("StepCheckpoint", (_StepCheckpointBehaviour, base), {"__module__": __name__})
+
+
+class StepCheckpoint(_StepCheckpointBehaviour, ModelCheckpoint):
+    __doc__ = _StepCheckpointBehaviour.__doc__
+
+
+class CheckpointWriteError(ConfigError):
+    """A checkpoint could not be written (a full disk, a read-only volume): no restart cures it."""
+
+
+class _AtomicCheckpointIOBehaviour:
+    """TorchCheckpointIO whose files appear complete or not at all.
+
+    torch.save streams into `.<name>.<pid>.tmp` beside the target, which is flushed and
+    fsync'd, then renamed over the target (atomic within one file system). Lightning's own
+    writer goes through fsspec's transaction, which stages the file in the system's temp
+    directory: in a container that is a small overlay, and the final move is a copy.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, object], path: str | os.PathLike[str], storage_options: object = None) -> None:
+        if storage_options is not None:
+            raise TypeError("dtrain's checkpoint writer takes no storage_options")
+        target = Path(path)
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(temporary, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, target)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise CheckpointWriteError(_write_failure(target, exc)) from None
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+
+
+def _write_failure(target: Path, exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"checkpoint.dir: the disk holding {target.parent} is full ({exc.strerror}) while writing {target.name}; "
+            "free space or give the volume more (the incomplete file was removed, the last complete checkpoint stays)"
+        )
+    return f"checkpoint.dir: cannot write {target} ({exc.strerror or exc})"
+
+
+class AtomicCheckpointIO(_AtomicCheckpointIOBehaviour, TorchCheckpointIO):
+    __doc__ = _AtomicCheckpointIOBehaviour.__doc__
+
+
+@functools.cache
+def atomic_checkpoint_io_class(package: str) -> type:
+    """AtomicCheckpointIO on `package`'s TorchCheckpointIO (lightning.pytorch or pytorch_lightning)."""
+    if package == flavor.LIGHTNING:
+        return AtomicCheckpointIO
+    base = flavor.flavor(package).plugins.TorchCheckpointIO
+    return type("AtomicCheckpointIO", (_AtomicCheckpointIOBehaviour, base), {"__module__": __name__})
+
+
+def check_writable(directory: Path, field: str) -> None:
+    """`directory` exists (created if need be) and takes a file, or a ConfigError naming `field`.
+
+    Checked before training, so that a volume mounted read-only or owned by another user
+    fails the job in its first second rather than at the first checkpoint.
+    """
+    probe = directory / f".dtrain-write-check.{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"{field} {directory} is not writable ({exc.strerror or exc}); mount a writable volume there "
+            "(spec.storage), or fix its owner (the trainer runs as uid "
+            f"{contract.WORKLOAD_UID}, the pod's fsGroup)"
+        ) from None
 
 
 def _is_complete(path: Path) -> bool:

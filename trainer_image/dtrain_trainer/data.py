@@ -1,7 +1,9 @@
 """The built-in data modules: synthetic images (no download, no disk) and an ImageFolder tree.
 
 The trainer passes `batch_size` and `num_workers` (trainer.batchSize, trainer.numWorkers)
-to any data module whose constructor names them. A data module tells the shape of one
+to any data module whose constructor names them. Their training loaders are
+torchdata StatefulDataLoaders (see `resumable`): a restart from a mid-epoch checkpoint continues the epoch
+where it stopped. A data module tells the shape of one
 sample through `sample_shape` (channels, height, width), which the ONNX export uses
 when export.onnx.inputShape is not set; `num_classes` lets the trainer check the
 model against the data before training starts.
@@ -14,7 +16,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -58,19 +61,8 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.images[slot], self.labels[slot]
 
 
-class SyntheticImageDataModule(L.LightningDataModule):
-    """Random images of a given size and class count, for smoke tests and benchmarks.
-
-    Args:
-        image_size: side of the square images, or [height, width].
-        channels: channels per image.
-        num_classes: labels are drawn from 0..num_classes-1.
-        num_samples: training samples per epoch (over all ranks).
-        pool_size: distinct images behind those samples.
-        seed: seed of the generated data (the same on every rank).
-        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
-        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
-    """
+class _SyntheticImageData:
+    """SyntheticImageDataModule's behaviour, without a Lightning base (see `flavor.rebased`)."""
 
     def __init__(
         self,
@@ -101,10 +93,11 @@ class SyntheticImageDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, torch.Tensor]]:
         dataset = SyntheticImages(self.num_samples, self.sample_shape, self.num_classes, self.pool_size, self.seed)
-        return DataLoader(
+        return StatefulDataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=True,
+            # torch's RandomSampler: Lightning replaces it with a DistributedSampler (see resumable.py).
+            sampler=RandomSampler(dataset),
             drop_last=True,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
@@ -112,24 +105,29 @@ class SyntheticImageDataModule(L.LightningDataModule):
         )
 
 
+class SyntheticImageDataModule(_SyntheticImageData, L.LightningDataModule):
+    """Random images of a given size and class count, for smoke tests and benchmarks.
+
+    Args:
+        image_size: side of the square images, or [height, width].
+        channels: channels per image.
+        num_classes: labels are drawn from 0..num_classes-1.
+        num_samples: training samples per epoch (over all ranks).
+        pool_size: distinct images behind those samples.
+        seed: seed of the generated data (the same on every rank).
+        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
+        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
+    """
+
+    _dtrain_behaviour = _SyntheticImageData
+
+
 def _class_directories(root: Path) -> list[str]:
     return sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
 
 
-class ImageFolderDataModule(L.LightningDataModule):
-    """Images in `<dir>/<class name>/<image>` trees (the ImageNet layout), with the standard ImageNet transforms.
-
-    Training: RandomResizedCrop(image_size), horizontal flip, normalisation.
-    Validation: resize the short side to image_size * 256/224, CenterCrop(image_size), normalisation.
-
-    Args:
-        train_dir: the training tree; its class directories define the classes.
-        val_dir: the validation tree with the same class directories (optional).
-        image_size: side of the square crops, or [height, width].
-        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
-        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
-        persistent_workers: keep loader workers alive between epochs (when num_workers > 0).
-    """
+class _ImageFolderData:
+    """ImageFolderDataModule's behaviour, without a Lightning base (see `flavor.rebased`)."""
 
     def __init__(
         self,
@@ -182,10 +180,13 @@ class ImageFolderDataModule(L.LightningDataModule):
                     normalize,
                 ]
             )
-        return DataLoader(
-            datasets.ImageFolder(str(root), transform=transform),
+        dataset = datasets.ImageFolder(str(root), transform=transform)
+        loader = StatefulDataLoader if train else DataLoader
+        return loader(
+            dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            # torch's RandomSampler: Lightning replaces it with a DistributedSampler (see resumable.py).
+            sampler=RandomSampler(dataset) if train else None,
             drop_last=train,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
@@ -198,3 +199,21 @@ class ImageFolderDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader[tuple[torch.Tensor, int]] | list[DataLoader[tuple[torch.Tensor, int]]]:
         # An empty list tells Lightning there is no validation.
         return [] if self.val_dir is None else self._loader(self.val_dir, train=False)
+
+
+class ImageFolderDataModule(_ImageFolderData, L.LightningDataModule):
+    """Images in `<dir>/<class name>/<image>` trees (the ImageNet layout), with the standard ImageNet transforms.
+
+    Training: RandomResizedCrop(image_size), horizontal flip, normalisation.
+    Validation: resize the short side to image_size * 256/224, CenterCrop(image_size), normalisation.
+
+    Args:
+        train_dir: the training tree; its class directories define the classes.
+        val_dir: the validation tree with the same class directories (optional).
+        image_size: side of the square crops, or [height, width].
+        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
+        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
+        persistent_workers: keep loader workers alive between epochs (when num_workers > 0).
+    """
+
+    _dtrain_behaviour = _ImageFolderData

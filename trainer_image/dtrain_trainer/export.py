@@ -44,7 +44,7 @@ PARITY_TOLERANCE = 1e-3
 FIRST_DYNAMO_OPSET = 18
 EXPORT_BATCH_DYNAMIC = 2  # not 1: an example batch of 1 lets tracing specialise the batch axis
 PARITY_BATCH_DYNAMIC = 3  # differs from the export batch, so the check proves the axis is dynamic
-VERSIONED_PACKAGES = ("dtrain", "torch", "torchvision", "lightning", "onnx", "onnxruntime", "onnxscript")
+VERSIONED_PACKAGES = ("dtrain", "torch", "torchvision", "lightning", "pytorch-lightning", "onnx", "onnxruntime", "onnxscript")
 
 
 class ExportError(Exception):

@@ -5,6 +5,12 @@ and a worker that raised (1) look the same from outside. restartPolicy ExitCode 
 the difference (1-127: the program's error, not retried; 128+: killed, retried), in a
 pod and under `dtrain run` alike. This runs torchrun itself, with its own arguments and
 PET_* variables, and exits with the code of the first worker that failed.
+
+SIGTERM (a pod deleted, preempted or drained) reaches torchrun, which passes it to its
+workers and waits up to --shutdown-timeout (PET_SHUTDOWN_TIMEOUT, rendered from the pod's
+grace period) while they stop at a step boundary and rank 0 saves a checkpoint; then this
+exits 128 + the signal (143), as a process killed by it would, not 1 (which
+restartPolicy ExitCode would read as the program's own error).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
@@ -54,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(failed, file=sys.stderr, flush=True)
         _, first = failed.get_first_failure()
         return pod_exit_code(first.exitcode)
+    except SignalException as signalled:
+        print(f"dtrain: torchrun stopped its workers on {signalled.sigval.name}", file=sys.stderr, flush=True)
+        return SIGNAL_EXIT_BASE + int(signalled.sigval)
     return 0
 
 

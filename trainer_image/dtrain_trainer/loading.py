@@ -79,14 +79,16 @@ def instantiate(
     field: str,
     base: type,
     supplied: Mapping[str, tuple[Any, str]] | None = None,
+    cls: type | None = None,
 ) -> Any:
     """An instance of `spec.class_path` built with `spec.init_args`.
 
     `supplied` maps argument names the trainer passes itself (e.g. batch_size) to their
     value and the config field they come from; a class receives them when its
-    constructor names them, and initArgs may not set them as well.
+    constructor names them, and initArgs may not set them as well. `cls`, when given, is the
+    class already imported from spec.class_path (e.g. a built-in put on another Lightning package).
     """
-    cls = import_class(spec.class_path, field)
+    cls = cls or import_class(spec.class_path, field)
     if not issubclass(cls, base):
         raise ConfigError(f"{field}.classPath: {spec.class_path} is not a {base.__name__} subclass")
     args = dict(spec.init_args)

@@ -341,7 +341,9 @@ def estimate_job(model: Any, data: Any, sample_shape: tuple[int, ...], settings:
     slots = optimizer_slots(optimizer) if optimizer is not None else (2, "assumed Adam: exp_avg, exp_avg_sq")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    make_batch, source = _batch_maker(model, data, sample_shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # data loaders' own deprecation notices: nothing a user can act on here
+        make_batch, source = _batch_maker(model, data, sample_shape)
     model.train()
     if precision in ("16-true", "bf16-true", "64-true"):
         model.to(_ACTIVATION_DTYPE[precision])

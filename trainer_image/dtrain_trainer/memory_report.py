@@ -6,14 +6,14 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-import lightning as L
 import torch
 
 from dtrain_operator import api
 
+from . import flavor
 from .config import ConfigError
 from .export import resolve_input_shape
-from .loading import instantiate
+from .loading import import_class, instantiate
 from .memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, gpu_memory_of
 
 
@@ -22,13 +22,21 @@ def estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> Jo
     spec = job.spec
     gpu_memory = gpu_memory_of(spec, gpu_memory_flag)
     torch.manual_seed(spec.trainer.seed)
-    model = instantiate(spec.model, "model", L.LightningModule)
+    # The Lightning package the user's classes are built on, as the trainer chooses it.
+    pl, model_cls, data_cls = flavor.resolve(
+        import_class(spec.model.class_path, "model"),
+        import_class(spec.data.class_path, "data"),
+        spec.model.class_path,
+        spec.data.class_path,
+    )
+    model = instantiate(spec.model, "model", pl.LightningModule, cls=model_cls)
     notes = []
     try:
         data = instantiate(
             spec.data,
             "data",
-            L.LightningDataModule,
+            pl.LightningDataModule,
+            cls=data_cls,
             supplied={"batch_size": (MEASURED_BATCHES[1], "trainer.batchSize"), "num_workers": (0, "trainer.numWorkers")},
         )
     except ConfigError as exc:  # the data set lives on the cluster: estimate from the input shape

@@ -21,7 +21,8 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "start", "time": ..., "jobName": "quickstart", "worldSize": 2, "nodes": 2,
      "devicesPerNode": 1, "accelerator": "cpu", "precision": "32-true",
      "clusterEnvironment": "TorchElasticEnvironment", "maxSteps": -1, "maxEpochs": 2,
-     "resumeFrom": "/ckpt/last.ckpt" | null}
+     "resumeFrom": "/ckpt/last.ckpt" | null,
+     "lightning": "lightning.pytorch" | "pytorch_lightning"}   (the package the job trains with)
     {"event": "warning", "time": ..., "message": "precision 16-mixed needs a CUDA GPU ..."}
     {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
     {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
@@ -32,17 +33,22 @@ fields that are not known yet are null; consumers must ignore fields they do not
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
     {"event": "finished", "time": ..., "ok": true, "step": 128, "epoch": 1, "loss": 0.41,
      "imagesPerSecond": 815.0}
+    {"event": "stopped", "time": ..., "signal": "SIGTERM", "checkpoint": "/ckpt/last.ckpt", "step": 57,
+     "epoch": 0, "loss": 0.9, "imagesPerSecond": 810.2}   (SIGTERM: every rank stopped after this step)
     {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}
 
 `step` is Lightning's global step (optimizer steps; with gradient accumulation one step
 is several batches). `totalSteps` is the number of optimizer steps the run will take
-when that is known. `loss` is rank 0's latest training loss. `imagesPerSecond` counts
+when that is known. `loss` is rank 0's training loss as the model computed it (what it
+logs as train_loss), averaged over the batches of the latest optimizer step (all
+accumulateGradBatches of them), not Lightning's loss divided by accumulateGradBatches. `imagesPerSecond` counts
 the images of all ranks (the batch of each rank times the world size), excluding the
 first WARMUP_BATCHES batches of each process and the time between epochs (validation).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -59,6 +65,7 @@ import torch
 
 from dtrain_operator import contract
 
+from . import flavor
 from .config import ConfigError
 
 log = logging.getLogger("dtrain_trainer")
@@ -70,6 +77,7 @@ EVENT_PROGRESS = "progress"
 EVENT_CHECKPOINT = "checkpoint"
 EVENT_EXPORT = "export"
 EVENT_FINISHED = "finished"
+EVENT_STOPPED = "stopped"
 EVENT_ERROR = "error"
 
 # Batches at the start of each process that throughput leaves out: CUDA context,
@@ -116,6 +124,7 @@ def human_line(record: Mapping[str, Any]) -> str:
         return (
             f"training {record.get('jobName')}: {record.get('nodes')} node(s) x {record.get('devicesPerNode')} "
             f"{record.get('accelerator')} process(es), precision {record.get('precision')}"
+            + (f", {record['lightning']}" if record.get("lightning") else "")
         )
     if event == EVENT_CHECKPOINT:
         return f"checkpoint at step {record.get('step')}: {record.get('path')}"
@@ -129,6 +138,8 @@ def human_line(record: Mapping[str, Any]) -> str:
     if event == EVENT_FINISHED:
         loss = _number(record.get("loss"))
         return f"finished at step {record.get('step')} (epoch {record.get('epoch')}, loss {loss})"
+    if event == EVENT_STOPPED:
+        return f"stopped by {record.get('signal')} at step {record.get('step')}; checkpoint {record.get('checkpoint')}"
     if event in (EVENT_WARNING, EVENT_ERROR):
         return f"{event}: {record.get('message')}"
     return json.dumps(dict(record))
@@ -428,7 +439,7 @@ def loss_of(outputs: Any) -> torch.Tensor | None:
     return None
 
 
-class ProgressCallback(L.Callback):
+class _ProgressBehaviour:
     """Rank 0's reports of progress and of the checkpoint a run resumed from.
 
     The loss is read from the GPU (a synchronisation) only when a record is sent.
@@ -440,6 +451,9 @@ class ProgressCallback(L.Callback):
         self.meter = meter or ThroughputMeter()
         self._loss: torch.Tensor | None = None
         self.last_loss: float | None = None
+        self._window_sum: torch.Tensor | None = None
+        self._window_batches = 0
+        self._window_step: int | None = None
         self.total_steps: int | None = None
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -449,6 +463,7 @@ class ProgressCallback(L.Callback):
             self.reporter.event(EVENT_RESUMED, path=str(trainer.ckpt_path), step=step, epoch=checkpoint.get("epoch"))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._window_step = trainer.global_step
         estimated = trainer.estimated_stepping_batches
         self.total_steps = int(estimated) if math.isfinite(estimated) else None
 
@@ -462,13 +477,29 @@ class ProgressCallback(L.Callback):
             return
         per_rank = batch_size_of(batch) or self.default_batch_size
         self.meter.batch_done(per_rank * trainer.world_size)
-        self._loss = loss_of(outputs)
+        self._add_loss(trainer, loss_of(outputs))
         if self.reporter.progress_due():
             self._report(trainer, epoch_end=False)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
             self._report(trainer, epoch_end=True)
+
+    def _add_loss(self, trainer: L.Trainer, normalised: torch.Tensor | None) -> None:
+        """Average the model's own loss over the accumulation window; publish it at each optimizer step.
+
+        Lightning hands on_train_batch_end the loss divided by accumulate_grad_batches (what it
+        back-propagates); the model computed that times accumulate_grad_batches.
+        """
+        if normalised is None:
+            return
+        loss = normalised * trainer.accumulate_grad_batches
+        self._window_sum = loss if self._window_sum is None else self._window_sum + loss
+        self._window_batches += 1
+        if trainer.global_step != self._window_step:
+            self._window_step = trainer.global_step
+            self._loss = self._window_sum / self._window_batches
+            self._window_sum, self._window_batches = None, 0
 
     def _read_loss(self) -> None:
         if self._loss is not None:
@@ -496,3 +527,16 @@ class ProgressCallback(L.Callback):
             "epoch": trainer.current_epoch,
             "imagesPerSecond": self.meter.images_per_second(),
         }
+
+
+class ProgressCallback(_ProgressBehaviour, L.Callback):
+    __doc__ = _ProgressBehaviour.__doc__
+
+
+@functools.cache
+def progress_callback_class(package: str) -> type:
+    """ProgressCallback on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
+    if package == flavor.LIGHTNING:
+        return ProgressCallback
+    base = flavor.flavor(package).Callback
+    return type("ProgressCallback", (_ProgressBehaviour, base), {"__module__": __name__})

@@ -6,8 +6,13 @@ from torchrun's variables); resume from the newest checkpoint; train; then rank 
 exports and checks the ONNX model while every other rank waits, so that the job's
 success means its artifacts exist.
 
-Exit codes: 0 success; 2 a setting the trainer cannot run with (one line names it);
-1 the export or its check failed. Other failures keep their traceback.
+Exit codes: 0 success; contract.TRAINER_EXIT_INVALID_CONFIG (78) for an error that no
+restart can cure - a setting the trainer cannot run with, a class that does not import or
+refuses its initArgs, a checkpoint or artifacts directory it cannot write, a model it
+cannot export, a full disk - with one line that names it (the restart policy fails the job
+at once on this code); 143 stopped by SIGTERM after saving a checkpoint of the step every
+rank stopped at (see `stopping`); 1 the export or its check failed. Other failures keep
+their traceback.
 """
 
 from __future__ import annotations
@@ -25,13 +30,18 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.strategies import DDPStrategy
 
 from dtrain_operator import contract
 from dtrain_operator.api import TrainerConfig
 
-from .checkpointing import LAST_CHECKPOINT, StepCheckpoint, find_resume_checkpoint
+from . import flavor
+from .checkpointing import (
+    LAST_CHECKPOINT,
+    atomic_checkpoint_io_class,
+    check_writable,
+    find_resume_checkpoint,
+    step_checkpoint_class,
+)
 from .config import (
     ConfigError,
     check_launch_environment,
@@ -43,17 +53,21 @@ from .config import (
     resolve_precision,
 )
 from .export import ExportError, export_artifacts, resolve_input_shape, write_termination_log
-from .loading import instantiate
+from .loading import import_class, instantiate
+from .resumable import resumable
+from .stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
 from .progress import (
     EVENT_CHECKPOINT,
     EVENT_ERROR,
     EVENT_EXPORT,
     EVENT_FINISHED,
     EVENT_START,
+    EVENT_STOPPED,
     EVENT_WARNING,
     NullSink,
-    ProgressCallback,
     ProgressReporter,
+    _ProgressBehaviour,
+    progress_callback_class,
     sink_from_env,
 )
 
@@ -61,11 +75,17 @@ log = logging.getLogger("dtrain_trainer")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_CONFIG_ERROR = 2
+EXIT_CONFIG_ERROR = contract.TRAINER_EXIT_INVALID_CONFIG
 
 
-def build_trainer(config: TrainerConfig, reporter: ProgressReporter | None = None) -> L.Trainer:
-    """Lightning's Trainer for `config`, with dtrain's checkpoint and progress callbacks."""
+def build_trainer(
+    config: TrainerConfig, reporter: ProgressReporter | None = None, package: str = flavor.LIGHTNING
+) -> L.Trainer:
+    """Lightning's Trainer for `config`, with dtrain's checkpoint and progress callbacks.
+
+    `package` is the Lightning package the model and data module are built on
+    (lightning.pytorch or pytorch_lightning): the Trainer and every callback come from it."""
+    pl = flavor.flavor(package)
     reporter = reporter or ProgressReporter(NullSink(), math.inf)
     settings = config.trainer
     on_gpu = config.accelerator == "gpu"
@@ -73,20 +93,21 @@ def build_trainer(config: TrainerConfig, reporter: ProgressReporter | None = Non
     if warning:
         log.warning(warning)
         reporter.event(EVENT_WARNING, message=warning)
-    strategy = DDPStrategy(
+    strategy = pl.strategies.DDPStrategy(
         find_unused_parameters=settings.find_unused_parameters,
         timeout=timedelta(seconds=config.nccl.timeout_seconds),
         process_group_backend="nccl" if on_gpu else "gloo",
         gradient_as_bucket_view=True,
     )
-    checkpoint = StepCheckpoint(
+    checkpoint = step_checkpoint_class(package)(
         dirpath=config.checkpoint.dir,
         every_n_steps=config.checkpoint.every_n_steps,
         keep_last=config.checkpoint.keep_last,
         on_saved=lambda step, path: reporter.event(EVENT_CHECKPOINT, step=step, path=path),
     )
-    progress = ProgressCallback(reporter, default_batch_size=settings.batch_size)
-    return L.Trainer(
+    progress = progress_callback_class(package)(reporter, default_batch_size=settings.batch_size)
+    stop = graceful_stop_class(package)()
+    return pl.Trainer(  # type: ignore[no-any-return]
         accelerator="gpu" if on_gpu else "cpu",
         devices=config.devices_per_node,
         num_nodes=config.nodes,
@@ -99,8 +120,9 @@ def build_trainer(config: TrainerConfig, reporter: ProgressReporter | None = Non
         max_steps=settings.max_steps,
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
-        callbacks=[progress, checkpoint],
-        logger=CSVLogger(save_dir=config.artifacts.dir, name="logs"),
+        callbacks=[progress, stop, checkpoint],
+        plugins=[atomic_checkpoint_io_class(package)()],
+        logger=pl.loggers.CSVLogger(save_dir=config.artifacts.dir, name="logs"),
         default_root_dir=config.checkpoint.dir,
         # Progress goes through the sink; a terminal progress bar only floods pod logs.
         enable_progress_bar=False,
@@ -116,8 +138,8 @@ def check_model_matches_data(model: Any, data: Any) -> None:
         )
 
 
-def _progress_callback(trainer: L.Trainer) -> ProgressCallback:
-    return next(c for c in trainer.callbacks if isinstance(c, ProgressCallback))  # type: ignore[attr-defined]
+def _progress_callback(trainer: L.Trainer) -> _ProgressBehaviour:
+    return next(c for c in trainer.callbacks if isinstance(c, _ProgressBehaviour))  # type: ignore[attr-defined]
 
 
 def _export_on_rank_zero(
@@ -192,24 +214,35 @@ def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
 
 def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: ProgressReporter) -> int:
     settings = config.trainer
-    L.seed_everything(settings.seed, workers=True, verbose=False)
-    model = instantiate(config.model, "model", L.LightningModule)
+    pl, model_cls, data_cls = flavor.resolve(
+        import_class(config.model.class_path, "model"),
+        import_class(config.data.class_path, "data"),
+        config.model.class_path,
+        config.data.class_path,
+    )
+    pl.seed_everything(settings.seed, workers=True, verbose=False)
+    model = instantiate(config.model, "model", pl.LightningModule, cls=model_cls)
     data = instantiate(
         config.data,
         "data",
-        L.LightningDataModule,
+        pl.LightningDataModule,
+        cls=data_cls,
         supplied={
             "batch_size": (settings.batch_size, "trainer.batchSize"),
             "num_workers": (settings.num_workers, "trainer.numWorkers"),
         },
     )
     check_model_matches_data(model, data)
+    resumable(data)
+    check_writable(Path(config.checkpoint.dir), "checkpoint.dir")
+    if global_rank(env) == 0:
+        check_writable(Path(config.artifacts.dir), "artifacts.dir")
     onnx = config.export.onnx
     input_shape = resolve_input_shape(onnx.input_shape, data, model) if onnx.enabled else ()
     if config.accelerator == "gpu":
         # TF32 matmuls on Ampere and newer: the usual choice for training, several times faster than full fp32.
         torch.set_float32_matmul_precision("high")
-    trainer = build_trainer(config, reporter)
+    trainer = build_trainer(config, reporter, pl.name)
     resume = find_resume_checkpoint(Path(config.checkpoint.dir))
     reporter.event(
         EVENT_START,
@@ -223,9 +256,13 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         maxSteps=settings.max_steps,
         maxEpochs=settings.resolved_max_epochs if settings.resolved_max_epochs > 0 else None,
         resumeFrom=str(resume) if resume else None,
+        lightning=pl.name,
     )
     trainer.fit(model, datamodule=data, ckpt_path=str(resume) if resume else None)
     metrics = _progress_callback(trainer).final_metrics(trainer)
+    stop = next(c for c in trainer.callbacks if isinstance(c, _GracefulStopBehaviour))  # type: ignore[attr-defined]
+    if stop.signalled:
+        return _stopped(trainer, config, metrics, reporter, env)
     ok = True
     outcome: dict[str, Any] = {}
     if onnx.enabled:
@@ -235,6 +272,20 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         write_termination_log({"ok": ok, **metrics, **outcome}, env)
     _leave_process_group()
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def _stopped(
+    trainer: L.Trainer, config: TrainerConfig, metrics: Mapping[str, Any], reporter: ProgressReporter, env: Mapping[str, str]
+) -> int:
+    """SIGTERM stopped training (the pod is going away): its checkpoint is saved; no export, exit 143."""
+    if trainer.is_global_zero:
+        checkpoint = str(Path(config.checkpoint.dir) / LAST_CHECKPOINT)
+        reporter.event(EVENT_STOPPED, signal=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics)
+        write_termination_log(
+            {"ok": False, "stopped": STOP_SIGNAL.name, "checkpoint": checkpoint, **metrics}, env
+        )
+    _leave_process_group()
+    return STOPPED_EXIT_CODE
 
 
 def _leave_process_group() -> None:

@@ -37,8 +37,10 @@ class TinyClassifier(L.LightningModule):
         record_dir: str | None = None,
         crash_at_step: int | None = None,
         crash_marker: str | None = None,
+        batch_log: str | None = None,
     ) -> None:
         super().__init__()
+        self.batch_log = Path(batch_log) if batch_log else None
         self.num_classes = num_classes
         self.lr = lr
         self.record_dir = Path(record_dir) if record_dir else None
@@ -56,7 +58,12 @@ class TinyClassifier(L.LightningModule):
         images, labels = batch
         if "first_batch" not in self._record:
             self._record["first_batch"] = tensor_digest([images])
-        return F.cross_entropy(self(images), labels)
+        loss = F.cross_entropy(self(images), labels)
+        if self.batch_log is not None:
+            # Every batch each rank trains on, in order (what an exact resume must reproduce), and its loss.
+            with open(f"{self.batch_log}.rank{self.global_rank}", "a") as log:
+                log.write(f"{self.trainer.current_epoch} {batch_idx} {tensor_digest([images])[:12]} {loss.item()!r}\n")
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)

@@ -1,0 +1,89 @@
+"""A gang restart from a mid-epoch checkpoint ends with the weights of a run that was never interrupted.
+
+The data order continues exactly where the checkpoint left it: no batch of the epoch is
+trained twice and none is skipped, for a user's DataLoader over a map-style dataset and
+for the built-in data modules.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dtrain_operator import contract
+from dtrain_operator.render import TRAINER_COMMAND
+
+from .conftest import RUN_TIMEOUT_SECONDS, USER_MODEL, free_port, process_env, trainer_config, write_config
+from .user_code.dtrain_test_user import CRASH_EXIT_CODE
+
+pytestmark = pytest.mark.slow
+
+SYNTHETIC = {"classPath": "SyntheticImageDataModule", "initArgs": {"image_size": 16, "num_classes": 4, "num_samples": 128, "pool_size": 128}}
+
+
+def launch(tmp_path: Path, config: dict[str, Any], processes: int, name: str) -> subprocess.CompletedProcess[str]:
+    """The pod's command (the launcher and torchrun) on one node of `processes` ranks."""
+    env = process_env(
+        **{
+            contract.ENV_CONFIG: str(write_config(tmp_path, config, f"{name}.yaml")),
+            contract.ENV_NNODES: "1",
+            contract.ENV_NPROC_PER_NODE: str(processes),
+            contract.ENV_NODE_RANK: "0",
+            contract.ENV_MASTER_ADDR: "127.0.0.1",
+            contract.ENV_MASTER_PORT: str(free_port()),
+            contract.ENV_PROGRESS_SINK: "none",
+        }
+    )
+    return subprocess.run(
+        [sys.executable, *TRAINER_COMMAND[1:]], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS
+    )
+
+
+def final_weights(checkpoints: Path) -> dict[str, torch.Tensor]:
+    checkpoint = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 12
+    return checkpoint["state_dict"]
+
+
+@pytest.mark.parametrize(
+    ("data", "processes"),
+    [({"initArgs": {"num_samples": 128}}, 2), (SYNTHETIC, 1)],
+    ids=["users-dataloader-two-ranks", "builtin-data-module"],
+)
+def test_resuming_mid_epoch_ends_with_the_uninterrupted_runs_weights(
+    tmp_path: Path, data: dict[str, Any], processes: int
+) -> None:
+    def config(run: str, **model_args: Any) -> dict[str, Any]:
+        # 128 samples in batches of 8 per rank: an epoch of 16 / processes steps; 12 steps cross an epoch end.
+        return trainer_config(
+            tmp_path / run,
+            devicesPerNode=processes,
+            model={"classPath": USER_MODEL, "initArgs": model_args},
+            data=data,
+            trainer={"maxSteps": 12, "maxEpochs": 5, "numWorkers": 0},
+            checkpoint={"everyNSteps": 3, "keepLast": 1},
+            export={"onnx": {"enabled": False}},
+        )
+
+    whole = launch(tmp_path, config("whole"), processes, "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    # A worker dies right after the checkpoint of step 6, mid-epoch; the restarted gang resumes from it.
+    crashing = config("restarted", crash_at_step=6, crash_marker=str(tmp_path / "crashed-once"))
+    first = launch(tmp_path, crashing, processes, "restarted")
+    assert first.returncode == CRASH_EXIT_CODE, first.stderr[-3000:]
+    assert torch.load(tmp_path / "restarted" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+    second = launch(tmp_path, crashing, processes, "restarted")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stderr
+    assert "not resumable" not in second.stderr and "not fully resumable" not in second.stderr
+
+    expected, resumed = final_weights(tmp_path / "whole" / "checkpoints"), final_weights(tmp_path / "restarted" / "checkpoints")
+    assert expected.keys() == resumed.keys()
+    for name in expected:
+        torch.testing.assert_close(resumed[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -1,0 +1,86 @@
+"""Training data that resumes exactly where a mid-epoch checkpoint left it.
+
+Step checkpoints fall mid-epoch by nature, so every gang restart resumes mid-epoch. A plain
+DataLoader starts its epoch again: the head of the epoch is trained twice and its tail
+never. torchdata's StatefulDataLoader has a state (how far its sampler got, its random
+generator, its workers' progress) that Lightning saves in each checkpoint and restores
+on resume, and that continues the same order.
+
+`resumable(datamodule)` makes the training loader of any data module stateful: the
+built-ins build them themselves, and a user's DataLoader over a map-style
+dataset is rebuilt as one with the same settings (Lightning then swaps in its
+DistributedSampler, which a StatefulDataLoader fast-forwards on resume). An iterable-style
+dataset has no order to skip into; it is left as it is, with a warning.
+
+The order must be a function of the seed and the epoch alone, or the fast-forward lands
+elsewhere: torch's RandomSampler is kept, because Lightning swaps it for a
+DistributedSampler (seeded, set_epoch'd); StatefulDataLoader's own shuffle=True sampler
+draws a random seed and Lightning would wrap, not replace, it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
+from torch.utils.data.sampler import BatchSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+log = logging.getLogger("dtrain_trainer")
+
+
+def stateful(loader: Any) -> Any:
+    """`loader` as a StatefulDataLoader with the same settings, when that is possible; else `loader`."""
+    if isinstance(loader, StatefulDataLoader) or not isinstance(loader, DataLoader):
+        return loader
+    if isinstance(loader.dataset, IterableDataset):
+        log.warning(
+            "the training data is an iterable-style dataset (%s): a restart resumes its epoch from the start; "
+            "give it state_dict/load_state_dict, or use a map-style dataset, for an exact resume",
+            type(loader.dataset).__name__,
+        )
+        return loader
+    kwargs: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    batch_sampler = loader.batch_sampler
+    if loader.batch_size is not None and type(batch_sampler) is BatchSampler:
+        sampler = loader.sampler
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+        if type(sampler) is not SequentialSampler:
+            # torch's RandomSampler stays: Lightning swaps it for a DistributedSampler, whose order is a
+            # function of the seed and the epoch, so that the fast-forward on resume lands on the same batch.
+            # (StatefulDataLoader's own shuffle=True sampler would be wrapped instead, and reshuffled.)
+            kwargs["sampler"] = sampler
+    else:
+        kwargs["batch_sampler"] = batch_sampler
+    return StatefulDataLoader(loader.dataset, **kwargs)
+
+
+def resumable(datamodule: Any) -> Any:
+    """`datamodule`, its train_dataloader() returning stateful loaders (in place; returns it)."""
+    original = datamodule.train_dataloader
+
+    @functools.wraps(original)
+    def train_dataloader() -> Any:
+        loaders = original()
+        if isinstance(loaders, dict):
+            return {name: stateful(loader) for name, loader in loaders.items()}
+        if isinstance(loaders, (list, tuple)):
+            return type(loaders)(stateful(loader) for loader in loaders)
+        return stateful(loaders)
+
+    datamodule.train_dataloader = train_dataloader
+    return datamodule

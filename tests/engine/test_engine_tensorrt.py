@@ -20,8 +20,8 @@ from dtrain_trainer.engine_model import (
     convert_to_float16,
     describe_parser_error,
     inspect_onnx,
-    plan_precision,
 )
+from dtrain_trainer.engine_plan import BuildOptions, plan_build
 from repaired_tensorrt_stubs import installed_stub_root, write_repaired_stubs
 
 ENGINE_TENSORRT = Path(engine.__file__).with_name("engine_tensorrt.py")
@@ -74,6 +74,8 @@ def _stub_members(stub: Path) -> dict[str, set[str]]:
                     names.add(item.target.id)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             members[""].add(node.target.id)
+        elif isinstance(node, ast.FunctionDef):  # module functions: init_libnvinfer_plugins, get_plugin_registry
+            members[""].add(node.name)
     return members
 
 
@@ -127,7 +129,7 @@ def _runtime_tensorrt_chains(source: str) -> set[str]:
 def test_tensorrt_api_lists_every_module_attribute_the_builder_reads() -> None:
     """Each `trt.X` / `trt.X.Y` engine_tensorrt.py reads is in TENSORRT_API, so the walks above cover it."""
     chains = _runtime_tensorrt_chains(ENGINE_TENSORRT.read_text())
-    assert {"Builder", "BuilderFlag.FP16", "MemoryPoolType.WORKSPACE"} <= chains
+    assert {"Builder", "NetworkDefinitionCreationFlag.STRONGLY_TYPED", "MemoryPoolType.WORKSPACE"} <= chains
     assert sorted(chains - set(_tensorrt_api())) == []
 
 
@@ -175,7 +177,12 @@ def test_stubs_alone_are_not_mistaken_for_tensorrt() -> None:
 def _model(weight_types: set[str] = frozenset({"float32"}), quantized: bool = False) -> OnnxModelInfo:
     image = TensorInfo("images", "float32", ("batch", 3, 32, 32))
     logits = TensorInfo("logits", "float32", ("batch", 10))
-    return OnnxModelInfo("model.onnx", (image,), (logits,), 17, None, quantized, frozenset(weight_types))
+    types = frozenset({"INT8"}) if quantized else frozenset()
+    return OnnxModelInfo("model.onnx", (image,), (logits,), 17, None, types, frozenset(weight_types))
+
+
+def plan_precision(major: int, precision, model: OnnxModelInfo):
+    return plan_build(model, BuildOptions(precision=precision), f"{major}.13")
 
 
 @pytest.mark.parametrize(
@@ -210,8 +217,10 @@ def test_int8_needs_a_quantized_model(major: int) -> None:
         plan_precision(major, "int8", _model())
     assert raised.value.exit_code == 2
     plan = plan_precision(major, "int8", _model(quantized=True))
-    assert plan.builder_flags == (("INT8",) if major == 10 else ())
+    assert plan.builder_flags == () and plan.strongly_typed  # 10.13 and 11: Q/DQ models are strongly typed
     assert plan.onnx_conversion is None
+    older = plan_build(_model(quantized=True), BuildOptions(precision="int8"), "10.8")
+    assert (older.strongly_typed, older.builder_flags) == (False, ("INT8",))
 
 
 def test_unsupported_tensorrt_major_is_refused() -> None:

@@ -332,7 +332,7 @@ def _run_tensorrt(
             if pytorch.model is not None:
                 references.append(PyTorchEager(pytorch.model, model, "cpu"))
                 autocast = {"fp16": "float16", "bf16": "bfloat16"}.get(plan.requested_precision)
-                baseline = PyTorchEager(copy.deepcopy(pytorch.model), model, "cuda", autocast)
+                baseline = PyTorchEager(copy.deepcopy(pytorch.model), model, platform.device.torch_device, autocast)
                 pytorch.info["mode"] = baseline.mode
             _check_and_time(run, model, plan.points(), engine, references, baseline)
             run.notes.extend(engine.notes)

@@ -116,6 +116,10 @@ def non_finite_outputs(outputs: Arrays) -> list[str]:
 # --- Timing -----------------------------------------------------------------------------
 
 MIN_TIMED_RUNS = 5
+# What each latency was measured with, as the report says it.
+GPU_CLOCK = "cuda events on the engine's stream (GPU compute time, as trtexec reports it)"
+HOST_CLOCK = "host wall clock per call (launch and synchronize)"
+GRAPH_CLOCK = "cuda events on the engine's stream, one CUDA graph replay per run"
 
 
 @dataclass(frozen=True)

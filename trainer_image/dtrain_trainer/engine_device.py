@@ -55,6 +55,7 @@ class Graph(Protocol):
 class Device(Protocol):
     name: str
     compute_capability: tuple[int, int]
+    torch_device: str  # where the PyTorch eager baseline runs next to the engine
 
     def stream(self) -> Stream: ...
 
@@ -142,6 +143,7 @@ class TorchCudaDevice:
 
         self._torch = torch
         self._device = torch.device("cuda")
+        self.torch_device = "cuda"
         self.name = str(torch.cuda.get_device_name(self._device))
         major, minor = torch.cuda.get_device_capability(self._device)
         self.compute_capability = (int(major), int(minor))

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, cast
 import numpy as np
 import tensorrt as trt
 
-from .engine_check import Arrays, Timing, TimingSettings, measure_samples
+from .engine_check import GPU_CLOCK, GRAPH_CLOCK, HOST_CLOCK, Arrays, Timing, TimingSettings, measure_samples
 from .engine_device import Device, DeviceBuffer
 from .engine_model import EXIT_USAGE, EngineError, describe_parser_error
 from .engine_plan import BuildPlan
@@ -135,9 +135,6 @@ TENSORRT_API: dict[str, tuple[int, ...]] = {
 }
 
 MAX_LOGGED_WARNINGS = 50
-GPU_CLOCK = "cuda events on the engine's stream (GPU compute time, as trtexec reports it)"
-HOST_CLOCK = "host wall clock per call (launch and synchronize)"
-GRAPH_CLOCK = "cuda events on the engine's stream, one CUDA graph replay per run"
 
 
 def tensorrt_version() -> str:
@@ -479,7 +476,6 @@ class TensorRTEngine:
         """GPU compute time per run from CUDA events on the engine's stream; the host wall clock per
         call beside it; and CUDA-graph replays when the plan asks for them."""
         host_run = self.prepare_timed_run(inputs, profile)
-        host_run()  # TensorRT finishes deferred work on the first run; a graph capture must come after it
         stream = self._stream
         start, end = self._device.event(), self._device.event()
 
@@ -500,6 +496,7 @@ class TensorRTEngine:
 
         gpu = measure_samples(on_events(self._launch), batch_size, settings, label=GPU_CLOCK)
         others = [measure_samples(on_host, batch_size, settings, label=HOST_CLOCK)]
+        # The runs above let TensorRT finish its deferred work, which a graph capture must come after.
         if self._plan.cuda_graph:
             try:
                 graph = self._device.capture(stream, self._launch)

@@ -248,3 +248,26 @@ def test_every_builder_flag_a_plan_names_is_in_the_tensorrt_api_for_its_major(tm
                 assert major in api[f"HardwareCompatibilityLevel.{plan.hardware_compatibility}"]
                 for _, data_type in plan.layer_precisions:
                     assert major in api[f"DataType.{data_type}"]
+
+
+def test_the_engine_jobs_command_parses_into_the_options_the_spec_asks_for() -> None:
+    """spec.engine -> the engine Job's command (render) -> build-engine's parser -> BuildOptions: nothing lost."""
+    from dtrain_operator import cli, contract, render
+    from dtrain_operator.api import DistributedTraining
+
+    spec = {"engine": {
+        "precision": "fp32", "tf32": True, "hardwareCompatibilityLevel": "same-compute-capability", "versionCompatible": True,
+        "refit": True, "stripWeights": True, "builderOptimizationLevel": 1, "layerPrecisions": {"fc1": "fp16", "fc2": "bf16"},
+        "precisionConstraints": "prefer", "pluginLibraries": ["/opt/libroi.so"], "useCudaGraph": True,
+        "profiles": [{"inputs": {"x": {"min": [1, 32], "opt": [4, 32], "max": [8, 32]}}}],
+    }}
+    job = DistributedTraining.model_validate(
+        {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "j", "namespace": "n"}, "spec": spec}
+    )
+    args = cli.build_parser().parse_args(render.engine_command(job)[1:])
+    assert engine.build_options(args) == BuildOptions(
+        precision="fp32", shapes=(("x:1x32", "x:4x32", "x:8x32"),), workspace_mib=4096, tf32=True,
+        hardware_compatibility="same-compute-capability", version_compatible=True, refit=True, strip_weights=True,
+        builder_optimization_level=1, layer_precisions=(("fc1", "fp16"), ("fc2", "bf16")), precision_constraints="prefer",
+        plugin_libraries=("/opt/libroi.so",), cuda_graph=True, timing_cache="/workspace/artifacts/timing.cache",
+    )

@@ -171,3 +171,38 @@ def test_an_exception_from_the_bindings_lands_in_the_same_error_path(build_with_
     assert "RuntimeError: std::exception: CUDA error 700" in result.error_lines[0]
     assert result.report["error"] == result.error_lines[0].removeprefix("dtrain build-engine: error: ")
     assert not result.out.exists()
+
+
+def _with_external_data(path: Path) -> Path:
+    """The model as a large export leaves it: the graph in model.onnx, the weights in model.onnx.data."""
+    import onnx
+
+    model = onnx.load(str(path))
+    target = path.with_name("model.onnx")
+    onnx.save_model(model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
+    return target
+
+
+def test_a_model_with_external_data_is_hashed_graph_and_data_and_converted_by_path(
+    build_with_double, tensorrt_double, tmp_path: Path
+) -> None:
+    import hashlib
+
+    onnx_path = _with_external_data(fp32_mlp(tmp_path / "mlp.onnx"))
+    data = onnx_path.with_name("model.onnx.data")
+    tensorrt_double.reset("11.0.0")  # the fp16 conversion: shape inference, conversion and check all by path
+    report = _passed(build_with_double(onnx_path, "--precision", "fp16", "--max-batch", "2"))
+
+    assert report["plan"]["precision"]["onnx_conversion"] == "float16"
+    assert report["onnx"]["sha256"] == hashlib.sha256(onnx_path.read_bytes()).hexdigest()
+    assert report["onnx"]["external_data"] == [
+        {"path": str(data), "sha256": hashlib.sha256(data.read_bytes()).hexdigest(), "bytes": data.stat().st_size}
+    ]
+
+
+def test_missing_external_data_is_a_usage_error(build_with_double, tmp_path: Path) -> None:
+    onnx_path = _with_external_data(fp32_mlp(tmp_path / "mlp.onnx"))
+    onnx_path.with_name("model.onnx.data").unlink()
+    result = build_with_double(onnx_path, "--max-batch", "2")
+    assert result.exit_code == 2 and len(result.error_lines) == 1, result.stderr

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 from typing import Any
@@ -15,19 +14,8 @@ from onnx import TensorProto, helper
 
 from bench.engine_cases import CASES, EngineCase, dynamic_sequence, fp32_mlp, qdq_int8, two_inputs
 from dtrain_trainer import engine
-from dtrain_trainer.engine_plan import HARDWARE_COMPATIBILITY, BuildOptions, plan_build
-from dtrain_trainer.engine_model import EngineError, inspect_onnx
-
-ENGINE_TENSORRT = Path(engine.__file__).with_name("engine_tensorrt.py")
-
-
-def _tensorrt_api() -> dict[str, tuple[int, ...]]:
-    tree = ast.parse(ENGINE_TENSORRT.read_text())
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "TENSORRT_API":
-            return ast.literal_eval(node.value)
-    raise AssertionError("engine_tensorrt.py defines no TENSORRT_API")
-
+from dtrain_trainer.engine_plan import BuildOptions, plan_build
+from dtrain_trainer.engine_model import inspect_onnx
 
 def _get(document: dict[str, Any], dotted: str) -> Any:
     value: Any = document
@@ -223,31 +211,6 @@ def test_fp8_and_int4_quantization_are_told_apart(tmp_path: Path) -> None:
     assert model.quantized_types == {"FP8", "INT4"}
     plan = plan_build(model, BuildOptions(precision="fp16"), "10.8")
     assert plan.builder_flags == ("FP16", "FP8", "INT4") and plan.executed_precision == "int4" and plan.bound == 1e-1
-
-
-def test_every_builder_flag_a_plan_names_is_in_the_tensorrt_api_for_its_major(tmp_path: Path) -> None:
-    """engine_tensorrt looks flags up by the plan's names: each must be one TensorRT has."""
-    api = _tensorrt_api()
-    models = {"mlp": inspect_onnx(str(fp32_mlp(tmp_path / "mlp.onnx"))), "qdq": inspect_onnx(str(qdq_int8(tmp_path / "qdq.onnx")))}
-    option_sets = [
-        BuildOptions(precision=p, tf32=t, refit=r, strip_weights=s, version_compatible=True, hardware_compatibility=h)
-        for p in ("fp32", "fp16", "bf16") for t in (False, True) for r in (False, True) for s in (False, True)
-        for h in HARDWARE_COMPATIBILITY
-    ] + [BuildOptions(precision="fp32", layer_precisions=(("fc1", "fp16"), ("fc2", "bf16")), precision_constraints="obey")]
-    for version in ("10.8", "10.13", "11.0"):
-        major = int(version.split(".")[0])
-        for name, model in models.items():
-            for options in option_sets:
-                try:
-                    plan = plan_build(model, options, version)
-                except EngineError as refused:  # bf16 or layer precisions where the build is strongly typed
-                    assert refused.exit_code == 2
-                    continue
-                for flag in (*plan.builder_flags, *plan.cleared_flags):
-                    assert major in api.get(f"BuilderFlag.{flag}", ()), (version, name, flag)
-                assert major in api[f"HardwareCompatibilityLevel.{plan.hardware_compatibility}"]
-                for _, data_type in plan.layer_precisions:
-                    assert major in api[f"DataType.{data_type}"]
 
 
 def test_the_engine_jobs_command_parses_into_the_options_the_spec_asks_for() -> None:

@@ -21,7 +21,8 @@ from dtrain_trainer.engine_model import (
     describe_parser_error,
     inspect_onnx,
 )
-from dtrain_trainer.engine_plan import BuildOptions, plan_build
+from bench.engine_cases import fp32_mlp, qdq_int8
+from dtrain_trainer.engine_plan import HARDWARE_COMPATIBILITY, BuildOptions, plan_build
 from repaired_tensorrt_stubs import installed_stub_root, write_repaired_stubs
 
 ENGINE_TENSORRT = Path(engine.__file__).with_name("engine_tensorrt.py")
@@ -131,6 +132,31 @@ def test_tensorrt_api_lists_every_module_attribute_the_builder_reads() -> None:
     chains = _runtime_tensorrt_chains(ENGINE_TENSORRT.read_text())
     assert {"Builder", "NetworkDefinitionCreationFlag.STRONGLY_TYPED", "MemoryPoolType.WORKSPACE"} <= chains
     assert sorted(chains - set(_tensorrt_api())) == []
+
+
+def test_every_builder_flag_a_plan_names_is_in_the_tensorrt_api_for_its_major(tmp_path: Path) -> None:
+    """engine_tensorrt looks flags up by the plan's names: each must be one TensorRT has."""
+    api = _tensorrt_api()
+    models = {"mlp": inspect_onnx(str(fp32_mlp(tmp_path / "mlp.onnx"))), "qdq": inspect_onnx(str(qdq_int8(tmp_path / "qdq.onnx")))}
+    option_sets = [
+        BuildOptions(precision=p, tf32=t, refit=r, strip_weights=s, version_compatible=True, hardware_compatibility=h)
+        for p in ("fp32", "fp16", "bf16") for t in (False, True) for r in (False, True) for s in (False, True)
+        for h in HARDWARE_COMPATIBILITY
+    ] + [BuildOptions(precision="fp32", layer_precisions=(("fc1", "fp16"), ("fc2", "bf16")), precision_constraints="obey")]
+    for version in ("10.8", "10.13", "11.0"):
+        major = int(version.split(".")[0])
+        for name, model in models.items():
+            for options in option_sets:
+                try:
+                    plan = plan_build(model, options, version)
+                except EngineError as refused:  # bf16 or layer precisions where the build is strongly typed
+                    assert refused.exit_code == 2
+                    continue
+                for flag in (*plan.builder_flags, *plan.cleared_flags):
+                    assert major in api.get(f"BuilderFlag.{flag}", ()), (version, name, flag)
+                assert major in api[f"HardwareCompatibilityLevel.{plan.hardware_compatibility}"]
+                for _, data_type in plan.layer_precisions:
+                    assert major in api[f"DataType.{data_type}"]
 
 
 def test_missing_tensorrt_or_gpu_is_named_and_nothing_is_written(build_engine, artifacts_copy: Path) -> None:

@@ -59,6 +59,7 @@ from .engine_report import (
     cpu_description,
     format_table,
     layer_summary,
+    tensor_json,
     termination_log_path,
     termination_summary,
     write_atomic,
@@ -382,8 +383,8 @@ def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: BuildOptio
     document = {
         "onnx": {
             "path": model.path,
-            "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in model.inputs],
-            "outputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in model.outputs],
+            "inputs": tensor_json(model.inputs),
+            "outputs": tensor_json(model.outputs),
             "external_data": list(model.external_data),
         },
         **plan.to_json(),

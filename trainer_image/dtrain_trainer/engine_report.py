@@ -67,7 +67,7 @@ class EngineRun:
         return self.error is None and not self.non_finite and all(c.passed for c in self.comparisons)
 
 
-def _tensor_json(tensors: Any) -> list[dict[str, Any]]:
+def tensor_json(tensors: Any) -> list[dict[str, Any]]:
     return [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in tensors]
 
 
@@ -131,8 +131,8 @@ def build_report(run: EngineRun, created_at: Optional[datetime] = None) -> dict[
             "dynamic_batch": run.onnx.dynamic_batch,
             "quantized": run.onnx.quantized,
             "quantized_types": sorted(run.onnx.quantized_types),
-            "inputs": _tensor_json(run.onnx.inputs),
-            "outputs": _tensor_json(run.onnx.outputs),
+            "inputs": tensor_json(run.onnx.inputs),
+            "outputs": tensor_json(run.onnx.outputs),
         },
         "precision": {"requested": run.requested_precision, "executed": run.executed_precision},
         "batch_sizes": {"min": first_input.min[0], "opt": first_input.opt[0], "max": first_input.max[0]},

@@ -295,14 +295,14 @@ def _plan_precision(version: tuple[int, int], options: BuildOptions, model: Onnx
                     "(ONNX Runtime rejects its result)"
                 )
             return _Precision(True, [], [], quantized, None, reasons)
-        flags = [WEAK_PRECISION_FLAGS.get(precision, "")] if precision in ("fp16", "bf16") else []
+        flags = [WEAK_PRECISION_FLAGS[precision]] if precision in ("fp16", "bf16") else []
         flags += types
         reasons.append(
             f"TensorRT {version[0]}.{version[1]} builds weakly typed: builder flag(s) {', '.join(flags)} enable the "
             "Q/DQ layers' types (without them the build fails)"
             + (f" and {precision} kernels elsewhere" if precision in ("fp16", "bf16") else "")
         )
-        return _Precision(False, [f for f in flags if f], [], quantized, None, reasons)
+        return _Precision(False, flags, [], quantized, None, reasons)
 
     cleared = []
     executed: str = precision

@@ -2,8 +2,11 @@
 # TensorRT engines for ResNet-50 (224x224, random weights) at fp32 and fp16 with
 # `dtrain build-engine`: each engine is checked against ONNX Runtime and the PyTorch model on
 # random batches and timed next to PyTorch eager on the same GPU. Prints one table from the
-# two reports. Not part of `make test`: it needs a CUDA GPU and TensorRT 10 (the engine image,
-# trainer_image/engine.Dockerfile, has both).
+# two reports. Then builds the engine cases of bench/engine_cases.py (Q/DQ at fp16 and int8,
+# fp32 without TF32, a dynamic sequence axis, two inputs, a data-dependent output, a plugin
+# op) with the flags the test suite runs them with on its TensorRT double, and checks each
+# report's plan against the case's expectations. Not part of `make test`: it needs a CUDA GPU
+# and TensorRT 10 (the engine image, trainer_image/engine.Dockerfile, has both).
 #
 #   bench/gpu_engine_check.sh
 #   MAX_BATCH=256 PRECISIONS="fp16" bench/gpu_engine_check.sh     # settings below can be overridden
@@ -94,5 +97,42 @@ for path in sys.argv[1:]:
               f"{report['accuracy']['bound']:>6g} {build if build is not None else '-':>7}  {report['device']}")
     if not report["passed"]:
         print(f"  {report['precision']['requested']}: accuracy check FAILED (engine not written)")
+PY
+
+echo
+echo "== engine cases (bench/engine_cases.py) on the real TensorRT"
+OUT_DIR="$OUT_DIR" "$PYTHON" - <<'PY' || status=$?
+import json, os, subprocess, sys
+from pathlib import Path
+
+from bench.engine_cases import CASES
+
+out = Path(os.environ["OUT_DIR"]) / "cases"
+out.mkdir(parents=True, exist_ok=True)
+failed = []
+for case in CASES:
+    onnx_path = case.write(out / f"{case.name}.onnx")
+    report_path = out / f"{case.name}-report.json"
+    command = [sys.executable, "-m", "dtrain_operator.cli", "build-engine", "--onnx", str(onnx_path),
+               "--out", str(out / f"{case.name}.plan"), "--report", str(report_path), "--use-cuda-graph", *case.flags]
+    code = subprocess.run(command, capture_output=True, text=True)
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    problems = [] if code.returncode == 0 else [f"exit {code.returncode}: {code.stderr.strip()[-300:]}"]
+    version = tuple(int(p) for p in report["plan"]["tensorrt"]["version"].split(".")[:2]) if report else (0, 0)
+    if report is not None and (10, 12) <= version < (11, 0):  # the expectations are the 10.13 plan's
+        for dotted, expected in case.expect:
+            value = report["plan"]
+            for part in dotted.split("."):
+                value = value[part]
+            if value != expected:
+                problems.append(f"{dotted} = {value!r}, expected {expected!r}")
+    rows = report["latency"] if report else []
+    first = rows[0] if rows else {}
+    print(f"{case.name:<24} {'ok' if not problems else 'FAILED':<7} GPU median {first.get('median_ms', float('nan')):.3f} ms"
+          f"  layers {((report or {}).get('tensorrt') or {}).get('layers', {}).get('layers_by_output_type')}")
+    for problem in problems:
+        print(f"    {problem}")
+    failed += [case.name] if problems else []
+sys.exit(1 if failed else 0)
 PY
 exit "$status"

@@ -160,18 +160,21 @@ def tensorrt_unavailable_reason() -> str | None:
 
 def build_tensorrt_fp16(onnx_path: Path, batches: list[int], workdir: Path) -> Any:
     """An fp16 engine built by dtrain's own builder (what `dtrain build-engine` runs), for batches min..max."""
-    from dtrain_trainer.engine_model import convert_to_float16, inspect_onnx, plan_precision, resolve_batch_sizes
-    from dtrain_trainer.engine_tensorrt import TensorRTEngine, build_engine, tensorrt_major
+    from dtrain_trainer.engine_device import TorchCudaDevice
+    from dtrain_trainer.engine_model import convert_to_float16, inspect_onnx
+    from dtrain_trainer.engine_plan import BuildOptions, plan_build
+    from dtrain_trainer.engine_tensorrt import TensorRTEngine, TensorRTLog, build_engine, tensorrt_version
 
     model = inspect_onnx(str(onnx_path))
-    sizes = resolve_batch_sizes(model, min(batches), max(batches), max(batches))
-    plan = plan_precision(tensorrt_major(), "fp16", model)
+    options = BuildOptions(precision="fp16", min_batch=min(batches), opt_batch=max(batches), max_batch=max(batches))
+    plan = plan_build(model, options, tensorrt_version())
     source = str(onnx_path)
     if plan.onnx_conversion == "float16":
         source = str(workdir / f"{onnx_path.stem}-fp16.onnx")
         convert_to_float16(str(onnx_path), source)
-    built = build_engine(source, model, sizes, plan, workspace_mib=4096, timing_cache_path=None)
-    return TensorRTEngine(built.plan)
+    log = TensorRTLog()
+    built = build_engine(source, plan, log)
+    return TensorRTEngine(built.plan, plan, TorchCudaDevice(), log, source)
 
 
 def gpu_rows(case: ModelCase, batches: list[int], budget: Budget, workdir: Path) -> list[Row]:

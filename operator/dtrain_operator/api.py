@@ -312,6 +312,32 @@ class ExportSettings(ApiModel):
     """ONNX export."""
 
 
+EngineLayerPrecision = Literal["fp32", "fp16", "bf16"]
+HardwareCompatibilityLevel = Literal["none", "ampere+", "same-compute-capability"]
+PrecisionConstraints = Literal["none", "prefer", "obey"]
+# An axis as long as 16 Mi elements: long enough for any sequence length a GPU holds.
+MAX_AXIS_LENGTH = 2**24
+ShapeList = Annotated[list[Annotated[int, Field(ge=1, le=MAX_AXIS_LENGTH)]], Field(min_length=1, max_length=8)]
+
+
+class InputShapeRange(ApiModel):
+    """The shapes one input takes in an optimisation profile (trtexec --minShapes/--optShapes/--maxShapes)."""
+
+    min: ShapeList
+    """Smallest shape, every axis, e.g. [1, 3, 224, 224]."""
+    opt: ShapeList
+    """Shape TensorRT tunes for."""
+    max: ShapeList
+    """Largest shape."""
+
+
+class EngineProfile(ApiModel):
+    """One optimisation profile: a shape range for each input with a dynamic axis."""
+
+    inputs: Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], InputShapeRange], Field(min_length=1, max_length=MAX_MAP_ENTRIES)]
+    """Shape ranges by input name."""
+
+
 class EngineSettings(ApiModel):
     """The follow-up Job that builds a TensorRT engine from model.onnx."""
 
@@ -337,6 +363,29 @@ class EngineSettings(ApiModel):
     """Resources of the engine container (default: one nvidia.com/gpu)."""
     backoff_limit: Annotated[int, Field(ge=0, le=100)] = 1
     """Retries of the engine Job before it is marked failed."""
+    # The build options below are `dtrain build-engine` flags, with trtexec's defaults.
+    profiles: Optional[Annotated[list[EngineProfile], Field(min_length=1, max_length=8)]] = None
+    """Optimisation profiles with per-input min/opt/max shapes (trtexec --minShapes/--optShapes/--maxShapes, once per profile); when set, minBatch/optBatch/maxBatch are not used. Needed for a dynamic axis besides the batch axis."""
+    tf32: bool = False
+    """Let fp32 builds use TF32 (trtexec's default; off here, as in polygraphy, so fp32 meets its 1e-3 bound)."""
+    hardware_compatibility_level: HardwareCompatibilityLevel = "none"
+    """GPUs the engine must run on besides the builder's (trtexec --hardwareCompatibilityLevel, default none)."""
+    version_compatible: bool = False
+    """Build an engine that later TensorRT versions can run (trtexec --versionCompatible)."""
+    refit: bool = False
+    """Build a refittable engine, for pipelines that retrain (trtexec --refit)."""
+    strip_weights: bool = False
+    """Build a weight-stripped engine, refitted from model.onnx before use (trtexec --stripWeights)."""
+    builder_optimization_level: Annotated[int, Field(ge=0, le=5)] = 3
+    """Builder optimisation level 0-5: higher builds longer for a faster engine (trtexec --builderOptimizationLevel, default 3)."""
+    layer_precisions: Optional[Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], EngineLayerPrecision], Field(max_length=MAX_MAP_ENTRIES)]] = None
+    """Per-layer precision by layer name or * pattern (trtexec --layerPrecisions); weakly typed builds only."""
+    precision_constraints: PrecisionConstraints = "none"
+    """How strictly layerPrecisions hold (trtexec --precisionConstraints, default none; prefer when layerPrecisions is set)."""
+    plugin_libraries: Optional[Annotated[list[Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)]], Field(max_length=16)]] = None
+    """TensorRT plugin libraries to load, absolute paths in the engine image (trtexec --dynamicPlugins)."""
+    use_cuda_graph: bool = False
+    """Also time the engine through a CUDA graph (trtexec --useCudaGraph)."""
 
     @model_validator(mode="after")
     def _batch_order(self) -> "EngineSettings":

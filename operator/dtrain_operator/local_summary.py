@@ -155,7 +155,7 @@ def _add_artifacts(summary: RunSummary, workdir: Workdir) -> None:
 
 
 def _add_engine_report(summary: RunSummary, workdir: Workdir) -> None:
-    """The engine report of `dtrain build-engine` (schema dtrain.dev/engine-report/v1)."""
+    """The engine report of `dtrain build-engine` (schema dtrain.dev/engine-report/v2)."""
     if not summary.engine_asked:
         return
     report = _read_json(workdir.engine_report)
@@ -165,7 +165,9 @@ def _add_engine_report(summary: RunSummary, workdir: Workdir) -> None:
     summary.engine_backend = report.get("backend")
     summary.engine_path = report.get("engine")
     notes = report.get("notes") or []
-    if summary.engine_path is None and notes:
+    if report.get("error"):
+        summary.engine_note = str(report["error"])
+    elif summary.engine_path is None and notes:
         summary.engine_note = str(notes[0])
     for row in report.get("latency") or []:
         pytorch = row.get("pytorch") or {}

@@ -45,9 +45,9 @@ def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-@pytest.fixture
-def build_engine(capsys: pytest.CaptureFixture[str], tmp_path: Path, termination_log: Path):
-    """Run `dtrain build-engine` through the real CLI entry point, with fast timing settings."""
+def _command_runner(capsys: pytest.CaptureFixture[str], tmp_path: Path, platform_factory=None):
+    """`dtrain build-engine` with fast timing settings: through the real CLI entry point, or, with a
+    platform, through engine.run on it (the TensorRT double and its host device)."""
 
     def run(onnx: Path | str, *extra: str, out: Path | None = None, timing: bool = True) -> EngineCommand:
         out = out or tmp_path / "out" / contract.ENGINE_FILE_NAME
@@ -55,11 +55,53 @@ def build_engine(capsys: pytest.CaptureFixture[str], tmp_path: Path, termination
         if timing:
             argv += FAST_TIMING
         capsys.readouterr()
-        exit_code = cli.main(argv)
+        if platform_factory is None:
+            exit_code = cli.main(argv)
+        else:
+            from dtrain_trainer import engine
+
+            exit_code = engine.run(cli.build_parser().parse_args(argv), platform_factory())
         captured = capsys.readouterr()
         return EngineCommand(exit_code, captured.out, captured.err, out, out.parent / contract.ENGINE_REPORT_FILE_NAME)
 
     return run
+
+
+@pytest.fixture
+def build_engine(capsys: pytest.CaptureFixture[str], tmp_path: Path, termination_log: Path):
+    """Run `dtrain build-engine` through the real CLI entry point, with fast timing settings."""
+    return _command_runner(capsys, tmp_path)
+
+
+@pytest.fixture
+def tensorrt_double(monkeypatch: pytest.MonkeyPatch):
+    """The TensorRT double in place of the `tensorrt` module.
+
+    Only the import is redirected: `import tensorrt` in dtrain_trainer.engine_tensorrt
+    finds the double, as it would find the real package, and engine_tensorrt is imported
+    afresh with it (and dropped afterwards, so no other test sees it). Nothing in the code
+    under test is patched."""
+    import dtrain_trainer
+    import tensorrt_double
+
+    tensorrt_double.reset()
+    monkeypatch.setitem(sys.modules, "tensorrt", tensorrt_double)
+    monkeypatch.delitem(sys.modules, "dtrain_trainer.engine_tensorrt", raising=False)
+    monkeypatch.delattr(dtrain_trainer, "engine_tensorrt", raising=False)
+    yield tensorrt_double
+    sys.modules.pop("dtrain_trainer.engine_tensorrt", None)
+    if hasattr(dtrain_trainer, "engine_tensorrt"):
+        delattr(dtrain_trainer, "engine_tensorrt")
+
+
+@pytest.fixture
+def build_with_double(capsys: pytest.CaptureFixture[str], tmp_path: Path, termination_log: Path, tensorrt_double):
+    """`dtrain build-engine` on the TensorRT double and its host device: the whole TensorRT path runs."""
+    from dtrain_trainer import engine
+
+    return _command_runner(
+        capsys, tmp_path, lambda: engine.Platform(tensorrt_double.__version__, tensorrt_double.HostDevice())
+    )
 
 
 @pytest.fixture(scope="session")

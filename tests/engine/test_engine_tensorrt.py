@@ -20,8 +20,9 @@ from dtrain_trainer.engine_model import (
     convert_to_float16,
     describe_parser_error,
     inspect_onnx,
-    plan_precision,
 )
+from bench.engine_cases import fp32_mlp, qdq_int8
+from dtrain_trainer.engine_plan import HARDWARE_COMPATIBILITY, BuildOptions, plan_build
 from repaired_tensorrt_stubs import installed_stub_root, write_repaired_stubs
 
 ENGINE_TENSORRT = Path(engine.__file__).with_name("engine_tensorrt.py")
@@ -74,6 +75,8 @@ def _stub_members(stub: Path) -> dict[str, set[str]]:
                     names.add(item.target.id)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             members[""].add(node.target.id)
+        elif isinstance(node, ast.FunctionDef):  # module functions: init_libnvinfer_plugins, get_plugin_registry
+            members[""].add(node.name)
     return members
 
 
@@ -127,8 +130,33 @@ def _runtime_tensorrt_chains(source: str) -> set[str]:
 def test_tensorrt_api_lists_every_module_attribute_the_builder_reads() -> None:
     """Each `trt.X` / `trt.X.Y` engine_tensorrt.py reads is in TENSORRT_API, so the walks above cover it."""
     chains = _runtime_tensorrt_chains(ENGINE_TENSORRT.read_text())
-    assert {"Builder", "BuilderFlag.FP16", "MemoryPoolType.WORKSPACE"} <= chains
+    assert {"Builder", "NetworkDefinitionCreationFlag.STRONGLY_TYPED", "MemoryPoolType.WORKSPACE"} <= chains
     assert sorted(chains - set(_tensorrt_api())) == []
+
+
+def test_every_builder_flag_a_plan_names_is_in_the_tensorrt_api_for_its_major(tmp_path: Path) -> None:
+    """engine_tensorrt looks flags up by the plan's names: each must be one TensorRT has."""
+    api = _tensorrt_api()
+    models = {"mlp": inspect_onnx(str(fp32_mlp(tmp_path / "mlp.onnx"))), "qdq": inspect_onnx(str(qdq_int8(tmp_path / "qdq.onnx")))}
+    option_sets = [
+        BuildOptions(precision=p, tf32=t, refit=r, strip_weights=s, version_compatible=True, hardware_compatibility=h)
+        for p in ("fp32", "fp16", "bf16") for t in (False, True) for r in (False, True) for s in (False, True)
+        for h in HARDWARE_COMPATIBILITY
+    ] + [BuildOptions(precision="fp32", layer_precisions=(("fc1", "fp16"), ("fc2", "bf16")), precision_constraints="obey")]
+    for version in ("10.8", "10.13", "11.0"):
+        major = int(version.split(".")[0])
+        for name, model in models.items():
+            for options in option_sets:
+                try:
+                    plan = plan_build(model, options, version)
+                except EngineError as refused:  # bf16 or layer precisions where the build is strongly typed
+                    assert refused.exit_code == 2
+                    continue
+                for flag in (*plan.builder_flags, *plan.cleared_flags):
+                    assert major in api.get(f"BuilderFlag.{flag}", ()), (version, name, flag)
+                assert major in api[f"HardwareCompatibilityLevel.{plan.hardware_compatibility}"]
+                for _, data_type in plan.layer_precisions:
+                    assert major in api[f"DataType.{data_type}"]
 
 
 def test_missing_tensorrt_or_gpu_is_named_and_nothing_is_written(build_engine, artifacts_copy: Path) -> None:
@@ -175,7 +203,12 @@ def test_stubs_alone_are_not_mistaken_for_tensorrt() -> None:
 def _model(weight_types: set[str] = frozenset({"float32"}), quantized: bool = False) -> OnnxModelInfo:
     image = TensorInfo("images", "float32", ("batch", 3, 32, 32))
     logits = TensorInfo("logits", "float32", ("batch", 10))
-    return OnnxModelInfo("model.onnx", (image,), (logits,), 17, None, quantized, frozenset(weight_types))
+    types = frozenset({"INT8"}) if quantized else frozenset()
+    return OnnxModelInfo("model.onnx", (image,), (logits,), 17, None, types, frozenset(weight_types))
+
+
+def plan_precision(major: int, precision, model: OnnxModelInfo):
+    return plan_build(model, BuildOptions(precision=precision), f"{major}.13")
 
 
 @pytest.mark.parametrize(
@@ -210,8 +243,10 @@ def test_int8_needs_a_quantized_model(major: int) -> None:
         plan_precision(major, "int8", _model())
     assert raised.value.exit_code == 2
     plan = plan_precision(major, "int8", _model(quantized=True))
-    assert plan.builder_flags == (("INT8",) if major == 10 else ())
+    assert plan.builder_flags == () and plan.strongly_typed  # 10.13 and 11: Q/DQ models are strongly typed
     assert plan.onnx_conversion is None
+    older = plan_build(_model(quantized=True), BuildOptions(precision="int8"), "10.8")
+    assert (older.strongly_typed, older.builder_flags) == (False, ("INT8",))
 
 
 def test_unsupported_tensorrt_major_is_refused() -> None:

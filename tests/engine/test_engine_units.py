@@ -112,21 +112,26 @@ def _model(static_batch: int | None) -> OnnxModelInfo:
     first = static_batch if static_batch is not None else "batch"
     image = TensorInfo("images", "float32", (first, 3, 32, 32))
     logits = TensorInfo("logits", "float32", (first, 10))
-    return OnnxModelInfo("m.onnx", (image,), (logits,), 17, static_batch, False, frozenset({"float32"}))
+    return OnnxModelInfo("m.onnx", (image,), (logits,), 17, static_batch, frozenset(), frozenset({"float32"}))
 
 
 def _run(notes: list[str]) -> EngineRun:
-    from dtrain_trainer.engine_check import LatencyStats
+    from dtrain_trainer.engine_check import LatencyStats, Timing
+    from dtrain_trainer.engine_plan import BuildOptions, plan_build
+    from dtrain_trainer.engine_report import TimedPoint
 
+    model = _model(None)
+    plan = plan_build(model, BuildOptions(precision="fp32", min_batch=1, max_batch=8))
     run = EngineRun(
-        backend="onnxruntime-cpu", onnx=_model(None), onnx_sha256="0" * 64, requested_precision="fp16",
-        executed_precision="fp32", bound=1e-3, batches=BatchSizes(1, 8, 8), device="CPU", timing=TimingSettings(),
+        backend="onnxruntime-cpu", onnx=model, onnx_sha256="0" * 64, requested_precision="fp16",
+        executed_precision="fp32", bound=1e-3, plan=plan, device="CPU", timing=TimingSettings(),
         seed=1, notes=notes,
     )
+    points = plan.points()
     run.references = ["pytorch"]
-    run.comparisons = [Comparison("pytorch", b, 1e-7, 1e-3) for b in (1, 8)]
-    run.latency = [LatencyStats(b, 10, 100, 0.5 * b, 0.6 * b, 0.55 * b) for b in (1, 8)]
-    run.pytorch_latency = [LatencyStats(b, 10, 100, 1.0 * b, 1.2 * b, 1.1 * b) for b in (1, 8)]
+    run.comparisons = [Comparison("pytorch", p.batch_size, 1e-7, 1e-3, profile=0, point=p.label) for p in points]
+    run.latency = [TimedPoint(p, Timing(LatencyStats(b, 10, 100, 0.5 * b, 0.6 * b, 0.55 * b))) for p, b in zip(points, (1, 8))]
+    run.pytorch_latency = [TimedPoint(p, Timing(LatencyStats(b, 10, 100, 1.0 * b, 1.2 * b, 1.1 * b))) for p, b in zip(points, (1, 8))]
     return run
 
 
@@ -143,7 +148,7 @@ def test_table_shows_speedup_and_error_per_batch() -> None:
     table = format_table(build_report(_run([])))
     lines = table.splitlines()
     assert "speed-up" in lines[0]
-    assert lines[2].split()[:2] == ["8", "onnxruntime-cpu"] and "2.00x" in lines[2] and "1.00e-07" in lines[2]
+    assert lines[2].split()[:4] == ["0", "opt/max", "8", "onnxruntime-cpu"] and "2.00x" in lines[2] and "1.00e-07" in lines[2]
     assert lines[-1] == "accuracy passed: bound 0.001 (fp32) against pytorch"
 
 

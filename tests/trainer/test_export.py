@@ -199,3 +199,42 @@ def test_opset_18_falls_back_to_the_torchscript_exporter(tmp_path: Path, caplog:
     assert (exported.opset, exported.exporter) == (18, "torchscript")
     assert "the dynamo ONNX exporter failed" in caplog.text
     assert check_onnx_parity(model, exported.path, torch.randn(3, *SHAPE)) < 1e-5
+
+
+def test_a_large_models_weights_land_under_their_final_name_and_are_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above EXTERNAL_DATA_BYTES the weights go to model.onnx.data, as the graph names them, never a temporary name."""
+    from dtrain_trainer import export
+
+    monkeypatch.setattr(export, "EXTERNAL_DATA_BYTES", 0)  # the tiny model counts as large: the same path, in seconds
+    artifacts = tmp_path / "art"
+    record = export_artifacts(tiny_cnn(), SHAPE, 18, True, artifacts, "job", {}, None)
+
+    data = artifacts / (contract.ONNX_FILE_NAME + ".data")
+    assert sorted(p.name for p in artifacts.iterdir()) == [contract.ARTIFACTS_FILE_NAME, contract.ONNX_FILE_NAME, data.name]
+    graph = onnx.load(str(artifacts / contract.ONNX_FILE_NAME), load_external_data=False)
+    locations = {e.value for t in graph.graph.initializer for e in t.external_data if e.key == "location"}
+    assert locations == {data.name}
+    assert record["onnx"]["externalData"] == [
+        {"path": str(data), "sha256": export.sha256_file(data), "sizeBytes": data.stat().st_size}
+    ]
+    session = ort.InferenceSession(str(artifacts / contract.ONNX_FILE_NAME), providers=["CPUExecutionProvider"])
+    assert session.run(None, {INPUT_NAME: np.zeros((2, *SHAPE), np.float32)})[0].shape == (2, 5)
+
+
+def test_a_failed_large_export_leaves_no_data_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dtrain_trainer import export
+
+    class NotANumber(nn.Module):  # exports fine; its outputs fail the parity check
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny_cnn()
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            return self.net(images) * float("nan")
+
+    monkeypatch.setattr(export, "EXTERNAL_DATA_BYTES", 0)
+    with pytest.raises(ExportError, match="ONNX Runtime disagrees"):
+        export_artifacts(NotANumber(), SHAPE, 18, True, tmp_path / "art", "job", {}, None)
+    assert list((tmp_path / "art").iterdir()) == []

@@ -230,3 +230,30 @@ def test_network_policy_is_valid_kubernetes_and_admits_only_the_jobs_pods(versio
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": own}}]}]
     worker = render.render_worker_pod(job(name="fenced"), 0, 0)
     assert own.items() <= worker["metadata"]["labels"].items()
+
+
+def test_engine_build_options_become_build_engine_flags():
+    """Each spec.engine build option is the `dtrain build-engine` flag of the same name; defaults add none."""
+    engine = {
+        "precision": "fp32", "tf32": True, "hardwareCompatibilityLevel": "ampere+", "versionCompatible": True,
+        "refit": True, "stripWeights": True, "builderOptimizationLevel": 5, "layerPrecisions": {"fc*": "fp16"},
+        "precisionConstraints": "obey", "pluginLibraries": ["/opt/plugins/libroi.so"], "useCudaGraph": True,
+        "profiles": [
+            {"inputs": {"tokens": {"min": [1, 1], "opt": [4, 64], "max": [8, 128]}}},
+            {"inputs": {"tokens": {"min": [16, 1], "opt": [16, 64], "max": [16, 512]}}},
+        ],
+    }
+    command = render.engine_command(job(engine=engine))
+    flags = command[command.index("--precision"):command.index("--workspace-mib")]
+    assert flags == [
+        "--precision", "fp32",
+        "--min-shapes", "tokens:1x1", "--opt-shapes", "tokens:4x64", "--max-shapes", "tokens:8x128",
+        "--min-shapes", "tokens:16x1", "--opt-shapes", "tokens:16x64", "--max-shapes", "tokens:16x512",
+        "--tf32", "--version-compatible", "--refit", "--strip-weights", "--use-cuda-graph",
+        "--hardware-compatibility-level", "ampere+", "--builder-optimization-level", "5",
+        "--layer-precisions", "fc*:fp16", "--precision-constraints", "obey", "--plugin-library", "/opt/plugins/libroi.so",
+    ]
+    default = render.engine_command(job())
+    assert default[default.index("--precision"):default.index("--workspace-mib")] == [
+        "--precision", "fp16", "--min-batch", "1", "--opt-batch", "32", "--max-batch", "32",
+    ]

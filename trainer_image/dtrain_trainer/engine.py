@@ -1,11 +1,13 @@
 """`dtrain build-engine`: ONNX -> TensorRT engine, checked against references and timed.
 
-With TensorRT and a CUDA GPU it builds the engine (engine_tensorrt), runs it on fresh random
-batches at the min, opt and max batch sizes, compares it with ONNX Runtime on the CPU and
-with the PyTorch model when one is known, times it next to PyTorch eager, and writes the
-engine only when the check passes. Without them it stops with a message naming what is
-missing, or, with `--fallback onnxruntime`, checks and times the ONNX model with ONNX
-Runtime on the CPU and says plainly that no engine was built.
+engine_plan decides the whole build (`--dry-run` prints that plan and stops). With TensorRT
+and a CUDA GPU the engine is built from it (engine_tensorrt), run on fresh random inputs at
+every profile's min, opt and max shapes, compared with ONNX Runtime on the CPU and with the
+PyTorch model when one is known, timed with CUDA events next to PyTorch eager, and written
+only when the check passes. Without them it stops with a message naming what is missing,
+or, with `--fallback onnxruntime`, checks and times the ONNX model with ONNX Runtime on the
+CPU and says plainly that no engine was built. A build or run failure is one error line,
+with TensorRT's own words, and a report that says the same.
 """
 
 from __future__ import annotations
@@ -30,31 +32,34 @@ from .engine_check import (
     OnnxRuntimeCpu,
     TimingSettings,
     compare_outputs,
-    measure_latency,
     non_finite_outputs,
     random_batch,
 )
+from .engine_device import Device
 from .engine_model import (
     ENGINE_SUFFIXES,
     EXIT_CHECK_FAILED,
     EXIT_UNAVAILABLE,
+    EXIT_USAGE,
     SUPPORTED_TENSORRT_MAJORS,
     EngineError,
     OnnxModelInfo,
     accuracy_bound,
     check_batch_flags,
     inspect_onnx,
-    require_quantized_for_int8,
-    resolve_batch_sizes,
     usage_error,
 )
+from .engine_plan import BuildOptions, BuildPlan, ShapePoint, plan_build
 from .engine_pytorch import PyTorchEager, SourceLookup, find_pytorch_source, load_pytorch_model
 from .engine_report import (
     NO_ENGINE_MESSAGE,
     EngineRun,
+    TimedPoint,
     build_report,
     cpu_description,
     format_table,
+    layer_summary,
+    tensor_json,
     termination_log_path,
     termination_summary,
     write_atomic,
@@ -69,8 +74,6 @@ FALLBACK_ONNXRUNTIME = "onnxruntime"
 def check_arguments(args: argparse.Namespace) -> None:
     """Checks that need neither the model nor a library: one clear line each."""
     check_batch_flags(args.min_batch, args.opt_batch, args.max_batch)
-    if args.workspace_mib < 1:
-        raise usage_error(f"--workspace-mib {args.workspace_mib}: the builder workspace must be at least 1 MiB")
     if args.warmup < 0:
         raise usage_error(f"--warmup {args.warmup}: use 0 or more warm-up runs")
     if args.iterations < 1:
@@ -89,6 +92,46 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise usage_error(f"--report {report} is named like an engine ({'/'.join(ENGINE_SUFFIXES)}): name it .json")
     if args.timing_cache is not None and os.path.isdir(args.timing_cache):
         raise usage_error(f"--timing-cache {args.timing_cache} is a directory: give a file name, e.g. timing.cache")
+    counts = {flag: len(values or []) for flag, values in (
+        ("--min-shapes", args.min_shapes), ("--opt-shapes", args.opt_shapes), ("--max-shapes", args.max_shapes))}
+    if len(set(counts.values())) > 1:
+        raise usage_error(
+            "give --min-shapes, --opt-shapes and --max-shapes once per optimisation profile each, got "
+            + ", ".join(f"{flag} x{count}" for flag, count in counts.items())
+        )
+    if args.tensorrt_version is not None and not args.dry_run:
+        raise usage_error("--tensorrt-version plans a --dry-run; a build uses the TensorRT installed here")
+
+
+def _layer_precisions(values: Optional[list[str]]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in (part.strip() for value in values or [] for part in value.split(",") if part.strip()):
+        pattern, _, precision = item.rpartition(":")
+        pairs.append((pattern, precision))
+    return tuple(pairs)
+
+
+def build_options(args: argparse.Namespace) -> BuildOptions:
+    """The flags as engine_plan takes them."""
+    return BuildOptions(
+        precision=args.precision,
+        min_batch=args.min_batch,
+        opt_batch=args.opt_batch,
+        max_batch=args.max_batch,
+        shapes=tuple(zip(args.min_shapes or [], args.opt_shapes or [], args.max_shapes or [])),
+        workspace_mib=args.workspace_mib,
+        tf32=args.tf32,
+        hardware_compatibility=args.hardware_compatibility_level,
+        version_compatible=args.version_compatible,
+        refit=args.refit,
+        strip_weights=args.strip_weights,
+        builder_optimization_level=args.builder_optimization_level,
+        layer_precisions=_layer_precisions(args.layer_precisions),
+        precision_constraints=args.precision_constraints,
+        plugin_libraries=tuple(args.plugin_library or []),
+        cuda_graph=args.use_cuda_graph,
+        timing_cache=args.timing_cache,
+    )
 
 
 def report_path(args: argparse.Namespace) -> str:
@@ -99,6 +142,14 @@ def report_path(args: argparse.Namespace) -> str:
 
 
 # --- What this machine has -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Platform:
+    """The TensorRT and the CUDA device a build runs on (the tests pass their double's)."""
+
+    tensorrt_version: str
+    device: Device
 
 
 def probe_tensorrt() -> tuple[Optional[str], Optional[str]]:
@@ -130,6 +181,18 @@ def probe_cuda() -> Optional[str]:
     return None
 
 
+def probe_platform() -> tuple[Optional[Platform], list[str]]:
+    """This machine's TensorRT and GPU, or every reason there is none."""
+    tensorrt_version, tensorrt_missing = probe_tensorrt()
+    cuda_missing = probe_cuda()
+    reasons = [reason for reason in (tensorrt_missing, cuda_missing) if reason]
+    if reasons or tensorrt_version is None:
+        return None, reasons
+    from .engine_device import TorchCudaDevice
+
+    return Platform(tensorrt_version, TorchCudaDevice()), []
+
+
 def unavailable_error(reasons: list[str]) -> EngineError:
     return EngineError(
         f"cannot build a TensorRT engine here: {'; and '.join(reasons)}. Run it in the engine image "
@@ -148,6 +211,14 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _external_data_records(model: OnnxModelInfo) -> list[dict[str, Any]]:
+    """The weights beside a large model's graph: each file hashed, as the graph is."""
+    missing = [path for path in model.external_data if not os.path.isfile(path)]
+    if missing:
+        raise usage_error(f"--onnx {model.path} keeps its weights in {missing}, which is not there")
+    return [{"path": path, "sha256": _sha256(path), "bytes": os.path.getsize(path)} for path in model.external_data]
 
 
 def _versions(tensorrt_version: Optional[str]) -> dict[str, str]:
@@ -188,23 +259,27 @@ def _load_pytorch(lookup: Optional[SourceLookup]) -> PyTorchModel:
 def _check_and_time(
     run: EngineRun,
     model: OnnxModelInfo,
+    points: list[ShapePoint],
     under_test: Backend,
     references: list[Backend],
     baseline: Optional[Backend],
 ) -> None:
-    """Fresh random batches at each batch size: compare with every reference, then time."""
+    """Fresh random inputs at each profile's shapes: compare with every reference, then time."""
     rng = np.random.default_rng(run.seed)
     run.references = [reference.name for reference in references]
-    for batch_size in run.batches.distinct():
-        batch = random_batch(model, batch_size, rng)
-        outputs = under_test.infer(batch)
-        run.non_finite.extend(f"{name} (batch {batch_size})" for name in non_finite_outputs(outputs))
+    for point in points:
+        batch = random_batch(model, point.shapes, rng)
+        outputs = under_test.infer(batch, point.profile)
+        where = f"profile {point.profile} {point.label}"
+        run.non_finite.extend(f"{name} ({where})" for name in non_finite_outputs(outputs))
         for reference in references:
             expected = reference.infer(batch)
-            run.comparisons.append(compare_outputs(outputs, expected, reference.name, batch_size, run.bound))
-        run.latency.append(measure_latency(under_test.prepare_timed_run(batch), batch_size, run.timing))
+            run.comparisons.append(
+                compare_outputs(outputs, expected, reference.name, point.batch_size, run.bound, point.profile, point.label)
+            )
+        run.latency.append(TimedPoint(point, under_test.measure(batch, point.profile, point.batch_size, run.timing)))
         if baseline is not None:
-            run.pytorch_latency.append(measure_latency(baseline.prepare_timed_run(batch), batch_size, run.timing))
+            run.pytorch_latency.append(TimedPoint(point, baseline.measure(batch, 0, point.batch_size, run.timing)))
 
 
 def _accuracy_failure(run: EngineRun) -> str:
@@ -212,10 +287,11 @@ def _accuracy_failure(run: EngineRun) -> str:
         return f"the outputs hold inf/nan: {', '.join(run.non_finite)}"
     failed = [c for c in run.comparisons if not c.passed]
     worst = failed[0]
+    where = f"profile {worst.profile} {worst.point} (batch {worst.batch_size})"
     if worst.problem:
-        return f"against {worst.reference} at batch {worst.batch_size}: {worst.problem}"
+        return f"against {worst.reference} at {where}: {worst.problem}"
     return (
-        f"max relative error {worst.max_relative_error:.3g} against {worst.reference} at batch {worst.batch_size} "
+        f"max relative error {worst.max_relative_error:.3g} against {worst.reference} at {where} "
         f"is above the {run.executed_precision} bound {run.bound:g}"
     )
 
@@ -224,50 +300,56 @@ def _accuracy_failure(run: EngineRun) -> str:
 
 
 def _run_tensorrt(
-    args: argparse.Namespace, model: OnnxModelInfo, run: EngineRun, pytorch: PyTorchModel, tensorrt_version: str
+    model: OnnxModelInfo, run: EngineRun, pytorch: PyTorchModel, platform: Platform, plan: BuildPlan
 ) -> Optional[bytes]:
-    """Build, check and time the engine; the serialized engine when it passed, else None."""
+    """Build, check and time the engine; the serialized engine when it passed, else None.
+
+    Whatever TensorRT or the device raises ends here as one EngineError quoting TensorRT's
+    log, which the report keeps too."""
     import tempfile
 
-    import torch
-
     from . import engine_tensorrt
-    from .engine_model import convert_to_float16, plan_precision
+    from .engine_model import convert_to_float16
 
-    plan = plan_precision(engine_tensorrt.tensorrt_major(), args.precision, model)
-    if args.precision == "bf16" and torch.cuda.get_device_capability() < (8, 0):
+    if plan.requested_precision == "bf16" and platform.device.compute_capability < (8, 0):
         raise usage_error(f"--precision bf16 needs a GPU with compute capability 8.0 or newer; this is {run.device}")
-    with tempfile.TemporaryDirectory(prefix="dtrain-engine-") as scratch:
-        parse_path = model.path
-        if plan.onnx_conversion == "float16":
-            parse_path = os.path.join(scratch, "model-fp16.onnx")
-            convert_to_float16(model.path, parse_path)
-        built = engine_tensorrt.build_engine(
-            parse_path, model, run.batches, plan, args.workspace_mib, args.timing_cache
-        )
-    run.tensorrt = {
-        "version": tensorrt_version,
-        "strongly_typed": plan.strongly_typed,
-        "builder_flags": list(plan.builder_flags),
-        "onnx_conversion": plan.onnx_conversion,
-        "precision_note": plan.note,
-        "workspace_mib": args.workspace_mib,
-        "timing_cache": built.timing_cache,
-        "build_seconds": round(built.seconds, 2),
-    }
-    engine = engine_tensorrt.TensorRTEngine(built.plan)
-    references: list[Backend] = [OnnxRuntimeCpu(model.path)]
-    baseline: Optional[PyTorchEager] = None
-    if pytorch.model is not None:
-        references.append(PyTorchEager(pytorch.model, model, "cpu"))
-        autocast = {"fp16": "float16", "bf16": "bfloat16"}.get(args.precision)
-        baseline = PyTorchEager(copy.deepcopy(pytorch.model), model, "cuda", autocast)
-        pytorch.info["mode"] = baseline.mode
-    _check_and_time(run, model, engine, references, baseline)
+    log = engine_tensorrt.TensorRTLog()
+    run.tensorrt = {"version": platform.tensorrt_version, "log": log.to_json()}
+    try:
+        with tempfile.TemporaryDirectory(prefix="dtrain-engine-") as scratch:
+            parse_path = model.path
+            if plan.onnx_conversion == "float16":
+                parse_path = os.path.join(scratch, "model-fp16.onnx")
+                convert_to_float16(model.path, parse_path)
+            built = engine_tensorrt.build_engine(parse_path, plan, log)
+            run.tensorrt.update({"timing_cache": built.timing_cache, "build_seconds": round(built.seconds, 2)})
+            engine = engine_tensorrt.TensorRTEngine(built.plan, plan, platform.device, log, parse_path)
+            run.tensorrt.update({
+                "device_memory_bytes": engine.device_memory_bytes,
+                "layers": layer_summary(engine.layer_information()),
+            })
+            references: list[Backend] = [OnnxRuntimeCpu(model.path)]
+            baseline: Optional[PyTorchEager] = None
+            if pytorch.model is not None:
+                references.append(PyTorchEager(pytorch.model, model, "cpu"))
+                autocast = {"fp16": "float16", "bf16": "bfloat16"}.get(plan.requested_precision)
+                baseline = PyTorchEager(copy.deepcopy(pytorch.model), model, platform.device.torch_device, autocast)
+                pytorch.info["mode"] = baseline.mode
+            _check_and_time(run, model, plan.points(), engine, references, baseline)
+            run.notes.extend(engine.notes)
+    except EngineError:
+        raise
+    except Exception as error:  # the bindings, the converter and torch.cuda raise their own types
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise EngineError(f"{type(error).__name__}: {detail}; {log.failure('finish')}") from error
+    finally:
+        run.tensorrt["log"] = log.to_json()
     return built.plan if run.accuracy_passed else None
 
 
-def _run_onnxruntime(model: OnnxModelInfo, run: EngineRun, pytorch: PyTorchModel, reasons: list[str]) -> None:
+def _run_onnxruntime(
+    model: OnnxModelInfo, run: EngineRun, pytorch: PyTorchModel, reasons: list[str], points: list[ShapePoint]
+) -> None:
     run.notes.append(
         f"{NO_ENGINE_MESSAGE}: {'; and '.join(reasons)}. ONNX Runtime checked and timed the ONNX model "
         "on the CPU instead (--fallback onnxruntime)."
@@ -289,63 +371,84 @@ def _run_onnxruntime(model: OnnxModelInfo, run: EngineRun, pytorch: PyTorchModel
             "the outputs were only checked to be finite: with no PyTorch model there is no independent reference "
             "for ONNX Runtime to be compared with"
         )
-    _check_and_time(run, model, OnnxRuntimeCpu(model.path), references, baseline)
+    _check_and_time(run, model, points, OnnxRuntimeCpu(model.path), references, baseline)
 
 
 # --- The command --------------------------------------------------------------------------------
 
 
-def _build_engine(args: argparse.Namespace) -> int:
+def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: BuildOptions, platform: Optional[Platform]) -> int:
+    version = args.tensorrt_version or (platform.tensorrt_version if platform else probe_tensorrt()[0])
+    plan = plan_build(model, options, version)
+    document = {
+        "onnx": {
+            "path": model.path,
+            "inputs": tensor_json(model.inputs),
+            "outputs": tensor_json(model.outputs),
+            "external_data": list(model.external_data),
+        },
+        **plan.to_json(),
+    }
+    print(json.dumps(document, indent=2))
+    return 0
+
+
+def _build_engine(args: argparse.Namespace, platform: Optional[Platform]) -> int:
     check_arguments(args)
+    options = build_options(args)
     model = inspect_onnx(args.onnx)
-    batches = resolve_batch_sizes(model, args.min_batch, args.opt_batch, args.max_batch)
-    require_quantized_for_int8(args.precision, model)
+    if args.dry_run:
+        return _dry_run(args, model, options, platform)
+    reasons: list[str] = []
+    if platform is None:
+        platform, reasons = probe_platform()
+    # Planned for the TensorRT here; without one, for the default version: the profiles and exact
+    # outputs are what the fallback checks, and a bad flag is a usage error either way.
+    plan = plan_build(model, options, platform.tensorrt_version if platform else None)
+    if platform is None and args.fallback != FALLBACK_ONNXRUNTIME:
+        raise unavailable_error(reasons)
     lookup = None if args.no_baseline else find_pytorch_source(args.onnx, args.pytorch_checkpoint, args.model_config)
     for warning in lookup.warnings if lookup else []:
         print(f"dtrain build-engine: warning: {warning}", file=sys.stderr)
-
-    tensorrt_version, tensorrt_missing = probe_tensorrt()
-    cuda_missing = probe_cuda()
-    reasons = [reason for reason in (tensorrt_missing, cuda_missing) if reason]
-    if reasons and args.fallback != FALLBACK_ONNXRUNTIME:
-        raise unavailable_error(reasons)
-    use_tensorrt = not reasons
+    external_data = _external_data_records(model)
 
     pytorch = _load_pytorch(lookup)
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     timing = TimingSettings(warmup=args.warmup, iterations=args.iterations, max_seconds=args.max_seconds)
-    executed = args.precision if use_tensorrt else model.exported_precision
-    if use_tensorrt:
-        import torch
-
-        device = torch.cuda.get_device_name()
-    else:
-        device = cpu_description(os.cpu_count() or 1)
+    executed = plan.executed_precision if platform else model.exported_precision
     run = EngineRun(
-        backend="tensorrt" if use_tensorrt else OnnxRuntimeCpu.name,
+        backend="tensorrt" if platform else OnnxRuntimeCpu.name,
         onnx=model,
         onnx_sha256=_sha256(model.path),
+        onnx_external_data=external_data,
         requested_precision=args.precision,
         executed_precision=executed,
-        bound=accuracy_bound(executed),
-        batches=batches,
-        device=device,
+        bound=plan.bound if platform else accuracy_bound(executed),
+        plan=plan,
+        device=platform.device.name if platform else cpu_description(os.cpu_count() or 1),
+        compute_capability=list(platform.device.compute_capability) if platform else None,
         timing=timing,
         seed=seed,
         pytorch=pytorch.info,
-        versions=_versions(tensorrt_version),
+        versions=_versions(platform.tensorrt_version if platform else None),
     )
 
-    if tensorrt_version is not None and use_tensorrt:
-        engine_plan = _run_tensorrt(args, model, run, pytorch, tensorrt_version)
+    exit_code = 0
+    if platform is not None:
+        try:
+            engine_plan = _run_tensorrt(model, run, pytorch, platform, plan)
+        except EngineError as error:
+            if error.exit_code == EXIT_USAGE:
+                raise
+            run.error, exit_code, engine_plan = str(error), error.exit_code, None
         if engine_plan is not None:
             write_atomic(args.out, engine_plan)
             run.engine_path = os.path.abspath(args.out)
             run.engine_bytes = len(engine_plan)
-        else:
+        elif run.error is None:
             run.notes.append(f"the engine failed the accuracy check and was not written to {args.out}")
     else:
-        _run_onnxruntime(model, run, pytorch, reasons)
+        _run_onnxruntime(model, run, pytorch, reasons, plan.points())
         if os.path.exists(args.out):
             run.notes.append(f"{args.out} exists from an earlier run; this run did not write it")
 
@@ -354,11 +457,15 @@ def _build_engine(args: argparse.Namespace) -> int:
     write_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
     _write_termination_summary(termination_summary(report, path))
 
+    if run.error is not None:
+        print(f"dtrain build-engine: error: {run.error}", file=sys.stderr)
+        print(f"report: {path}")
+        return exit_code
     for note in run.notes:
         print(note)
     print(format_table(report))
     if run.engine_path:
-        print(f"engine: {run.engine_path} ({run.engine_bytes} bytes, TensorRT {tensorrt_version}, {args.precision})")
+        print(f"engine: {run.engine_path} ({run.engine_bytes} bytes, TensorRT {platform.tensorrt_version if platform else ''}, {args.precision})")
     print(f"report: {path}")
     if not run.accuracy_passed:
         print(f"dtrain build-engine: error: accuracy check failed: {_accuracy_failure(run)}", file=sys.stderr)
@@ -377,9 +484,14 @@ def _write_termination_summary(summary: str) -> None:
         print(f"dtrain build-engine: warning: cannot write the summary to {path}: {error.strerror}", file=sys.stderr)
 
 
-def main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, platform: Optional[Platform] = None) -> int:
+    """`dtrain build-engine` on `platform` (default: the TensorRT and GPU this machine has)."""
     try:
-        return _build_engine(args)
+        return _build_engine(args, platform)
     except EngineError as error:
         print(f"dtrain build-engine: error: {error}", file=sys.stderr)
         return error.exit_code
+
+
+def main(args: argparse.Namespace) -> int:
+    return run(args)

@@ -18,7 +18,7 @@ import numpy as np
 
 from dtrain_operator import api, contract
 
-from .engine_check import Arrays
+from .engine_check import Arrays, Timing, TimingSettings, measure_latency
 from .engine_model import EngineError, OnnxModelInfo, usage_error
 
 
@@ -191,7 +191,7 @@ class PyTorchEager:
     def _to_device(self, inputs: Arrays) -> list[Any]:
         return [self._torch.from_numpy(np.ascontiguousarray(array)).to(self._device) for array in inputs.values()]
 
-    def infer(self, inputs: Arrays) -> dict[str, np.ndarray]:
+    def infer(self, inputs: Arrays, profile: int = 0) -> dict[str, np.ndarray]:
         result = self._forward(self._to_device(inputs))
         if isinstance(result, dict):
             values = list(result.values())
@@ -204,7 +204,11 @@ class PyTorchEager:
                 f"the PyTorch model returns {len(values)} output(s) and the ONNX model {len(self._output_names)}: "
                 "they are not the same model"
             )
-        return {name: value.detach().float().cpu().numpy() for name, value in zip(self._output_names, values)}
+        # Floats in fp32 (autocast leaves fp16); integer and boolean outputs keep their type.
+        return {
+            name: (value.detach().float() if value.is_floating_point() else value.detach()).cpu().numpy()
+            for name, value in zip(self._output_names, values)
+        }
 
     def prepare_timed_run(self, inputs: Arrays) -> Callable[[], None]:
         device_inputs = self._to_device(inputs)
@@ -216,3 +220,6 @@ class PyTorchEager:
                 synchronize()
 
         return run
+
+    def measure(self, inputs: Arrays, profile: int, batch_size: int, settings: TimingSettings) -> Timing:
+        return Timing(measure_latency(self.prepare_timed_run(inputs), batch_size, settings))

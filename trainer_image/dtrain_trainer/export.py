@@ -19,6 +19,8 @@ import json
 import logging
 import os
 import platform
+import shutil
+import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,8 @@ FIRST_DYNAMO_OPSET = 18
 EXPORT_BATCH_DYNAMIC = 2  # not 1: an example batch of 1 lets tracing specialise the batch axis
 PARITY_BATCH_DYNAMIC = 3  # differs from the export batch, so the check proves the axis is dynamic
 VERSIONED_PACKAGES = ("dtrain", "torch", "torchvision", "lightning", "pytorch-lightning", "onnx", "onnxruntime", "onnxscript")
+# Weights above this go to an external data file beside the graph (a protobuf cannot pass 2 GB).
+EXTERNAL_DATA_BYTES = 1 << 30
 
 
 class ExportError(Exception):
@@ -109,7 +113,7 @@ def _export_dynamo(model: torch.nn.Module, example: torch.Tensor, path: Path, op
         output_names=[OUTPUT_NAME],
         opset_version=opset,
         dynamo=True,
-        external_data=False,
+        external_data=sum(p.numel() * p.element_size() for p in model.state_dict().values()) > EXTERNAL_DATA_BYTES,
         verbose=False,
         dynamic_shapes=({0: torch.export.Dim("batch", min=1)},) if dynamic else None,
     )
@@ -215,6 +219,14 @@ def _write_json_atomically(path: Path, document: Mapping[str, Any]) -> None:
     os.replace(temporary, path)
 
 
+def _external_data_paths(graph: Path) -> tuple[str, ...]:
+    import onnx
+
+    from .engine_model import external_data_files
+
+    return external_data_files(onnx.load(str(graph), load_external_data=False), str(graph.parent))
+
+
 def _file_record(path: Path) -> dict[str, Any]:
     return {"path": str(path), "sha256": sha256_file(path), "sizeBytes": path.stat().st_size}
 
@@ -241,7 +253,11 @@ def export_artifacts(
         raise ExportError(f"artifacts.dir {artifacts_dir}: cannot create it ({exc.strerror})") from exc
     model = model.to("cpu").float().eval()
     onnx_path = artifacts_dir / contract.ONNX_FILE_NAME
-    candidate = artifacts_dir / (contract.ONNX_FILE_NAME + ".tmp")
+    # Exported under its final name in a scratch directory: the external data files of a large
+    # model are named, and referenced by the graph, as they will be in artifacts_dir. Data files
+    # move first, the graph last; a failure leaves nothing behind.
+    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=artifacts_dir))
+    candidate = scratch / contract.ONNX_FILE_NAME
     try:
         exported = export_onnx(model, input_shape, candidate, opset, dynamic_batch)
         parity_batch = torch.randn(PARITY_BATCH_DYNAMIC if dynamic_batch else 1, *input_shape)
@@ -251,9 +267,13 @@ def export_artifacts(
                 f"ONNX Runtime disagrees with PyTorch on a random batch: max relative error {error:.3g} "
                 f"> {PARITY_TOLERANCE:g}"
             )
+        data_files = [Path(path).relative_to(scratch) for path in _external_data_paths(candidate)]
+        for relative in data_files:
+            (artifacts_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(scratch / relative, artifacts_dir / relative)
         os.replace(candidate, onnx_path)
     finally:
-        candidate.unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     import onnxruntime as ort
 
     record: dict[str, Any] = {
@@ -261,6 +281,8 @@ def export_artifacts(
         "createdAt": utc_now(),
         "onnx": {
             **_file_record(onnx_path),
+            # The weights of a model over EXTERNAL_DATA_BYTES, each file hashed as the graph is.
+            "externalData": [_file_record(artifacts_dir / relative) for relative in data_files],
             "opset": exported.opset,
             "exporter": exported.exporter,
             "dynamicBatch": dynamic_batch,

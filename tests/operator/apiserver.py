@@ -12,6 +12,7 @@ operator relies on real API-server behaviour. Each extension is small and stands
   object deletes its dependents (ownerReferences: the garbage collector, background propagation);
 - faults: chosen requests answered with an error, or held at a gate; watch streams dropped or
   stalled (left open but silent, as a dead connection);
+- RBAC when given an authorizer (tests/operator/authz.py: bearer tokens, the chart's roles);
 - a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
   for comparing the operator's calls with its RBAC rules.
 
@@ -250,6 +251,8 @@ class ApiServer(kmock.KubernetesEmulator):
     _wakeup: Optional[asyncio.Event] = attrs.field(default=None, init=False)
     _status_resources: set = attrs.field(factory=set, init=False)
     _kinds: dict = attrs.field(factory=dict, init=False)
+    # RBAC (tests/operator/authz.py): `authorize(request)` raises 401/403; None allows everything.
+    authorizer: Any = None
 
     def declare_resources(self) -> None:
         for name, kind, has_status in RESOURCES:
@@ -282,6 +285,8 @@ class ApiServer(kmock.KubernetesEmulator):
     # --- Request handling ------------------------------------------------------------------------
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if self.authorizer is not None:
+            self.authorizer.authorize(request)
         resource = request.resource
         if resource is None or not resource.plural or request.action is None:
             return await super()._handle(request)  # discovery and other paths

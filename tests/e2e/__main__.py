@@ -32,7 +32,8 @@ INSIDE = "DTRAIN_E2E_IN_NODE"
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.e2e", description=__doc__.splitlines()[0])
     parser.add_argument("--job", metavar="FILE", help="run this job file through the operator and the kubelet")
-    parser.add_argument("--only", action="append", metavar="TEXT", help="run only the scenarios whose title has TEXT")
+    parser.add_argument("--only", action="append", metavar="ID", choices=[key for key, _, _ in SCENARIOS],
+                        help="run only this scenario (repeat for several)")
     parser.add_argument("--keep", metavar="DIR", help="keep the bench's files (pod logs, storage) in DIR")
     return parser.parse_args(argv)
 
@@ -50,6 +51,14 @@ def outside(argv: list[str]) -> int:
         return subprocess.run(command, env=env).returncode
     finally:
         network.cleanup_leftovers()
+
+
+def invalid(path: Path) -> list[str]:
+    """What `dtrain validate` says is wrong with the file (the API server here checks no schema)."""
+    from dtrain_operator.validation import load_job
+
+    _, errors = load_job(path)
+    return errors
 
 
 async def run_file(bench: Bench, path: Path) -> int:
@@ -75,8 +84,8 @@ async def inside(args: argparse.Namespace) -> int:
             return await run_file(bench, Path(args.job))
         figures = Figures()
         results = []
-        for title, scenario in SCENARIOS:
-            if args.only and not any(text in title for text in args.only):
+        for key, title, scenario in SCENARIOS:
+            if args.only and key not in args.only:
                 continue
             print(f"\n=== {title}", flush=True)
             begin = time.monotonic()
@@ -90,7 +99,7 @@ async def inside(args: argparse.Namespace) -> int:
             else:
                 results.append((title, True, time.monotonic() - begin))
                 print(f"--- passed: {title} ({time.monotonic() - begin:.0f} s)", flush=True)
-    print("\nfigures (one run; tests/e2e/README in the main README's Performance section):")
+    print("\nfigures (this run; the README's Performance section has a run of the whole e2e):")
     print(figures_table(figures))
     print(f"\ne2e wall time: {time.monotonic() - started:.0f} s; bench files: {folder}")
     for title, ok, seconds in results:
@@ -102,6 +111,9 @@ async def inside(args: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    if args.job and (errors := invalid(Path(args.job))):
+        print("\n".join(errors), file=sys.stderr)
+        return 2
     if os.environ.get(INSIDE) != "1" or network.current_netns() != network.NODE_NETNS:
         return outside(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")

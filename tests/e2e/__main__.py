@@ -99,6 +99,12 @@ async def inside(args: argparse.Namespace) -> int:
             else:
                 results.append((title, True, time.monotonic() - begin))
                 print(f"--- passed: {title} ({time.monotonic() - begin:.0f} s)", flush=True)
+        # Every scenario ran with the chart's RBAC: a refused call of the operator or the trainer is a
+        # permission the chart lacks (or a call the product should not make).
+        refused = [f"{user}: {attributes.describe()}" for user, attributes in bench.authz.denied]
+        results.append(("RBAC: no call of the operator or the trainer refused", not refused, 0.0))
+        if refused:
+            print("--- FAILED: refused by the chart's RBAC:\n" + "\n".join(sorted(set(refused))), flush=True)
     print("\nfigures (this run; the README's Performance section has a run of the whole e2e):")
     print(figures_table(figures))
     print(f"\ne2e wall time: {time.monotonic() - started:.0f} s; bench files: {folder}")

@@ -79,6 +79,10 @@ def probe() -> None:
         raise NetworkError(f"network namespaces with veth pairs and a bridge do not work on this machine: {exc}") from exc
     finally:
         ip("netns", "del", name, check=False)
+    result = subprocess.run(["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation",
+                             "private", "mount", "-t", "tmpfs", "tmpfs", "/mnt"], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise NetworkError(f"PID, mount and UTS namespaces (unshare) do not work on this machine: {result.stderr.strip()}")
 
 
 def setup_node() -> None:

@@ -1,6 +1,8 @@
 # The two commands of the README's quick start, on a fresh machine:
 #   make demo   installs what is missing, then runs examples/quickstart.yaml end to end
 #   make test   installs what is missing, then runs the whole test suite
+#   make e2e    the operator, a local kubelet and real training pods, scenario by scenario (root)
+#   make e2e JOB=path/to/job.yaml   one job file through the same path
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +14,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 INSTALLED := $(VENV)/.dtrain-installed
 TOOLS := .tools/bin/helm .tools/bin/kubectl
 
-.PHONY: install tools test demo crd manifests clean
+.PHONY: install tools test e2e demo crd manifests clean
 
 install: $(INSTALLED)
 
@@ -34,6 +36,12 @@ $(TOOLS): tools/install-k8s-tools.sh | $(INSTALLED)
 
 test: $(INSTALLED) $(TOOLS)
 	OMP_NUM_THREADS=1 $(PY) -m pytest
+
+# Root and network namespaces (ip netns, veth, bridge): see the README's "End to end" section.
+# E2E_QUICKSTART_MAX_STEPS=N shortens the quick start scenario on a slow machine (maxSteps only).
+e2e: $(INSTALLED) $(TOOLS)
+	bash tools/install-e2e-deps.sh
+	OMP_NUM_THREADS=1 $(PY) -m tests.e2e $(if $(JOB),--job $(JOB))
 
 demo: $(INSTALLED)
 	OMP_NUM_THREADS=1 $(VENV)/bin/dtrain run examples/quickstart.yaml

@@ -14,6 +14,7 @@ operator relies on real API-server behaviour. Each extension is small and stands
   stalled (left open but silent, as a dead connection);
 - admission: hooks (`admission`, e.g. crd_admission.py) that check or refuse an object on create
   and update, before it is stored;
+- RBAC when given an authorizer (tests/operator/authz.py: bearer tokens, the chart's roles);
 - a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
   for comparing the operator's calls with its RBAC rules.
 
@@ -260,6 +261,8 @@ class ApiServer(kmock.KubernetesEmulator):
         for hook in self.admission:
             new = hook(request, new, old)
         return new
+    # RBAC (tests/operator/authz.py): `authorize(request)` raises 401/403; None allows everything.
+    authorizer: Any = None
 
     def declare_resources(self) -> None:
         for name, kind, has_status in RESOURCES:
@@ -292,6 +295,8 @@ class ApiServer(kmock.KubernetesEmulator):
     # --- Request handling ------------------------------------------------------------------------
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if self.authorizer is not None:
+            self.authorizer.authorize(request)
         resource = request.resource
         if resource is None or not resource.plural or request.action is None:
             return await super()._handle(request)  # discovery and other paths

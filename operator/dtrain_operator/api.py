@@ -721,8 +721,27 @@ class TrainerConfig(ApiModel):
 MUTABLE_RUN_POLICY_FIELDS = ("suspend", "ttlSecondsAfterFinished")
 
 
+# The accepted copy of a spec (status.acceptedSpec, the operator's state annotation) is read by
+# whoever may view the job, so env values stay in the spec itself: the copy holds this instead.
+# The API server's immutability rule keeps them equal to the accepted ones.
+ENV_VALUE_PLACEHOLDER = "(in spec.env)"
+
+
 def immutable_spec(spec: DistributedTrainingSpec) -> dict[str, Any]:
-    """The part of a spec (defaults filled in) that may not change once the job exists."""
+    """The part of a spec (defaults filled in) that may not change once the job exists, env values left out."""
     wire = spec.to_wire()
     wire["runPolicy"] = {k: v for k, v in wire["runPolicy"].items() if k not in MUTABLE_RUN_POLICY_FIELDS}
+    for var in wire.get("env", []):
+        if "value" in var:
+            var["value"] = ENV_VALUE_PLACEHOLDER
     return wire
+
+
+def with_env_values(accepted: DistributedTrainingSpec, env: list[EnvVar]) -> DistributedTrainingSpec:
+    """An accepted spec with its env values taken, by name, from the job's own `env`."""
+    by_name = {var.name: var for var in env}
+    if any(var.value == ENV_VALUE_PLACEHOLDER and var.name not in by_name for var in accepted.env):
+        # A variable renamed by an edit the API server should have refused: the user's list, as written.
+        return accepted.model_copy(update={"env": list(env)})
+    restored = [by_name[var.name] if var.value == ENV_VALUE_PLACEHOLDER else var for var in accepted.env]
+    return accepted.model_copy(update={"env": restored})

@@ -27,7 +27,7 @@ import kopf
 from pydantic import ValidationError
 
 from . import contract, refusals, render, trusted
-from .api import DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus
+from .api import DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus, EnvVar, with_env_values
 from .kube import ApiError, KubeClient, RateLimiter, connection_info, load_configuration
 from .metrics import OperatorMetrics
 from .plan import Plan, plan_children
@@ -200,6 +200,17 @@ class ParsedJob:
     """Validation errors: of the whole object when `job` is None, else of an edit to an accepted job."""
 
 
+def _readable_env(body: Mapping[str, Any]) -> list[EnvVar]:
+    """The env variables of an object whose spec does not validate as a whole, those that do."""
+    readable = []
+    for var in (body.get("spec") or {}).get("env") or []:
+        try:
+            readable.append(EnvVar.model_validate(var))
+        except ValidationError:
+            continue
+    return readable
+
+
 def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> ParsedJob:
     """Validate the object (not its status). An accepted job whose spec became invalid keeps its accepted spec."""
     document = {k: v for k, v in body.items() if k != "status"}
@@ -214,6 +225,7 @@ def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> P
         run_policy["suspend"] = raw_policy["suspend"]
     try:
         spec = DistributedTrainingSpec.model_validate({**previous.accepted_spec, "runPolicy": run_policy})
+        spec = with_env_values(spec, _readable_env(body))
         job = DistributedTraining.model_validate(
             {"metadata": body.get("metadata") or {}, "spec": spec.to_wire()}
         ).model_copy(update={"status": previous})

@@ -25,6 +25,7 @@ from .api import (
     DistributedTrainingStatus,
     NodeCounts,
     immutable_spec,
+    with_env_values,
 )
 from .policy import WorkerFailure
 from .redaction import redact_text
@@ -293,7 +294,7 @@ def accepted_job(job: DistributedTraining) -> DistributedTraining:
         spec = DistributedTrainingSpec.model_validate({**accepted, "runPolicy": run_policy})
     except ValidationError:
         return job
-    return job.model_copy(update={"spec": spec})
+    return job.model_copy(update={"spec": with_env_values(spec, job.spec.env)})
 
 
 def _changed_paths(old: Any, new: Any, prefix: str) -> list[str]:

@@ -57,6 +57,10 @@ class RunSummary:
     engine_note: Optional[str] = None
     engine_report: Optional[str] = None
     latency: list[LatencyRow] = field(default_factory=list)
+    # Validation metrics (val_acc, val_loss, ...) at the end of training.
+    metrics: dict[str, float] = field(default_factory=dict)
+    # What the table's title names: `dtrain run` here, `dtrain watch` for a job on a cluster.
+    command: str = "dtrain run"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

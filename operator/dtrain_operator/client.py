@@ -128,10 +128,12 @@ class ProgressUpdate:
         status = job.status or api.DistributedTrainingStatus()
         progress = status.progress or api.Progress()
         extra = progress.model_extra or {}
-        # status.progress.metrics (val_acc, ...) where the trainer reports them; numbers only.
-        raw_metrics = extra.get("metrics") if isinstance(extra.get("metrics"), dict) else {}
+        # status.progress.metrics (val_acc, ...) and totalSteps where the trainer reports them, whether
+        # the model names them as fields or keeps them as extra ones; numbers only.
+        raw_metrics = getattr(progress, "metrics", None) or extra.get("metrics")
+        raw_metrics = raw_metrics if isinstance(raw_metrics, dict) else {}
         metrics = {str(k): float(v) for k, v in raw_metrics.items() if _number(v) is not None}
-        total = extra.get("totalSteps")
+        total = getattr(progress, "total_steps", None) or extra.get("totalSteps")
         return cls(
             job=job,
             phase=status.phase,
@@ -467,7 +469,19 @@ class Client:
 
     @staticmethod
     def _model(raw: Mapping[str, Any]) -> api.DistributedTraining:
-        return api.DistributedTraining.model_validate(raw)
+        from pydantic import ValidationError
+
+        from .validation import format_validation_error
+
+        try:
+            return api.DistributedTraining.model_validate(raw)
+        except ValidationError as exc:
+            name = (raw.get("metadata") or {}).get("name", "?")
+            first = format_validation_error(exc)[0]
+            raise DtrainError(
+                f"the cluster's DistributedTraining {name} does not fit this dtrain's API model ({first}); "
+                "the operator there is probably newer: upgrade dtrain (pip install -U 'dtrain[client]')"
+            ) from exc
 
     # --- Waiting and progress ---------------------------------------------------------------------
 

@@ -230,3 +230,9 @@ async def test_no_answer_and_no_credentials(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(ConnectionFailed, match="no Kubernetes credentials"):
         Client()
+
+
+async def test_a_job_from_a_newer_operator_is_a_clear_error(cluster: Cluster):
+    await cluster.apply({**a_job("future").build(), "spec": {"nodes": 1, "quantumAccelerator": True}})
+    with pytest.raises(Exception, match="does not fit this dtrain's API model .*quantumAccelerator.*upgrade dtrain"):
+        await call(client_of(cluster).get, "future")

@@ -23,6 +23,7 @@ the trainer reports at most every 15 s, so a watch would buy nothing but reconne
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import time
@@ -537,7 +538,7 @@ class Client:
 
     # --- Pods and logs ------------------------------------------------------------------------------
 
-    def worker_pods(self, name: str, namespace: Optional[str] = None) -> list[dict[str, Any]]:
+    def worker_pods(self, name: str, namespace: Optional[str] = None) -> builtins.list[dict[str, Any]]:
         """The job's worker pods of its newest gang, by rank (plain dicts as the API server has them)."""
         ns = namespace or self.namespace
         selector = f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"

@@ -99,10 +99,11 @@ class OperatorMetrics:
         for field, gauge in self.job_gauges.items():
             value = values.get(field)
             if _is_number(value):
-                gauge.labels(*key).set(float(value))
+                gauge.labels(*key).set(float(value))  # type: ignore[arg-type]
             else:
                 _remove(gauge, key)
-        metrics = progress.get("metrics") if isinstance(progress.get("metrics"), Mapping) else {}
+        reported = progress.get("metrics")
+        metrics: Mapping[str, Any] = reported if isinstance(reported, Mapping) else {}
         numbers = {str(k): float(v) for k, v in metrics.items() if _is_number(v)}
         for gone in self._job_metric_names.pop(key, set()) - set(numbers):
             _remove(self.job_metric, (*key, gone))

@@ -112,13 +112,17 @@ async def test_watch_draws_progress_from_the_status_and_ends_with_the_summary(cl
     await cluster.apply(a_job("watched").build())
 
     async def run() -> None:
-        await asyncio.sleep(0.5)
+        # Once `dtrain watch` reads the job (its start-up takes a while on a busy machine).
+        await cluster.eventually(
+            lambda: cluster.api.count_calls(["dtrain-client/"], verb="get", resource="distributedtrainings"),
+            "dtrain watch reading the job", timeout=60,
+        )
         await cluster.patch_job_status(NS, "watched", {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"})
         for step in (10, 20):
-            await asyncio.sleep(0.4)
+            await asyncio.sleep(1.0)
             await cluster.patch_job_status(NS, "watched", {"progress": {
                 "epoch": 0, "step": step, "totalSteps": 20, "loss": 1.0 / step, "imagesPerSecond": 150.0}})
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(1.0)
         await cluster.patch_job_status(NS, "watched", {
             "phase": "Succeeded", "completionTime": "2026-01-01T00:01:05Z",
             "progress": {"metrics": {"val_acc": 0.975}},

@@ -145,20 +145,28 @@ async def test_progress_streams_each_change_until_the_job_ends(cluster: Cluster)
     client = client_of(cluster)
     await call(client.submit, a_job("prog").build())
 
-    async def trainer() -> None:
-        await cluster.patch_job_status(NS, "prog", {"phase": "Running"})
-        for step in (10, 20, 30):
-            await asyncio.sleep(0.15)
-            await cluster.patch_job_status(NS, "prog", {"progress": {
-                "epoch": step // 20, "step": step, "totalSteps": 30, "loss": 1.0 / step, "imagesPerSecond": 100.0,
-                "metrics": {"val_acc": step / 31}}})
-        await asyncio.sleep(0.15)
-        await cluster.patch_job_status(NS, "prog", {"phase": "Succeeded"})
+    updates: list[ProgressUpdate] = []
 
-    feeder = asyncio.ensure_future(trainer())
-    updates: list[ProgressUpdate] = await call(lambda: list(client.progress("prog", interval=0.03, timeout=20)))
-    await feeder
-    # Each report, none missed (reports are slower than the polls); the last comes again with Succeeded.
+    def consume() -> None:
+        for update in client.progress("prog", interval=0.03, timeout=60):
+            updates.append(update)
+
+    consumer = asyncio.ensure_future(call(consume))
+
+    async def seen(what: str, check: Callable[[ProgressUpdate], bool]) -> None:
+        await cluster.eventually(lambda: any(check(u) for u in updates), what)
+
+    # The trainer's reports, each once the client has seen the one before (polls may be slow on a busy machine).
+    await cluster.patch_job_status(NS, "prog", {"phase": "Running"})
+    await seen("Running", lambda u: u.phase == "Running")
+    for step in (10, 20, 30):
+        await cluster.patch_job_status(NS, "prog", {"progress": {
+            "epoch": step // 20, "step": step, "totalSteps": 30, "loss": 1.0 / step, "imagesPerSecond": 100.0,
+            "metrics": {"val_acc": step / 31}}})
+        await seen(f"step {step}", lambda u, step=step: u.step == step)
+    await cluster.patch_job_status(NS, "prog", {"phase": "Succeeded"})
+    await asyncio.wait_for(consumer, 30)
+    # Each report once, in order; the last comes again with Succeeded.
     assert [(u.phase, u.step) for u in updates if u.step is not None] == [
         ("Running", 10), ("Running", 20), ("Running", 30), ("Succeeded", 30)]
     assert len({u.key() for u in updates}) == len(updates)  # only changes

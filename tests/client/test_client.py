@@ -244,3 +244,26 @@ async def test_a_job_from_a_newer_operator_is_a_clear_error(cluster: Cluster):
     await cluster.apply({**a_job("future").build(), "spec": {"nodes": 1, "quantumAccelerator": True}})
     with pytest.raises(Exception, match="does not fit this dtrain's API model .*quantumAccelerator.*upgrade dtrain"):
         await call(client_of(cluster).get, "future")
+
+
+def test_in_a_pod_the_service_account_and_its_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from kubernetes.config import incluster_config
+
+    from dtrain_operator import client as client_module
+
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("pod-token")
+    (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (account / "namespace").write_text("team-x\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(account / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(account / "ca.crt"))
+    monkeypatch.setattr(client_module, "SERVICE_ACCOUNT_NAMESPACE_FILE", account / "namespace")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    pod = Client()
+    assert (pod.namespace, pod.credentials) == ("team-x", "the pod's service account")
+    assert pod._api.configuration.host == "https://10.96.0.1:443"
+    assert Client(namespace="other").namespace == "other"

@@ -267,11 +267,15 @@ def watch(args: argparse.Namespace) -> int:
             if update is None:
                 break
             job = update.job
+            started = _parse_time(job.status.start_time if job.status else None)
+            if started is not None:  # elapsed is the job's, not this command's
+                age_seconds = (datetime.now(timezone.utc) - started).total_seconds()
+                display.view.started = time.monotonic() - max(0.0, age_seconds)
             if update.phase != phase:
                 display.progress_done()
                 display.info(f"phase {update.phase or 'Pending'}" + (f" (restarts {update.restarts})" if update.restarts else ""))
                 phase = update.phase
-            if update.step is not None:
+            if update.step is not None and not update.finished:
                 display.progress(progress_record(update), update.restarts)
             display.tick()
     except DtrainError as error:

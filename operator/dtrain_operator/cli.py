@@ -51,6 +51,64 @@ def _lazy(module: str, function: str = "main") -> Callable[[argparse.Namespace],
     return run
 
 
+def _cluster_options(parser: argparse.ArgumentParser, output: bool = False) -> None:
+    """kubectl's options: -n/--namespace, --context, --kubeconfig, and -o json|yaml where an object is printed."""
+    parser.add_argument("-n", "--namespace", metavar="NS", help="namespace (default: the kubeconfig context's)")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current context)")
+    parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    if output:
+        parser.add_argument("-o", "--output", choices=["json", "yaml"], help="print the object(s) as JSON or YAML")
+
+
+def _add_cluster_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """submit, get, watch, logs, delete: jobs on a cluster (dtrain_operator.cluster_cli, on client.Client)."""
+    verbs = "dtrain_operator.cluster_cli"
+    p = sub.add_parser(
+        "submit",
+        help="validate a job file and create the job on the cluster",
+        description="Validate FILE as `dtrain validate` does, then create the DistributedTraining on the cluster "
+        "(kubeconfig or in-cluster credentials). Exit codes: 0 created, 1 refused, 2 invalid file.",
+    )
+    p.add_argument("file", metavar="FILE")
+    _cluster_options(p, output=True)
+    p.set_defaults(func=_lazy(verbs, "submit"))
+
+    p = sub.add_parser(
+        "get",
+        help="list jobs, or show one: the columns of `kubectl get dtr`, plus the last loss and the ETA",
+    )
+    p.add_argument("name", nargs="?", metavar="NAME")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
+    _cluster_options(p, output=True)
+    p.set_defaults(func=_lazy(verbs, "get"))
+
+    p = sub.add_parser(
+        "watch",
+        help="follow a job's progress live until it ends, then print its summary",
+        description="Draw the job's progress (epoch, step, loss, images/s, ETA) from its status until it succeeds "
+        "or fails, then the summary table of `dtrain run`. Exit codes: 0 succeeded, 1 failed or refused.",
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between reads (default 2)")
+    _cluster_options(p)
+    p.set_defaults(func=_lazy(verbs, "watch"))
+
+    p = sub.add_parser("logs", help="print the trainer log of one worker pod (rank 0 by default)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--rank", type=int, default=0, metavar="N", help="node rank of the worker pod (default 0)")
+    p.add_argument("-f", "--follow", action="store_true", help="stream the log until the container ends")
+    p.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines")
+    p.add_argument("-p", "--previous", action="store_true", help="the log of the previous container")
+    _cluster_options(p)
+    p.set_defaults(func=_lazy(verbs, "logs"))
+
+    p = sub.add_parser("delete", help="delete jobs (their pods, Service, ConfigMap and engine Job go with them)")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--wait", action="store_true", help="return once each job is gone")
+    _cluster_options(p)
+    p.set_defaults(func=_lazy(verbs, "delete"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dtrain",
@@ -150,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue from the checkpoint an earlier run left in the workdir (default: start afresh)",
     )
     p.set_defaults(func=_lazy("dtrain_operator.local_run"))
+
+    _add_cluster_commands(sub)
 
     p = sub.add_parser(
         "build-engine",

@@ -310,13 +310,13 @@ class Controller:
         elif current is not None and not _newer(body, current):
             return
         self._jobs[key] = body
-        self._metrics.job_phase(key, (body.get("status") or {}).get("phase"))
+        self._metrics.job_status(key, body.get("status") or {})
 
     def _forget(self, key: JobKey) -> None:
         self._jobs.pop(key, None)
         self._expectations.pop(key, None)
         self._queue.forget(key)
-        self._metrics.job_phase(key, None)
+        self._metrics.job_status(key, None)
 
     # --- Observation -------------------------------------------------------------------------------
 
@@ -478,7 +478,8 @@ class Controller:
             self._remember(key, updated)
         restarts = new.restarts - (previous.restarts if previous else 0)
         if restarts > 0:
-            self._metrics.gang_restarts.inc(restarts)
+            restarting = next((c for c in new.conditions if c.type == "Restarting"), None)
+            self._metrics.gang_restart(restarts, restarting.reason if restarting else "")
         if "phase" in patch:
             logger.info("%s/%s: %s -> %s", namespace, name, previous.phase if previous else None, new.phase)
         events = status_events(previous, new)

@@ -258,7 +258,7 @@ def _value(value: Optional[object], fmt: str = "{}") -> str:
 
 def summary_table(s: RunSummary) -> Table:
     style = {"Succeeded": "bold green", "Failed": "bold red"}.get(s.phase, "bold yellow")
-    table = Table(title=f"dtrain run {s.job_name}", show_header=False, title_justify="left")
+    table = Table(title=f"{s.command} {s.job_name}", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")
     phase = s.phase + (f" ({s.reason})" if s.reason else "")
@@ -271,6 +271,8 @@ def summary_table(s: RunSummary) -> Table:
     )
     table.add_row("steps", _value(s.steps))
     table.add_row("final loss", _value(s.final_loss, "{:.4g}"))
+    for name, value in s.metrics.items():
+        table.add_row(name, f"{value:.4g}")
     table.add_row("throughput", _value(s.images_per_second, "{:,.1f} images/s"))
     table.add_row("restarts", str(s.restarts))
     table.add_row("wall time", format_duration(s.wall_seconds))
@@ -293,7 +295,8 @@ def summary_table(s: RunSummary) -> Table:
             table.add_row("engine report", escape(s.engine_report))
     else:
         table.add_row("engine", "not asked for")
-    table.add_row("workdir", escape(s.workdir))
+    if s.workdir:
+        table.add_row("workdir", escape(s.workdir))
     return table
 
 

@@ -29,6 +29,17 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
         {"metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}}}},
         (MONITORING_API,),
     ),
+    # `helm install --set metrics.serviceMonitor.enabled=true,metrics.dashboard.enabled=true`, with
+    # the dashboard where a central Grafana's sidecar looks, in a folder.
+    "monitoring": (
+        {
+            "metrics": {
+                "serviceMonitor": {"enabled": True},
+                "dashboard": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "dtrain"}},
+            }
+        },
+        (MONITORING_API,),
+    ),
     "custom-image-and-resources": (
         {
             "image": {"repository": "registry.example.com/ml/dtrain-operator", "tag": "1.2.3", "pullPolicy": "Always"},

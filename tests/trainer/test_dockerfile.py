@@ -26,3 +26,13 @@ def test_installs_the_trainer_extra_on_a_cuda_pytorch_base() -> None:
     assert re.fullmatch(r"pytorch/pytorch:[\d.]+-cuda[\d.]+-cudnn\d+-runtime", base)
     assert '[trainer]"' in DOCKERFILE
     assert "--constraint /tmp/base-torch.txt" in DOCKERFILE  # the base's CUDA torch is kept
+
+
+def test_the_image_holds_the_quick_starts_data() -> None:
+    """scikit-learn (the digits data set) comes with the trainer extra, and the build loads the data."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    trainer = pyproject["project"]["optional-dependencies"]["trainer"]
+    assert any(re.match(r"scikit-learn\b", requirement) for requirement in trainer)
+    assert "from sklearn.datasets import load_digits" in DOCKERFILE

@@ -23,6 +23,8 @@ from dtrain_operator import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+# The line of the quick start's learning rate, as _dump writes it (the cases below edit it).
+LR = f"lr: {QUICKSTART['spec']['model']['initArgs']['lr']}"
 # Free-form subtrees: any value type is allowed inside them.
 FREE_FORM = {"initArgs"}
 
@@ -172,7 +174,7 @@ def _duplicate_cases() -> list[Case]:
         Case("dup:spec", base.replace("  nodes: 2\n", "  nodes: 2\n  nodes: 3\n").encode(), "duplicate key 'nodes'"),
         Case("dup:trainer", base.replace("    batchSize: 32\n", "    batchSize: 32\n    batchSize: 64\n").encode(),
              "duplicate key 'batchSize'"),
-        Case("dup:initArgs", base.replace("      lr: 0.001\n", "      lr: 0.001\n      lr: 0.1\n").encode(),
+        Case("dup:initArgs", base.replace(f"      {LR}\n", f"      {LR}\n      lr: 0.1\n").encode(),
              "duplicate key 'lr'"),
         Case("dup:flow", b"a: {x: 1, x: 2}\n", "duplicate key 'x'"),
     ]
@@ -188,7 +190,7 @@ def _number_cases() -> list[Case]:
         Case("number:sexagesimal", base.replace("batchSize: 32", "batchSize: 1:30").encode(), "spec.trainer.batchSize"),
         Case("number:quoted-int", base.replace("batchSize: 32", "batchSize: '32'").encode(), "spec.trainer.batchSize"),
         Case("number:hex-string", base.replace("batchSize: 32", "batchSize: '0x20'").encode(), "spec.trainer.batchSize"),
-        Case("number:initArgs-inf", base.replace("lr: 0.001", "lr: .inf").encode(), ".inf"),
+        Case("number:initArgs-inf", base.replace(LR, "lr: .inf").encode(), ".inf"),
     ]
 
 

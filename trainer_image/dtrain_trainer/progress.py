@@ -186,6 +186,8 @@ def status_patch(record: Mapping[str, Any]) -> dict[str, Any] | None:
         fields = {
             "epoch": record.get("epoch"),
             "step": record.get("step"),
+            # Lets `dtrain get` and `dtrain watch` show an ETA.
+            "totalSteps": record.get("totalSteps"),
             "loss": record.get("loss"),
             "imagesPerSecond": record.get("imagesPerSecond"),
             "stage": record.get("stage"),

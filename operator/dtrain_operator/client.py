@@ -1,0 +1,613 @@
+"""A Python client for DistributedTrainings on a cluster: what `dtrain submit/get/watch/logs/delete` use.
+
+    from dtrain_operator.client import Client
+
+    dtr = Client(namespace="team-a")                  # kubeconfig (current context) or in-cluster
+    job = dtr.submit("examples/quickstart.yaml")      # validated first, as `dtrain validate` does
+    for update in dtr.progress(job.name):             # each change of status.progress, until it ends
+        print(update.line())
+    job = dtr.wait(job.name, timeout=3600)            # Succeeded or Failed (raises WaitTimeout)
+    print(dtr.logs(job.name, rank=0, tail_lines=20))
+
+Jobs come back as the typed API model (`api.DistributedTraining`, status included). Credentials:
+an explicit kubeconfig or context, else $KUBECONFIG or ~/.kube/config when present, else the pod's
+service account. Every failure is a `DtrainError` whose message says what to do: `NoCrdError` (the
+operator is not installed), `PermissionDenied` (which verb on what, and the `kubectl auth can-i`
+line to check it), `NotFound`, `AlreadyExists`, `InvalidJob` (the `dtrain validate` lines),
+`WaitTimeout`, `ConnectionFailed`.
+
+Requests use the official client's REST layer (its kubeconfig loading, auth plugins and TLS)
+with plain JSON in and out. Progress is read by polling the job (every `interval` seconds):
+the trainer reports at most every 15 s, so a watch would buy nothing but reconnect logic.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+
+from . import api, contract
+from .validation import DocumentResult, validate_file, validate_object
+
+JobSource = Union[str, Path, Mapping[str, Any], api.DistributedTraining]
+
+DEFAULT_REQUEST_TIMEOUT_SECONDS = 30.0
+DEFAULT_POLL_SECONDS = 2.0
+SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+USER_AGENT = "dtrain-client/0.1.0"
+TRAINER_CONTAINER = "trainer"
+CRD_NAME = f"{contract.PLURAL}.{contract.GROUP}"
+INSTALL_HINT = (
+    "install the operator (helm install dtrain helm/dtrain-operator -n dtrain-system --create-namespace, "
+    "or kubectl apply -k manifests/), or pick the cluster that has it with --context"
+)
+
+
+# --- Errors ----------------------------------------------------------------------------------------
+
+
+class DtrainError(Exception):
+    """A request dtrain could not do; the message says what to do about it."""
+
+
+class NoCrdError(DtrainError):
+    """The cluster does not serve dtrain.dev/v1alpha1: the CRD (and so the operator) is not installed."""
+
+
+class PermissionDenied(DtrainError):
+    """The API server refused the request (401 or 403)."""
+
+
+class NotFound(DtrainError):
+    """The job (or its pod) does not exist."""
+
+
+class AlreadyExists(DtrainError):
+    """A job of that name exists already in the namespace."""
+
+
+class InvalidJob(DtrainError):
+    """The job file or dict does not validate; `errors` are the lines `dtrain validate` prints."""
+
+    def __init__(self, errors: Sequence[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = list(errors)
+
+
+class WaitTimeout(DtrainError):
+    """wait() ran out of time; `job` is the job as last seen."""
+
+    def __init__(self, message: str, job: Optional[api.DistributedTraining]) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+class ConnectionFailed(DtrainError):
+    """No answer from the API server, or no credentials to ask it with."""
+
+
+class ApiRequestError(DtrainError):
+    """Any other refusal by the API server: its HTTP status, reason and message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"the API server answered {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+
+
+# --- Progress --------------------------------------------------------------------------------------
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class ProgressUpdate:
+    """One observed state of a job: its phase and rank 0's latest progress report."""
+
+    job: api.DistributedTraining
+    phase: Optional[str]
+    epoch: Optional[int] = None
+    step: Optional[int] = None
+    total_steps: Optional[int] = None
+    loss: Optional[float] = None
+    images_per_second: Optional[float] = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    stage: Optional[str] = None
+    restarts: int = 0
+    updated_at: Optional[str] = None
+
+    @classmethod
+    def of(cls, job: api.DistributedTraining) -> "ProgressUpdate":
+        status = job.status or api.DistributedTrainingStatus()
+        progress = status.progress or api.Progress()
+        extra = progress.model_extra or {}
+        # status.progress.metrics (val_acc, ...) and totalSteps where the trainer reports them, whether
+        # the model names them as fields or keeps them as extra ones; numbers only.
+        raw_metrics = getattr(progress, "metrics", None) or extra.get("metrics")
+        raw_metrics = raw_metrics if isinstance(raw_metrics, dict) else {}
+        metrics = {str(k): float(v) for k, v in raw_metrics.items() if _number(v) is not None}
+        total = getattr(progress, "total_steps", None) or extra.get("totalSteps")
+        return cls(
+            job=job,
+            phase=status.phase,
+            epoch=progress.epoch,
+            step=progress.step,
+            total_steps=total if isinstance(total, int) and not isinstance(total, bool) else None,
+            loss=progress.loss,
+            images_per_second=progress.images_per_second,
+            metrics=metrics,
+            stage=progress.stage,
+            restarts=status.restarts,
+            updated_at=progress.updated_at,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in api.FINISHED_PHASES
+
+    def key(self) -> tuple[Any, ...]:
+        """What makes two updates different (the job's resourceVersion aside)."""
+        return (
+            self.phase, self.epoch, self.step, self.loss, self.images_per_second,
+            tuple(sorted(self.metrics.items())), self.stage, self.restarts, self.updated_at,
+        )
+
+    def line(self) -> str:
+        """The update as one line, e.g. `Running  epoch 2  step 40  loss 0.31  250 img/s  val_acc 0.95`."""
+        parts = [self.phase or "Pending"]
+        if self.epoch is not None:
+            parts.append(f"epoch {self.epoch + 1}")
+        if self.step is not None:
+            parts.append(f"step {self.step}" + (f"/{self.total_steps}" if self.total_steps else ""))
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4g}")
+        if self.images_per_second is not None:
+            parts.append(f"{self.images_per_second:,.0f} img/s")
+        parts.extend(f"{name} {value:.4g}" for name, value in self.metrics.items())
+        if self.restarts:
+            parts.append(f"restarts {self.restarts}")
+        return "  ".join(parts)
+
+
+# --- Credentials -----------------------------------------------------------------------------------
+
+
+def _kubeconfig_path(explicit: Optional[str]) -> Optional[str]:
+    if explicit:
+        return explicit
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return env.split(os.pathsep)[0]
+    default = Path.home() / ".kube" / "config"
+    return str(default) if default.is_file() else None
+
+
+def _in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_NAMESPACE_FILE.parent.is_dir()
+
+
+def _load_configuration(kubeconfig: Optional[str], context: Optional[str]) -> tuple[Any, Optional[str], str]:
+    """(kubernetes Configuration, the namespace the credentials name, where they came from)."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    path = _kubeconfig_path(kubeconfig)
+    if path is None and context is None and _in_cluster():
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException as exc:
+            raise ConnectionFailed(f"in a pod, but its service account is unusable ({exc})") from exc
+        try:
+            namespace: Optional[str] = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or None
+        except OSError:
+            namespace = None
+        return configuration, namespace, "the pod's service account"
+    if path is None:
+        raise ConnectionFailed(
+            "no Kubernetes credentials: no kubeconfig ($KUBECONFIG or ~/.kube/config) and not in a pod; "
+            "point KUBECONFIG at your cluster's kubeconfig or pass kubeconfig=/--kubeconfig"
+        )
+    try:
+        config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
+        contexts, current = config.list_kube_config_contexts(config_file=path)
+    except (config.ConfigException, OSError, ValueError) as exc:
+        where = f"context {context!r} of " if context else ""
+        raise ConnectionFailed(f"cannot use {where}the kubeconfig {path}: {exc}") from exc
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+    namespace = ((chosen or {}).get("context") or {}).get("namespace")
+    return configuration, namespace, f"kubeconfig {path}, context {(chosen or {}).get('name')}"
+
+
+# --- The client ------------------------------------------------------------------------------------
+
+
+def _worker_rank(pod: Mapping[str, Any]) -> Optional[int]:
+    rank = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_NODE_RANK)
+    return int(rank) if isinstance(rank, str) and rank.isdigit() else None
+
+
+def _generation(pod: Mapping[str, Any]) -> int:
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_GANG_GENERATION, "0")
+    return int(value) if str(value).isdigit() else 0
+
+
+class Client:
+    """DistributedTrainings on one cluster: submit, get, list, wait, progress, logs, delete.
+
+    Args:
+        namespace: default namespace of every call (else the kubeconfig context's, the pod's, or default).
+        context: kubeconfig context to use (else the current context).
+        kubeconfig: path of the kubeconfig (else $KUBECONFIG, ~/.kube/config, or in-cluster credentials).
+        request_timeout: seconds each request may take.
+    """
+
+    def __init__(
+        self,
+        namespace: Optional[str] = None,
+        context: Optional[str] = None,
+        kubeconfig: Optional[Union[str, Path]] = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS,
+    ) -> None:
+        try:
+            from kubernetes import client
+        except ImportError as exc:
+            raise DtrainError(
+                "the dtrain client needs the kubernetes package: pip install 'dtrain[client]'"
+            ) from exc
+        configuration, credential_namespace, self.credentials = _load_configuration(
+            str(kubeconfig) if kubeconfig else None, context
+        )
+        self.namespace = namespace or credential_namespace or "default"
+        self._explicit_namespace = namespace is not None
+        self.request_timeout = request_timeout
+        self._api = client.ApiClient(configuration)
+        self._api.user_agent = USER_AGENT
+        self._served: Optional[bool] = None
+
+    def close(self) -> None:
+        self._api.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- HTTP -----------------------------------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: Optional[Mapping[str, Any]] = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: Optional[float] = None,
+    ) -> Any:
+        """The raw response (kubernetes.client.rest.RESTResponse), whatever its status."""
+        import urllib3
+
+        query_params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        method_, url, headers, body_, _ = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query_params or None,
+            header_params={"Content-Type": content_type, "Accept": "application/json, */*"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            return self._api.call_api(
+                method_, url, header_params=headers, body=body_,
+                _request_timeout=timeout if timeout is not None else self.request_timeout,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            host = self._api.configuration.host
+            raise ConnectionFailed(
+                f"no answer from the API server at {host} ({type(exc).__name__}); check that the cluster is up "
+                f"and that your kubeconfig points at it ({self.credentials})"
+            ) from exc
+
+    def _json(self, method: str, path: str, what: str, **kwargs: Any) -> dict[str, Any]:
+        response = self._send(method, path, **kwargs)
+        data = response.read()
+        try:
+            decoded = json.loads(data) if data else {}
+        except ValueError:
+            decoded = {}
+        if not isinstance(decoded, dict):
+            decoded = {}
+        if 200 <= response.status < 300:
+            return decoded
+        raise self._error(response.status, decoded, data, method, path, what)
+
+    def _error(self, status: int, decoded: Mapping[str, Any], data: bytes, method: str, path: str, what: str) -> DtrainError:
+        reason = str(decoded.get("reason") or "")
+        message = str(decoded.get("message") or (data or b"")[:300].decode(errors="replace")).strip()
+        verb = {"POST": "create", "GET": "get", "DELETE": "delete", "PATCH": "patch"}.get(method, method.lower())
+        namespace = self._namespace_of(path)
+        if status in (401, 403):
+            resource = "pods/log" if path.endswith("/log") else ("pods" if "/pods" in path else contract.PLURAL)
+            can_i = f"kubectl auth can-i {verb} {resource}" + (f" -n {namespace}" if namespace else "")
+            who = "you are not logged in (401)" if status == 401 else "permission denied (403)"
+            return PermissionDenied(
+                f"{who}: cannot {verb} {resource}" + (f" in namespace {namespace}" if namespace else "")
+                + f" ({message}). Check with `{can_i}`; ask your cluster admin for a Role that allows it"
+                + " (the chart's trainer and operator roles are not meant for people)"
+            )
+        if status == 404:
+            if not self._crd_served(refresh=True):
+                return NoCrdError(f"this cluster does not serve {contract.API_VERSION} (the CRD {CRD_NAME} is "
+                                  f"not installed): {INSTALL_HINT}")
+            return NotFound(f"{what} not found" + (f" in namespace {namespace}" if namespace else "")
+                            + "; `dtrain get` lists the jobs there (-n NAMESPACE for another namespace)")
+        if status == 409 and method == "POST":
+            return AlreadyExists(f"{what} already exists" + (f" in namespace {namespace}" if namespace else "")
+                                 + "; delete it first (dtrain delete NAME) or choose another metadata.name")
+        if status == 422 or status == 400:
+            return InvalidJob([f"the API server refused {what}: {message}"])
+        return ApiRequestError(status, reason, message)
+
+    @staticmethod
+    def _namespace_of(path: str) -> Optional[str]:
+        parts = path.split("/")
+        return parts[parts.index("namespaces") + 1] if "namespaces" in parts[:-1] else None
+
+    def _crd_served(self, refresh: bool = False) -> bool:
+        if self._served is None or refresh:
+            response = self._send("GET", f"/apis/{contract.API_VERSION}")
+            response.read()
+            if response.status in (401, 403):
+                return True  # discovery refused: let the request's own error speak
+            served = False
+            if response.status == 200:
+                try:
+                    resources = json.loads(response.data).get("resources") or []
+                except (ValueError, AttributeError):
+                    resources = []
+                served = not resources or any(r.get("name") == contract.PLURAL for r in resources)
+            self._served = served
+        return self._served
+
+    def check_installed(self) -> None:
+        """Raise NoCrdError unless the cluster serves DistributedTrainings."""
+        if not self._crd_served(refresh=True):
+            raise NoCrdError(f"this cluster does not serve {contract.API_VERSION} (the CRD {CRD_NAME} is not "
+                             f"installed): {INSTALL_HINT}")
+
+    def _jobs_path(self, namespace: Optional[str], name: str = "") -> str:
+        prefix = f"/apis/{contract.API_VERSION}"
+        path = f"{prefix}/namespaces/{namespace}/{contract.PLURAL}" if namespace else f"{prefix}/{contract.PLURAL}"
+        return f"{path}/{urllib.parse.quote(name)}" if name else path
+
+    # --- Jobs -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def validate(job: JobSource) -> api.DistributedTraining:
+        """The job as the API model, or InvalidJob with the lines `dtrain validate` prints."""
+        documents, _ = Client._documents(job)
+        return documents[0].job  # type: ignore[return-value]
+
+    @staticmethod
+    def _documents(job: JobSource) -> tuple[list[DocumentResult], dict[str, Any]]:
+        if isinstance(job, api.DistributedTraining):
+            wire = job.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
+            wire.setdefault("apiVersion", contract.API_VERSION)
+            wire.setdefault("kind", contract.KIND)
+            results, raw = [validate_object(wire, "job")], wire
+        elif isinstance(job, Mapping):
+            raw = json.loads(json.dumps(dict(job)))  # a plain, deep copy: JSON is what the API server takes
+            results = [validate_object(raw, "job")]
+        else:
+            results = validate_file(job)
+            raw = {}
+        errors = [f"{r.source}: {e}" for r in results for e in r.errors]
+        if errors:
+            raise InvalidJob(errors)
+        if len(results) != 1:
+            raise InvalidJob([f"{job}: holds {len(results)} DistributedTrainings; give a file with one"])
+        if not raw:
+            from .safe_yaml import load_documents
+
+            raw = load_documents(Path(job).read_text())[0]  # type: ignore[arg-type]
+        return results, raw
+
+    def submit(self, job: JobSource, namespace: Optional[str] = None) -> api.DistributedTraining:
+        """Validate the job (a file, a dict or the model) and create it; returns the created job."""
+        results, raw = self._documents(job)
+        model = results[0].job
+        assert model is not None
+        raw.pop("status", None)
+        meta = raw.setdefault("metadata", {})
+        wanted = namespace or (self.namespace if self._explicit_namespace else None)
+        if meta.get("namespace") and wanted and meta["namespace"] != wanted:
+            raise DtrainError(
+                f"the job names namespace {meta['namespace']!r} but {wanted!r} was asked for; "
+                f"use -n {meta['namespace']} or remove metadata.namespace from the file"
+            )
+        target = meta.get("namespace") or wanted or self.namespace
+        meta["namespace"] = target
+        if not self._crd_served():
+            self.check_installed()
+        created = self._json("POST", self._jobs_path(target), f"DistributedTraining {model.name}", body=raw)
+        return self._model(created)
+
+    def get(self, name: str, namespace: Optional[str] = None) -> api.DistributedTraining:
+        ns = namespace or self.namespace
+        return self._model(self._json("GET", self._jobs_path(ns, name), f"DistributedTraining {name}"))
+
+    def list(self, namespace: Optional[str] = None, all_namespaces: bool = False) -> list[api.DistributedTraining]:
+        """The jobs of a namespace (or of every namespace), oldest first."""
+        path = self._jobs_path(None if all_namespaces else namespace or self.namespace)
+        items = self._json("GET", path, "DistributedTrainings").get("items") or []
+        if not self._crd_served() and not items:
+            self.check_installed()
+        jobs = [self._model(item) for item in items if isinstance(item, dict)]
+        return sorted(jobs, key=lambda j: ((j.metadata.model_extra or {}).get("creationTimestamp") or "", j.name))
+
+    def delete(self, name: str, namespace: Optional[str] = None, wait: bool = False, timeout: float = 60.0) -> None:
+        """Delete a job (its pods, Service, ConfigMap and engine Job go with it); `wait` until it is gone."""
+        ns = namespace or self.namespace
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        self._json("DELETE", self._jobs_path(ns, name), f"DistributedTraining {name}", body=options)
+        deadline = time.monotonic() + timeout
+        while wait:
+            try:
+                self.get(name, ns)
+            except NotFound:
+                return
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"{ns}/{name} still exists {timeout:g} s after its deletion (finalizers?)", None)
+            time.sleep(0.5)
+
+    @staticmethod
+    def _model(raw: Mapping[str, Any]) -> api.DistributedTraining:
+        from pydantic import ValidationError
+
+        from .validation import format_validation_error
+
+        try:
+            return api.DistributedTraining.model_validate(raw)
+        except ValidationError as exc:
+            name = (raw.get("metadata") or {}).get("name", "?")
+            first = format_validation_error(exc)[0]
+            raise DtrainError(
+                f"the cluster's DistributedTraining {name} does not fit this dtrain's API model ({first}); "
+                "the operator there is probably newer: upgrade dtrain (pip install -U 'dtrain[client]')"
+            ) from exc
+
+    # --- Waiting and progress ---------------------------------------------------------------------
+
+    def wait(
+        self,
+        name: str,
+        phase: Union[str, Iterable[str], None] = None,
+        timeout: Optional[float] = None,
+        namespace: Optional[str] = None,
+        interval: float = DEFAULT_POLL_SECONDS,
+    ) -> api.DistributedTraining:
+        """Wait until the job reaches `phase` (one or several; default: Succeeded or Failed) and return it.
+
+        A job that finishes in another phase than the one asked for ends the wait too (it will not
+        get there any more): check `job.status.phase`. Raises WaitTimeout after `timeout` seconds.
+        """
+        wanted = set(api.FINISHED_PHASES) if phase is None else ({phase} if isinstance(phase, str) else set(phase))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        job: Optional[api.DistributedTraining] = None
+        while True:
+            job = self.get(name, namespace)
+            current = job.status.phase if job.status else None
+            if current in wanted or current in api.FINISHED_PHASES:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"{job.namespace}/{name} is {current or 'not started'} after {timeout:g} s, not "
+                    f"{' or '.join(sorted(wanted))}; wait longer or look at `dtrain get {name}` and `dtrain logs {name}`",
+                    job,
+                )
+            time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
+
+    def progress(
+        self,
+        name: str,
+        namespace: Optional[str] = None,
+        interval: float = DEFAULT_POLL_SECONDS,
+        timeout: Optional[float] = None,
+    ) -> Iterator[ProgressUpdate]:
+        """Each change of the job's phase or progress, from now until it succeeds or fails (or `timeout`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last: Optional[tuple[Any, ...]] = None
+        while True:
+            update = ProgressUpdate.of(self.get(name, namespace))
+            if update.key() != last:
+                last = update.key()
+                yield update
+            if update.finished:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"{name} is still {update.phase or 'starting'} after {timeout:g} s", update.job)
+            time.sleep(interval)
+
+    # --- Pods and logs ------------------------------------------------------------------------------
+
+    def worker_pods(self, name: str, namespace: Optional[str] = None) -> builtins.list[dict[str, Any]]:
+        """The job's worker pods of its newest gang, by rank (plain dicts as the API server has them)."""
+        ns = namespace or self.namespace
+        selector = f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
+        items = self._json("GET", f"/api/v1/namespaces/{ns}/pods", f"pods of {name}",
+                           query={"labelSelector": selector}).get("items") or []
+        pods = [p for p in items if isinstance(p, dict) and _worker_rank(p) is not None]
+        newest = max((_generation(p) for p in pods), default=0)
+        return sorted((p for p in pods if _generation(p) == newest), key=lambda p: _worker_rank(p) or 0)
+
+    def _pod_of(self, name: str, rank: int, namespace: str) -> str:
+        pods = self.worker_pods(name, namespace)
+        pod = next((p for p in pods if _worker_rank(p) == rank), None)
+        if pod is None:
+            self.get(name, namespace)  # NotFound (or NoCrdError) for a job that is not there
+            ranks = ", ".join(str(_worker_rank(p)) for p in pods) or "none yet"
+            raise NotFound(f"{name} has no worker pod of rank {rank} in namespace {namespace} (ranks: {ranks}); "
+                           "pods are created when the job starts and deleted when it finishes (cleanPodPolicy)")
+        return str(pod["metadata"]["name"])
+
+    def logs(
+        self,
+        name: str,
+        rank: int = 0,
+        namespace: Optional[str] = None,
+        tail_lines: Optional[int] = None,
+        previous: bool = False,
+    ) -> str:
+        """The trainer container's log of the worker pod of `rank` (its newest gang)."""
+        ns = namespace or self.namespace
+        pod = self._pod_of(name, rank, ns)
+        response = self._log_request(pod, ns, follow=False, tail_lines=tail_lines, previous=previous)
+        return response.read().decode(errors="replace")
+
+    def stream_logs(
+        self, name: str, rank: int = 0, namespace: Optional[str] = None, tail_lines: Optional[int] = None
+    ) -> Iterator[str]:
+        """Follow the log of rank `rank` line by line until the container ends (`kubectl logs -f`)."""
+        ns = namespace or self.namespace
+        pod = self._pod_of(name, rank, ns)
+        response = self._log_request(pod, ns, follow=True, tail_lines=tail_lines, previous=False)
+        pending = b""
+        try:
+            for chunk in response.response.stream(4096, decode_content=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode(errors="replace")
+            if pending:
+                yield pending.decode(errors="replace")
+        finally:
+            response.response.release_conn()
+
+    def _log_request(self, pod: str, namespace: str, follow: bool, tail_lines: Optional[int], previous: bool) -> Any:
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
+        query = {
+            "container": TRAINER_CONTAINER,
+            "follow": "true" if follow else None,
+            "tailLines": tail_lines,
+            "previous": "true" if previous else None,
+        }
+        # A followed log has no end in sight: no read timeout, only one to connect.
+        timeout: Any = (self.request_timeout, None) if follow else self.request_timeout
+        response = self._send("GET", path, query=query, timeout=timeout)
+        if response.status >= 300:
+            data = response.read()
+            try:
+                decoded = json.loads(data)
+            except ValueError:
+                decoded = {}
+            raise self._error(response.status, decoded if isinstance(decoded, dict) else {}, data, "GET", path,
+                              f"the log of pod {pod}")
+        return response

@@ -1,0 +1,183 @@
+"""`dtrain submit/get/watch/logs/delete` as a user runs them: the command as a process, KUBECONFIG set,
+against the test API server. The status a running job would have is written by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from dtrain_operator.cluster_cli import GET_COLUMNS, age
+
+from ..operator.cluster import Cluster, a_job
+
+NS = "default"
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+async def dtrain(cluster: Cluster, *args: str, timeout: float = 60) -> Result:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(KUBECONFIG=str(cluster.kubeconfig), COLUMNS="200")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dtrain_operator.cli", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    return Result(process.returncode, out.decode(), err.decode())
+
+
+async def test_submit_validates_then_creates(cluster: Cluster):
+    result = await dtrain(cluster, "submit", str(QUICKSTART))
+    assert result.code == 0, result.err
+    assert result.out.splitlines()[0] == (
+        "distributedtraining.dtrain.dev/quickstart created in namespace default: "
+        "2 node(s) x 1 cpu process(es), global batch 64"
+    )
+    assert cluster.job(NS, "quickstart") is not None
+
+    again = await dtrain(cluster, "submit", str(QUICKSTART))
+    assert again.code == 1 and "already exists in namespace default" in again.err
+
+    bad = cluster.tmp / "bad.yaml"
+    bad.write_text(yaml.safe_dump(a_job("bad").with_spec("nodes", 0).build()))
+    refused, validated = await asyncio.gather(dtrain(cluster, "submit", str(bad)), dtrain(cluster, "validate", str(bad)))
+    assert refused.code == 2
+    assert refused.err == "error: " + validated.err  # the lines of `dtrain validate`
+    assert cluster.job(NS, "bad") is None
+
+    other = await dtrain(cluster, "submit", str(QUICKSTART), "-n", "team-a", "-o", "json")
+    assert other.code == 0, other.err
+    assert json.loads(other.out)["metadata"]["namespace"] == "team-a"
+
+
+async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster):
+    none = await dtrain(cluster, "get")
+    assert none.code == 0 and none.err == "No resources found in default namespace.\n"
+    await cluster.apply(a_job("alpha").build())
+    await cluster.apply(a_job("beta").build())
+    # 60 steps left at 128 images a step (batch 32 x 2 nodes x accumulation 2), 256 img/s: 30 s.
+    await cluster.patch_job(NS, "beta", {"spec": {"trainer": {"accumulateGradBatches": 2}}})
+    await cluster.patch_job_status(NS, "beta", {"phase": "Running", "nodesReady": "2/2", "restarts": 1, "progress": {
+        "epoch": 1, "step": 40, "totalSteps": 100, "loss": 0.123456, "imagesPerSecond": 256.0}})
+
+    result = await dtrain(cluster, "get")
+    assert result.code == 0, result.err
+    header, alpha, beta = (line.split() for line in result.out.splitlines())
+    assert header == list(GET_COLUMNS)
+    assert header[:7] == ["NAME", "PHASE", "NODES", "EPOCH", "IMG/S", "RESTARTS", "AGE"]  # as `kubectl get dtr`
+    assert alpha[:2] == ["alpha", "0"] and alpha[2].endswith("s")  # nothing reported yet: empty, as kubectl
+    assert beta[:6] == ["beta", "Running", "2/2", "1", "256", "1"]
+    assert beta[7:] == ["0.1235", "00:30"]
+
+    one = await dtrain(cluster, "get", "beta", "-o", "yaml")
+    obj = yaml.safe_load(one.out)
+    assert obj["metadata"]["name"] == "beta" and obj["status"]["progress"]["step"] == 40
+    assert "checkpoint" not in obj["spec"]  # the stored object, not the defaults
+    listed = json.loads((await dtrain(cluster, "get", "-o", "json")).out)
+    assert listed["kind"] == "List" and [i["metadata"]["name"] for i in listed["items"]] == ["alpha", "beta"]
+
+    await cluster.apply(a_job("gamma", namespace="team-a").build())
+    everywhere = await dtrain(cluster, "get", "-A")
+    assert [line.split()[:2] for line in everywhere.out.splitlines()] == [
+        ["NAMESPACE", "NAME"], ["default", "alpha"], ["default", "beta"], ["team-a", "gamma"]]
+    only = await dtrain(cluster, "get", "-n", "team-a")
+    assert [line.split()[0] for line in only.out.splitlines()[1:]] == ["gamma"]
+    missing = await dtrain(cluster, "get", "nope")
+    assert missing.code == 1 and "DistributedTraining nope not found in namespace default" in missing.err
+
+
+def test_age_as_kubectl_prints_it():
+    from datetime import datetime, timedelta, timezone
+
+    now = datetime(2026, 1, 10, tzinfo=timezone.utc)
+    ago = lambda **kw: (now - timedelta(**kw)).isoformat().replace("+00:00", "Z")  # noqa: E731
+    assert [age(ago(seconds=45), now), age(ago(minutes=5, seconds=3), now), age(ago(minutes=42), now),
+            age(ago(hours=3, minutes=20), now), age(ago(days=2, hours=4), now)] == ["45s", "5m3s", "42m", "3h20m", "2d4h"]
+
+
+async def test_watch_draws_progress_from_the_status_and_ends_with_the_summary(cluster: Cluster):
+    await cluster.apply(a_job("watched").build())
+
+    async def run() -> None:
+        # Once `dtrain watch` reads the job (its start-up takes a while on a busy machine).
+        await cluster.eventually(
+            lambda: cluster.api.count_calls(["dtrain-client/"], verb="get", resource="distributedtrainings"),
+            "dtrain watch reading the job", timeout=60,
+        )
+        await cluster.patch_job_status(NS, "watched", {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"})
+        for step in (10, 20):
+            await asyncio.sleep(1.0)
+            await cluster.patch_job_status(NS, "watched", {"progress": {
+                "epoch": 0, "step": step, "totalSteps": 20, "loss": 1.0 / step, "imagesPerSecond": 150.0}})
+        await asyncio.sleep(1.0)
+        await cluster.patch_job_status(NS, "watched", {
+            "phase": "Succeeded", "completionTime": "2026-01-01T00:01:05Z",
+            "progress": {"metrics": {"val_acc": 0.975}},
+            "lastCheckpoint": {"step": 20, "path": "/workspace/checkpoints/last.ckpt"},
+            "conditions": [{"type": "Succeeded", "status": "True", "reason": "TrainingSucceeded", "message": "done"}],
+            "artifacts": {"onnx": "/workspace/artifacts/model.onnx", "parityError": 1.5e-6, "loss": 0.05,
+                          "imagesPerSecond": 151.0}})
+
+    feeder = asyncio.ensure_future(run())
+    result = await dtrain(cluster, "watch", "watched", "--interval", "0.1")
+    await feeder
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[0].startswith("watched in default: 2 node(s) x 1 cpu process(es)")
+    assert "phase Running" in lines
+    assert any(line.startswith("epoch 1  step 10/20  loss 0.1  150 img/s") for line in lines)
+    assert "phase Succeeded" in lines
+    table = result.out[result.out.index("dtrain watch watched"):]
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in table.splitlines() if line.count("│") == 3}
+    assert rows["phase"] == "Succeeded"
+    assert rows["steps"] == "20" and rows["final loss"] == "0.05" and rows["throughput"] == "151.0 images/s"
+    assert rows["val_acc"] == "0.975"
+    assert rows["wall time"] == "01:05"
+    assert rows["checkpoint"] == "/workspace/checkpoints/last.ckpt"
+    assert rows["model.onnx"].startswith("/workspace/artifacts/model.onnx  (parity with PyTorch: max relative error 1.50e-06)")
+    assert "workdir" not in rows
+
+    await cluster.apply(a_job("doomed").build())
+    await cluster.patch_job_status(NS, "doomed", {"phase": "Failed", "conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "worker 1 exited 1"}]})
+    failed = await dtrain(cluster, "watch", "doomed")
+    assert failed.code == 1
+    assert "Failed (BackoffLimitExceeded)" in failed.out and "worker 1 exited 1" in failed.out
+
+
+async def test_logs_by_rank_follow_and_delete(cluster: Cluster):
+    await cluster.start_operator()
+    await cluster.apply(a_job("logged").nodes(2).build())
+    await cluster.run_all(NS, "logged", 2)
+    cluster.api.pod_logs.write(NS, "logged-0", "zero\n")
+    cluster.api.pod_logs.write(NS, "logged-1", "one a\none b\n")
+    assert (await dtrain(cluster, "logs", "logged")).out == "zero\n"
+    assert (await dtrain(cluster, "logs", "logged", "--rank", "1", "--tail", "1")).out == "one b\n"
+    no_rank = await dtrain(cluster, "logs", "logged", "--rank", "7")
+    assert no_rank.code == 1 and "no worker pod of rank 7" in no_rank.err
+
+    follow = asyncio.ensure_future(dtrain(cluster, "logs", "logged", "-f", "--rank", "1"))
+    await asyncio.sleep(1.0)
+    cluster.api.pod_logs.write(NS, "logged-1", "one c\n")
+    cluster.api.pod_logs.end(NS, "logged-1")
+    followed = await follow
+    assert followed.code == 0 and followed.out == "one a\none b\none c\n"
+
+    deleted = await dtrain(cluster, "delete", "logged", "--wait")
+    assert deleted.code == 0 and deleted.out == 'distributedtraining.dtrain.dev "logged" deleted\n'
+    assert cluster.job(NS, "logged") is None
+    gone = await dtrain(cluster, "delete", "logged")
+    assert gone.code == 1 and "not found" in gone.err

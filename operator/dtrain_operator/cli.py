@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
+from . import contract
+
 
 def _cmd_crd(args: argparse.Namespace) -> int:
     from .crd import crd_yaml
@@ -171,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="create a NetworkPolicy per job that admits ingress to its pods (the rendezvous port included) "
         "only from the job's own pods",
+    )
+    p.add_argument(
+        "--refuse-host-access",
+        action="store_true",
+        help="refuse jobs that ask for hostNetwork or hostPath volumes (condition InvalidSpec naming the field) "
+        f"unless their namespace carries the label {contract.LABEL_ALLOW_HOST_ACCESS}=true",
     )
     p.add_argument(
         "--watch-timeout",

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from . import contract, refusals, render, trusted
 from .api import DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus, EnvVar, with_env_values
+from .host_access import host_access_fields, host_access_refusals
 from .kube import ApiError, KubeClient, RateLimiter, connection_info, load_configuration
 from .metrics import OperatorMetrics
 from .plan import Plan, plan_children
@@ -237,8 +238,16 @@ def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> P
 class Controller:
     """Caches, expectations and the reconcile loop; kopf's handlers (handlers.py) feed it."""
 
-    def __init__(self, metrics: OperatorMetrics, qps: float, burst: int, network_policy: bool = False) -> None:
+    def __init__(
+        self,
+        metrics: OperatorMetrics,
+        qps: float,
+        burst: int,
+        network_policy: bool = False,
+        refuse_host_access: bool = False,
+    ) -> None:
         self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
+        self._refuse_host_access = refuse_host_access  # hostNetwork/hostPath only in opted-in namespaces
         self._pod_index: Optional[kopf.Index[JobKey, PodObservation]] = None
         self._engine_job_index: Optional[kopf.Index[JobKey, EngineJobObservation]] = None
         self._metrics = metrics
@@ -415,6 +424,10 @@ class Controller:
             read.status, state, [p.generation for p in observed.workers if p.generation is not None]
         )
         parsed = parse_job(body, previous)
+        if parsed.job is not None and previous.accepted_spec is None and self._refuse_host_access:
+            refused = await self._host_access_refusals(parsed.job)
+            if refused:
+                parsed = ParsedJob(None, tuple(refused))
 
         if parsed.job is None:
             new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
@@ -442,6 +455,18 @@ class Controller:
             await self._write_status(key, body, new, refusals.cleared_status(new, now), expectations)
         delays = [d for d in (requeue, plan.requeue_after) if d is not None]
         return min(delays) if delays else None
+
+    async def _host_access_refusals(self, job: DistributedTraining) -> list[str]:
+        """Why the job may not reach the node (host_access.py decides); checked once, before it is accepted."""
+        assert self._client is not None
+        if not host_access_fields(job.spec):
+            return []
+        try:
+            labels = await self._client.namespace_labels(job.namespace)
+        except ApiError as exc:  # fail closed: without the namespace's word, no host access
+            return [f"spec: host access needs the namespace's {contract.LABEL_ALLOW_HOST_ACCESS} label, which the "
+                    f"operator cannot read ({exc.status} {exc.reason}); grant it get on namespaces"]
+        return host_access_refusals(job.spec, job.namespace, labels)
 
     async def _write_status(
         self,

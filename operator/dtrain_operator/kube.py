@@ -202,6 +202,11 @@ class KubeClient:
         path = object_path(api_version, kind, namespace, name)
         return await self._request("GET", path, "get", RESOURCES[(api_version, kind)][1])
 
+    async def namespace_labels(self, name: str) -> dict[str, str]:
+        """The labels of a namespace (cluster-scoped: a path of its own)."""
+        namespace = await self._request("GET", f"/api/v1/namespaces/{name}", "get", "namespaces")
+        return dict((namespace.get("metadata") or {}).get("labels") or {})
+
     async def create_or_read(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create `obj`; when it already exists (409), read it back. Returns (object, created)."""
         try:

@@ -90,7 +90,9 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"dtrain operator: cannot serve metrics on port {args.metrics_port}: {exc.strerror}", file=sys.stderr)
         return 1
-    controller = Controller(metrics=metrics, qps=args.qps, burst=args.burst, network_policy=args.network_policy)
+    controller = Controller(metrics=metrics, qps=args.qps, burst=args.burst, network_policy=args.network_policy,
+        refuse_host_access=args.refuse_host_access,
+    )
     namespaces = args.namespaces or []
     scope = f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces"
     logger.info("dtrain operator starting: %s, health :%d, metrics :%d", scope, args.health_port, args.metrics_port)

@@ -276,3 +276,14 @@ def test_values_that_break_the_schema_fail_with_the_field(values: dict[str, Any]
     message = str(failure.value)
     assert "values don't meet the specifications of the schema" in message
     assert field in message
+
+
+def test_refusing_host_access_grants_get_on_the_watched_namespaces_only() -> None:
+    values = {"hostAccess": {"refuse": True}, "watchNamespaces": ["ml", "rdma"]}
+    objects = helm_template(values)
+    role = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-namespaces"))
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"], "resourceNames": ["ml", "rdma"]}
+    ]
+    assert "--refuse-host-access" in operator_container(objects)["args"]
+    assert not any(o["metadata"]["name"].endswith("-namespaces") for o in helm_template())

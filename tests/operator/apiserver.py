@@ -14,6 +14,7 @@ operator relies on real API-server behaviour. Each extension is small and stands
   stalled (left open but silent, as a dead connection);
 - admission: hooks (`admission`, e.g. crd_admission.py) that check or refuse an object on create
   and update, before it is stored;
+- GET of one Namespace (`/api/v1/namespaces/NAME`), which kmock reads as a namespace prefix;
 - RBAC when given an authorizer (tests/operator/authz.py: bearer tokens, the chart's roles);
 - a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
   for comparing the operator's calls with its RBAC rules.
@@ -44,6 +45,7 @@ from kmock._internal.k8s import KubernetesError
 from dtrain_operator import contract
 
 EVENT_LOG_SIZE = 50_000
+_ONE_NAMESPACE = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)$")
 
 # The resources the operator and the tests use: (group/version/plural, kind, has a status subresource).
 RESOURCES = [
@@ -298,6 +300,9 @@ class ApiServer(kmock.KubernetesEmulator):
         if self.authorizer is not None:
             self.authorizer.authorize(request)
         resource = request.resource
+        one_namespace = _ONE_NAMESPACE.match(request.url.path) if request.method == "GET" else None
+        if one_namespace:
+            return self._serve_namespace(request, one_namespace.group(1))
         if resource is None or not resource.plural or request.action is None:
             return await super()._handle(request)  # discovery and other paths
         agent = request.headers.get("User-Agent", "")
@@ -312,6 +317,19 @@ class ApiServer(kmock.KubernetesEmulator):
         if request.action == kmock.action.DELETE:
             return aiohttp.web.json_response(await self._delete(request))
         return await super()._handle(request)
+
+    def _serve_namespace(self, request: rendering.Request, name: str) -> aiohttp.web.StreamResponse:
+        self.calls.append((request.headers.get("User-Agent", ""), Call("get", "", "namespaces", "")))
+        found = next(
+            (dict(obj.last.raw) for key, obj in self.objects.items()  # type: ignore[attr-defined]
+             if key[0].plural == "namespaces" and key[2] == name and not obj.deleted),
+            None,
+        )
+        if found is None:
+            body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                    "message": f'namespaces "{name}" not found'}
+            return aiohttp.web.json_response(body, status=404)
+        return aiohttp.web.json_response(found)
 
     def _next_rv(self) -> int:
         self._rv += 1

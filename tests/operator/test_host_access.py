@@ -1,0 +1,44 @@
+"""`dtrain operator --refuse-host-access`: hostNetwork and hostPath only where an administrator said so."""
+
+from __future__ import annotations
+
+from dtrain_operator import contract
+
+from .cluster import Cluster, a_job
+
+HOST_PATH = [{"name": "node-disk", "hostPath": {"path": "/var/lib"}}]
+MOUNT = [{"name": "node-disk", "mountPath": "/node"}]
+
+
+async def _namespace(cluster: Cluster, name: str, labels: dict[str, str]) -> None:
+    await cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+
+
+async def test_host_access_is_refused_outside_opted_in_namespaces(cluster: Cluster):
+    await cluster.start_operator("--refuse-host-access")
+    await _namespace(cluster, "team-a", {"pod-security.kubernetes.io/enforce": "baseline"})
+    await _namespace(cluster, "rdma", {contract.LABEL_ALLOW_HOST_ACCESS: "true"})
+
+    refused = a_job("hostnet", "team-a").nodes(2).with_spec("hostNetwork", True).with_spec("volumes", HOST_PATH)
+    await cluster.apply(refused.with_spec("volumeMounts", MOUNT).build())
+    await cluster.phase("team-a", "hostnet", "Failed")
+    failed = cluster.condition("team-a", "hostnet", "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "spec.hostNetwork: host access is refused in namespace team-a" in failed["message"]
+    assert "spec.volumes[0].hostPath" in failed["message"]
+    assert cluster.pods("team-a", "hostnet") == []
+
+    allowed = a_job("hostnet", "rdma").nodes(2).with_spec("hostNetwork", True).build()
+    await cluster.apply(allowed)
+    pods = await cluster.eventually(lambda: len(p := cluster.pods("rdma", "hostnet")) == 2 and p, "2 pods in rdma")
+    assert all(p["spec"]["hostNetwork"] for p in pods)
+
+    plain = a_job("plain", "team-a").nodes(1).build()
+    await cluster.apply(plain)
+    await cluster.eventually(lambda: len(cluster.pods("team-a", "plain")) == 1, "a job without host access runs")
+
+
+async def test_without_the_flag_host_access_is_the_clusters_business(operated: Cluster):
+    await operated.apply(a_job("hostnet").nodes(1).with_spec("hostNetwork", True).build())
+    pods = await operated.eventually(lambda: len(p := operated.pods("default", "hostnet")) == 1 and p, "the pod")
+    assert pods[0]["spec"]["hostNetwork"] is True

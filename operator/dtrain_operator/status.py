@@ -24,6 +24,7 @@ from .api import (
     DistributedTrainingSpec,
     DistributedTrainingStatus,
     NodeCounts,
+    Progress,
     immutable_spec,
 )
 from .policy import WorkerFailure
@@ -411,6 +412,26 @@ def worker_failures(
     return failures
 
 
+# Kubernetes' timestamps have a resolution of one second: a report counts for the gang only when
+# it came at least this long after the gang's rank-0 pod was created.
+REPORT_AFTER_CREATION_SECONDS = 1.0
+
+
+def reported_stage(progress: Optional[Progress], gang: Mapping[int, PodObservation]) -> Optional[str]:
+    """The stage rank 0 reported, if this gang reported it: progress outlives the gang that wrote
+    it, so a report from before the current rank-0 pod was created (an earlier gang's
+    `exporting`) says nothing about this one. A report without a time is not tied to any gang."""
+    if progress is None or progress.stage is None:
+        return None
+    reported = parse_time(progress.updated_at)
+    rank0 = gang.get(0)
+    if reported is None or rank0 is None or rank0.created_at is None:
+        return None
+    if (reported - rank0.created_at).total_seconds() < REPORT_AFTER_CREATION_SECONDS:
+        return None
+    return progress.stage
+
+
 def pods_pending_too_long(
     job: DistributedTraining, gang: Mapping[int, PodObservation], now: datetime
 ) -> list[PodObservation]:
@@ -583,7 +604,7 @@ def compute_status(
     all_running = status.nodes.running == total
     if all_running or previous_phase in ("Running", "Exporting"):
         # Once the whole gang ran, ranks that finish early (exit 0) do not make it Starting again.
-        exporting = status.progress is not None and status.progress.stage == contract.PROGRESS_STAGE_EXPORTING
+        exporting = reported_stage(status.progress, gang) == contract.PROGRESS_STAGE_EXPORTING
         status.phase = "Exporting" if exporting else "Running"
         conditions.set(RUNNING, True, "AllWorkersRunning", f"all {total} worker pod(s) are running")
         conditions.clear(RESTARTING, "GangRunning", f"the restarted gang is running (restart {status.restarts})")

@@ -9,6 +9,7 @@ import asyncio
 from dtrain_operator import contract
 
 from . import kubelet
+from .apiserver import now_rfc3339
 from .cluster import Cluster, a_job
 
 NS = "default"
@@ -54,7 +55,9 @@ async def test_a_finished_worker_whose_pod_goes_stays_finished(operated: Cluster
     await operated.phase(NS, "exported", "Running")
     rank0 = operated.pod(NS, "exported-0")["metadata"]["uid"]
     await operated.exit(NS, "exported-1", 0)
-    await operated.patch_job_status(NS, "exported", {"progress": {"stage": contract.PROGRESS_STAGE_EXPORTING}})
+    await asyncio.sleep(1.1)
+    progress = {"stage": contract.PROGRESS_STAGE_EXPORTING, "updatedAt": now_rfc3339()}
+    await operated.patch_job_status(NS, "exported", {"progress": progress})
     await operated.phase(NS, "exported", "Exporting")
     await operated.eventually(lambda: operated.status(NS, "exported")["nodes"]["succeeded"] == 1, "rank 1 counted")
 
@@ -91,3 +94,23 @@ async def test_exit_code_policy_restarts_when_a_node_is_lost_whatever_the_timing
     )
     assert (status["phase"], status["restarts"]) == ("Restarting", 1), cluster.condition(NS, "faraway", "Failed")
     assert "worker 0 was lost (Evicted)" in cluster.condition(NS, "faraway", "Restarting")["message"]
+
+
+async def test_a_stale_exporting_stage_from_the_previous_gang_is_not_the_new_gangs(operated: Cluster):
+    await operated.apply(a_job("twice").nodes(2).build())
+    await operated.run_all(NS, "twice", 2)
+    await operated.phase(NS, "twice", "Running")
+    await asyncio.sleep(1.1)
+    await operated.patch_job_status(NS, "twice", {"progress": {"stage": "exporting", "updatedAt": now_rfc3339()}})
+    await operated.phase(NS, "twice", "Exporting")
+    # Rank 1 fails while rank 0 exports: the new gang trains again, from the checkpoint.
+    await operated.exit(NS, "twice-1", 1)
+    await operated.eventually(
+        lambda: len(p := operated.pods(NS, "twice")) == 2 and generations(p) == {"1"}, "the gang of generation 1"
+    )
+    await operated.run_all(NS, "twice", 2)
+    status = await operated.phase(NS, "twice", "Running")
+    assert status["progress"]["stage"] == "exporting"  # the trainer's report, shown as it is
+    await asyncio.sleep(1.1)
+    await operated.patch_job_status(NS, "twice", {"progress": {"stage": "exporting", "updatedAt": now_rfc3339()}})
+    await operated.phase(NS, "twice", "Exporting")

@@ -100,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-open every watch after this long, so that a stream that died silently reconnects (default 300)",
     )
     p.add_argument(
+        "--stuck-terminating-timeout",
+        type=float,
+        default=150.0,
+        metavar="SECONDS",
+        help="a deleted worker pod still there this long after its deletion is stuck: it is named in a condition "
+        "and an Event, and force-deleted once its node stopped reporting (default 150; keep it above the pods' "
+        "termination grace period)",
+    )
+    p.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level (default INFO)"
     )
     p.add_argument(

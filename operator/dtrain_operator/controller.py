@@ -34,6 +34,7 @@ from .plan import Plan, plan_children
 from .status import (
     EngineJobObservation,
     JobEvent,
+    Limits,
     Observed,
     PodObservation,
     accepted_job,
@@ -163,6 +164,7 @@ class _Expectations:
     uid: str
     created_pods: dict[str, tuple[float, PodObservation]] = field(default_factory=dict)  # by uid
     deleted_pods: dict[str, tuple[float, bool]] = field(default_factory=dict)  # uid -> (when, known gone)
+    forced_pods: dict[str, float] = field(default_factory=dict)  # uid -> when force-deleted
     engine_job: Optional[tuple[float, EngineJobObservation]] = None
     shared_children_for: Optional[int] = None  # gang generation whose Service/ConfigMap are known to exist
     counts_pending_since: Optional[float] = None
@@ -224,7 +226,8 @@ def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> P
 class Controller:
     """Caches, expectations and the reconcile loop; kopf's handlers (handlers.py) feed it."""
 
-    def __init__(self, metrics: OperatorMetrics, qps: float, burst: int) -> None:
+    def __init__(self, metrics: OperatorMetrics, qps: float, burst: int, limits: Limits = Limits()) -> None:
+        self._limits = limits
         self._pod_index: Optional[kopf.Index[JobKey, PodObservation]] = None
         self._engine_job_index: Optional[kopf.Index[JobKey, EngineJobObservation]] = None
         self._metrics = metrics
@@ -407,14 +410,14 @@ class Controller:
             running: Optional[DistributedTraining] = None
         else:
             finished = state.succeeded_ranks if state is not None else ()
-            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished)
+            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished, self._limits)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
         requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
         await self._write_state(key, state, new, observed)
         if running is None:
             return requeue
-        plan = plan_children(running, new, observed, now)
+        plan = plan_children(running, new, observed, now, self._limits)
         try:
             await self._carry_out(key, body, running, new.restarts, plan, blocked, expectations)
         except ChildConflict as exc:
@@ -528,6 +531,16 @@ class Controller:
         assert self._client is not None
         namespace, name = key
         await _gather(*(self._delete_pod(namespace, pod, expectations) for pod in plan.delete_pods))
+        now = time.monotonic()
+        # Each stuck pod is force-deleted once per expectation TTL, not at every reconcile.
+        forced = [
+            p for p in plan.force_delete_pods if now - expectations.forced_pods.get(p.uid, -EXPECTATION_TTL_SECONDS) >= EXPECTATION_TTL_SECONDS
+        ]
+        for pod in forced:
+            logger.warning("%s/%s: %s is stuck terminating and its node stopped reporting; force-deleting it",
+                           namespace, name, pod.name)
+            expectations.forced_pods[pod.uid] = now
+        await _gather(*(self._delete_pod(namespace, pod, expectations, force=True) for pod in forced))
         if plan.delete_engine_job is not None:
             await self._delete(
                 "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
@@ -588,17 +601,28 @@ class Controller:
         observation = observe_pod(existing)
         expectations.created_pods[observation.uid] = (time.monotonic(), observation)
 
-    async def _delete_pod(self, namespace: str, pod: PodObservation, expectations: _Expectations) -> None:
-        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid)
+    async def _delete_pod(
+        self, namespace: str, pod: PodObservation, expectations: _Expectations, force: bool = False
+    ) -> None:
+        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid, grace_period=0 if force else None)
         expectations.deleted_pods[pod.uid] = (time.monotonic(), gone)
 
     async def _delete(
-        self, api_version: str, kind: str, namespace: str, name: str, uid: str, propagation: Optional[str] = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        propagation: Optional[str] = None,
+        grace_period: Optional[int] = None,
     ) -> bool:
         """Delete one incarnation of an object. Returns True when it is known to be gone already."""
         assert self._client is not None
         try:
-            await self._client.delete(api_version, kind, namespace, name, uid=uid, propagation=propagation)
+            await self._client.delete(
+                api_version, kind, namespace, name, uid=uid, propagation=propagation, grace_period=grace_period
+            )
         except ApiError as exc:
             # 404: gone. 409: the uid precondition failed, so that incarnation is gone too.
             if exc.not_found or exc.conflict:

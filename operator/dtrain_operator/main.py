@@ -14,6 +14,7 @@ from .controller import Controller
 from .handlers import build_registry
 from .kube import load_configuration
 from .metrics import OperatorMetrics
+from .status import Limits
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"dtrain operator: cannot serve metrics on port {args.metrics_port}: {exc.strerror}", file=sys.stderr)
         return 1
-    controller = Controller(metrics=metrics, qps=args.qps, burst=args.burst)
+    limits = Limits(stuck_terminating_seconds=args.stuck_terminating_timeout)
+    controller = Controller(metrics=metrics, qps=args.qps, burst=args.burst, limits=limits)
     namespaces = args.namespaces or []
     scope = f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces"
     logger.info("dtrain operator starting: %s, health :%d, metrics :%d", scope, args.health_port, args.metrics_port)

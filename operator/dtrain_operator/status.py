@@ -42,6 +42,7 @@ SUSPENDED = "Suspended"
 PODS_PENDING = "PodsPending"
 SPEC_IMMUTABLE = "SpecImmutable"
 STATUS_UNREADABLE = "StatusUnreadable"
+PODS_STUCK = "PodsStuckTerminating"
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
@@ -85,6 +86,16 @@ class PodObservation:
     lost: bool = False
     owner_uid: Optional[str] = None
     finished_at: Optional[datetime] = None
+    deleted_at: Optional[datetime] = None
+    ready: bool = False
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long the operator waits on the cluster before it says so and acts (the operator's flags)."""
+
+    stuck_terminating_seconds: float = 150.0
+    """A deleted pod still there this long after its deletion is stuck (its node may be gone)."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +222,8 @@ def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
         owner_uid=controller_uid(meta),
         finished_at=parse_time(terminated.get("finishedAt"))
         or parse_time((disruption or {}).get("lastTransitionTime")),
+        deleted_at=parse_time(meta.get("deletionTimestamp")),
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
     )
 
 
@@ -432,6 +445,20 @@ def reported_stage(progress: Optional[Progress], gang: Mapping[int, PodObservati
     return progress.stage
 
 
+def stuck_terminating(workers: Sequence[PodObservation], now: datetime, limits: Limits) -> list[PodObservation]:
+    """Worker pods deleted longer ago than limits.stuck_terminating_seconds and still there."""
+    return sorted(
+        (
+            p
+            for p in workers
+            if p.deleting
+            and p.deleted_at is not None
+            and (now - p.deleted_at).total_seconds() >= limits.stuck_terminating_seconds
+        ),
+        key=lambda p: p.name,
+    )
+
+
 def pods_pending_too_long(
     job: DistributedTraining, gang: Mapping[int, PodObservation], now: datetime
 ) -> list[PodObservation]:
@@ -469,6 +496,7 @@ def compute_status(
     now: datetime,
     spec_errors: Sequence[str] = (),
     succeeded_ranks: Collection[int] = (),
+    limits: Limits = Limits(),
 ) -> DistributedTrainingStatus:
     """The whole status of a job, from what is observed now.
 
@@ -520,6 +548,20 @@ def compute_status(
     if status.phase in FINISHED_PHASES:
         status.conditions = conditions.items()
         return status
+
+    stuck = stuck_terminating(observed.workers, now, limits)
+    if stuck:
+        names = ", ".join(p.name for p in stuck)
+        conditions.set(
+            PODS_STUCK,
+            True,
+            "TerminationTimeout",
+            f"{names}: deleted more than {limits.stuck_terminating_seconds:g} s ago and still terminating (is the "
+            "node gone?). A new pod cannot take the name of one still there, so the gang waits for them; the "
+            "operator force-deletes those whose node stopped reporting (Ready is not True)",
+        )
+    else:
+        conditions.clear(PODS_STUCK, "NoPodStuck", "no worker pod is stuck terminating")
 
     total = spec.nodes
     gang = current_gang(status, observed.workers)
@@ -810,7 +852,7 @@ def status_events(
         events.append(JobEvent(kind, new.phase, phase_message(new)))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
-        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE) or condition.status != "True":
+        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK) or condition.status != "True":
             continue
         old = before.get(condition.type)
         if old is None or old.status != "True" or old.message != condition.message:

@@ -10,6 +10,8 @@ operator relies on real API-server behaviour. Each extension is small and stands
 - lists and watches filter by `labelSelector`; lists carry `kind` and `apiVersion`;
 - DELETE honours `preconditions.uid` (409) and finalizers (`deletionTimestamp`), and deleting an
   object deletes its dependents (ownerReferences: the garbage collector, background propagation);
+  a pod held by the test kubelet's graceful termination (KUBELET_FINALIZER, see kubelet.py) goes at
+  once on a force delete (`gracePeriodSeconds: 0`), as a real pod whose kubelet no longer confirms;
 - faults: chosen requests answered with an error, or held at a gate; watch streams dropped or
   stalled (left open but silent, as a dead connection);
 - a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
@@ -41,6 +43,8 @@ from kmock._internal.k8s import KubernetesError
 from dtrain_operator import contract
 
 EVENT_LOG_SIZE = 50_000
+# The finalizer with which tests/operator/kubelet.py holds a deleted pod while it "terminates".
+KUBELET_FINALIZER = "kubelet.test.dtrain.dev/graceful-termination"
 
 # The resources the operator and the tests use: (group/version/plural, kind, has a status subresource).
 RESOURCES = [
@@ -392,6 +396,10 @@ class ApiServer(kmock.KubernetesEmulator):
             meta = raw["metadata"]
             if preconditions.get("uid") and preconditions["uid"] != meta.get("uid"):
                 raise KubernetesError(409, "Conflict", "Precondition failed: UID in precondition does not match")
+            if options.get("gracePeriodSeconds") == 0 and KUBELET_FINALIZER in (meta.get("finalizers") or []):
+                raw = copy.deepcopy(raw)
+                meta = raw["metadata"]
+                meta["finalizers"] = [f for f in meta["finalizers"] if f != KUBELET_FINALIZER]
             if meta.get("finalizers"):
                 if not meta.get("deletionTimestamp"):
                     raw = merge_patch(raw, {"metadata": {"deletionTimestamp": now_rfc3339()}})

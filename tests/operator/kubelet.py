@@ -5,6 +5,8 @@ small, drives the API server over HTTP as a kubelet would, and touches no shared
   container has exited, as a kubelet holds it for terminationGracePeriodSeconds (30 s by
   default); `finish_termination` ends it (exit 143, SIGTERM) and lets the pod go; a pod on a
   node that is gone for good is never finished;
+- a lost node: `node_lost` marks a pod not Ready, as the node controller does; held, it never goes
+  unless force-deleted (the API server drops the hold on `gracePeriodSeconds: 0`, apiserver.py);
 - image pulls that fail: `PullFlipper` flips a pod's waiting reason between ErrImagePull and
   ImagePullBackOff, as the kubelet's back-off does.
 """
@@ -15,10 +17,10 @@ import asyncio
 import contextlib
 from typing import Any, AsyncIterator
 
-from .apiserver import now_rfc3339
+from .apiserver import KUBELET_FINALIZER, now_rfc3339
 from .cluster import Cluster, container_status
 
-TERMINATION_FINALIZER = "kubelet.test.dtrain.dev/graceful-termination"
+TERMINATION_FINALIZER = KUBELET_FINALIZER
 
 
 def _pod_path(namespace: str, name: str) -> str:
@@ -98,3 +100,14 @@ async def pull_flipping(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def node_lost(cluster: Cluster, namespace: str, name: str) -> None:
+    """The pod's node stopped reporting: the node controller marks the pod not Ready; it never terminates."""
+    now = now_rfc3339()
+    await cluster._pod_status(
+        namespace,
+        name,
+        {"conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now},
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]},
+    )

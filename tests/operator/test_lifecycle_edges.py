@@ -10,13 +10,23 @@ from dtrain_operator import contract
 
 from . import kubelet
 from .apiserver import now_rfc3339
-from .cluster import Cluster, a_job
+from .cluster import DTR, Cluster, a_job
 
 NS = "default"
 
 
 def generations(pods: list[dict]) -> set[str]:
     return {p["metadata"]["labels"][contract.LABEL_GANG_GENERATION] for p in pods}
+
+
+def condition_history(cluster: Cluster, namespace: str, name: str, type_: str, status: str) -> list[dict]:
+    """Every version of the job's `type_` condition with `status` that was ever stored, oldest first."""
+    found = []
+    for version in cluster.api.objects[DTR, namespace, name].history:
+        for condition in ((version or {}).get("status") or {}).get("conditions") or []:
+            if condition["type"] == type_ and condition["status"] == status and condition not in found:
+                found.append(condition)
+    return found
 
 
 async def test_resume_before_the_suspended_pods_are_gone_counts_no_failure(operated: Cluster):
@@ -114,3 +124,36 @@ async def test_a_stale_exporting_stage_from_the_previous_gang_is_not_the_new_gan
     await asyncio.sleep(1.1)
     await operated.patch_job_status(NS, "twice", {"progress": {"stage": "exporting", "updatedAt": now_rfc3339()}})
     await operated.phase(NS, "twice", "Exporting")
+
+
+async def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_and_goes_on(cluster: Cluster):
+    await cluster.start_operator("--stuck-terminating-timeout=2")
+    await cluster.apply(a_job("stranded").nodes(2).build())
+    pods = await cluster.run_all(NS, "stranded", 2)
+    await cluster.phase(NS, "stranded", "Running")
+    await kubelet.hold_all(cluster, NS, pods)
+    # Rank 0's node is gone for good: its pod will never finish terminating.
+    await kubelet.node_lost(cluster, NS, "stranded-0")
+    await cluster.exit(NS, "stranded-1", 1, "RuntimeError: Connection reset by peer")
+    await cluster.phase(NS, "stranded", "Restarting")
+    await kubelet.finish_termination(cluster, NS, "stranded-1", exit_code=1)
+
+    # The stuck pod is named (the condition is short-lived here: the pod is force-deleted at once).
+    condition = await cluster.eventually(
+        lambda: next(iter(condition_history(cluster, NS, "stranded", "PodsStuckTerminating", "True")), None),
+        "the PodsStuckTerminating condition", timeout=15,
+    )
+    assert condition["message"].startswith("stranded-0: deleted more than 2 s ago")
+    events = await cluster.eventually(
+        lambda: [e for e in cluster.events(NS, "stranded") if e["reason"] == "PodsStuckTerminating"], "its Event"
+    )
+    assert "stranded-0" in events[0]["message"] and events[0]["type"] == "Warning"
+    # The pod whose node stopped reporting is force-deleted; the new gang starts.
+    new = await cluster.eventually(
+        lambda: len(p := cluster.pods(NS, "stranded")) == 2 and generations(p) == {"1"} and p, "the gang of generation 1"
+    )
+    await cluster.run_all(NS, "stranded", 2)
+    status = await cluster.phase(NS, "stranded", "Running")
+    assert status["restarts"] == 1
+    assert cluster.condition(NS, "stranded", "PodsStuckTerminating")["status"] == "False"
+    assert {p["metadata"]["name"] for p in new} == {"stranded-0", "stranded-1"}

@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
         "termination grace period)",
     )
     p.add_argument(
+        "--image-pull-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a worker pod that still cannot pull its image this long after it was scheduled fails the job with "
+        "ImagePullFailed (default 300)",
+    )
+    p.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level (default INFO)"
     )
     p.add_argument(

@@ -66,6 +66,8 @@ RETRY_MAX_SECONDS = 60.0
 EXPECTATION_TTL_SECONDS = 30.0
 """How long a write is trusted over a watch that has not shown it (then the watch wins again)."""
 COUNTS_BATCH_SECONDS = 1.0
+EVENT_SERIES_SECONDS = 600.0
+"""A Warning that repeats within this long (Kubernetes' event aggregation window) counts up one Event."""
 """A status change of node counts alone waits this long, so that pods starting together share one patch."""
 
 
@@ -237,6 +239,8 @@ class Controller:
         self._expectations: dict[JobKey, _Expectations] = {}
         self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
         self._event_tasks: dict[JobKey, asyncio.Task[None]] = {}
+        # Event series: (job, uid, reason) -> (Event name, count, last seen, monotonic).
+        self._series: dict[tuple[JobKey, str, str], tuple[str, int, float]] = {}
         self._instance = os.environ.get("POD_ID") or socket.gethostname()
 
     # --- kopf's side ---------------------------------------------------------------------------
@@ -302,6 +306,8 @@ class Controller:
         self._metrics.job_phase(key, (body.get("status") or {}).get("phase"))
 
     def _forget(self, key: JobKey) -> None:
+        for series_key in [k for k in self._series if k[0] == key]:
+            del self._series[series_key]
         self._jobs.pop(key, None)
         self._expectations.pop(key, None)
         self._queue.forget(key)
@@ -499,11 +505,31 @@ class Controller:
         if earlier is not None:
             await asyncio.wait([earlier])
         assert self._client is not None
+        uid = (body.get("metadata") or {}).get("uid", "")
         for event in events:
             try:
-                await self._client.post_event(body, event.type, event.reason, event.message, self._instance)
+                await self._post_event(key, uid, body, event)
             except ApiError as exc:
                 logger.warning("%s/%s: could not post the %s event: %s", *key, event.reason, exc)
+
+    async def _post_event(self, key: JobKey, uid: str, body: Mapping[str, Any], event: JobEvent) -> None:
+        """Post an Event; a repeat of a series within EVENT_SERIES_SECONDS counts up the Event posted first."""
+        assert self._client is not None
+        now = time.monotonic()
+        series_key = (key, uid, event.reason)
+        earlier = self._series.get(series_key) if event.series else None
+        if earlier is not None and now - earlier[2] <= EVENT_SERIES_SECONDS:
+            name, count, _ = earlier
+            try:
+                await self._client.repeat_event(key[0], name, count + 1, event.message)
+                self._series[series_key] = (name, count + 1, now)
+                return
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+        created = await self._client.post_event(body, event.type, event.reason, event.message, self._instance)
+        if event.series:
+            self._series[series_key] = (str((created.get("metadata") or {}).get("name", "")), 1, now)
 
     async def _report_conflict(
         self, key: JobKey, body: Mapping[str, Any], message: str, expectations: _Expectations

@@ -256,8 +256,8 @@ class KubeClient:
 
     async def post_event(
         self, involved: Mapping[str, Any], event_type: str, reason: str, message: str, instance: str
-    ) -> None:
-        """A core/v1 Event about `involved` (a DistributedTraining body)."""
+    ) -> dict[str, Any]:
+        """A core/v1 Event about `involved` (a DistributedTraining body). Returns the Event created."""
         meta = involved["metadata"]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         event = {
@@ -281,4 +281,11 @@ class KubeClient:
             "lastTimestamp": now,
             "count": 1,
         }
-        await self._request("POST", object_path("v1", "Event", meta["namespace"]), "create", "events", event)
+        return await self._request("POST", object_path("v1", "Event", meta["namespace"]), "create", "events", event)
+
+    async def repeat_event(self, namespace: str, name: str, count: int, message: str) -> dict[str, Any]:
+        """The same Event seen again: its count and last-seen time (and newest message), as Kubernetes'
+        own event recorder does instead of posting a new one."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        patch = {"count": count, "lastTimestamp": now, "message": message[:1024]}
+        return await self.patch("v1", "Event", namespace, name, patch)

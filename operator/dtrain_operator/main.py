@@ -75,7 +75,9 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"dtrain operator: cannot serve metrics on port {args.metrics_port}: {exc.strerror}", file=sys.stderr)
         return 1
-    limits = Limits(stuck_terminating_seconds=args.stuck_terminating_timeout)
+    limits = Limits(
+        stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout
+    )
     controller = Controller(metrics=metrics, qps=args.qps, burst=args.burst, limits=limits)
     namespaces = args.namespaces or []
     scope = f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces"

@@ -21,7 +21,9 @@ from .status import (
     PodObservation,
     current_gang,
     engine_pod_awaited,
+    image_pull_deadline,
     parse_time,
+    pulling_images,
     stuck_terminating,
 )
 
@@ -148,6 +150,7 @@ def plan_children(
         if p.phase == "Pending" and p.created_at is not None and p.created_at + timeout > now
     ]
     awaited = engine_pod_awaited(observed, now)
+    pull_deadline = image_pull_deadline(pulling_images(gang), limits) if phase in CREATING_PHASES else None
     return Plan(
         create_ranks=create,
         delete_pods=older,
@@ -156,6 +159,7 @@ def plan_children(
         requeue_after=_earliest(
             deadline,
             stuck_check,
+            None if pull_deadline is None else _seconds_until(pull_deadline, now),
             min(pending_checks, default=None),
             None if awaited is None else awaited + REQUEUE_MARGIN_SECONDS,
         ),

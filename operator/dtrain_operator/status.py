@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequence
 
 from pydantic import ValidationError
@@ -43,12 +43,19 @@ PODS_PENDING = "PodsPending"
 SPEC_IMMUTABLE = "SpecImmutable"
 STATUS_UNREADABLE = "StatusUnreadable"
 PODS_STUCK = "PodsStuckTerminating"
+IMAGE_PULL = "ImagePullFailing"
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
 REASON_IMMUTABLE_FIELD_CHANGED = "ImmutableFieldChanged"
 REASON_INVALID_SPEC_CHANGE = "InvalidSpecChange"
 REASON_UNREADABLE_STATUS = "UnreadableStatus"
+REASON_IMAGE_PULL_FAILED = "ImagePullFailed"
+# The kubelet's waiting reasons of a container whose image cannot be pulled (they alternate
+# while it backs off: ErrImagePull, ImagePullBackOff, ErrImagePull, ...).
+IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
+)
 # Fields that may change while the job is suspended: its scheduling directives.
 MUTABLE_WHEN_SUSPENDED = ("spec.scheduling.",)
 
@@ -88,6 +95,9 @@ class PodObservation:
     finished_at: Optional[datetime] = None
     deleted_at: Optional[datetime] = None
     ready: bool = False
+    waiting_reason: str = ""
+    """The trainer container's waiting reason (ErrImagePull, ImagePullBackOff, ContainerCreating, ...)."""
+    scheduled_at: Optional[datetime] = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,8 @@ class Limits:
 
     stuck_terminating_seconds: float = 150.0
     """A deleted pod still there this long after its deletion is stuck (its node may be gone)."""
+    image_pull_seconds: float = 300.0
+    """A worker pod that cannot pull its image this long after it was scheduled fails the job (ImagePullFailed)."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +235,15 @@ def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
         finished_at=parse_time(terminated.get("finishedAt"))
         or parse_time((disruption or {}).get("lastTransitionTime")),
         deleted_at=parse_time(meta.get("deletionTimestamp")),
+        waiting_reason=str(((state.get("waiting") or {}).get("reason")) or ""),
+        scheduled_at=next(
+            (
+                parse_time(c.get("lastTransitionTime"))
+                for c in conditions
+                if c.get("type") == "PodScheduled" and c.get("status") == "True"
+            ),
+            None,
+        ),
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
     )
 
@@ -459,6 +480,21 @@ def stuck_terminating(workers: Sequence[PodObservation], now: datetime, limits: 
     )
 
 
+def pulling_images(gang: Mapping[int, PodObservation]) -> list[PodObservation]:
+    """Pods of the current gang whose trainer container waits on an image it cannot pull."""
+    return [
+        p
+        for p in sorted(gang.values(), key=lambda p: p.rank or 0)
+        if p.phase == "Pending" and p.waiting_reason in IMAGE_PULL_REASONS
+    ]
+
+
+def image_pull_deadline(pods: Sequence[PodObservation], limits: Limits) -> Optional[datetime]:
+    """When pods that cannot pull their image fail the job: the bound after the first was scheduled."""
+    since = [p.scheduled_at or p.created_at for p in pods if (p.scheduled_at or p.created_at) is not None]
+    return min(since) + timedelta(seconds=limits.image_pull_seconds) if since else None  # type: ignore[operator]
+
+
 def pods_pending_too_long(
     job: DistributedTraining, gang: Mapping[int, PodObservation], now: datetime
 ) -> list[PodObservation]:
@@ -641,6 +677,26 @@ def compute_status(
         status.conditions = conditions.items()
         return status
 
+    pulling = pulling_images(gang)
+    if pulling:
+        detail = "; ".join(f"{p.name}: {p.pending_reason}" for p in pulling)
+        deadline = image_pull_deadline(pulling, limits)
+        if deadline is not None and now >= deadline:
+            return finish(
+                "Failed",
+                REASON_IMAGE_PULL_FAILED,
+                f"worker pod(s) could not pull their image for {limits.image_pull_seconds:g} s: {detail}",
+            )
+        conditions.set(
+            IMAGE_PULL,
+            True,
+            "ImagePullBackOff",
+            f"ImagePullBackOff: {detail}. The job fails with {REASON_IMAGE_PULL_FAILED} if the image cannot be "
+            f"pulled within {limits.image_pull_seconds:g} s of scheduling",
+        )
+    else:
+        conditions.clear(IMAGE_PULL, "ImagesPulled", "no worker pod is waiting on an image it cannot pull")
+
     status.nodes = _node_counts(total, list(gang.values()), active=True, gone_succeeded=len(gone_succeeded))
     status.nodes_ready = f"{status.nodes.running}/{total}"
     all_running = status.nodes.running == total
@@ -814,6 +870,12 @@ class JobEvent:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    series: bool = False
+    """Repeats of it are one Event with a count and a last-seen time (as Kubernetes' event series), not many."""
+
+
+# Conditions that need the user: a Warning Event each time one turns True or says something new.
+WARNING_CONDITIONS = (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL)
 
 
 _PHASE_CONDITION = {
@@ -830,6 +892,9 @@ _PHASE_CONDITION = {
 def phase_message(status: DistributedTrainingStatus) -> str:
     """One line that says what the phase means for this job right now."""
     total = status.nodes.total if status.nodes else 0
+    pulling = next((c for c in status.conditions if c.type == IMAGE_PULL and c.status == "True"), None)
+    if status.phase in ("Pending", "Starting", "Restarting") and pulling is not None:
+        return pulling.message
     if status.phase == "Pending":
         return f"waiting for {total} worker pod(s) to be created and scheduled"
     if status.phase == "Starting":
@@ -852,9 +917,9 @@ def status_events(
         events.append(JobEvent(kind, new.phase, phase_message(new)))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
-        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK) or condition.status != "True":
+        if condition.type not in WARNING_CONDITIONS or condition.status != "True":
             continue
         old = before.get(condition.type)
         if old is None or old.status != "True" or old.message != condition.message:
-            events.append(JobEvent("Warning", condition.type, condition.message))
+            events.append(JobEvent("Warning", condition.type, condition.message, series=True))
     return events

@@ -59,10 +59,12 @@ async def finish_termination(cluster: Cluster, namespace: str, name: str, exit_c
     await cluster.patch(_pod_path(namespace, name), {"metadata": {"finalizers": None}})
 
 
-async def pull_failing(cluster: Cluster, namespace: str, name: str, reason: str, message: str) -> None:
-    """The pod is scheduled and its trainer container waits on its image."""
+async def pull_failing(
+    cluster: Cluster, namespace: str, name: str, reason: str, message: str, scheduled_at: str = ""
+) -> None:
+    """The pod is scheduled (at `scheduled_at`, default now) and its trainer container waits on its image."""
     pod = cluster.pod(namespace, name)
-    now = now_rfc3339()
+    now = scheduled_at or now_rfc3339()
     await cluster._pod_status(
         namespace,
         name,
@@ -81,6 +83,7 @@ async def pull_flipping(
     """Flip the pods' waiting reason ErrImagePull <-> ImagePullBackOff every `period` seconds
     while the block runs. Yields a one-item list: the number of flips so far."""
     flips = [0]
+    scheduled_at = now_rfc3339()
     image_message = 'failed to pull and unpack image "registry.example/missing:1": not found'
 
     async def flip() -> None:
@@ -89,7 +92,7 @@ async def pull_flipping(
             reason = reasons[flips[0] % 2]
             message = image_message if reason == "ErrImagePull" else 'Back-off pulling image "registry.example/missing:1"'
             for name in names:
-                await pull_failing(cluster, namespace, name, reason, message)
+                await pull_failing(cluster, namespace, name, reason, message, scheduled_at)
             flips[0] += 1
             await asyncio.sleep(period)
 

@@ -157,3 +157,31 @@ async def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_and_goes_on(
     assert status["restarts"] == 1
     assert cluster.condition(NS, "stranded", "PodsStuckTerminating")["status"] == "False"
     assert {p["metadata"]["name"] for p in new} == {"stranded-0", "stranded-1"}
+
+
+async def test_an_image_that_cannot_be_pulled_is_said_at_once_once_and_fails_the_job(cluster: Cluster):
+    await cluster.start_operator("--image-pull-timeout=4")
+    await cluster.apply(a_job("unpulled").nodes(2).with_spec("image", "registry.example/missing:1").build())
+    await cluster.eventually(lambda: len(cluster.pods(NS, "unpulled")) == 2, "2 pods")
+    async with kubelet.pull_flipping(cluster, NS, ["unpulled-0", "unpulled-1"]) as flips:
+        condition = await cluster.eventually(
+            lambda: (c := cluster.condition(NS, "unpulled", "ImagePullFailing")) and c["status"] == "True" and c,
+            "the ImagePullFailing condition", timeout=3,
+        )
+        assert condition["message"].startswith("ImagePullBackOff: unpulled-0: ")
+        assert "ImagePullFailed" in condition["message"]
+        # The phase's own message says so (kubectl describe, `dtrain` and the phase Event).
+        phase_event = await cluster.eventually(
+            lambda: next((e for e in cluster.events(NS, "unpulled") if e["reason"] == "Starting"), None),
+            "the Starting Event",
+        )
+        assert phase_event["message"].startswith("ImagePullBackOff: "), phase_event["message"]
+        await cluster.eventually(lambda: flips[0] >= 6, "6 flips of the pull reason")
+        status = await cluster.phase(NS, "unpulled", "Failed", timeout=15)
+    failed = cluster.condition(NS, "unpulled", "Failed")
+    assert failed["reason"] == "ImagePullFailed"
+    assert "unpulled-0" in failed["message"] and "unpulled-1" in failed["message"]
+    assert status["restarts"] == 0
+    pulls = [e for e in cluster.events(NS, "unpulled") if e["reason"] == "ImagePullFailing"]
+    assert len(pulls) == 1, [e["message"] for e in pulls]
+    assert pulls[0]["count"] >= 2 and pulls[0]["lastTimestamp"] >= pulls[0]["firstTimestamp"]

@@ -55,6 +55,12 @@ async def full_lifecycle(cluster: Cluster) -> None:
     await cluster.patch_job(NS, "life", {"spec": {"nodes": 3}})
     await cluster.eventually(lambda: (cluster.condition(NS, "life", "SpecImmutable") or {}).get("status") == "True",
                              "SpecImmutable")
+    # A second warning of the same kind counts up the first Event (a patch) rather than posting another.
+    await cluster.patch_job(NS, "life", {"spec": {"trainer": {"batchSize": 64}}})
+    await cluster.eventually(
+        lambda: [e.get("count") for e in cluster.events(NS, "life") if e["reason"] == "SpecImmutable"] == [2],
+        "the SpecImmutable Event counted twice",
+    )
     await cluster.exit(NS, "life-1", 1)
     await cluster.eventually(lambda: cluster.status(NS, "life").get("restarts") == 1, "a gang restart")
     await cluster.eventually(

@@ -60,9 +60,10 @@ ENGINE_JOB_INDEX = "dtrain_engine_jobs"
 
 WORKERS = 32
 """Jobs reconciled at once."""
-RETRY_BASE_SECONDS = 0.5
-RETRY_MAX_SECONDS = 60.0
-"""A failed reconcile is retried after 0.5 s, 1 s, 2 s, ... up to a minute."""
+RETRY_BASE_SECONDS = 0.005
+RETRY_MAX_SECONDS = 30.0
+"""A failed reconcile is retried after 5 ms, 10 ms, 20 ms, ... up to 30 s (client-go's workqueue
+starts at 5 ms too), and never before the Retry-After the API server asked for."""
 EXPECTATION_TTL_SECONDS = 30.0
 """How long a write is trusted over a watch that has not shown it (then the watch wins again)."""
 COUNTS_BATCH_SECONDS = 1.0
@@ -148,7 +149,7 @@ class WorkQueue(Generic[K]):
             except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the others
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                requeue = min(RETRY_BASE_SECONDS * 2 ** (failures - 1), RETRY_MAX_SECONDS)
+                requeue = retry_delay(failures, exc)
                 self._on_error(key, exc)
             finally:
                 self._active.discard(key)
@@ -157,6 +158,13 @@ class WorkQueue(Generic[K]):
                 self.add(key)
             if requeue is not None:
                 self.add(key, requeue)
+
+
+def retry_delay(failures: int, exc: Exception) -> float:
+    """When a reconcile that failed `failures` times in a row runs again."""
+    backoff = min(RETRY_BASE_SECONDS * 2 ** min(failures - 1, 32), RETRY_MAX_SECONDS)
+    retry_after = exc.retry_after if isinstance(exc, ApiError) else None
+    return max(backoff, min(retry_after, RETRY_MAX_SECONDS)) if retry_after is not None else backoff
 
 
 @dataclass

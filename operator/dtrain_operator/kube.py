@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 
 USER_AGENT = "dtrain-operator/0.1.0"
 REQUEST_TIMEOUT_SECONDS = 30.0
+# As client-go's REST client: a 429 (or a 5xx with Retry-After) is retried after the time the
+# server asks for, up to 10 times, before the request fails. The wait is capped: a server asking
+# for longer gets the reconcile's own back-off instead.
+MAX_RETRY_AFTER_ATTEMPTS = 10
+MAX_RETRY_AFTER_SECONDS = 30.0
 
 # Where each kind the operator touches lives in the API: (path prefix, plural).
 RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
@@ -41,13 +46,15 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
 
 
 class ApiError(Exception):
-    """An API request that did not succeed: the HTTP status (0: no answer), reason and message."""
+    """An API request that did not succeed: the HTTP status (0: no answer), reason and message,
+    and the seconds the server asked the client to wait before retrying (Retry-After), if it did."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, retry_after: Optional[float] = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after = retry_after
 
     @property
     def not_found(self) -> bool:
@@ -123,6 +130,20 @@ async def connection_info(configuration: Configuration) -> kopf.ConnectionInfo:
     )
 
 
+def _retry_after(status: int, header: Optional[str]) -> Optional[float]:
+    """Seconds to wait before retrying, from Retry-After on a 429 or a 5xx (as client-go reads it:
+    whole seconds; a 429 without the header waits 1 s)."""
+    if status != 429 and status < 500:
+        return None
+    if header is None:
+        return 1.0 if status == 429 else None
+    try:
+        seconds = int(header.strip())
+    except ValueError:
+        return 1.0 if status == 429 else None
+    return float(max(seconds, 0))
+
+
 def object_path(api_version: str, kind: str, namespace: str, name: str = "", subresource: str = "") -> str:
     prefix, plural = RESOURCES[(api_version, kind)]
     path = f"{prefix}/namespaces/{namespace}/{plural}"
@@ -162,6 +183,26 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        for attempt in range(MAX_RETRY_AFTER_ATTEMPTS + 1):
+            try:
+                return await self._request_once(method, path, verb, resource, body, content_type)
+            except ApiError as exc:
+                wait = exc.retry_after
+                if wait is None or attempt == MAX_RETRY_AFTER_ATTEMPTS or wait > MAX_RETRY_AFTER_SECONDS:
+                    raise
+                logger.debug("%s %s: %s; retrying in %g s as the server asks", method, path, exc.status, wait)
+                await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        verb: str,
+        resource: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
         await self._limiter.acquire()
         # The body is plain JSON already: the client's model serialisation is skipped.
         method_, url, headers, _, _ = await self._client.param_serialize(
@@ -188,6 +229,7 @@ class KubeClient:
                 response.status,
                 str(decoded.get("reason") or response.reason or ""),
                 str(decoded.get("message") or data[:200].decode(errors="replace")),
+                _retry_after(response.status, response.headers.get("Retry-After")),
             )
         return decoded if isinstance(decoded, dict) else {}
 

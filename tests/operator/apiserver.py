@@ -13,7 +13,9 @@ operator relies on real API-server behaviour. Each extension is small and stands
   a pod held by the test kubelet's graceful termination (KUBELET_FINALIZER, see kubelet.py) goes at
   once on a force delete (`gracePeriodSeconds: 0`), as a real pod whose kubelet no longer confirms;
 - faults: chosen requests answered with an error, or held at a gate; watch streams dropped or
-  stalled (left open but silent, as a dead connection);
+  stalled (left open but silent, as a dead connection); an error with `retry_after` carries the
+  `Retry-After` header and `details.retryAfterSeconds`, as the API server's 429 (priority and
+  fairness, max-in-flight) does;
 - a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
   for comparing the operator's calls with its RBAC rules.
 
@@ -163,6 +165,13 @@ class Gate:
         self._open.set()
 
 
+@attrs.frozen
+class Throttled(KubernetesError):
+    """An error the client is told to retry after `retry_after` seconds (the Retry-After header)."""
+
+    retry_after: int = 1
+
+
 @dataclasses.dataclass
 class _Failure:
     matches: Callable[[rendering.Request], bool]
@@ -170,6 +179,7 @@ class _Failure:
     reason: str
     times: Optional[int]
     until: Optional[float]
+    retry_after: Optional[int] = None
 
 
 class Faults:
@@ -189,10 +199,12 @@ class Faults:
         reason: str = "InternalError",
         times: Optional[int] = None,
         seconds: Optional[float] = None,
+        retry_after: Optional[int] = None,
     ) -> None:
-        """Answer matching requests with `status`, `times` times or for `seconds` (or until cleared)."""
+        """Answer matching requests with `status`, `times` times or for `seconds` (or until cleared);
+        with `retry_after`, the answer says when to retry (429 TooManyRequests, say)."""
         until = asyncio.get_running_loop().time() + seconds if seconds is not None else None
-        self._failures.append(_Failure(matches, status, reason, times, until))
+        self._failures.append(_Failure(matches, status, reason, times, until, retry_after))
 
     def gate(self, matches: Callable[[rendering.Request], bool], after: int = 0) -> Gate:
         """Hold matching requests (after letting `after` of them through) until the gate is released."""
@@ -228,6 +240,11 @@ class Faults:
                 if failure.times is not None:
                     failure.times -= 1
                 self.failed += 1
+                if failure.retry_after is not None:
+                    raise Throttled(
+                        failure.status, failure.reason, f"injected fault ({failure.status}): try again later",
+                        {"retryAfterSeconds": failure.retry_after}, retry_after=failure.retry_after,
+                    )
                 raise KubernetesError(failure.status, failure.reason, f"injected fault ({failure.status})")
         for gate in list(self.gates):
             if gate.matches(request):
@@ -301,6 +318,12 @@ class ApiServer(kmock.KubernetesEmulator):
         if request.action == kmock.action.DELETE:
             return aiohttp.web.json_response(await self._delete(request))
         return await super()._handle(request)
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        response = await super()._render_error(exc)
+        if isinstance(exc, Throttled):
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
 
     def _next_rv(self) -> int:
         self._rv += 1

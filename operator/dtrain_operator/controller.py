@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from . import contract, render, trusted
 from .api import DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus
 from .kube import ApiError, KubeClient, RateLimiter, connection_info, load_configuration
+from .leader import LeaderElectionConfig, LeaderElector
 from .metrics import OperatorMetrics
 from .plan import Plan, plan_children
 from .status import (
@@ -236,8 +237,19 @@ def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> P
 class Controller:
     """Caches, expectations and the reconcile loop; kopf's handlers (handlers.py) feed it."""
 
-    def __init__(self, metrics: OperatorMetrics, qps: float, burst: int, limits: Limits = Limits()) -> None:
+    def __init__(
+        self,
+        metrics: OperatorMetrics,
+        qps: float,
+        burst: int,
+        limits: Limits = Limits(),
+        election: Optional[LeaderElectionConfig] = None,
+    ) -> None:
         self._limits = limits
+        self._election = election
+        self._elector: Optional[LeaderElector] = None
+        self._keeping: Optional[asyncio.Task[None]] = None
+        self._lease_client: Optional[KubeClient] = None
         self._pod_index: Optional[kopf.Index[JobKey, PodObservation]] = None
         self._engine_job_index: Optional[kopf.Index[JobKey, EngineJobObservation]] = None
         self._metrics = metrics
@@ -263,10 +275,34 @@ class Controller:
         return await connection_info(configuration)
 
     def start(self) -> None:
+        if self._election is not None:
+            self._keeping = asyncio.create_task(self._keep_lease(self._election), name="leader-election")
         self._queue.start()
+
+    async def _keep_lease(self, election: LeaderElectionConfig) -> None:
+        """The Lease was acquired before kopf started; it is renewed here, in kopf's loop, with a
+        client of its own (its requests do not wait behind the reconciles' rate limit)."""
+        self._lease_client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), self._metrics)
+        self._elector = LeaderElector(election, self._lease_client)
+        self._elector.leading = True
+        await self._elector.keep(self._lost_lease)
+
+    @staticmethod
+    def _lost_lease(why: str) -> None:
+        # As kube-controller-manager: stop at once, before anything else is written; the Deployment
+        # starts the container again, as a standby.
+        logger.error("leader election: lost the lease (%s); exiting", why)
+        logging.shutdown()
+        os._exit(1)
 
     async def stop(self) -> None:
         await self._queue.stop()
+        if self._keeping is not None:
+            self._keeping.cancel()
+            await asyncio.gather(self._keeping, return_exceptions=True)
+        if self._lease_client is not None:
+            await self._lease_client.close()
+        # main.py releases the Lease once kopf has stopped.
         for task in list(self._event_tasks.values()):
             task.cancel()
         if self._client is not None:

@@ -39,6 +39,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
     ("v1", "Event"): ("/api/v1", "events"),
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
+    ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): ("/apis/scheduling.volcano.sh/v1beta1", "podgroups"),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("/apis/scheduling.x-k8s.io/v1alpha1", "podgroups"),
     (contract.API_VERSION, contract.KIND): (f"/apis/{contract.API_VERSION}", contract.PLURAL),

@@ -56,6 +56,7 @@ RESOURCES = [
     ("v1/events", "Event", False),
     ("v1/namespaces", "Namespace", True),
     ("batch/v1/jobs", "Job", True),
+    ("coordination.k8s.io/v1/leases", "Lease", False),
     (f"{contract.API_VERSION}/{contract.PLURAL}", contract.KIND, True),
     ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True),
     ("scheduling.x-k8s.io/v1alpha1/podgroups", "PodGroup", True),

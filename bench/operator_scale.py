@@ -189,7 +189,7 @@ async def run_scenario(scenario: Scenario, workdir: Path) -> dict[str, Any]:
         try:
             return await measure(scenario, jobs, api, cluster, operator, this_process)
         finally:
-            operator.stop()
+            await asyncio.to_thread(operator.stop)  # the API server runs in this loop
 
 
 async def measure(

@@ -188,6 +188,60 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-open every watch after this long, so that a stream that died silently reconnects (default 300)",
     )
     p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold a coordination.k8s.io Lease while reconciling, so that several replicas can run and one acts "
+        "(default on; --no-leader-elect for a single replica)",
+    )
+    p.add_argument(
+        "--leader-elect-lease-duration",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a standby waits after the Lease last changed before it takes over (default 10)",
+    )
+    p.add_argument(
+        "--leader-elect-renew-deadline",
+        type=float,
+        default=7.0,
+        metavar="SECONDS",
+        help="how long the leader tries to renew the Lease before it gives up and exits (default 7)",
+    )
+    p.add_argument(
+        "--leader-elect-retry-period",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often candidates try to acquire, and the leader renews, the Lease (default 2)",
+    )
+    p.add_argument(
+        "--leader-elect-resource-name", default="dtrain-operator", metavar="NAME", help="the Lease's name"
+    )
+    p.add_argument(
+        "--leader-elect-resource-namespace",
+        metavar="NS",
+        help="the Lease's namespace: the operator's own (default $POD_NAMESPACE, else the service account's "
+        "namespace, else default)",
+    )
+    p.add_argument(
+        "--stuck-terminating-timeout",
+        type=float,
+        default=150.0,
+        metavar="SECONDS",
+        help="a deleted worker pod still there this long after its deletion is stuck: it is named in a condition "
+        "and an Event, and force-deleted once its node stopped reporting (default 150; keep it above the pods' "
+        "termination grace period)",
+    )
+    p.add_argument(
+        "--image-pull-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a worker pod that still cannot pull its image this long after it was scheduled fails the job with "
+        "ImagePullFailed (default 300)",
+    )
+    p.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level (default INFO)"
     )
     p.add_argument(

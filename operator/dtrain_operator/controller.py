@@ -30,11 +30,13 @@ from . import contract, refusals, render, trusted
 from .api import DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus, EnvVar, with_env_values
 from .host_access import host_access_fields, host_access_refusals
 from .kube import ApiError, KubeClient, RateLimiter, connection_info, load_configuration
+from .leader import LeaderElectionConfig, LeaderElector
 from .metrics import OperatorMetrics
 from .plan import Plan, plan_children
 from .status import (
     EngineJobObservation,
     JobEvent,
+    Limits,
     Observed,
     PodObservation,
     accepted_job,
@@ -60,12 +62,15 @@ ENGINE_JOB_INDEX = "dtrain_engine_jobs"
 
 WORKERS = 32
 """Jobs reconciled at once."""
-RETRY_BASE_SECONDS = 0.5
-RETRY_MAX_SECONDS = 60.0
-"""A failed reconcile is retried after 0.5 s, 1 s, 2 s, ... up to a minute."""
+RETRY_BASE_SECONDS = 0.005
+RETRY_MAX_SECONDS = 30.0
+"""A failed reconcile is retried after 5 ms, 10 ms, 20 ms, ... up to 30 s (client-go's workqueue
+starts at 5 ms too), and never before the Retry-After the API server asked for."""
 EXPECTATION_TTL_SECONDS = 30.0
 """How long a write is trusted over a watch that has not shown it (then the watch wins again)."""
 COUNTS_BATCH_SECONDS = 1.0
+EVENT_SERIES_SECONDS = 600.0
+"""A Warning that repeats within this long (Kubernetes' event aggregation window) counts up one Event."""
 """A status change of node counts alone waits this long, so that pods starting together share one patch."""
 
 
@@ -146,7 +151,7 @@ class WorkQueue(Generic[K]):
             except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the others
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                requeue = min(RETRY_BASE_SECONDS * 2 ** (failures - 1), RETRY_MAX_SECONDS)
+                requeue = retry_delay(failures, exc)
                 self._on_error(key, exc)
             finally:
                 self._active.discard(key)
@@ -157,6 +162,13 @@ class WorkQueue(Generic[K]):
                 self.add(key, requeue)
 
 
+def retry_delay(failures: int, exc: Exception) -> float:
+    """When a reconcile that failed `failures` times in a row runs again."""
+    backoff = min(RETRY_BASE_SECONDS * 2 ** min(failures - 1, 32), RETRY_MAX_SECONDS)
+    retry_after = exc.retry_after if isinstance(exc, ApiError) else None
+    return max(backoff, min(retry_after, RETRY_MAX_SECONDS)) if retry_after is not None else backoff
+
+
 @dataclass
 class _Expectations:
     """One job's writes that the watch has not shown yet."""
@@ -164,6 +176,7 @@ class _Expectations:
     uid: str
     created_pods: dict[str, tuple[float, PodObservation]] = field(default_factory=dict)  # by uid
     deleted_pods: dict[str, tuple[float, bool]] = field(default_factory=dict)  # uid -> (when, known gone)
+    forced_pods: dict[str, float] = field(default_factory=dict)  # uid -> when force-deleted
     engine_job: Optional[tuple[float, EngineJobObservation]] = None
     shared_children_for: Optional[int] = None  # gang generation whose Service/ConfigMap are known to exist
     counts_pending_since: Optional[float] = None
@@ -245,9 +258,16 @@ class Controller:
         burst: int,
         network_policy: bool = False,
         refuse_host_access: bool = False,
+        limits: Limits = Limits(),
+        election: Optional[LeaderElectionConfig] = None,
     ) -> None:
         self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
         self._refuse_host_access = refuse_host_access  # hostNetwork/hostPath only in opted-in namespaces
+        self._limits = limits
+        self._election = election
+        self._elector: Optional[LeaderElector] = None
+        self._keeping: Optional[asyncio.Task[None]] = None
+        self._lease_client: Optional[KubeClient] = None
         self._pod_index: Optional[kopf.Index[JobKey, PodObservation]] = None
         self._engine_job_index: Optional[kopf.Index[JobKey, EngineJobObservation]] = None
         self._metrics = metrics
@@ -257,6 +277,8 @@ class Controller:
         self._expectations: dict[JobKey, _Expectations] = {}
         self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
         self._event_tasks: dict[JobKey, asyncio.Task[None]] = {}
+        # Event series: (job, uid, reason) -> (Event name, count, last seen, monotonic).
+        self._series: dict[tuple[JobKey, str, str], tuple[str, int, float]] = {}
         self._instance = os.environ.get("POD_ID") or socket.gethostname()
 
     # --- kopf's side ---------------------------------------------------------------------------
@@ -271,10 +293,34 @@ class Controller:
         return await connection_info(configuration)
 
     def start(self) -> None:
+        if self._election is not None:
+            self._keeping = asyncio.create_task(self._keep_lease(self._election), name="leader-election")
         self._queue.start()
+
+    async def _keep_lease(self, election: LeaderElectionConfig) -> None:
+        """The Lease was acquired before kopf started; it is renewed here, in kopf's loop, with a
+        client of its own (its requests do not wait behind the reconciles' rate limit)."""
+        self._lease_client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), self._metrics)
+        self._elector = LeaderElector(election, self._lease_client)
+        self._elector.leading = True
+        await self._elector.keep(self._lost_lease)
+
+    @staticmethod
+    def _lost_lease(why: str) -> None:
+        # As kube-controller-manager: stop at once, before anything else is written; the Deployment
+        # starts the container again, as a standby.
+        logger.error("leader election: lost the lease (%s); exiting", why)
+        logging.shutdown()
+        os._exit(1)
 
     async def stop(self) -> None:
         await self._queue.stop()
+        if self._keeping is not None:
+            self._keeping.cancel()
+            await asyncio.gather(self._keeping, return_exceptions=True)
+        if self._lease_client is not None:
+            await self._lease_client.close()
+        # main.py releases the Lease once kopf has stopped.
         for task in list(self._event_tasks.values()):
             task.cancel()
         if self._client is not None:
@@ -322,6 +368,8 @@ class Controller:
         self._metrics.job_status(key, body.get("status") or {})
 
     def _forget(self, key: JobKey) -> None:
+        for series_key in [k for k in self._series if k[0] == key]:
+            del self._series[series_key]
         self._jobs.pop(key, None)
         self._expectations.pop(key, None)
         self._queue.forget(key)
@@ -434,14 +482,14 @@ class Controller:
             running: Optional[DistributedTraining] = None
         else:
             finished = state.succeeded_ranks if state is not None else ()
-            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished)
+            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished, self._limits)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
         requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
         await self._write_state(key, state, new, observed)
         if running is None:
             return requeue
-        plan = plan_children(running, new, observed, now)
+        plan = plan_children(running, new, observed, now, self._limits)
         try:
             await self._carry_out(key, body, running, new.restarts, plan, blocked, expectations)
         except ChildConflict as exc:
@@ -541,11 +589,31 @@ class Controller:
         if earlier is not None:
             await asyncio.wait([earlier])
         assert self._client is not None
+        uid = (body.get("metadata") or {}).get("uid", "")
         for event in events:
             try:
-                await self._client.post_event(body, event.type, event.reason, event.message, self._instance)
+                await self._post_event(key, uid, body, event)
             except ApiError as exc:
                 logger.warning("%s/%s: could not post the %s event: %s", *key, event.reason, exc)
+
+    async def _post_event(self, key: JobKey, uid: str, body: Mapping[str, Any], event: JobEvent) -> None:
+        """Post an Event; a repeat of a series within EVENT_SERIES_SECONDS counts up the Event posted first."""
+        assert self._client is not None
+        now = time.monotonic()
+        series_key = (key, uid, event.reason)
+        earlier = self._series.get(series_key) if event.series else None
+        if earlier is not None and now - earlier[2] <= EVENT_SERIES_SECONDS:
+            name, count, _ = earlier
+            try:
+                await self._client.repeat_event(key[0], name, count + 1, event.message)
+                self._series[series_key] = (name, count + 1, now)
+                return
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+        created = await self._client.post_event(body, event.type, event.reason, event.message, self._instance)
+        if event.series:
+            self._series[series_key] = (str((created.get("metadata") or {}).get("name", "")), 1, now)
 
     async def _report_conflict(
         self, key: JobKey, body: Mapping[str, Any], message: str, expectations: _Expectations
@@ -600,6 +668,16 @@ class Controller:
         assert self._client is not None
         namespace, name = key
         await _gather(*(self._delete_pod(namespace, pod, expectations) for pod in plan.delete_pods))
+        now = time.monotonic()
+        # Each stuck pod is force-deleted once per expectation TTL, not at every reconcile.
+        forced = [
+            p for p in plan.force_delete_pods if now - expectations.forced_pods.get(p.uid, -EXPECTATION_TTL_SECONDS) >= EXPECTATION_TTL_SECONDS
+        ]
+        for pod in forced:
+            logger.warning("%s/%s: %s is stuck terminating and its node stopped reporting; force-deleting it",
+                           namespace, name, pod.name)
+            expectations.forced_pods[pod.uid] = now
+        await _gather(*(self._delete_pod(namespace, pod, expectations, force=True) for pod in forced))
         if plan.delete_engine_job is not None:
             await self._delete(
                 "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
@@ -669,17 +747,28 @@ class Controller:
         observation = observe_pod(existing)
         expectations.created_pods[observation.uid] = (time.monotonic(), observation)
 
-    async def _delete_pod(self, namespace: str, pod: PodObservation, expectations: _Expectations) -> None:
-        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid)
+    async def _delete_pod(
+        self, namespace: str, pod: PodObservation, expectations: _Expectations, force: bool = False
+    ) -> None:
+        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid, grace_period=0 if force else None)
         expectations.deleted_pods[pod.uid] = (time.monotonic(), gone)
 
     async def _delete(
-        self, api_version: str, kind: str, namespace: str, name: str, uid: str, propagation: Optional[str] = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        propagation: Optional[str] = None,
+        grace_period: Optional[int] = None,
     ) -> bool:
         """Delete one incarnation of an object. Returns True when it is known to be gone already."""
         assert self._client is not None
         try:
-            await self._client.delete(api_version, kind, namespace, name, uid=uid, propagation=propagation)
+            await self._client.delete(
+                api_version, kind, namespace, name, uid=uid, propagation=propagation, grace_period=grace_period
+            )
         except ApiError as exc:
             # 404: gone. 409: the uid precondition failed, so that incarnation is gone too.
             if exc.not_found or exc.conflict:

@@ -27,6 +27,11 @@ logger = logging.getLogger(__name__)
 
 USER_AGENT = "dtrain-operator/0.1.0"
 REQUEST_TIMEOUT_SECONDS = 30.0
+# As client-go's REST client: a 429 (or a 5xx with Retry-After) is retried after the time the
+# server asks for, up to 10 times, before the request fails. The wait is capped: a server asking
+# for longer gets the reconcile's own back-off instead.
+MAX_RETRY_AFTER_ATTEMPTS = 10
+MAX_RETRY_AFTER_SECONDS = 30.0
 
 # Where each kind the operator touches lives in the API: (path prefix, plural).
 RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
@@ -36,6 +41,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Event"): ("/api/v1", "events"),
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): ("/apis/scheduling.volcano.sh/v1beta1", "podgroups"),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("/apis/scheduling.x-k8s.io/v1alpha1", "podgroups"),
     (contract.API_VERSION, contract.KIND): (f"/apis/{contract.API_VERSION}", contract.PLURAL),
@@ -43,13 +49,15 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
 
 
 class ApiError(Exception):
-    """An API request that did not succeed: the HTTP status (0: no answer), reason and message."""
+    """An API request that did not succeed: the HTTP status (0: no answer), reason and message,
+    and the seconds the server asked the client to wait before retrying (Retry-After), if it did."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, retry_after: Optional[float] = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after = retry_after
 
     @property
     def not_found(self) -> bool:
@@ -125,6 +133,20 @@ async def connection_info(configuration: Configuration) -> kopf.ConnectionInfo:
     )
 
 
+def _retry_after(status: int, header: Optional[str]) -> Optional[float]:
+    """Seconds to wait before retrying, from Retry-After on a 429 or a 5xx (as client-go reads it:
+    whole seconds; a 429 without the header waits 1 s)."""
+    if status != 429 and status < 500:
+        return None
+    if header is None:
+        return 1.0 if status == 429 else None
+    try:
+        seconds = int(header.strip())
+    except ValueError:
+        return 1.0 if status == 429 else None
+    return float(max(seconds, 0))
+
+
 def object_path(api_version: str, kind: str, namespace: str, name: str = "", subresource: str = "") -> str:
     prefix, plural = RESOURCES[(api_version, kind)]
     path = f"{prefix}/namespaces/{namespace}/{plural}"
@@ -164,6 +186,26 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        for attempt in range(MAX_RETRY_AFTER_ATTEMPTS + 1):
+            try:
+                return await self._request_once(method, path, verb, resource, body, content_type)
+            except ApiError as exc:
+                wait = exc.retry_after
+                if wait is None or attempt == MAX_RETRY_AFTER_ATTEMPTS or wait > MAX_RETRY_AFTER_SECONDS:
+                    raise
+                logger.debug("%s %s: %s; retrying in %g s as the server asks", method, path, exc.status, wait)
+                await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        verb: str,
+        resource: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
         await self._limiter.acquire()
         # The body is plain JSON already: the client's model serialisation is skipped.
         method_, url, headers, _, _ = await self._client.param_serialize(
@@ -190,6 +232,7 @@ class KubeClient:
                 response.status,
                 str(decoded.get("reason") or response.reason or ""),
                 str(decoded.get("message") or data[:200].decode(errors="replace")),
+                _retry_after(response.status, response.headers.get("Retry-After")),
             )
         return decoded if isinstance(decoded, dict) else {}
 
@@ -225,9 +268,13 @@ class KubeClient:
         name: str,
         uid: Optional[str] = None,
         propagation: Optional[str] = None,
+        grace_period: Optional[int] = None,
     ) -> None:
-        """Delete an object; with `uid`, only that incarnation of the name (a precondition)."""
+        """Delete an object; with `uid`, only that incarnation of the name (a precondition);
+        `grace_period` 0 is a force delete."""
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_period is not None:
+            options["gracePeriodSeconds"] = grace_period
         if uid:
             options["preconditions"] = {"uid": uid}
         if propagation:
@@ -259,8 +306,8 @@ class KubeClient:
 
     async def post_event(
         self, involved: Mapping[str, Any], event_type: str, reason: str, message: str, instance: str
-    ) -> None:
-        """A core/v1 Event about `involved` (a DistributedTraining body)."""
+    ) -> dict[str, Any]:
+        """A core/v1 Event about `involved` (a DistributedTraining body). Returns the Event created."""
         meta = involved["metadata"]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         event = {
@@ -284,4 +331,11 @@ class KubeClient:
             "lastTimestamp": now,
             "count": 1,
         }
-        await self._request("POST", object_path("v1", "Event", meta["namespace"]), "create", "events", event)
+        return await self._request("POST", object_path("v1", "Event", meta["namespace"]), "create", "events", event)
+
+    async def repeat_event(self, namespace: str, name: str, count: int, message: str) -> dict[str, Any]:
+        """The same Event seen again: its count and last-seen time (and newest message), as Kubernetes'
+        own event recorder does instead of posting a new one."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        patch = {"count": count, "lastTimestamp": now, "message": message[:1024]}
+        return await self.patch("v1", "Event", namespace, name, patch)

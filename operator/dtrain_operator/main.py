@@ -5,16 +5,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import socket
 import sys
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import aiohttp.web
 
 import kopf
 
 from . import contract
 from .controller import Controller
 from .handlers import build_registry
-from .kube import load_configuration
+from .kube import KubeClient, RateLimiter, load_configuration
+from .leader import LeaderElectionConfig, LeaderElector
 from .metrics import OperatorMetrics
 from .redaction import redact_text
+from .status import Limits
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +37,7 @@ def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     # kopf's own events only for warnings and errors; dtrain posts one Event per phase change itself.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "dtrain-operator"
-    # One active operator (the Deployment's Recreate strategy): no peering objects to read or write.
+    # One active operator (leader election, or a single replica): no kopf peering objects.
     settings.peering.standalone = True
     # The served resources are found once at startup: no cluster-wide watch of CRDs and namespaces.
     settings.scanning.disabled = True
@@ -70,6 +79,55 @@ def configure_logging(level: str, log_format: str) -> None:
     logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def election_config(args: argparse.Namespace) -> LeaderElectionConfig:
+    namespace = args.leader_elect_resource_namespace or os.environ.get("POD_NAMESPACE")
+    if not namespace and SERVICE_ACCOUNT_NAMESPACE.is_file():
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    # The pod's name is unique while it lives (a restarted container takes its Lease back at once);
+    # outside a pod, the host name with a random suffix, as kube-controller-manager does.
+    identity = os.environ.get("POD_ID") or f"{socket.gethostname()}_{uuid.uuid4()}"
+    return LeaderElectionConfig(
+        namespace=namespace or "default",
+        name=args.leader_elect_resource_name,
+        identity=identity,
+        lease_duration=args.leader_elect_lease_duration,
+        renew_deadline=args.leader_elect_renew_deadline,
+        retry_period=args.leader_elect_retry_period,
+    )
+
+
+async def stand_by(config: LeaderElectionConfig, health_port: int, metrics: OperatorMetrics) -> None:
+    """Wait for the Lease, answering /healthz meanwhile (a standby is healthy); kopf serves it once leading."""
+    app = aiohttp.web.Application()
+    app.router.add_get("/healthz", lambda _: aiohttp.web.json_response({"leader": False}))
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "0.0.0.0", health_port)
+    await site.start()
+    client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), metrics)
+    try:
+        await LeaderElector(config, client).acquire()
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def release(config: LeaderElectionConfig, metrics: OperatorMetrics) -> None:
+    """A clean stop: give the Lease up, so that a standby takes over at its next retry."""
+    client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), metrics)
+    try:
+        elector = LeaderElector(config, client)
+        elector.leading = True
+        await asyncio.wait_for(elector.release(), timeout=5.0)
+    except asyncio.TimeoutError:
+        logger.warning("leader election: releasing the lease took too long; it expires by itself")
+    finally:
+        await client.close()
+
+
 def main(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     if args.qps <= 0 or args.burst < 1:
@@ -90,8 +148,31 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"dtrain operator: cannot serve metrics on port {args.metrics_port}: {exc.strerror}", file=sys.stderr)
         return 1
-    controller = Controller(metrics=metrics, qps=args.qps, burst=args.burst, network_policy=args.network_policy,
+    limits = Limits(
+        stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout
+    )
+    election: Optional[LeaderElectionConfig] = None
+    if args.leader_elect:
+        election = election_config(args)
+        problem = election.check()
+        if problem:
+            print(f"dtrain operator: {problem}", file=sys.stderr)
+            return 2
+        logger.info(
+            "leader election: %s wants the lease %s/%s", election.identity, election.namespace, election.name
+        )
+        try:
+            asyncio.run(stand_by(election, args.health_port, metrics))
+        except KeyboardInterrupt:
+            return 0
+    controller = Controller(
+        metrics=metrics,
+        qps=args.qps,
+        burst=args.burst,
+        network_policy=args.network_policy,
         refuse_host_access=args.refuse_host_access,
+        limits=limits,
+        election=election,
     )
     namespaces = args.namespaces or []
     scope = f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces"
@@ -104,4 +185,6 @@ def main(args: argparse.Namespace) -> int:
         namespaces=namespaces,
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
     )
+    if election is not None:
+        asyncio.run(release(election, metrics))
     return 0

@@ -14,7 +14,18 @@ from typing import Optional
 from . import contract
 from .api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus
 from .render import worker_pod_name
-from .status import EngineJobObservation, Observed, PodObservation, current_gang, engine_pod_awaited, parse_time
+from .status import (
+    EngineJobObservation,
+    Limits,
+    Observed,
+    PodObservation,
+    current_gang,
+    engine_pod_awaited,
+    image_pull_deadline,
+    parse_time,
+    pulling_images,
+    stuck_terminating,
+)
 
 # Phases in which the current gang's missing pods are created.
 CREATING_PHASES = ("Pending", "Starting", "Restarting")
@@ -30,6 +41,8 @@ class Plan:
     """Worker pods of the current gang generation to create (the Service and ConfigMap are ensured first)."""
     delete_pods: tuple[PodObservation, ...] = ()
     """Worker pods to delete (older generations, a suspended gang, cleanPodPolicy)."""
+    force_delete_pods: tuple[PodObservation, ...] = ()
+    """Pods stuck terminating on a node that stopped reporting: deleted with no grace period."""
     create_engine_job: bool = False
     delete_engine_job: Optional[EngineJobObservation] = None
     delete_job: bool = False
@@ -65,12 +78,31 @@ def _finished_cleanup(
     return (), None
 
 
+def _stuck(
+    workers: tuple[PodObservation, ...], now: datetime, limits: Limits
+) -> tuple[tuple[PodObservation, ...], Optional[float]]:
+    """Stuck pods to force-delete (their node stopped reporting), and when the next one will be stuck."""
+    stuck = stuck_terminating(workers, now, limits)
+    force = tuple(p for p in stuck if not p.ready)
+    waiting = [
+        _seconds_until(p.deleted_at + timedelta(seconds=limits.stuck_terminating_seconds), now)
+        for p in workers
+        if p.deleting and p.deleted_at is not None and p not in stuck
+    ]
+    return force, min(waiting, default=None)
+
+
 def plan_children(
-    job: DistributedTraining, status: DistributedTrainingStatus, observed: Observed, now: datetime
+    job: DistributedTraining,
+    status: DistributedTrainingStatus,
+    observed: Observed,
+    now: datetime,
+    limits: Limits = Limits(),
 ) -> Plan:
     """The children to create and delete for `job` (the spec it runs) in `status` (just computed)."""
     spec = job.spec
     workers = tuple(p for p in observed.workers if p.role == contract.ROLE_WORKER)
+    force, stuck_check = _stuck(workers, now, limits)
     gang = current_gang(status, workers)
     older = tuple(p for p in workers if p.generation != status.restarts and not p.deleting)
     phase = status.phase
@@ -94,7 +126,9 @@ def plan_children(
         )
 
     if phase == "Suspended":
-        return Plan(delete_pods=tuple(p for p in workers if not p.deleting))
+        return Plan(
+            delete_pods=tuple(p for p in workers if not p.deleting), force_delete_pods=force, requeue_after=stuck_check
+        )
 
     occupied = {p.name for p in workers}
     create: tuple[int, ...] = ()
@@ -116,12 +150,16 @@ def plan_children(
         if p.phase == "Pending" and p.created_at is not None and p.created_at + timeout > now
     ]
     awaited = engine_pod_awaited(observed, now)
+    pull_deadline = image_pull_deadline(pulling_images(gang), limits) if phase in CREATING_PHASES else None
     return Plan(
         create_ranks=create,
         delete_pods=older,
+        force_delete_pods=force,
         create_engine_job=create_engine,
         requeue_after=_earliest(
             deadline,
+            stuck_check,
+            None if pull_deadline is None else _seconds_until(pull_deadline, now),
             min(pending_checks, default=None),
             None if awaited is None else awaited + REQUEUE_MARGIN_SECONDS,
         ),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequence
 
 from pydantic import ValidationError
@@ -24,6 +24,7 @@ from .api import (
     DistributedTrainingSpec,
     DistributedTrainingStatus,
     NodeCounts,
+    Progress,
     immutable_spec,
     with_env_values,
 )
@@ -43,12 +44,20 @@ SUSPENDED = "Suspended"
 PODS_PENDING = "PodsPending"
 SPEC_IMMUTABLE = "SpecImmutable"
 STATUS_UNREADABLE = "StatusUnreadable"
+PODS_STUCK = "PodsStuckTerminating"
+IMAGE_PULL = "ImagePullFailing"
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
 REASON_IMMUTABLE_FIELD_CHANGED = "ImmutableFieldChanged"
 REASON_INVALID_SPEC_CHANGE = "InvalidSpecChange"
 REASON_UNREADABLE_STATUS = "UnreadableStatus"
+REASON_IMAGE_PULL_FAILED = "ImagePullFailed"
+# The kubelet's waiting reasons of a container whose image cannot be pulled (they alternate
+# while it backs off: ErrImagePull, ImagePullBackOff, ErrImagePull, ...).
+IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
+)
 # Fields that may change while the job is suspended: its scheduling directives.
 MUTABLE_WHEN_SUSPENDED = ("spec.scheduling.",)
 
@@ -86,6 +95,21 @@ class PodObservation:
     lost: bool = False
     owner_uid: Optional[str] = None
     finished_at: Optional[datetime] = None
+    deleted_at: Optional[datetime] = None
+    ready: bool = False
+    waiting_reason: str = ""
+    """The trainer container's waiting reason (ErrImagePull, ImagePullBackOff, ContainerCreating, ...)."""
+    scheduled_at: Optional[datetime] = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long the operator waits on the cluster before it says so and acts (the operator's flags)."""
+
+    stuck_terminating_seconds: float = 150.0
+    """A deleted pod still there this long after its deletion is stuck (its node may be gone)."""
+    image_pull_seconds: float = 300.0
+    """A worker pod that cannot pull its image this long after it was scheduled fails the job (ImagePullFailed)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +236,17 @@ def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
         owner_uid=controller_uid(meta),
         finished_at=parse_time(terminated.get("finishedAt"))
         or parse_time((disruption or {}).get("lastTransitionTime")),
+        deleted_at=parse_time(meta.get("deletionTimestamp")),
+        waiting_reason=str(((state.get("waiting") or {}).get("reason")) or ""),
+        scheduled_at=next(
+            (
+                parse_time(c.get("lastTransitionTime"))
+                for c in conditions
+                if c.get("type") == "PodScheduled" and c.get("status") == "True"
+            ),
+            None,
+        ),
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
     )
 
 
@@ -414,6 +449,55 @@ def worker_failures(
     return failures
 
 
+# Kubernetes' timestamps have a resolution of one second: a report counts for the gang only when
+# it came at least this long after the gang's rank-0 pod was created.
+REPORT_AFTER_CREATION_SECONDS = 1.0
+
+
+def reported_stage(progress: Optional[Progress], gang: Mapping[int, PodObservation]) -> Optional[str]:
+    """The stage rank 0 reported, if this gang reported it: progress outlives the gang that wrote
+    it, so a report from before the current rank-0 pod was created (an earlier gang's
+    `exporting`) says nothing about this one. A report without a time is not tied to any gang."""
+    if progress is None or progress.stage is None:
+        return None
+    reported = parse_time(progress.updated_at)
+    rank0 = gang.get(0)
+    if reported is None or rank0 is None or rank0.created_at is None:
+        return None
+    if (reported - rank0.created_at).total_seconds() < REPORT_AFTER_CREATION_SECONDS:
+        return None
+    return progress.stage
+
+
+def stuck_terminating(workers: Sequence[PodObservation], now: datetime, limits: Limits) -> list[PodObservation]:
+    """Worker pods deleted longer ago than limits.stuck_terminating_seconds and still there."""
+    return sorted(
+        (
+            p
+            for p in workers
+            if p.deleting
+            and p.deleted_at is not None
+            and (now - p.deleted_at).total_seconds() >= limits.stuck_terminating_seconds
+        ),
+        key=lambda p: p.name,
+    )
+
+
+def pulling_images(gang: Mapping[int, PodObservation]) -> list[PodObservation]:
+    """Pods of the current gang whose trainer container waits on an image it cannot pull."""
+    return [
+        p
+        for p in sorted(gang.values(), key=lambda p: p.rank or 0)
+        if p.phase == "Pending" and p.waiting_reason in IMAGE_PULL_REASONS
+    ]
+
+
+def image_pull_deadline(pods: Sequence[PodObservation], limits: Limits) -> Optional[datetime]:
+    """When pods that cannot pull their image fail the job: the bound after the first was scheduled."""
+    since = [p.scheduled_at or p.created_at for p in pods if (p.scheduled_at or p.created_at) is not None]
+    return min(since) + timedelta(seconds=limits.image_pull_seconds) if since else None  # type: ignore[operator]
+
+
 def pods_pending_too_long(
     job: DistributedTraining, gang: Mapping[int, PodObservation], now: datetime
 ) -> list[PodObservation]:
@@ -451,6 +535,7 @@ def compute_status(
     now: datetime,
     spec_errors: Sequence[str] = (),
     succeeded_ranks: Collection[int] = (),
+    limits: Limits = Limits(),
 ) -> DistributedTrainingStatus:
     """The whole status of a job, from what is observed now.
 
@@ -502,6 +587,20 @@ def compute_status(
     if status.phase in FINISHED_PHASES:
         status.conditions = conditions.items()
         return status
+
+    stuck = stuck_terminating(observed.workers, now, limits)
+    if stuck:
+        names = ", ".join(p.name for p in stuck)
+        conditions.set(
+            PODS_STUCK,
+            True,
+            "TerminationTimeout",
+            f"{names}: deleted more than {limits.stuck_terminating_seconds:g} s ago and still terminating (is the "
+            "node gone?). A new pod cannot take the name of one still there, so the gang waits for them; the "
+            "operator force-deletes those whose node stopped reporting (Ready is not True)",
+        )
+    else:
+        conditions.clear(PODS_STUCK, "NoPodStuck", "no worker pod is stuck terminating")
 
     total = spec.nodes
     gang = current_gang(status, observed.workers)
@@ -581,12 +680,32 @@ def compute_status(
         status.conditions = conditions.items()
         return status
 
+    pulling = pulling_images(gang)
+    if pulling:
+        detail = "; ".join(f"{p.name}: {p.pending_reason}" for p in pulling)
+        deadline = image_pull_deadline(pulling, limits)
+        if deadline is not None and now >= deadline:
+            return finish(
+                "Failed",
+                REASON_IMAGE_PULL_FAILED,
+                f"worker pod(s) could not pull their image for {limits.image_pull_seconds:g} s: {detail}",
+            )
+        conditions.set(
+            IMAGE_PULL,
+            True,
+            "ImagePullBackOff",
+            f"ImagePullBackOff: {detail}. The job fails with {REASON_IMAGE_PULL_FAILED} if the image cannot be "
+            f"pulled within {limits.image_pull_seconds:g} s of scheduling",
+        )
+    else:
+        conditions.clear(IMAGE_PULL, "ImagesPulled", "no worker pod is waiting on an image it cannot pull")
+
     status.nodes = _node_counts(total, list(gang.values()), active=True, gone_succeeded=len(gone_succeeded))
     status.nodes_ready = f"{status.nodes.running}/{total}"
     all_running = status.nodes.running == total
     if all_running or previous_phase in ("Running", "Exporting"):
         # Once the whole gang ran, ranks that finish early (exit 0) do not make it Starting again.
-        exporting = status.progress is not None and status.progress.stage == contract.PROGRESS_STAGE_EXPORTING
+        exporting = reported_stage(status.progress, gang) == contract.PROGRESS_STAGE_EXPORTING
         status.phase = "Exporting" if exporting else "Running"
         conditions.set(RUNNING, True, "AllWorkersRunning", f"all {total} worker pod(s) are running")
         conditions.clear(RESTARTING, "GangRunning", f"the restarted gang is running (restart {status.restarts})")
@@ -754,6 +873,12 @@ class JobEvent:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    series: bool = False
+    """Repeats of it are one Event with a count and a last-seen time (as Kubernetes' event series), not many."""
+
+
+# Conditions that need the user: a Warning Event each time one turns True or says something new.
+WARNING_CONDITIONS = (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL)
 
 
 _PHASE_CONDITION = {
@@ -770,6 +895,9 @@ _PHASE_CONDITION = {
 def phase_message(status: DistributedTrainingStatus) -> str:
     """One line that says what the phase means for this job right now."""
     total = status.nodes.total if status.nodes else 0
+    pulling = next((c for c in status.conditions if c.type == IMAGE_PULL and c.status == "True"), None)
+    if status.phase in ("Pending", "Starting", "Restarting") and pulling is not None:
+        return pulling.message
     if status.phase == "Pending":
         return f"waiting for {total} worker pod(s) to be created and scheduled"
     if status.phase == "Starting":
@@ -792,9 +920,9 @@ def status_events(
         events.append(JobEvent(kind, new.phase, phase_message(new)))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
-        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE) or condition.status != "True":
+        if condition.type not in WARNING_CONDITIONS or condition.status != "True":
             continue
         old = before.get(condition.type)
         if old is None or old.status != "True" or old.message != condition.message:
-            events.append(JobEvent("Warning", condition.type, condition.message))
+            events.append(JobEvent("Warning", condition.type, condition.message, series=True))
     return events

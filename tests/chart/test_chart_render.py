@@ -70,6 +70,7 @@ def test_defaults_install_a_cluster_wide_operator() -> None:
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
         "RoleBinding",
         "Service",
         "Deployment",
@@ -80,12 +81,16 @@ def test_defaults_install_a_cluster_wide_operator() -> None:
     assert dep["metadata"]["name"] == "dtrain-operator"
     assert dep["metadata"]["namespace"] == NAMESPACE
     assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    # Leader election: a new pod stands by before the old one stops and hands the Lease over.
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     pod = dep["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "dtrain-operator"
     accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in of_kind(objects, "ServiceAccount")}
     assert accounts == {(NAMESPACE, "dtrain-operator"), (NAMESPACE, "dtrain-trainer")}
-    assert not of_kind(objects, "Role")
+    # The only Role: the Lease, in the operator's own namespace.
+    (role,) = of_kind(objects, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert {r["apiGroups"][0] for r in role["rules"]} == {"coordination.k8s.io"}
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == "dtrain-operator"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-operator", "namespace": NAMESPACE}]
@@ -117,17 +122,25 @@ def test_crd_can_be_left_out() -> None:
 
 def test_namespaced_install_uses_roles_in_each_watched_namespace() -> None:
     objects = helm_template(VALUE_SETS["namespaced"][0])
-    roles = of_kind(objects, "Role")
+    # The leader-election Role (the Lease in the operator's own namespace) is apart.
+    election = [r for r in of_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert [r["metadata"]["namespace"] for r in election] == [NAMESPACE]
+    roles = [r for r in of_kind(objects, "Role") if r not in election]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
-    operator_bindings = [b for b in of_kind(objects, "RoleBinding") if b["roleRef"]["kind"] == "Role"]
+    operator_bindings = [
+        b for b in of_kind(objects, "RoleBinding")
+        if b["roleRef"]["kind"] == "Role" and not b["roleRef"]["name"].endswith("-leader-election")
+    ]
     assert sorted(b["metadata"]["namespace"] for b in operator_bindings) == ["team-a", "team-b"]
     for binding in operator_bindings:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-operator", "namespace": NAMESPACE}]
     # Nothing cluster-wide for the operator, and the same rules as a cluster-wide install.
     assert [r["metadata"]["name"] for r in of_kind(objects, "ClusterRole")] == ["dtrain-operator-trainer"]
     assert not of_kind(objects, "ClusterRoleBinding")
+    cluster_wide = rbac_rules(of_kind(helm_template(), "ClusterRole"), "operator")
     for role in roles:
-        assert role["rules"] == rbac_rules(helm_template(), "operator")
+        assert role["rules"] == cluster_wide
+    assert election[0]["rules"] == [r for r in rbac_rules(helm_template(), "operator") if r not in cluster_wide]
 
 
 def test_operator_needs_nothing_cluster_scoped() -> None:
@@ -247,7 +260,8 @@ def test_notes_tell_the_next_commands() -> None:
 
 
 BAD_VALUES = [
-    ({"replicas": 2}, "/replicas"),
+    ({"replicas": 2, "operator": {"leaderElection": {"enabled": False}}}, "/operator/leaderElection/enabled"),
+    ({"replicas": 6}, "/replicas"),
     ({"replicas": "1"}, "/replicas"),
     ({"watchNamespaces": "team-a"}, "/watchNamespaces"),
     ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
@@ -287,3 +301,25 @@ def test_refusing_host_access_grants_get_on_the_watched_namespaces_only() -> Non
     ]
     assert "--refuse-host-access" in operator_container(objects)["args"]
     assert not any(o["metadata"]["name"].endswith("-namespaces") for o in helm_template())
+
+
+def test_two_replicas_elect_a_leader_and_one_without_election_recreates() -> None:
+    objects = helm_template({"replicas": 2})
+    dep = deployment(objects)
+    assert dep["spec"]["replicas"] == 2
+    args = operator_container(objects)["args"]
+    parsed = cli.build_parser().parse_args(["operator", *args])
+    assert parsed.leader_elect is True
+    assert (parsed.leader_elect_lease_duration, parsed.leader_elect_renew_deadline, parsed.leader_elect_retry_period) == (
+        10, 7, 2
+    )
+    assert (parsed.leader_elect_resource_name, parsed.leader_elect_resource_namespace) == ("dtrain-operator", NAMESPACE)
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in operator_container(objects)["env"]}
+    assert env["POD_NAMESPACE"] == "metadata.namespace" and env["POD_ID"] == "metadata.name"
+    (role,) = of_kind(objects, "Role")
+    assert [r.get("resourceNames") for r in role["rules"]] == [None, ["dtrain-operator"]]
+
+    single = helm_template({"operator": {"leaderElection": {"enabled": False}}})
+    assert deployment(single)["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--no-leader-elect" in operator_container(single)["args"]
+    assert not of_kind(single, "Role")

@@ -10,8 +10,12 @@ operator relies on real API-server behaviour. Each extension is small and stands
 - lists and watches filter by `labelSelector`; lists carry `kind` and `apiVersion`;
 - DELETE honours `preconditions.uid` (409) and finalizers (`deletionTimestamp`), and deleting an
   object deletes its dependents (ownerReferences: the garbage collector, background propagation);
+  a pod held by the test kubelet's graceful termination (KUBELET_FINALIZER, see kubelet.py) goes at
+  once on a force delete (`gracePeriodSeconds: 0`), as a real pod whose kubelet no longer confirms;
 - faults: chosen requests answered with an error, or held at a gate; watch streams dropped or
-  stalled (left open but silent, as a dead connection);
+  stalled (left open but silent, as a dead connection); an error with `retry_after` carries the
+  `Retry-After` header and `details.retryAfterSeconds`, as the API server's 429 (priority and
+  fairness, max-in-flight) does;
 - admission: hooks (`admission`, e.g. crd_admission.py) that check or refuse an object on create
   and update, before it is stored;
 - GET of one Namespace (`/api/v1/namespaces/NAME`), which kmock reads as a namespace prefix;
@@ -46,6 +50,8 @@ from dtrain_operator import contract
 
 EVENT_LOG_SIZE = 50_000
 _ONE_NAMESPACE = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)$")
+# The finalizer with which tests/operator/kubelet.py holds a deleted pod while it "terminates".
+KUBELET_FINALIZER = "kubelet.test.dtrain.dev/graceful-termination"
 
 # The resources the operator and the tests use: (group/version/plural, kind, has a status subresource).
 RESOURCES = [
@@ -56,6 +62,7 @@ RESOURCES = [
     ("v1/namespaces", "Namespace", True),
     ("batch/v1/jobs", "Job", True),
     ("networking.k8s.io/v1/networkpolicies", "NetworkPolicy", False),
+    ("coordination.k8s.io/v1/leases", "Lease", False),
     (f"{contract.API_VERSION}/{contract.PLURAL}", contract.KIND, True),
     ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True),
     ("scheduling.x-k8s.io/v1alpha1/podgroups", "PodGroup", True),
@@ -165,6 +172,13 @@ class Gate:
         self._open.set()
 
 
+@attrs.frozen
+class Throttled(KubernetesError):
+    """An error the client is told to retry after `retry_after` seconds (the Retry-After header)."""
+
+    retry_after: int = 1
+
+
 @dataclasses.dataclass
 class _Failure:
     matches: Callable[[rendering.Request], bool]
@@ -172,6 +186,7 @@ class _Failure:
     reason: str
     times: Optional[int]
     until: Optional[float]
+    retry_after: Optional[int] = None
 
 
 class Faults:
@@ -191,10 +206,12 @@ class Faults:
         reason: str = "InternalError",
         times: Optional[int] = None,
         seconds: Optional[float] = None,
+        retry_after: Optional[int] = None,
     ) -> None:
-        """Answer matching requests with `status`, `times` times or for `seconds` (or until cleared)."""
+        """Answer matching requests with `status`, `times` times or for `seconds` (or until cleared);
+        with `retry_after`, the answer says when to retry (429 TooManyRequests, say)."""
         until = asyncio.get_running_loop().time() + seconds if seconds is not None else None
-        self._failures.append(_Failure(matches, status, reason, times, until))
+        self._failures.append(_Failure(matches, status, reason, times, until, retry_after))
 
     def gate(self, matches: Callable[[rendering.Request], bool], after: int = 0) -> Gate:
         """Hold matching requests (after letting `after` of them through) until the gate is released."""
@@ -230,6 +247,11 @@ class Faults:
                 if failure.times is not None:
                     failure.times -= 1
                 self.failed += 1
+                if failure.retry_after is not None:
+                    raise Throttled(
+                        failure.status, failure.reason, f"injected fault ({failure.status}): try again later",
+                        {"retryAfterSeconds": failure.retry_after}, retry_after=failure.retry_after,
+                    )
                 raise KubernetesError(failure.status, failure.reason, f"injected fault ({failure.status})")
         for gate in list(self.gates):
             if gate.matches(request):
@@ -331,6 +353,12 @@ class ApiServer(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(body, status=404)
         return aiohttp.web.json_response(found)
 
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        response = await super()._render_error(exc)
+        if isinstance(exc, Throttled):
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
+
     def _next_rv(self) -> int:
         self._rv += 1
         return self._rv
@@ -429,6 +457,10 @@ class ApiServer(kmock.KubernetesEmulator):
             meta = raw["metadata"]
             if preconditions.get("uid") and preconditions["uid"] != meta.get("uid"):
                 raise KubernetesError(409, "Conflict", "Precondition failed: UID in precondition does not match")
+            if options.get("gracePeriodSeconds") == 0 and KUBELET_FINALIZER in (meta.get("finalizers") or []):
+                raw = copy.deepcopy(raw)
+                meta = raw["metadata"]
+                meta["finalizers"] = [f for f in meta["finalizers"] if f != KUBELET_FINALIZER]
             if meta.get("finalizers"):
                 if not meta.get("deletionTimestamp"):
                     raw = merge_patch(raw, {"metadata": {"deletionTimestamp": now_rfc3339()}})

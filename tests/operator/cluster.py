@@ -65,7 +65,10 @@ current-context: emulator
 class OperatorProcess:
     """`dtrain operator` in its own process, as in its Deployment; killable with SIGKILL."""
 
-    def __init__(self, kubeconfig: Path, log: Path, args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, kubeconfig: Path, log: Path, args: tuple[str, ...] = (), pod_id: str = "dtrain-operator-test"
+    ) -> None:
+        self.pod_id = pod_id  # its leader-election identity (a Deployment's pod name)
         self.kubeconfig = kubeconfig
         self.log = log
         self.args = args
@@ -75,7 +78,7 @@ class OperatorProcess:
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-        env.update(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", POD_ID="dtrain-operator-test")
+        env.update(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", POD_ID=self.pod_id)
         command = [
             sys.executable,
             "-m",
@@ -221,14 +224,14 @@ class Cluster:
 
     # --- The operator ------------------------------------------------------------------------------
 
-    def operator(self, *args: str) -> OperatorProcess:
-        process = OperatorProcess(self.kubeconfig, self.tmp / "operator.log", args)
+    def operator(self, *args: str, pod_id: str = "dtrain-operator-test") -> OperatorProcess:
+        process = OperatorProcess(self.kubeconfig, self.tmp / "operator.log", args, pod_id)
         self.operators.append(process)
         return process
 
-    async def start_operator(self, *args: str) -> OperatorProcess:
+    async def start_operator(self, *args: str, pod_id: str = "dtrain-operator-test") -> OperatorProcess:
         """Start an operator and wait until it watches pods (its indexes are filling)."""
-        process = self.operator(*args)
+        process = self.operator(*args, pod_id=pod_id)
         watches = self.api.count_calls(OPERATOR_AGENTS, verb="watch", resource="pods")
         process.start()
 
@@ -539,5 +542,6 @@ async def running_cluster(tmp: Path, authorizer: Optional[Authorizer] = None):
         finally:
             for process in cluster.operators:
                 if process.running:
-                    process.stop()
+                    # In a thread: the API server runs in this loop, and a stopping operator releases its Lease.
+                    await asyncio.to_thread(process.stop)
             api.faults.clear()

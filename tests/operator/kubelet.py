@@ -5,6 +5,8 @@ small, drives the API server over HTTP as a kubelet would, and touches no shared
   container has exited, as a kubelet holds it for terminationGracePeriodSeconds (30 s by
   default); `finish_termination` ends it (exit 143, SIGTERM) and lets the pod go; a pod on a
   node that is gone for good is never finished;
+- a lost node: `node_lost` marks a pod not Ready, as the node controller does; held, it never goes
+  unless force-deleted (the API server drops the hold on `gracePeriodSeconds: 0`, apiserver.py);
 - image pulls that fail: `PullFlipper` flips a pod's waiting reason between ErrImagePull and
   ImagePullBackOff, as the kubelet's back-off does.
 """
@@ -15,10 +17,10 @@ import asyncio
 import contextlib
 from typing import Any, AsyncIterator
 
-from .apiserver import now_rfc3339
+from .apiserver import KUBELET_FINALIZER, now_rfc3339
 from .cluster import Cluster, container_status
 
-TERMINATION_FINALIZER = "kubelet.test.dtrain.dev/graceful-termination"
+TERMINATION_FINALIZER = KUBELET_FINALIZER
 
 
 def _pod_path(namespace: str, name: str) -> str:
@@ -57,10 +59,12 @@ async def finish_termination(cluster: Cluster, namespace: str, name: str, exit_c
     await cluster.patch(_pod_path(namespace, name), {"metadata": {"finalizers": None}})
 
 
-async def pull_failing(cluster: Cluster, namespace: str, name: str, reason: str, message: str) -> None:
-    """The pod is scheduled and its trainer container waits on its image."""
+async def pull_failing(
+    cluster: Cluster, namespace: str, name: str, reason: str, message: str, scheduled_at: str = ""
+) -> None:
+    """The pod is scheduled (at `scheduled_at`, default now) and its trainer container waits on its image."""
     pod = cluster.pod(namespace, name)
-    now = now_rfc3339()
+    now = scheduled_at or now_rfc3339()
     await cluster._pod_status(
         namespace,
         name,
@@ -79,6 +83,7 @@ async def pull_flipping(
     """Flip the pods' waiting reason ErrImagePull <-> ImagePullBackOff every `period` seconds
     while the block runs. Yields a one-item list: the number of flips so far."""
     flips = [0]
+    scheduled_at = now_rfc3339()
     image_message = 'failed to pull and unpack image "registry.example/missing:1": not found'
 
     async def flip() -> None:
@@ -87,7 +92,7 @@ async def pull_flipping(
             reason = reasons[flips[0] % 2]
             message = image_message if reason == "ErrImagePull" else 'Back-off pulling image "registry.example/missing:1"'
             for name in names:
-                await pull_failing(cluster, namespace, name, reason, message)
+                await pull_failing(cluster, namespace, name, reason, message, scheduled_at)
             flips[0] += 1
             await asyncio.sleep(period)
 
@@ -98,3 +103,14 @@ async def pull_flipping(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def node_lost(cluster: Cluster, namespace: str, name: str) -> None:
+    """The pod's node stopped reporting: the node controller marks the pod not Ready; it never terminates."""
+    now = now_rfc3339()
+    await cluster._pod_status(
+        namespace,
+        name,
+        {"conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now},
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]},
+    )

@@ -3,12 +3,14 @@ the engine Job, Succeeded with artifacts. The operator runs as a process against
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import yaml
 
 from dtrain_operator import contract
 
+from .apiserver import now_rfc3339
 from .cluster import Cluster, a_job
 
 NS = "default"
@@ -175,7 +177,8 @@ async def test_exporting_phase_follows_the_trainer_and_progress_is_never_overwri
     await operated.apply(a_job("export").nodes(2).build())
     await operated.run_all(NS, "export", 2)
     await operated.phase(NS, "export", "Running")
-    progress = {"epoch": 3, "step": 1200, "loss": 0.42, "imagesPerSecond": 880.5, "updatedAt": "2026-01-01T00:00:00Z",
+    await asyncio.sleep(1.1)  # reported at least a second after the gang's pods were created
+    progress = {"epoch": 3, "step": 1200, "loss": 0.42, "imagesPerSecond": 880.5, "updatedAt": now_rfc3339(),
                 "stage": "exporting"}
     await operated.patch_job_status(NS, "export", {"progress": progress, "lastCheckpoint": {"step": 1200}})
     await operated.phase(NS, "export", "Exporting")

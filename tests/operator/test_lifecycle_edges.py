@@ -9,13 +9,24 @@ import asyncio
 from dtrain_operator import contract
 
 from . import kubelet
-from .cluster import Cluster, a_job
+from .apiserver import now_rfc3339
+from .cluster import DTR, Cluster, a_job
 
 NS = "default"
 
 
 def generations(pods: list[dict]) -> set[str]:
     return {p["metadata"]["labels"][contract.LABEL_GANG_GENERATION] for p in pods}
+
+
+def condition_history(cluster: Cluster, namespace: str, name: str, type_: str, status: str) -> list[dict]:
+    """Every version of the job's `type_` condition with `status` that was ever stored, oldest first."""
+    found = []
+    for version in cluster.api.objects[DTR, namespace, name].history:
+        for condition in ((version or {}).get("status") or {}).get("conditions") or []:
+            if condition["type"] == type_ and condition["status"] == status and condition not in found:
+                found.append(condition)
+    return found
 
 
 async def test_resume_before_the_suspended_pods_are_gone_counts_no_failure(operated: Cluster):
@@ -54,7 +65,9 @@ async def test_a_finished_worker_whose_pod_goes_stays_finished(operated: Cluster
     await operated.phase(NS, "exported", "Running")
     rank0 = operated.pod(NS, "exported-0")["metadata"]["uid"]
     await operated.exit(NS, "exported-1", 0)
-    await operated.patch_job_status(NS, "exported", {"progress": {"stage": contract.PROGRESS_STAGE_EXPORTING}})
+    await asyncio.sleep(1.1)
+    progress = {"stage": contract.PROGRESS_STAGE_EXPORTING, "updatedAt": now_rfc3339()}
+    await operated.patch_job_status(NS, "exported", {"progress": progress})
     await operated.phase(NS, "exported", "Exporting")
     await operated.eventually(lambda: operated.status(NS, "exported")["nodes"]["succeeded"] == 1, "rank 1 counted")
 
@@ -91,3 +104,84 @@ async def test_exit_code_policy_restarts_when_a_node_is_lost_whatever_the_timing
     )
     assert (status["phase"], status["restarts"]) == ("Restarting", 1), cluster.condition(NS, "faraway", "Failed")
     assert "worker 0 was lost (Evicted)" in cluster.condition(NS, "faraway", "Restarting")["message"]
+
+
+async def test_a_stale_exporting_stage_from_the_previous_gang_is_not_the_new_gangs(operated: Cluster):
+    await operated.apply(a_job("twice").nodes(2).build())
+    await operated.run_all(NS, "twice", 2)
+    await operated.phase(NS, "twice", "Running")
+    await asyncio.sleep(1.1)
+    await operated.patch_job_status(NS, "twice", {"progress": {"stage": "exporting", "updatedAt": now_rfc3339()}})
+    await operated.phase(NS, "twice", "Exporting")
+    # Rank 1 fails while rank 0 exports: the new gang trains again, from the checkpoint.
+    await operated.exit(NS, "twice-1", 1)
+    await operated.eventually(
+        lambda: len(p := operated.pods(NS, "twice")) == 2 and generations(p) == {"1"}, "the gang of generation 1"
+    )
+    await operated.run_all(NS, "twice", 2)
+    status = await operated.phase(NS, "twice", "Running")
+    assert status["progress"]["stage"] == "exporting"  # the trainer's report, shown as it is
+    await asyncio.sleep(1.1)
+    await operated.patch_job_status(NS, "twice", {"progress": {"stage": "exporting", "updatedAt": now_rfc3339()}})
+    await operated.phase(NS, "twice", "Exporting")
+
+
+async def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_and_goes_on(cluster: Cluster):
+    await cluster.start_operator("--stuck-terminating-timeout=2")
+    await cluster.apply(a_job("stranded").nodes(2).build())
+    pods = await cluster.run_all(NS, "stranded", 2)
+    await cluster.phase(NS, "stranded", "Running")
+    await kubelet.hold_all(cluster, NS, pods)
+    # Rank 0's node is gone for good: its pod will never finish terminating.
+    await kubelet.node_lost(cluster, NS, "stranded-0")
+    await cluster.exit(NS, "stranded-1", 1, "RuntimeError: Connection reset by peer")
+    await cluster.phase(NS, "stranded", "Restarting")
+    await kubelet.finish_termination(cluster, NS, "stranded-1", exit_code=1)
+
+    # The stuck pod is named (the condition is short-lived here: the pod is force-deleted at once).
+    condition = await cluster.eventually(
+        lambda: next(iter(condition_history(cluster, NS, "stranded", "PodsStuckTerminating", "True")), None),
+        "the PodsStuckTerminating condition", timeout=15,
+    )
+    assert condition["message"].startswith("stranded-0: deleted more than 2 s ago")
+    events = await cluster.eventually(
+        lambda: [e for e in cluster.events(NS, "stranded") if e["reason"] == "PodsStuckTerminating"], "its Event"
+    )
+    assert "stranded-0" in events[0]["message"] and events[0]["type"] == "Warning"
+    # The pod whose node stopped reporting is force-deleted; the new gang starts.
+    new = await cluster.eventually(
+        lambda: len(p := cluster.pods(NS, "stranded")) == 2 and generations(p) == {"1"} and p, "the gang of generation 1"
+    )
+    await cluster.run_all(NS, "stranded", 2)
+    status = await cluster.phase(NS, "stranded", "Running")
+    assert status["restarts"] == 1
+    assert cluster.condition(NS, "stranded", "PodsStuckTerminating")["status"] == "False"
+    assert {p["metadata"]["name"] for p in new} == {"stranded-0", "stranded-1"}
+
+
+async def test_an_image_that_cannot_be_pulled_is_said_at_once_once_and_fails_the_job(cluster: Cluster):
+    await cluster.start_operator("--image-pull-timeout=4")
+    await cluster.apply(a_job("unpulled").nodes(2).with_spec("image", "registry.example/missing:1").build())
+    await cluster.eventually(lambda: len(cluster.pods(NS, "unpulled")) == 2, "2 pods")
+    async with kubelet.pull_flipping(cluster, NS, ["unpulled-0", "unpulled-1"]) as flips:
+        condition = await cluster.eventually(
+            lambda: (c := cluster.condition(NS, "unpulled", "ImagePullFailing")) and c["status"] == "True" and c,
+            "the ImagePullFailing condition", timeout=3,
+        )
+        assert condition["message"].startswith("ImagePullBackOff: unpulled-0: ")
+        assert "ImagePullFailed" in condition["message"]
+        # The phase's own message says so (kubectl describe, `dtrain` and the phase Event).
+        phase_event = await cluster.eventually(
+            lambda: next((e for e in cluster.events(NS, "unpulled") if e["reason"] == "Starting"), None),
+            "the Starting Event",
+        )
+        assert phase_event["message"].startswith("ImagePullBackOff: "), phase_event["message"]
+        await cluster.eventually(lambda: flips[0] >= 6, "6 flips of the pull reason")
+        status = await cluster.phase(NS, "unpulled", "Failed", timeout=15)
+    failed = cluster.condition(NS, "unpulled", "Failed")
+    assert failed["reason"] == "ImagePullFailed"
+    assert "unpulled-0" in failed["message"] and "unpulled-1" in failed["message"]
+    assert status["restarts"] == 0
+    pulls = [e for e in cluster.events(NS, "unpulled") if e["reason"] == "ImagePullFailing"]
+    assert len(pulls) == 1, [e["message"] for e in pulls]
+    assert pulls[0]["count"] >= 2 and pulls[0]["lastTimestamp"] >= pulls[0]["firstTimestamp"]

@@ -4,6 +4,7 @@ children that already exist."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import kmock
 import pytest
@@ -198,3 +199,19 @@ async def test_a_child_name_taken_by_a_stranger_blocks_the_job_until_it_is_gone(
     assert operated.pods(NS, "squatted") == []
     await operated.delete("/api/v1/namespaces/default/configmaps/squatted-config")
     await operated.eventually(lambda: len(operated.pods(NS, "squatted")) == 1, "the pod once the name is free")
+
+
+async def test_a_storm_of_429s_is_waited_out_as_the_server_asks(operated: Cluster):
+    # Priority and fairness sheds load: 20 pod creations in a row answered 429, Retry-After: 1.
+    operated.api.faults.fail(pod_creates, status=429, reason="TooManyRequests", times=20, retry_after=1)
+    started = time.monotonic()
+    await operated.apply(a_job("throttled").nodes(2).build())
+    await operated.eventually(lambda: len(operated.pods(NS, "throttled")) == 2, "2 pods despite the 429s", timeout=40)
+    took = time.monotonic() - started
+    print(f"20 x 429 (Retry-After: 1 s) delayed the pods by {took:.1f} s")
+    assert operated.api.faults.failed == 20
+    # Two creations at a time, each retried after the 1 s asked for: about 10 s, not minutes.
+    assert took < 20, took
+    await operated.run_all(NS, "throttled", 2)
+    await operated.phase(NS, "throttled", "Running")
+    assert all(operated.pod_creations(NS, f"throttled-{rank}") == 1 for rank in range(2))

@@ -31,7 +31,8 @@ async def rbac_cluster(tmp_path: Path) -> AsyncIterator[tuple[Cluster, str]]:
     authorizer = Authorizer([o for o in helm_template(namespace=NS) if o["kind"] in kinds])
     trainer = authorizer.issue(User.service_account(NS, contract.DEFAULT_WORKER_SERVICE_ACCOUNT))
     async with running_cluster(tmp_path, authorizer) as cluster:
-        await cluster.start_operator()
+        # The Lease lives where the chart's Role for it does: the operator's own namespace.
+        await cluster.start_operator(f"--leader-elect-resource-namespace={OPERATOR_NAMESPACE}")
         yield cluster, trainer
 
 

@@ -278,10 +278,20 @@ def test_an_invalid_edit_is_reported():
 
 
 def test_exporting_follows_the_trainers_stage():
-    previous = accepted(JOB, progress={"epoch": 2, "stage": contract.PROGRESS_STAGE_EXPORTING})
+    progress = {"epoch": 2, "stage": contract.PROGRESS_STAGE_EXPORTING, "updatedAt": format_time(NOW)}
+    previous = accepted(JOB, progress=progress)
     status = compute(JOB, Observed(workers=gang("Running", "Succeeded", "Succeeded")), previous)
     assert status.phase == "Exporting"
-    assert status.progress.model_dump(by_alias=True, exclude_none=True) == {"epoch": 2, "stage": "exporting"}
+    assert status.progress.model_dump(by_alias=True, exclude_none=True) == progress
+
+
+@pytest.mark.parametrize(
+    "updated_at", [None, format_time(EARLIER - timedelta(minutes=1)), format_time(EARLIER)], ids=["untimed", "before", "same-second"]
+)
+def test_a_stage_reported_before_the_gang_was_created_is_not_its_stage(updated_at):
+    progress = {"stage": contract.PROGRESS_STAGE_EXPORTING, **({"updatedAt": updated_at} if updated_at else {})}
+    status = compute(JOB, Observed(workers=gang("Running", "Running", "Running")), accepted(JOB, progress=progress))
+    assert status.phase == "Running"
 
 
 def test_invalid_objects_fail_and_start_once_fixed():

@@ -9,9 +9,10 @@ served resources once through discovery, which every authenticated client may re
 */}}
 {{- define "dtrain-operator.rules" -}}
 # kopf and the operator: Events on DistributedTrainings (kopf's warnings, dtrain's phase changes).
+# A warning that repeats counts up the Event posted first (its count and last-seen time).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, patch]
 # kopf: the watch of DistributedTrainings. The operator: records what it accepted and decided
 # in its own annotation (dtrain.dev/state: a status patch cannot reach it), and deletes a
 # finished job after runPolicy.ttlSecondsAfterFinished.

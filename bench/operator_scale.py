@@ -14,8 +14,9 @@ and plays the kubelet: as soon as all pods of a job exist, it marks them Running
 
 Then it waits until the operator has been quiet for a while and counts the operator's
 requests per job by kind, against the minimum the design needs for this lifecycle:
-a Service, a ConfigMap, N pods and one status patch per phase the job passes through
-(Pending, Running). The operator's CPU seconds and peak resident memory (VmHWM) come
+a Service, a ConfigMap, N pods, and one status patch and one patch of the operator's own
+record (the dtrain.dev/state annotation) per phase the job passes through (Pending, Running).
+Leader election's Lease renewals are the operator's, not a job's: they are not counted. The operator's CPU seconds and peak resident memory (VmHWM) come
 from /proc through psutil.
 
 The operator runs with its shipped defaults (the Helm chart's and manifests' --qps 500,
@@ -137,10 +138,10 @@ async def wait_until(check: Any, what: str, timeout: float, operator: OperatorPr
 
 
 async def quiet(api: ApiServer, seconds: float) -> None:
-    """Until the operator has made no request for `seconds`."""
+    """Until the operator has made no request for `seconds` (Lease renewals aside)."""
     count, since = -1, time.monotonic()
     while True:
-        now_count = len(api.calls)
+        now_count = sum(1 for _, call in api.calls if call.resource != "leases")
         if now_count != count:
             count, since = now_count, time.monotonic()
         elif time.monotonic() - since >= seconds:
@@ -151,7 +152,7 @@ async def quiet(api: ApiServer, seconds: float) -> None:
 def operator_calls(api: ApiServer, start: int) -> collections.Counter[str]:
     counter: collections.Counter[str] = collections.Counter()
     for agent, call in api.calls[start:]:
-        if agent.startswith(OPERATOR_AGENTS):
+        if agent.startswith(OPERATOR_AGENTS) and call.resource != "leases":
             counter[f"{call.verb} {call.rbac_resource}"] += 1
     return counter
 
@@ -257,7 +258,13 @@ async def measure(
     errors = sum(1 for line in operator.log.read_text(errors="replace").splitlines() if " ERROR " in line)
     per_job = {kind: count / len(jobs) for kind, count in sorted(calls.items())}
     status_patches = per_job.get(f"patch {contract.PLURAL}/status", 0.0)
-    minimum = {"create services": 1, "create configmaps": 1, "create pods": nodes, f"patch {contract.PLURAL}/status": 2}
+    minimum = {
+        "create services": 1,
+        "create configmaps": 1,
+        "create pods": nodes,
+        f"patch {contract.PLURAL}/status": 2,
+        f"patch {contract.PLURAL}": 2,
+    }
     requests_per_job = sum(calls.values()) / len(jobs)
     minimum_per_job = sum(minimum.values())
     return {

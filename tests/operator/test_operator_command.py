@@ -27,7 +27,7 @@ def test_help_documents_every_flag():
     flags = [a for a in operator._actions if a.option_strings and a.dest != "help"]
     assert {f.option_strings[-1] for f in flags} == {
         "--namespace", "--all-namespaces", "--health-port", "--metrics-port", "--qps", "--burst",
-        "--watch-timeout", "--log-level", "--log-format",
+        "--watch-timeout", "--log-level", "--log-format", "--network-policy",
     }
     text = run_dtrain("operator", "--help").stdout
     for flag in flags:

@@ -3,6 +3,9 @@
 #   make test   installs what is missing, then runs the whole test suite
 #   make e2e    the operator, a local kubelet and real training pods, scenario by scenario (root)
 #   make e2e JOB=path/to/job.yaml   one job file through the same path
+# Images (docker, podman or buildah, whichever is here; see tools/build-images.sh):
+#   make images REGISTRY=registry.example.com/ml VERSION=0.1.0
+#   make push   REGISTRY=registry.example.com/ml VERSION=0.1.0
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +17,11 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 INSTALLED := $(VENV)/.dtrain-installed
 TOOLS := .tools/bin/helm .tools/bin/kubectl
 
-.PHONY: install tools test e2e demo crd manifests clean
+# Where the images go: $(REGISTRY)/dtrain-{operator,trainer,engine}:$(VERSION).
+REGISTRY ?= localhost/dtrain
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
+
+.PHONY: install tools test e2e demo crd manifests clean images push
 
 install: $(INSTALLED)
 
@@ -49,6 +56,14 @@ demo: $(INSTALLED)
 # Regenerate the CRD, the chart's CRD and manifests/ from the model and the chart.
 manifests: $(INSTALLED) $(TOOLS)
 	$(PY) tools/generate_manifests.py
+
+# The operator, trainer and engine images, one at a time (each Dockerfile takes its base as
+# BASE_IMAGE; OPERATOR_BASE, TRAINER_BASE, ENGINE_BASE, TORCH_PACKAGES... pass through).
+images:
+	REGISTRY="$(REGISTRY)" VERSION="$(VERSION)" bash tools/build-images.sh
+
+push:
+	REGISTRY="$(REGISTRY)" VERSION="$(VERSION)" bash tools/build-images.sh --push
 
 clean:
 	rm -rf dtrain-runs .pytest_cache .mypy_cache

@@ -180,9 +180,11 @@ class PeakRss:
                 self.peak_mib[child.pid] = max(peak, self.peak_mib.get(child.pid, 0.0))
                 if child.pid not in self.rank_of:
                     try:
-                        self.rank_of[child.pid] = child.environ().get("RANK", "?")
+                        rank = child.environ().get("RANK")
                     except psutil.Error:
-                        pass
+                        rank = None
+                    if rank is not None:  # a child seen between fork and exec has no RANK yet: look again
+                        self.rank_of[child.pid] = rank
             self._stop.wait(self.interval)
 
     def by_rank(self) -> dict[str, float]:

@@ -9,8 +9,19 @@
 # A user's own model class must be importable here too for the PyTorch baseline: build
 # FROM this image with your package installed, and set spec.engine.image to it.
 
+# Without TensorRT (CI: a Debian base, CPU only) build with
+#   --build-arg DTRAIN_EXTRA=trainer --build-arg REQUIRE_TENSORRT=0 --build-arg TORCH_PACKAGES="torch==... torchvision==..."
+# and `dtrain build-engine` says that TensorRT is missing, then checks the model with ONNX
+# Runtime (--fallback onnxruntime).
 ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.01-py3
 FROM ${BASE_IMAGE}
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG PIP_CERT
+ARG TORCH_PACKAGES=
+ARG DTRAIN_EXTRA=tensorrt
+ARG REQUIRE_TENSORRT=1
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -20,11 +31,12 @@ COPY operator/dtrain_operator operator/dtrain_operator
 COPY trainer_image/dtrain_trainer trainer_image/dtrain_trainer
 # Keep the base image's torch, torchvision and TensorRT: pin what is installed so that pip
 # never replaces them with PyPI builds (NVIDIA's own constraints, if any, still apply).
-RUN pip list --format=freeze | grep -iE '^(torch|torchvision|tensorrt|tensorrt[-_]cu[0-9]+.*|numpy)==' > /tmp/base-pins.txt \
+RUN if [ -n "$TORCH_PACKAGES" ]; then pip install --no-cache-dir $TORCH_PACKAGES; fi \
+ && pip list --format=freeze | grep -iE '^(torch|torchvision|tensorrt|tensorrt[-_]cu[0-9]+.*|numpy)==' > /tmp/base-pins.txt \
  && PIP_CONSTRAINT="${PIP_CONSTRAINT:+$PIP_CONSTRAINT }/tmp/base-pins.txt" \
-    pip install --no-cache-dir '.[tensorrt]' \
+    pip install --no-cache-dir ".[${DTRAIN_EXTRA}]" \
  && rm -rf /src /tmp/base-pins.txt \
- && python -c "import tensorrt, torch; assert tensorrt.__version__.split('.')[0] == '10', tensorrt.__version__; print('TensorRT', tensorrt.__version__, 'torch', torch.__version__)"
+ && if [ "$REQUIRE_TENSORRT" = 1 ]; then python -c "import tensorrt, torch; assert tensorrt.__version__.split('.')[0] == '10', tensorrt.__version__; print('TensorRT', tensorrt.__version__, 'torch', torch.__version__)"; fi
 WORKDIR /workspace
 # Non-root and numeric, so that the pod's runAsNonRoot can verify it; the same user as the
 # trainer image (contract.WORKLOAD_UID), so that the engine can write next to the files

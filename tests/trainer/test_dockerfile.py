@@ -1,4 +1,4 @@
-"""The trainer image (which cannot be built here, there is no Docker engine) agrees with what the operator renders."""
+"""The trainer image agrees with what the operator renders (.ci/images builds and runs it: tests/images)."""
 
 from __future__ import annotations
 

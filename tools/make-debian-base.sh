@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Make a Debian bookworm base image (Python 3.11, pip) with debootstrap and buildah, for building
+# the Dockerfiles where their public base images cannot be pulled (CI: no registry but Debian's).
+#   tools/make-debian-base.sh [IMAGE_NAME]        default: localhost/dtrain-base:bookworm
+# The image has python/pip on PATH as the Dockerfiles call them (pip may install into the system
+# Python: this is an image, not a host), CA certificates, and useradd. Does nothing when the
+# image exists already (FORCE=1 remakes it).
+set -euo pipefail
+
+IMAGE="${1:-localhost/dtrain-base:bookworm}"
+MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+BUILDAH="${BUILDAH:-buildah}"
+
+if $BUILDAH inspect --type image "$IMAGE" >/dev/null 2>&1 && [[ "${FORCE:-0}" != 1 ]]; then
+  echo "make-debian-base: $IMAGE exists"
+  exit 0
+fi
+root="$(mktemp -d /var/tmp/dtrain-base.XXXXXX)"
+cleanup() {
+  # debootstrap mounts /proc (and maybe more) inside the new root: unmount before removing it.
+  grep -o " $root/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+  rm -rf --one-file-system "$root" "$root.log"
+}
+trap cleanup EXIT
+debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates,passwd \
+  bookworm "$root" "$MIRROR" >"$root.log" 2>&1 || { tail -20 "$root.log" >&2; exit 1; }
+# An image's Python is the image's own: pip installs into it (PEP 668's marker is for hosts).
+rm -f "$root"/usr/lib/python3*/EXTERNALLY-MANAGED
+ln -sf python3 "$root/usr/bin/python"
+ln -sf pip3 "$root/usr/bin/pip"
+rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+container="$($BUILDAH from scratch)"
+mount="$($BUILDAH mount "$container")"
+cp -a "$root"/. "$mount"/
+$BUILDAH umount "$container" >/dev/null
+$BUILDAH config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash "$container"
+$BUILDAH commit --quiet "$container" "$IMAGE" >/dev/null
+$BUILDAH rm "$container" >/dev/null
+echo "make-debian-base: $IMAGE ($($BUILDAH inspect --type image --format '{{.FromImageID}}' "$IMAGE" | cut -c1-12))"

@@ -8,7 +8,16 @@
 set -euo pipefail
 
 IMAGE="${1:-localhost/dtrain-base:bookworm}"
-MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The Debian mirror this machine's apt already uses (deb822 or one-line sources), unless given.
+host_mirror() {
+  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
+    grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}'; } | grep -v -- '-security' | head -1
+}
+MIRROR="${DEBIAN_MIRROR:-$(host_mirror)}"
+if [[ -z "$MIRROR" ]]; then
+  echo "make-debian-base: no Debian mirror in this machine's apt sources; set DEBIAN_MIRROR" >&2
+  exit 1
+fi
 BUILDAH="${BUILDAH:-buildah}"
 
 if $BUILDAH inspect --type image "$IMAGE" >/dev/null 2>&1 && [[ "${FORCE:-0}" != 1 ]]; then

@@ -260,7 +260,9 @@ class OnnxExport(ApiModel):
     dynamic_batch: bool = True
     """Make the batch axis dynamic, so that the engine can be built for a range of batch sizes."""
     input_shape: Optional[Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1, max_length=4)]] = None
-    """Shape of one sample without the batch axis, e.g. [3, 224, 224]. Default: taken from the data module."""
+    """Shape of one sample without the batch axis, e.g. [3, 224, 224], for a model without example_input_array (which is used first: a tensor, tuple or dict, dtypes kept). Default: the data module's sample_shape."""
+    input_dtype: Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"] = "float32"
+    """Data type of the input given by inputShape, e.g. int64 for a text model's token ids."""
 
 
 class ExportSettings(ApiModel):

@@ -32,7 +32,7 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
     {"event": "finished", "time": ..., "ok": true, "step": 128, "epoch": 1, "loss": 0.41,
-     "imagesPerSecond": 815.0}
+     "imagesPerSecond": 815.0, "exportError": "torch.onnx.export failed ..." (only when the export failed)}
     {"event": "stopped", "time": ..., "signal": "SIGTERM", "checkpoint": "/ckpt/last.ckpt", "step": 57,
      "epoch": 0, "loss": 0.9, "imagesPerSecond": 810.2}   (SIGTERM: every rank stopped after this step)
     {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}

@@ -11,8 +11,9 @@ restart can cure - a setting the trainer cannot run with, a class that does not 
 refuses its initArgs, a checkpoint or artifacts directory it cannot write, a model it
 cannot export, a full disk - with one line that names it (the restart policy fails the job
 at once on this code); 143 stopped by SIGTERM after saving a checkpoint of the step every
-rank stopped at (see `stopping`); 1 the export or its check failed. Other failures keep
-their traceback.
+rank stopped at (see `stopping`). An export that fails after training does not fail the
+process (training succeeded; a restart would only train again): it exits 0 with the
+exporter's message under `exportError` in its results. Other failures keep their traceback.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from .config import (
     progress_interval,
     resolve_precision,
 )
-from .export import ExportError, export_artifacts, resolve_input_shape, write_termination_log
+from .export import ExampleInputs, ExportError, export_artifacts, resolve_example, write_termination_log
 from .loading import import_class, instantiate
 from .resumable import resumable
 from .stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
@@ -74,7 +75,6 @@ from .progress import (
 log = logging.getLogger("dtrain_trainer")
 
 EXIT_OK = 0
-EXIT_FAILED = 1
 EXIT_CONFIG_ERROR = contract.TRAINER_EXIT_INVALID_CONFIG
 
 
@@ -146,7 +146,7 @@ def _export_on_rank_zero(
     trainer: L.Trainer,
     config: TrainerConfig,
     model: L.LightningModule,
-    input_shape: tuple[int, ...],
+    inputs: ExampleInputs,
     metrics: Mapping[str, Any],
     reporter: ProgressReporter,
 ) -> tuple[bool, dict[str, Any]]:
@@ -163,7 +163,7 @@ def _export_on_rank_zero(
         try:
             record = export_artifacts(
                 model,
-                input_shape,
+                inputs,
                 onnx.opset,
                 onnx.dynamic_batch,
                 artifacts,
@@ -189,7 +189,7 @@ def _export_on_rank_zero(
                 message = f"the export failed: {type(exc).__name__}: {exc}"
             log.error(message)
             reporter.event(EVENT_EXPORT, ok=False, error=message)
-            ok, outcome = False, {"error": message}
+            ok, outcome = False, {contract.RESULTS_KEY_EXPORT_ERROR: message}
     ok = bool(trainer.strategy.broadcast(ok, src=0))
     return ok, outcome
 
@@ -238,7 +238,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     if global_rank(env) == 0:
         check_writable(Path(config.artifacts.dir), "artifacts.dir")
     onnx = config.export.onnx
-    input_shape = resolve_input_shape(onnx.input_shape, data, model) if onnx.enabled else ()
+    inputs = resolve_example(onnx.input_shape, onnx.input_dtype, data, model) if onnx.enabled else None
     if config.accelerator == "gpu":
         # TF32 matmuls on Ampere and newer: the usual choice for training, several times faster than full fp32.
         torch.set_float32_matmul_precision("high")
@@ -263,15 +263,18 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     stop = next(c for c in trainer.callbacks if isinstance(c, _GracefulStopBehaviour))  # type: ignore[attr-defined]
     if stop.signalled:
         return _stopped(trainer, config, metrics, reporter, env)
-    ok = True
     outcome: dict[str, Any] = {}
     if onnx.enabled:
-        ok, outcome = _export_on_rank_zero(trainer, config, model, input_shape, metrics, reporter)
+        assert inputs is not None
+        # A failed export does not fail the training: a restart would train again only to fail the
+        # same way. Training succeeded, its checkpoints stay; the results say why there is no model.onnx.
+        _, outcome = _export_on_rank_zero(trainer, config, model, inputs, metrics, reporter)
     if trainer.is_global_zero:
-        reporter.event(EVENT_FINISHED, ok=ok, **metrics)
-        write_termination_log({"ok": ok, **metrics, **outcome}, env)
+        export_error = outcome.get(contract.RESULTS_KEY_EXPORT_ERROR)
+        reporter.event(EVENT_FINISHED, ok=True, **metrics, **({"exportError": export_error} if export_error else {}))
+        write_termination_log({"ok": True, **metrics, **outcome}, env)
     _leave_process_group()
-    return EXIT_OK if ok else EXIT_FAILED
+    return EXIT_OK
 
 
 def _stopped(

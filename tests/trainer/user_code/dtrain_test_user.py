@@ -110,3 +110,15 @@ class RandomImageData(L.LightningDataModule):
 
 class NotAModule:
     """Something a user might point classPath at by mistake."""
+
+
+class UnexportableClassifier(TinyClassifier):
+    """Trains fine; its output depends on Python state that an ONNX export bakes in, so the export's check fails."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.calls = 0
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.net(images) * float(self.calls)

@@ -455,6 +455,8 @@ class _ProgressBehaviour:
         self._window_batches = 0
         self._window_step: int | None = None
         self.total_steps: int | None = None
+        # The epoch of the latest batch: after fit, Lightning's current_epoch is one past the last epoch.
+        self.last_epoch: int | None = None
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         step = checkpoint.get("global_step")
@@ -478,6 +480,7 @@ class _ProgressBehaviour:
         per_rank = batch_size_of(batch) or self.default_batch_size
         self.meter.batch_done(per_rank * trainer.world_size)
         self._add_loss(trainer, loss_of(outputs))
+        self.last_epoch = trainer.current_epoch
         if self.reporter.progress_due():
             self._report(trainer, epoch_end=False)
 
@@ -524,7 +527,7 @@ class _ProgressBehaviour:
         return {
             "loss": self.last_loss,
             "step": trainer.global_step,
-            "epoch": trainer.current_epoch,
+            "epoch": self.last_epoch if self.last_epoch is not None else trainer.current_epoch,
             "imagesPerSecond": self.meter.images_per_second(),
         }
 

@@ -122,3 +122,11 @@ class UnexportableClassifier(TinyClassifier):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         return self.net(images) * float(self.calls)
+
+
+class UnusedParameterClassifier(TinyClassifier):
+    """Has a layer its forward never uses: DDP without find_unused_parameters fails on it."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.unused = nn.Linear(4, 4)

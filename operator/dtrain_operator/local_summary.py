@@ -47,6 +47,8 @@ class RunSummary:
     epoch: Optional[int] = None
     final_loss: Optional[float] = None
     images_per_second: Optional[float] = None
+    # The trainer's reported metrics at the end (val_loss, val_acc, prog_bar ones, spec.logging.metrics).
+    metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: Optional[str] = None
     onnx: Optional[str] = None
     onnx_parity_error: Optional[float] = None
@@ -130,6 +132,10 @@ def _add_progress(summary: RunSummary, records: list[dict[str, Any]]) -> None:
             summary.final_loss = _number(record.get("loss")) if record.get("loss") is not None else summary.final_loss
             rate = _number(record.get("imagesPerSecond"))
             summary.images_per_second = rate if rate is not None else summary.images_per_second
+            if isinstance(record.get("metrics"), dict):
+                summary.metrics.update(
+                    {str(k): float(v) for k, v in record["metrics"].items() if _number(v) is not None}
+                )
         elif event == "export" and record.get("ok"):
             summary.onnx = record.get("onnx") or summary.onnx
             summary.onnx_parity_error = _number(record.get("parityError"))

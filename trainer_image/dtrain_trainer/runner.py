@@ -55,6 +55,7 @@ from .config import (
 )
 from .export import ExampleInputs, ExportError, export_artifacts, resolve_example, write_termination_log
 from .loading import import_class, instantiate
+from .logs import build_logger, continue_log
 from .resumable import resumable
 from .stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
 from .progress import (
@@ -79,7 +80,10 @@ EXIT_CONFIG_ERROR = contract.TRAINER_EXIT_INVALID_CONFIG
 
 
 def build_trainer(
-    config: TrainerConfig, reporter: ProgressReporter | None = None, package: str = flavor.LIGHTNING
+    config: TrainerConfig,
+    reporter: ProgressReporter | None = None,
+    package: str = flavor.LIGHTNING,
+    env: Mapping[str, str] | None = None,
 ) -> L.Trainer:
     """Lightning's Trainer for `config`, with dtrain's checkpoint and progress callbacks.
 
@@ -105,7 +109,9 @@ def build_trainer(
         keep_last=config.checkpoint.keep_last,
         on_saved=lambda step, path: reporter.event(EVENT_CHECKPOINT, step=step, path=path),
     )
-    progress = progress_callback_class(package)(reporter, default_batch_size=settings.batch_size)
+    progress = progress_callback_class(package)(
+        reporter, default_batch_size=settings.batch_size, metric_names=config.logging.metrics
+    )
     stop = graceful_stop_class(package)()
     return pl.Trainer(  # type: ignore[no-any-return]
         accelerator="gpu" if on_gpu else "cpu",
@@ -122,7 +128,7 @@ def build_trainer(
         limit_train_batches=settings.limit_train_batches,
         callbacks=[progress, stop, checkpoint],
         plugins=[atomic_checkpoint_io_class(package)()],
-        logger=pl.loggers.CSVLogger(save_dir=config.artifacts.dir, name="logs"),
+        logger=build_logger(config, pl, env if env is not None else os.environ),
         default_root_dir=config.checkpoint.dir,
         # Progress goes through the sink; a terminal progress bar only floods pod logs.
         enable_progress_bar=False,
@@ -242,7 +248,9 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     if config.accelerator == "gpu":
         # TF32 matmuls on Ampere and newer: the usual choice for training, several times faster than full fp32.
         torch.set_float32_matmul_precision("high")
-    trainer = build_trainer(config, reporter, pl.name)
+    trainer = build_trainer(config, reporter, pl.name, env)
+    if global_rank(env) == 0:
+        continue_log(trainer.logger, config)
     resume = find_resume_checkpoint(Path(config.checkpoint.dir))
     reporter.event(
         EVENT_START,
@@ -330,6 +338,8 @@ def _configure_logging(env: Mapping[str, str]) -> None:
 def _silence_expected_warnings() -> None:
     # Resuming into the directory that holds the checkpoints is the point, not a mistake.
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    # One log per job: after a restart the logger continues the files it wrote (see logs.py).
+    warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
     # ImageFolderDataModule without val_dir returns no validation loaders, on purpose.
     warnings.filterwarnings("ignore", message=r"Total length of `list` across ranks is zero")
     # Lightning's use of a torch API that torch deprecated; nothing a user can act on.

@@ -427,10 +427,11 @@ def termination_summary(document: Mapping[str, Any]) -> str:
     limit = contract.TERMINATION_MESSAGE_MAX_BYTES
     if len(text.encode()) <= limit:
         return text
-    keep = {k: document[k] for k in ("ok", "artifacts", "step") if k in document}
-    if "error" in document:
-        # A fifth of the limit in characters stays under it in bytes even for 4-byte UTF-8.
-        keep["error"] = str(document["error"])[: limit // 5]
+    keep = {k: document[k] for k in ("ok", "artifacts", "step", "stopped") if k in document}
+    for key in ("error", contract.RESULTS_KEY_EXPORT_ERROR):
+        if key in document:
+            # A fifth of the limit in characters stays under it in bytes even for 4-byte UTF-8; two of them too.
+            keep[key] = str(document[key])[: limit // 10]
     return json.dumps(keep, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 

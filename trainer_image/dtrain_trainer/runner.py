@@ -269,7 +269,10 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     try:
         trainer.fit(model, datamodule=data, ckpt_path=str(resume) if resume else None)
     except RuntimeError as exc:
-        raise _in_spec_terms(exc, settings.find_unused_parameters) from exc
+        spec_error = _in_spec_terms(exc, settings.find_unused_parameters)
+        if spec_error is None:
+            raise
+        raise spec_error from exc
     metrics = _progress_callback(trainer).final_metrics(trainer)
     stop = next(c for c in trainer.callbacks if isinstance(c, _GracefulStopBehaviour))  # type: ignore[attr-defined]
     if stop.signalled:
@@ -292,15 +295,15 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
 _UNUSED_PARAMETERS_MARKERS = ("parameters that were not used in producing", "find_unused_parameters")
 
 
-def _in_spec_terms(exc: RuntimeError, find_unused_parameters: bool) -> BaseException:
-    """A training error whose fix is a spec field, named as the spec names it (else `exc` itself)."""
+def _in_spec_terms(exc: RuntimeError, find_unused_parameters: bool) -> ConfigError | None:
+    """A training error whose fix is a spec field, named as the spec names it (None for any other error)."""
     if not find_unused_parameters and any(marker in str(exc) for marker in _UNUSED_PARAMETERS_MARKERS):
         return ConfigError(
             "trainer.findUnusedParameters: the model has parameters that take no part in the loss of some steps "
             "(a layer its forward skips, a frozen branch); set trainer.findUnusedParameters: true in the spec "
             "(it costs some speed), or remove or freeze those parameters (requires_grad=False)"
         )
-    return exc
+    return None
 
 
 def _stopped(

@@ -215,6 +215,19 @@ class TrainerSettings(ApiModel):
         return -1 if self.max_steps > 0 else 1
 
 
+class LoggingSettings(ApiModel):
+    """Where the metrics Lightning logs go, and which of them dtrain reports."""
+
+    logger: Literal["tensorboard", "csv", "mlflow"] = "tensorboard"
+    """tensorboard: event files in <artifacts.dir>/logs (tensorboard --logdir there). csv: <artifacts.dir>/logs/version_0/metrics.csv. mlflow: an MLflow run named after the job (the image needs mlflow or mlflow-skinny). A gang restart continues the same log."""
+    mlflow_tracking_uri: Optional[Annotated[str, Field(min_length=1, max_length=MAX_PATH_LENGTH)]] = None
+    """MLflow tracking server for logger mlflow, e.g. http://mlflow.mlops:5000 (default: MLFLOW_TRACKING_URI from the environment, e.g. spec.env)."""
+    mlflow_experiment_name: Optional[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]] = None
+    """MLflow experiment for logger mlflow (default: the job's name)."""
+    metrics: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]], Field(max_length=32)] = Field(default_factory=list)
+    """Metrics the model logs (self.log) that progress, status.progress.metrics and the summary report, besides val_loss, val_acc and every metric logged with prog_bar=True."""
+
+
 NcclDebug = Literal["VERSION", "WARN", "INFO", "TRACE"]
 
 
@@ -302,7 +315,9 @@ class OnnxExport(ApiModel):
     dynamic_batch: bool = True
     """Make the batch axis dynamic, so that the engine can be built for a range of batch sizes."""
     input_shape: Optional[Annotated[list[Annotated[int, Field(ge=1, le=MAX_BATCH)]], Field(min_length=1, max_length=4)]] = None
-    """Shape of one sample without the batch axis, e.g. [3, 224, 224]. Default: taken from the data module."""
+    """Shape of one sample without the batch axis, e.g. [3, 224, 224], for a model without example_input_array (which is used first: a tensor, tuple or dict, dtypes kept). Default: the data module's sample_shape."""
+    input_dtype: Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"] = "float32"
+    """Data type of the input given by inputShape, e.g. int64 for a text model's token ids."""
 
 
 class ExportSettings(ApiModel):
@@ -514,6 +529,8 @@ class DistributedTrainingSpec(ApiModel):
     """Where the exported model and engine are written."""
     export: ExportSettings = Field(default_factory=ExportSettings)
     """Exports at the end of training."""
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    """The logger (TensorBoard, CSV or MLflow) and the metrics dtrain reports."""
     engine: EngineSettings = Field(default_factory=EngineSettings)
     """The TensorRT engine build that follows training."""
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
@@ -591,6 +608,10 @@ class Progress(StatusModel):
     """When this was reported (RFC 3339)."""
     stage: Optional[str] = None
     """What rank 0 is doing: training, or exporting (the model is being exported to ONNX)."""
+    metrics: Optional[dict[str, float]] = None
+    """The latest value of val_loss, val_acc, each metric logged with prog_bar=True and each of spec.logging.metrics."""
+    validation: Optional[str] = None
+    """The first validation metric as name=value, e.g. val_loss=0.412 (the VAL column)."""
 
 
 class CheckpointInfo(StatusModel):
@@ -698,6 +719,8 @@ class TrainerConfig(ApiModel):
     """Artifacts."""
     export: ExportSettings = Field(default_factory=ExportSettings)
     """Exports."""
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    """The logger and the reported metrics."""
 
     @classmethod
     def from_job(cls, job: DistributedTraining) -> "TrainerConfig":
@@ -714,6 +737,7 @@ class TrainerConfig(ApiModel):
             checkpoint=spec.checkpoint,
             artifacts=spec.artifacts,
             export=spec.export,
+            logging=spec.logging,
         )
 
 

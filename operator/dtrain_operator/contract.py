@@ -56,6 +56,9 @@ DEFAULT_PROGRESS_INTERVAL_SECONDS = 15.0
 TRAINER_EXIT_INVALID_CONFIG = 78
 
 TERMINATION_LOG_PATH = "/dev/termination-log"
+# Keys of the trainer's results (its termination message) that the operator and `dtrain run` read.
+# exportError: training succeeded but the ONNX export or its check failed; the exporter's message.
+RESULTS_KEY_EXPORT_ERROR = "exportError"
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 
 CONFIG_MOUNT_DIR = "/etc/dtrain"

@@ -222,6 +222,12 @@ def crd() -> dict[str, Any]:
                         },
                         {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch"},
                         {"name": "Img/s", "type": "number", "jsonPath": ".status.progress.imagesPerSecond"},
+                        {
+                            "name": "Val",
+                            "type": "string",
+                            "jsonPath": ".status.progress.validation",
+                            "description": "The first validation metric, e.g. val_loss=0.412",
+                        },
                         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],

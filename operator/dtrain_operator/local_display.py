@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
@@ -69,6 +69,8 @@ class ProgressView:
     loss: Optional[float] = None
     images_per_second: Optional[float] = None
     checkpoint_step: Optional[int] = None
+    # The trainer's reported metrics (val_loss, val_acc, prog_bar ones), newest values.
+    metrics: dict[str, float] = field(default_factory=dict)
     restarts: int = 0
     _rate_points: tuple[tuple[float, int], ...] = ()
 
@@ -94,6 +96,8 @@ class ProgressView:
             self.total_steps = _int(record.get("totalSteps"), self.total_steps)
             self.loss = _float(record.get("loss"), self.loss)
             self.images_per_second = _float(record.get("imagesPerSecond"), self.images_per_second)
+            if isinstance(record.get("metrics"), dict):
+                self.metrics.update({k: v for k, v in record["metrics"].items() if _float(v) is not None})
             if self.step is not None:
                 self._note_step(self.step, now, restarted)
             if event == "finished":
@@ -131,12 +135,13 @@ class ProgressView:
             "ips": "-" if self.images_per_second is None else f"{self.images_per_second:,.0f}",
             "elapsed": format_duration(now - self.started),
             "eta": format_duration(self.eta_seconds()),
+            "metrics": "".join(f"  {name} {value:.4g}" for name, value in self.metrics.items()),
         }
 
     def line(self, now: float) -> str:
         f = self.fields(now)
         text = (
-            f"epoch {f['epoch']}  step {f['step']}  loss {f['loss']}  {f['ips']} img/s  "
+            f"epoch {f['epoch']}  step {f['step']}  loss {f['loss']}{f['metrics']}  {f['ips']} img/s  "
             f"elapsed {f['elapsed']}  ETA {f['eta']}"
         )
         return text + (f"  restarts {self.restarts}" if self.restarts else "")
@@ -224,7 +229,9 @@ class Display:
             self._progress = Progress(
                 TextColumn("epoch {task.fields[epoch]}"),
                 BarColumn(),
-                TextColumn("step {task.fields[step]}  loss {task.fields[loss]}  {task.fields[ips]} img/s"),
+                TextColumn(
+                    "step {task.fields[step]}  loss {task.fields[loss]}{task.fields[metrics]}  {task.fields[ips]} img/s"
+                ),
                 TextColumn("elapsed {task.fields[elapsed]}  ETA {task.fields[eta]}"),
                 console=self.console,
                 transient=False,
@@ -272,7 +279,7 @@ def summary_table(s: RunSummary) -> Table:
     table.add_row("steps", _value(s.steps))
     table.add_row("final loss", _value(s.final_loss, "{:.4g}"))
     for name, value in s.metrics.items():
-        table.add_row(name, f"{value:.4g}")
+        table.add_row(escape(name), f"{value:.4g}")
     table.add_row("throughput", _value(s.images_per_second, "{:,.1f} images/s"))
     table.add_row("restarts", str(s.restarts))
     table.add_row("wall time", format_duration(s.wall_seconds))

@@ -10,6 +10,7 @@ engine Job would, and a summary closes the run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -58,6 +59,7 @@ PHASE_SUCCEEDED = "Succeeded"
 PHASE_FAILED = "Failed"
 PHASE_STOPPED = "Stopped"
 REASON_ENGINE_FAILED = "EngineBuildFailed"
+REASON_EXPORT_FAILED = "ExportFailed"
 REASON_STOPPED = "Stopped"
 
 
@@ -268,6 +270,26 @@ class LocalRun:
         self.display.warn(self.state.message)
         return False
 
+    def export_failed(self, engine_asked: bool) -> bool:
+        """After a successful training: whether its export failed in a way that stops the run.
+
+        As in the operator (status.py), the training succeeded and the checkpoints stay; the
+        run fails only when the engine was asked for, since it is built from model.onnx.
+        """
+        results = self._trainer_message(0)
+        try:
+            error = json.loads(results).get(contract.RESULTS_KEY_EXPORT_ERROR) if results.strip() else None
+        except (ValueError, AttributeError):
+            error = None
+        if not error:
+            return False
+        self.state.reason, self.state.message = REASON_EXPORT_FAILED, f"the ONNX export failed: {error}"
+        if engine_asked:
+            self._failed(REASON_EXPORT_FAILED, f"training succeeded but the ONNX export failed, so no engine: {error}")
+            return True
+        self.display.warn(self.state.message)
+        return False
+
     # --- the engine -------------------------------------------------------------------
 
     def build_engine(self) -> bool:
@@ -354,7 +376,7 @@ def main(args: argparse.Namespace) -> int:
         run = LocalRun(local, workdir, display, stop, adopts_orphans)
         if args.resume:
             run.progress.skip_existing()
-        if run.train() and (not engine_asked or run.build_engine()):
+        if run.train() and not run.export_failed(engine_asked) and (not engine_asked or run.build_engine()):
             run.state.phase = PHASE_SUCCEEDED
         summary = run.summary(engine_asked)
     summary.write(workdir.summary)

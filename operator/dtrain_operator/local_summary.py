@@ -6,7 +6,6 @@ sources; the summary is printed as a table and written as summary.json.
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +47,8 @@ class RunSummary:
     epoch: Optional[int] = None
     final_loss: Optional[float] = None
     images_per_second: Optional[float] = None
+    # The trainer's reported metrics at the end (val_loss, val_acc, prog_bar ones, spec.logging.metrics).
+    metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: Optional[str] = None
     onnx: Optional[str] = None
     onnx_parity_error: Optional[float] = None
@@ -58,8 +59,6 @@ class RunSummary:
     engine_note: Optional[str] = None
     engine_report: Optional[str] = None
     latency: list[LatencyRow] = field(default_factory=list)
-    # Validation metrics (val_acc, val_loss, ...) at the end of training.
-    metrics: dict[str, float] = field(default_factory=dict)
     # What the table's title names: `dtrain run` here, `dtrain watch` for a job on a cluster.
     command: str = "dtrain run"
 
@@ -112,8 +111,6 @@ def collect_summary(
         engine_asked=engine_asked,
     )
     _add_progress(summary, JsonlTail(workdir.progress).read_new())
-    if not summary.metrics:
-        summary.metrics = logged_validation_metrics(workdir.artifacts)
     checkpoint = latest_checkpoint(workdir.checkpoints)
     summary.checkpoint = str(checkpoint) if checkpoint else None
     _add_artifacts(summary, workdir)
@@ -137,33 +134,13 @@ def _add_progress(summary: RunSummary, records: list[dict[str, Any]]) -> None:
             summary.final_loss = _number(record.get("loss")) if record.get("loss") is not None else summary.final_loss
             rate = _number(record.get("imagesPerSecond"))
             summary.images_per_second = rate if rate is not None else summary.images_per_second
-            metrics = record.get("metrics")
-            if isinstance(metrics, dict):  # where the trainer reports them (val_acc, ...)
-                summary.metrics.update({str(k): v for k, v in metrics.items() if _number(v) is not None})
+            if isinstance(record.get("metrics"), dict):
+                summary.metrics.update(
+                    {str(k): float(v) for k, v in record["metrics"].items() if _number(v) is not None}
+                )
         elif event == "export" and record.get("ok"):
             summary.onnx = record.get("onnx") or summary.onnx
             summary.onnx_parity_error = _number(record.get("parityError"))
-
-
-def logged_validation_metrics(artifacts: Path) -> dict[str, float]:
-    """The last value of each val_* metric in the newest CSV log under artifacts/logs (Lightning's CSVLogger)."""
-    logs = [p for p in (artifacts / "logs").glob("version_*/metrics.csv") if p.is_file()]
-    if not logs:
-        return {}
-    newest = max(logs, key=lambda p: (p.stat().st_mtime, p.parent.name))
-    found: dict[str, float] = {}
-    try:
-        with newest.open(newline="") as stream:
-            for row in csv.DictReader(stream):
-                for name, value in row.items():
-                    if name and name.startswith("val_") and value not in (None, ""):
-                        try:
-                            found[name] = float(value)
-                        except ValueError:
-                            continue
-    except (OSError, csv.Error):
-        return {}
-    return dict(sorted(found.items()))
 
 
 def _add_artifacts(summary: RunSummary, workdir: Workdir) -> None:

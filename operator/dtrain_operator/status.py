@@ -46,6 +46,8 @@ SPEC_IMMUTABLE = "SpecImmutable"
 STATUS_UNREADABLE = "StatusUnreadable"
 PODS_STUCK = "PodsStuckTerminating"
 IMAGE_PULL = "ImagePullFailing"
+# Training succeeded but rank 0 could not export model.onnx (the trainer's results say why).
+EXPORT_FAILED = "ExportFailed"
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
@@ -760,6 +762,9 @@ def _after_training(
         conditions.set(TRAINING_SUCCEEDED, True, "TrainerSucceeded", f"{worker_pod_name(job, 0)} exited 0")
         conditions.clear(PODS_PENDING, "TrainingSucceeded", "training is over")
     conditions.set(RUNNING, False, "TrainingSucceeded", "training is over")
+    export_error = (status.artifacts or {}).get(contract.RESULTS_KEY_EXPORT_ERROR)
+    if export_error:
+        return _export_failed(job, conditions, str(export_error), finish)
     if not spec.engine.enabled:
         return finish("Succeeded", "TrainingSucceeded", "training succeeded (engine.enabled is false)")
     engine = observed.engine_job
@@ -802,6 +807,23 @@ def unreadable_status(
     )
     status.conditions = conditions.items()
     return status
+
+
+def _export_failed(
+    job: DistributedTraining,
+    conditions: _Conditions,
+    error: str,
+    finish: Callable[[Literal["Succeeded", "Failed"], str, str], DistributedTrainingStatus],
+) -> DistributedTrainingStatus:
+    """Training succeeded and its checkpoints stay; model.onnx does not exist, so no engine can be built.
+
+    No gang restart: training again would end in the same export."""
+    conditions.set(EXPORT_FAILED, True, EXPORT_FAILED, error)
+    if job.spec.engine.enabled:
+        return finish(
+            "Failed", EXPORT_FAILED, f"training succeeded but the ONNX export failed, so no engine is built: {error}"
+        )
+    return finish("Succeeded", "TrainingSucceeded", f"training succeeded; the ONNX export failed: {error}")
 
 
 def invalid_status(

@@ -37,8 +37,15 @@ def test_progress_view_follows_the_records_and_estimates_the_eta() -> None:
     assert kind == "epoch"
     assert view.eta_seconds() == 40.0  # 20 steps per 10 s, 80 to go
     assert view.fields(now=20.0) == {
-        "epoch": "1/2", "step": "30/110", "loss": "1.5", "ips": "640", "elapsed": "00:20", "eta": "00:40"
+        "epoch": "1/2", "step": "30/110", "loss": "1.5", "ips": "640", "elapsed": "00:20", "eta": "00:40",
+        "metrics": "",
     }
+    # Validation metrics join the line once the trainer reports them, and stay until they change.
+    view.apply({"event": "progress", "epoch": 1, "step": 31, "metrics": {"val_loss": 0.4123, "val_acc": 0.8}},
+               now=21.0, restarts=0)
+    assert view.fields(now=21.0)["metrics"] == "  val_loss 0.4123  val_acc 0.8"
+    view.apply({"event": "progress", "epoch": 1, "step": 32}, now=22.0, restarts=0)
+    assert "val_loss 0.4123" in view.line(now=22.0)
     # A gang restart resumes from an earlier step: the rate starts over rather than going negative.
     view.apply({"event": "resumed", "step": 20, "epoch": 0}, now=40.0, restarts=1)
     view.apply({"event": "progress", "epoch": 0, "step": 21, "totalSteps": 110}, now=41.0, restarts=1)

@@ -1,5 +1,4 @@
-"""The summary's validation metrics: from the trainer's records where it reports them, else from the
-CSV log Lightning writes under the artifacts directory."""
+"""The summary's validation metrics come from the trainer's progress records, whichever logger runs."""
 
 from __future__ import annotations
 
@@ -31,11 +30,11 @@ def workdir_at(tmp_path: Path) -> Workdir:
     return workdir
 
 
-def test_the_last_logged_validation_metrics_are_in_the_table(tmp_path: Path) -> None:
+def test_the_last_reported_validation_metrics_are_in_the_table(tmp_path: Path) -> None:
     workdir = workdir_at(tmp_path)
-    for version, rows in (("version_0", "0,21,,0.5,1.2\n"), ("version_1", "0,21,2.3,,\n0,21,,0.81,0.6\n1,43,0.2,,\n1,43,,0.972,0.09\n")):
-        (workdir.artifacts / "logs" / version).mkdir(parents=True)
-        (workdir.artifacts / "logs" / version / "metrics.csv").write_text("epoch,step,train_loss,val_acc,val_loss\n" + rows)
+    records = [{"event": "progress", "step": 21, "metrics": {"val_acc": 0.81, "val_loss": 0.6}},
+               {"event": "finished", "step": 43, "metrics": {"val_acc": 0.972, "val_loss": 0.09, "note": "x"}}]
+    workdir.progress.write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = summary_of(workdir)
     assert summary.metrics == {"val_acc": 0.972, "val_loss": 0.09}
     out = io.StringIO()
@@ -45,11 +44,5 @@ def test_the_last_logged_validation_metrics_are_in_the_table(tmp_path: Path) -> 
     assert (rows["val_acc"], rows["val_loss"]) == ("0.972", "0.09")
 
 
-def test_metrics_in_the_trainers_records_come_first(tmp_path: Path) -> None:
-    workdir = workdir_at(tmp_path)
-    workdir.progress.write_text(json.dumps({"event": "progress", "step": 5, "metrics": {"val_acc": 0.99, "note": "x"}}) + "\n")
-    (workdir.artifacts / "logs" / "version_0").mkdir(parents=True)
-    (workdir.artifacts / "logs" / "version_0" / "metrics.csv").write_text("epoch,step,val_acc\n0,5,0.5\n")
-    assert summary_of(workdir).metrics == {"val_acc": 0.99}
-    (tmp_path / "empty").mkdir()
-    assert summary_of(workdir_at(tmp_path / "empty")).metrics == {}
+def test_no_records_no_metrics(tmp_path: Path) -> None:
+    assert summary_of(workdir_at(tmp_path)).metrics == {}

@@ -75,6 +75,7 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
             {"name": "PET_NODE_RANK", "value": str(rank)},
             {"name": "PET_MASTER_ADDR", "value": "llm-0.llm.default.svc"},
             {"name": "PET_MASTER_PORT", "value": "29500"},
+            # torchrun's wait for its workers after SIGTERM: the pod's grace period (600 s) less a margin.
             {"name": "PET_SHUTDOWN_TIMEOUT", "value": "590"},
             {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
             {"name": "DTRAIN_JOB_NAME", "value": "llm"},

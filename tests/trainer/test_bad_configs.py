@@ -210,3 +210,13 @@ def test_real_process_prints_one_line_and_exits_with_the_invalid_config_code(tmp
         "(of lightning.pytorch or pytorch_lightning)"
     ]
     assert "Traceback" not in run.stdout + run.stderr
+
+
+@pytest.mark.slow
+def test_unused_parameters_name_the_spec_field(tmp_path: Path) -> None:
+    config = trainer_config(tmp_path, model={"classPath": "dtrain_test_user.UnusedParameterClassifier"})
+    run = run_trainer(write_config(tmp_path, config), DTRAIN_PROGRESS_SINK="none")
+    assert run.returncode == EXIT_CONFIG_ERROR, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("dtrain: error: trainer.findUnusedParameters:") and "findUnusedParameters: true" in last
+    assert "ddp_find_unused_parameters_true" not in last

@@ -99,3 +99,30 @@ def test_classifier_options() -> None:
     for bad in ({"optimizer": "lbfgs"}, {"lr_schedule": "step"}, {"num_classes": 0}, {"lr": 0}):
         with pytest.raises(ValueError):
             ImageClassifier(arch="resnet18", **bad)  # type: ignore[arg-type]
+
+
+def test_image_folder_decodes_jpegs_to_what_the_pil_path_gives(tmp_path: Path) -> None:
+    from torchvision import transforms
+
+    from dtrain_trainer.data import IMAGENET_MEAN, IMAGENET_STD, decode_image_file, image_transform
+
+    rng = np.random.default_rng(1)
+    # A smooth image (as photographs are), saved as a JPEG, and a grayscale one.
+    ramp = np.linspace(0, 255, 80 * 60, dtype=np.float64).reshape(60, 80)
+    pixels = np.stack([ramp, ramp[::-1], np.full_like(ramp, 128)], axis=-1) + rng.normal(0, 4, (60, 80, 3))
+    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(tmp_path / "color.jpg", quality=95)
+    Image.fromarray(ramp.astype(np.uint8), mode="L").save(tmp_path / "gray.jpg")
+
+    decoded = decode_image_file(str(tmp_path / "color.jpg"))
+    assert decoded.dtype == torch.uint8 and decoded.shape == (3, 60, 80)
+    assert decode_image_file(str(tmp_path / "gray.jpg")).shape == (3, 60, 80)
+
+    pil = transforms.Compose(
+        [transforms.Resize(37), transforms.CenterCrop(32), transforms.ToTensor(),
+         transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    )(Image.open(tmp_path / "color.jpg").convert("RGB"))
+    fast = image_transform((32, 32), train=False)(decoded)
+    assert fast.dtype == torch.float32 and fast.shape == pil.shape == (3, 32, 32)
+    assert (fast - pil).abs().mean() < 0.05
+    train = image_transform((32, 32), train=True)(decoded)
+    assert train.shape == (3, 32, 32) and train.dtype == torch.float32

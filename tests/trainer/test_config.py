@@ -80,6 +80,9 @@ def test_gpu_accelerator_needs_visible_gpus() -> None:
     [
         ("16-mixed", "cpu", "32-true", True),
         ("16-mixed", "gpu", "16-mixed", False),
+        # `dtrain run` of a gpu job on a machine without one runs it on the cpu, and says 16-true falls back.
+        ("16-true", "cpu", "32-true", True),
+        ("16-true", "gpu", "16-true", False),
         ("bf16-mixed", "cpu", "bf16-mixed", False),
         ("32-true", "cpu", "32-true", False),
     ],
@@ -89,7 +92,7 @@ def test_precision(asked: str, accelerator: str, runs: str, warns: bool) -> None
     assert precision == runs
     assert (warning is not None) == warns
     if warning:
-        assert "16-mixed needs a CUDA GPU" in warning and "32-true" in warning
+        assert f"{asked} needs a CUDA GPU" in warning and "32-true" in warning
 
 
 def test_progress_interval() -> None:

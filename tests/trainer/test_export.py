@@ -24,7 +24,7 @@ from dtrain_trainer.export import (
     check_onnx_parity,
     export_artifacts,
     export_onnx,
-    resolve_input_shape,
+    resolve_example,
     termination_summary,
     write_termination_log,
 )
@@ -156,18 +156,86 @@ def test_max_relative_error() -> None:
     assert max_relative_error(np.zeros(2), np.zeros(3)) == math.inf
 
 
-def test_input_shape_sources() -> None:
+def test_input_sources() -> None:
     class Data:
         sample_shape = (3, 32, 32)
 
     class Model:
         example_input_array = torch.zeros(1, 1, 28, 28)
 
-    assert resolve_input_shape([3, 64, 64], Data(), Model()) == (3, 64, 64)
-    assert resolve_input_shape(None, Data(), Model()) == (3, 32, 32)
-    assert resolve_input_shape(None, object(), Model()) == (1, 28, 28)
+    # The model's own example first (dtypes kept), then export.onnx.inputShape, then the data module.
+    assert resolve_example([3, 64, 64], "float32", Data(), Model()).shapes == ((1, 28, 28),)
+    assert resolve_example([3, 64, 64], "float32", Data(), object()).shapes == ((3, 64, 64),)
+    ids = resolve_example([12], "int64", Data(), object())
+    assert (ids.shapes, ids.tensors[0].dtype) == (((12,),), torch.int64)
+    assert resolve_example(None, "float32", Data(), object()).shapes == ((3, 32, 32),)
     with pytest.raises(ConfigError, match="export.onnx.inputShape"):
-        resolve_input_shape(None, object(), object())
+        resolve_example(None, "float32", object(), object())
+
+
+class TextClassifier(nn.Module):
+    """Token ids in, class scores out: an integer input the export must keep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(50, 8)
+        self.head = nn.Linear(8, 3)
+        self.example_input_array = torch.randint(0, 50, (2, 7))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids).mean(dim=1))
+
+
+class TwoInputs(nn.Module):
+    """An image and a mask, in that order, given as a tuple or a dict."""
+
+    def __init__(self, as_dict: bool = False) -> None:
+        super().__init__()
+        self.net = tiny_cnn()
+        example = (torch.randn(2, *SHAPE), torch.ones(2, 5, dtype=torch.bool))
+        self.example_input_array = {"mask": example[1], "images": example[0]} if as_dict else example
+
+    def forward(self, images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.net(images) * mask.float()
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs"),
+    [
+        (TextClassifier(), [{"name": "input", "shape": [7], "dtype": "int64"}]),
+        (TwoInputs(), [{"name": "images", "shape": [3, 16, 16], "dtype": "float32"}, {"name": "mask", "shape": [5], "dtype": "bool"}]),
+        (TwoInputs(as_dict=True), [{"name": "images", "shape": [3, 16, 16], "dtype": "float32"}, {"name": "mask", "shape": [5], "dtype": "bool"}]),
+    ],
+    ids=["embedding-ids", "tuple-of-two", "dict-of-two"],
+)
+def test_models_with_integer_and_several_inputs_export_and_pass_the_check(
+    tmp_path: Path, model: nn.Module, inputs: list[dict[str, object]]
+) -> None:
+    example = resolve_example(None, "float32", object(), model)
+    record = export_artifacts(model, example, 17, True, tmp_path, "job", {}, None)
+    assert record["onnx"]["inputs"] == inputs
+    assert record["parity"]["ok"] and record["parity"]["maxRelativeError"] <= PARITY_TOLERANCE
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    fed = {i.name: i.type for i in session.get_inputs()}
+    assert list(fed) == [i["name"] for i in inputs]
+    assert fed[inputs[0]["name"]] == ("tensor(int64)" if inputs[0]["dtype"] == "int64" else "tensor(float)")
+    if len(inputs) == 2:
+        assert fed["mask"] == "tensor(bool)"
+    # The check feeds every input: a wrong second input shows up as a disagreement.
+    batch = example.with_float32().batch(3)
+    assert check_onnx_parity(model, tmp_path / "model.onnx", batch) <= PARITY_TOLERANCE
+
+
+def test_an_example_input_array_of_the_wrong_kind_is_named() -> None:
+    class Odd(nn.Module):
+        example_input_array = [1, 2, 3]
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    with pytest.raises(ConfigError, match="Odd.example_input_array: input 'input_0' is not a tensor"):
+        resolve_example(None, "float32", object(), Odd())
 
 
 def test_termination_log(tmp_path: Path) -> None:

@@ -198,6 +198,7 @@ def test_builtin_classifier_with_accumulation_clipping_and_cpu_fallback(tmp_path
             "precision": "16-mixed",
         },
         checkpoint={"everyNSteps": 100, "keepLast": 1},
+        logging={"logger": "csv"},
     )
     progress = tmp_path / "progress.jsonl"
     termination_log = tmp_path / "termination-log"
@@ -223,7 +224,7 @@ def test_builtin_classifier_with_accumulation_clipping_and_cpu_fallback(tmp_path
     summary = json.loads(termination_log.read_text())
     assert summary["ok"] is True and summary["step"] == 2
     assert summary["parityError"] == artifacts["parity"]["maxRelativeError"]
-    # The CSV metrics Lightning logged every step.
+    # The CSV metrics Lightning logged every step (logging.logger csv; TensorBoard is the default).
     metrics = (tmp_path / "artifacts" / "logs" / "version_0" / "metrics.csv").read_text()
     assert "train_loss" in metrics
     assert yaml.safe_load((tmp_path / "artifacts" / "logs" / "version_0" / "hparams.yaml").read_text())["arch"] == "resnet18"

@@ -108,6 +108,11 @@ def resolve_precision(precision: str, accelerator: str) -> tuple[str, str | None
             "precision 16-mixed needs a CUDA GPU (fp16 autocast with a gradient scaler) and the accelerator is cpu: "
             "training runs in 32-true instead (bf16-mixed runs on a CPU, but slowly)"
         )
+    if precision == "16-true" and accelerator == "cpu":
+        return "32-true", (
+            "precision 16-true needs a CUDA GPU (many CPU kernels have no float16 version) and the accelerator is "
+            "cpu: training runs in 32-true instead (bf16-true runs on a CPU, but slowly)"
+        )
     return precision, None
 
 

@@ -15,6 +15,7 @@ cannot trace the model. artifacts.json records which one wrote the file.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -61,23 +62,122 @@ class OnnxFile:
     opset: int
     exporter: str
     dynamic_batch: bool
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...]  # the first input's
+    inputs: ExampleInputs
 
 
-def resolve_input_shape(configured: Sequence[int] | None, datamodule: Any, model: Any) -> tuple[int, ...]:
-    """One sample's shape (no batch axis): export.onnx.inputShape, the data module's sample_shape,
-    or the model's example_input_array, in that order."""
-    if configured:
-        return tuple(int(d) for d in configured)
+# export.onnx.inputDtype names -> torch dtypes.
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
+
+
+@dataclass(frozen=True)
+class ExampleInputs:
+    """The model's inputs, by name, as example tensors with a batch axis (dtypes as the model takes them)."""
+
+    names: tuple[str, ...]
+    tensors: tuple[torch.Tensor, ...]
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Each input's shape without the batch axis."""
+        return tuple(tuple(int(d) for d in t.shape[1:]) for t in self.tensors)
+
+    def batch(self, size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+        """Random inputs of batch `size` like the examples: normal floats, integers within the examples' range."""
+        batch: list[torch.Tensor] = []
+        for example in self.tensors:
+            shape = (size, *example.shape[1:])
+            if example.dtype == torch.bool:
+                batch.append(torch.randint(0, 2, shape, generator=generator).bool())
+            elif example.dtype.is_floating_point:
+                batch.append(torch.randn(shape, generator=generator).to(example.dtype))
+            else:  # integer ids (an embedding's vocabulary): stay within what the example holds
+                low = int(example.min()) if example.numel() else 0
+                high = int(example.max()) if example.numel() else 1
+                batch.append(torch.randint(low, max(high, low) + 1, shape, generator=generator, dtype=example.dtype))
+        return tuple(batch)
+
+    def with_float32(self) -> "ExampleInputs":
+        """The same inputs for the model in fp32 (as it is exported): floating inputs become float32."""
+        return ExampleInputs(
+            self.names, tuple(t.float() if t.dtype.is_floating_point else t for t in self.tensors)
+        )
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [
+            {"name": n, "shape": list(shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for n, shape, t in zip(self.names, self.shapes, self.tensors)
+        ]
+
+
+def single_input(input_shape: Sequence[int], dtype: torch.dtype = torch.float32) -> ExampleInputs:
+    """One input, `input`, of shape (batch, *input_shape)."""
+    return ExampleInputs((INPUT_NAME,), (torch.zeros((1, *(int(d) for d in input_shape)), dtype=dtype),))
+
+
+def _forward_parameters(model: Any) -> list[str]:
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError, AttributeError):
+        return []
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _from_example_input_array(example: Any, model: Any) -> ExampleInputs:
+    where = f"{type(model).__name__}.example_input_array"
+    forward = _forward_parameters(model)
+    if isinstance(example, torch.Tensor):
+        names, tensors = (INPUT_NAME,), (example,)
+    elif isinstance(example, (tuple, list)) and example:
+        tensors = tuple(example)
+        names = tuple(forward) if len(forward) == len(tensors) else tuple(f"input_{i}" for i in range(len(tensors)))
+    elif isinstance(example, Mapping) and example:
+        unknown = [k for k in example if k not in forward]
+        if unknown:
+            raise ConfigError(
+                f"export.onnx: {where} has keys {unknown} that forward() does not take as positional arguments "
+                f"({', '.join(forward) or 'none'})"
+            )
+        names = tuple(n for n in forward if n in example)
+        tensors = tuple(example[n] for n in names)
+    else:
+        raise ConfigError(
+            f"export.onnx: {where} is a {type(example).__name__}; make it a tensor, a tuple of tensors "
+            "or a dict of tensors (with a batch axis), or set export.onnx.inputShape"
+        )
+    for name, tensor in zip(names, tensors):
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() < 1:
+            raise ConfigError(
+                f"export.onnx: {where}: input {name!r} is not a tensor with a batch axis "
+                f"(got {type(tensor).__name__}); give every input one"
+            )
+    return ExampleInputs(names, tuple(t.detach().cpu() for t in tensors))
+
+
+def resolve_example(
+    configured_shape: Sequence[int] | None, configured_dtype: str, datamodule: Any, model: Any
+) -> ExampleInputs:
+    """The model's inputs for the export: its example_input_array (a tensor, tuple or dict, dtypes kept),
+    else export.onnx.inputShape with inputDtype, else the data module's sample_shape."""
+    example = getattr(model, "example_input_array", None)
+    if example is not None:
+        return _from_example_input_array(example, model)
+    if configured_shape:
+        return single_input(configured_shape, DTYPES[configured_dtype])
     shape = getattr(datamodule, "sample_shape", None)
     if shape:
-        return tuple(int(d) for d in shape)
-    example = getattr(model, "example_input_array", None)
-    if isinstance(example, torch.Tensor) and example.dim() >= 2:
-        return tuple(int(d) for d in example.shape[1:])
+        return single_input(shape)
     raise ConfigError(
-        "export.onnx.inputShape: the data module has no sample_shape and the model no example_input_array, "
-        "so the input shape is unknown; set export.onnx.inputShape (e.g. [3, 224, 224]) or export.onnx.enabled: false"
+        "export.onnx.inputShape: the model has no example_input_array and the data module no sample_shape, "
+        "so the model's input is unknown; set the model's example_input_array (a tensor, tuple or dict), "
+        "or export.onnx.inputShape (e.g. [3, 224, 224]) and inputDtype, or export.onnx.enabled: false"
     )
 
 
@@ -88,34 +188,39 @@ def _file_opset(path: Path) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def _export_torchscript(model: torch.nn.Module, example: torch.Tensor, path: Path, opset: int, dynamic: bool) -> None:
+def _export_torchscript(
+    model: torch.nn.Module, names: Sequence[str], example: tuple[torch.Tensor, ...], path: Path, opset: int, dynamic: bool
+) -> None:
     with warnings.catch_warnings():
         # Chosen on purpose for opset 17 (see the module docstring); the deprecation notice is noise here.
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             model,
-            (example,),
+            example,
             str(path),
-            input_names=[INPUT_NAME],
+            input_names=list(names),
             output_names=[OUTPUT_NAME],
             opset_version=opset,
             dynamo=False,
-            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic else None,
+            dynamic_axes={**{n: {0: "batch"} for n in names}, OUTPUT_NAME: {0: "batch"}} if dynamic else None,
         )
 
 
-def _export_dynamo(model: torch.nn.Module, example: torch.Tensor, path: Path, opset: int, dynamic: bool) -> None:
+def _export_dynamo(
+    model: torch.nn.Module, names: Sequence[str], example: tuple[torch.Tensor, ...], path: Path, opset: int, dynamic: bool
+) -> None:
+    batch = torch.export.Dim("batch", min=1)
     torch.onnx.export(
         model,
-        (example,),
+        example,
         str(path),
-        input_names=[INPUT_NAME],
+        input_names=list(names),
         output_names=[OUTPUT_NAME],
         opset_version=opset,
         dynamo=True,
         external_data=sum(p.numel() * p.element_size() for p in model.state_dict().values()) > EXTERNAL_DATA_BYTES,
         verbose=False,
-        dynamic_shapes=({0: torch.export.Dim("batch", min=1)},) if dynamic else None,
+        dynamic_shapes=tuple({0: batch} for _ in names) if dynamic else None,
     )
 
 
@@ -127,16 +232,29 @@ def export_onnx(
     dynamic_batch: bool = True,
 ) -> OnnxFile:
     """Write `model` (put in eval mode) to `path` as ONNX with one input, `input`, of shape (batch, *input_shape)."""
+    return export_onnx_inputs(model, single_input(input_shape), path, opset, dynamic_batch)
+
+
+def export_onnx_inputs(
+    model: torch.nn.Module,
+    inputs: ExampleInputs,
+    path: str | os.PathLike[str],
+    opset: int = 17,
+    dynamic_batch: bool = True,
+) -> OnnxFile:
+    """Write `model` (put in eval mode) to `path` as ONNX with `inputs`' names, dtypes and shapes (batch axis first)."""
     path = Path(path)
     model.eval()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    example = torch.randn(EXPORT_BATCH_DYNAMIC if dynamic_batch else 1, *input_shape, device=device)
+    generator = torch.Generator().manual_seed(0)
+    example = tuple(t.to(device) for t in inputs.batch(EXPORT_BATCH_DYNAMIC if dynamic_batch else 1, generator))
+    names = inputs.names
     exporter = "torchscript"
     with torch.no_grad():
         try:
             if opset >= FIRST_DYNAMO_OPSET:
                 try:
-                    _export_dynamo(model, example, path, opset, dynamic_batch)
+                    _export_dynamo(model, names, example, path, opset, dynamic_batch)
                     exporter = "dynamo"
                 except Exception as exc:  # torch.export cannot trace every model; the older exporter often can
                     log.warning(
@@ -144,16 +262,17 @@ def export_onnx(
                         type(exc).__name__,
                         str(exc).splitlines()[0][:300] if str(exc) else "",
                     )
-                    _export_torchscript(model, example, path, opset, dynamic_batch)
+                    _export_torchscript(model, names, example, path, opset, dynamic_batch)
             else:
-                _export_torchscript(model, example, path, opset, dynamic_batch)
+                _export_torchscript(model, names, example, path, opset, dynamic_batch)
         except Exception as exc:
             first_line = str(exc).splitlines()[0][:300] if str(exc) else ""
+            inputs_text = ", ".join(f"{d['name']} {d['dtype']}{d['shape']}" for d in inputs.describe())
             raise ExportError(
-                f"torch.onnx.export failed ({type(exc).__name__}: {first_line}); make the model's forward "
-                "exportable, or set export.onnx.enabled: false"
+                f"torch.onnx.export failed with inputs ({inputs_text}) ({type(exc).__name__}: {first_line}); "
+                "make the model's forward exportable, or set export.onnx.enabled: false"
             ) from exc
-    return OnnxFile(path, _file_opset(path), exporter, dynamic_batch, tuple(int(d) for d in input_shape))
+    return OnnxFile(path, _file_opset(path), exporter, dynamic_batch, inputs.shapes[0], inputs)
 
 
 def _flatten(outputs: Any) -> list[torch.Tensor]:
@@ -166,25 +285,29 @@ def _flatten(outputs: Any) -> list[torch.Tensor]:
     raise ExportError(f"the model returned a {type(outputs).__name__}; the parity check compares tensors")
 
 
-def check_onnx_parity(model: torch.nn.Module, onnx_path: str | os.PathLike[str], batch: torch.Tensor) -> float:
+def check_onnx_parity(
+    model: torch.nn.Module, onnx_path: str | os.PathLike[str], batch: torch.Tensor | Sequence[torch.Tensor]
+) -> float:
     """The largest relative error (see `accuracy.max_relative_error`) between ONNX Runtime and PyTorch over all outputs
-    of `model` for `batch`. Raises ExportError when the file cannot be run or its outputs do not match in
-    number or shape."""
+    of `model` for `batch` (one tensor, or one per input in the model's order; every one is fed). Raises ExportError
+    when the file cannot be run or its inputs or outputs do not match in number or shape."""
     import onnxruntime as ort
 
+    tensors = (batch,) if isinstance(batch, torch.Tensor) else tuple(batch)
     try:
         session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise ExportError(f"ONNX Runtime cannot load {onnx_path}: {str(exc).splitlines()[0][:300]}") from exc
     inputs = session.get_inputs()
-    if len(inputs) != 1:
-        raise ExportError(f"{onnx_path} has {len(inputs)} inputs; the check feeds one image batch")
+    if len(inputs) != len(tensors):
+        raise ExportError(f"{onnx_path} has {len(inputs)} inputs; the model takes {len(tensors)}")
     model.eval()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     with torch.no_grad():
-        expected = [t.detach().float().cpu().numpy() for t in _flatten(model(batch.to(device)))]
+        expected = [t.detach().float().cpu().numpy() for t in _flatten(model(*(t.to(device) for t in tensors)))]
+    feed = {i.name: _numpy(t) for i, t in zip(inputs, tensors)}
     try:
-        actual = session.run(None, {inputs[0].name: batch.detach().float().cpu().numpy()})
+        actual = session.run(None, feed)
     except Exception as exc:
         raise ExportError(f"ONNX Runtime failed to run {onnx_path}: {str(exc).splitlines()[0][:300]}") from exc
     if len(actual) != len(expected):
@@ -193,6 +316,12 @@ def check_onnx_parity(model: torch.nn.Module, onnx_path: str | os.PathLike[str],
         if a.shape != e.shape:
             raise ExportError(f"output {index} of {onnx_path} is shaped {list(a.shape)}, PyTorch's {list(e.shape)}")
     return max(max_relative_error(np.asarray(a), e) for a, e in zip(actual, expected))
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor as ONNX Runtime takes it: its own dtype (bfloat16, which numpy lacks, as float32)."""
+    tensor = tensor.detach().cpu()
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 def sha256_file(path: Path) -> str:
@@ -233,7 +362,7 @@ def _file_record(path: Path) -> dict[str, Any]:
 
 def export_artifacts(
     model: torch.nn.Module,
-    input_shape: Sequence[int],
+    inputs: ExampleInputs | Sequence[int],
     opset: int,
     dynamic_batch: bool,
     artifacts_dir: Path,
@@ -251,6 +380,7 @@ def export_artifacts(
         artifacts_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ExportError(f"artifacts.dir {artifacts_dir}: cannot create it ({exc.strerror})") from exc
+    inputs = (inputs if isinstance(inputs, ExampleInputs) else single_input(inputs)).with_float32()
     model = model.to("cpu").float().eval()
     onnx_path = artifacts_dir / contract.ONNX_FILE_NAME
     # Exported under its final name in a scratch directory: the external data files of a large
@@ -259,8 +389,8 @@ def export_artifacts(
     scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=artifacts_dir))
     candidate = scratch / contract.ONNX_FILE_NAME
     try:
-        exported = export_onnx(model, input_shape, candidate, opset, dynamic_batch)
-        parity_batch = torch.randn(PARITY_BATCH_DYNAMIC if dynamic_batch else 1, *input_shape)
+        exported = export_onnx_inputs(model, inputs, candidate, opset, dynamic_batch)
+        parity_batch = inputs.batch(PARITY_BATCH_DYNAMIC if dynamic_batch else 1, torch.Generator().manual_seed(1))
         error = check_onnx_parity(model, candidate, parity_batch)
         if not error <= PARITY_TOLERANCE:
             raise ExportError(
@@ -286,14 +416,16 @@ def export_artifacts(
             "opset": exported.opset,
             "exporter": exported.exporter,
             "dynamicBatch": dynamic_batch,
-            "inputName": INPUT_NAME,
+            # The first input's name and shape (what a one-input engine build reads); every input in "inputs".
+            "inputName": inputs.names[0],
             "outputName": OUTPUT_NAME,
             "inputShape": list(exported.input_shape),
+            "inputs": inputs.describe(),
         },
         "parity": {
             "maxRelativeError": error,
             "tolerance": PARITY_TOLERANCE,
-            "batchSize": int(parity_batch.shape[0]),
+            "batchSize": int(parity_batch[0].shape[0]),
             "runtime": f"onnxruntime {ort.__version__} CPUExecutionProvider",
             "ok": True,
         },
@@ -317,10 +449,11 @@ def termination_summary(document: Mapping[str, Any]) -> str:
     limit = contract.TERMINATION_MESSAGE_MAX_BYTES
     if len(text.encode()) <= limit:
         return text
-    keep = {k: document[k] for k in ("ok", "artifacts", "step") if k in document}
-    if "error" in document:
-        # A fifth of the limit in characters stays under it in bytes even for 4-byte UTF-8.
-        keep["error"] = str(document["error"])[: limit // 5]
+    keep = {k: document[k] for k in ("ok", "artifacts", "step", "stopped") if k in document}
+    for key in ("error", contract.RESULTS_KEY_EXPORT_ERROR):
+        if key in document:
+            # A fifth of the limit in characters stays under it in bytes even for 4-byte UTF-8; two of them too.
+            keep[key] = str(document[key])[: limit // 10]
     return json.dumps(keep, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 

@@ -27,12 +27,13 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
     {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
      "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false,
-     "stage": "training" | "exporting"}   (the last progress record, before the export, says exporting)
+     "stage": "training" | "exporting", "metrics": {"val_loss": 0.41, "val_acc": 0.87, ...},
+     "validation": "val_loss=0.41" | null}   (metrics: val_loss, val_acc, prog_bar and spec.logging.metrics)   (the last progress record, before the export, says exporting)
     {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt"}
     {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
     {"event": "finished", "time": ..., "ok": true, "step": 128, "epoch": 1, "loss": 0.41,
-     "imagesPerSecond": 815.0}
+     "imagesPerSecond": 815.0, "exportError": "torch.onnx.export failed ..." (only when the export failed)}
     {"event": "stopped", "time": ..., "signal": "SIGTERM", "checkpoint": "/ckpt/last.ckpt", "step": 57,
      "epoch": 0, "loss": 0.9, "imagesPerSecond": 810.2}   (SIGTERM: every rank stopped after this step)
     {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}
@@ -55,7 +56,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -80,6 +81,8 @@ EVENT_FINISHED = "finished"
 EVENT_STOPPED = "stopped"
 EVENT_ERROR = "error"
 
+# Metrics reported whenever the model logs them (besides its prog_bar metrics and spec.logging.metrics).
+REPORTED_METRICS = ("val_loss", "val_acc")
 # Batches at the start of each process that throughput leaves out: CUDA context,
 # cuDNN autotuning and allocator growth make them unrepresentative.
 WARMUP_BATCHES = 5
@@ -111,6 +114,19 @@ def _number(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
+def validation_text(metrics: Mapping[str, float]) -> str | None:
+    """The first validation metric as name=value (the VAL column of `kubectl get dtr`)."""
+    name = next((n for n in metrics if n.startswith("val")), None)
+    return None if name is None else f"{name}={metrics[name]:.4g}"
+
+
+def metrics_text(metrics: Any) -> str:
+    """Reported metrics for a log line: `  val_loss 0.412  val_acc 0.87`."""
+    if not isinstance(metrics, Mapping):
+        return ""
+    return "".join(f"  {name} {_number(value)}" for name, value in metrics.items())
+
+
 def human_line(record: Mapping[str, Any]) -> str:
     """One record as a line for a person reading the log."""
     event = record.get("event")
@@ -119,7 +135,10 @@ def human_line(record: Mapping[str, Any]) -> str:
         step = f"{record.get('step')}/{total}" if total else str(record.get("step"))
         rate = record.get("imagesPerSecond")
         rate_text = f"  {rate:.1f} img/s" if rate is not None else ""
-        return f"epoch {record.get('epoch')}  step {step}  loss {_number(record.get('loss'))}{rate_text}"
+        return (
+            f"epoch {record.get('epoch')}  step {step}  loss {_number(record.get('loss'))}{rate_text}"
+            + metrics_text(record.get("metrics"))
+        )
     if event == EVENT_START:
         return (
             f"training {record.get('jobName')}: {record.get('nodes')} node(s) x {record.get('devicesPerNode')} "
@@ -137,7 +156,7 @@ def human_line(record: Mapping[str, Any]) -> str:
         return f"export failed: {record.get('error')}"
     if event == EVENT_FINISHED:
         loss = _number(record.get("loss"))
-        return f"finished at step {record.get('step')} (epoch {record.get('epoch')}, loss {loss})"
+        return f"finished at step {record.get('step')} (epoch {record.get('epoch')}, loss {loss}){metrics_text(record.get('metrics'))}"
     if event == EVENT_STOPPED:
         return f"stopped by {record.get('signal')} at step {record.get('step')}; checkpoint {record.get('checkpoint')}"
     if event in (EVENT_WARNING, EVENT_ERROR):
@@ -191,6 +210,8 @@ def status_patch(record: Mapping[str, Any]) -> dict[str, Any] | None:
             "loss": record.get("loss"),
             "imagesPerSecond": record.get("imagesPerSecond"),
             "stage": record.get("stage"),
+            "metrics": record.get("metrics") or None,
+            "validation": record.get("validation"),
             "updatedAt": record.get("time"),
         }
         # null in a merge patch deletes a field: leave out what is not known yet instead.
@@ -447,8 +468,15 @@ class _ProgressBehaviour:
     The loss is read from the GPU (a synchronisation) only when a record is sent.
     """
 
-    def __init__(self, reporter: ProgressReporter, default_batch_size: int, meter: ThroughputMeter | None = None):
+    def __init__(
+        self,
+        reporter: ProgressReporter,
+        default_batch_size: int,
+        meter: ThroughputMeter | None = None,
+        metric_names: Sequence[str] = (),
+    ):
         self.reporter = reporter
+        self.metric_names = tuple(metric_names)
         self.default_batch_size = default_batch_size
         self.meter = meter or ThroughputMeter()
         self._loss: torch.Tensor | None = None
@@ -457,6 +485,8 @@ class _ProgressBehaviour:
         self._window_batches = 0
         self._window_step: int | None = None
         self.total_steps: int | None = None
+        # The epoch of the latest batch: after fit, Lightning's current_epoch is one past the last epoch.
+        self.last_epoch: int | None = None
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         step = checkpoint.get("global_step")
@@ -480,6 +510,7 @@ class _ProgressBehaviour:
         per_rank = batch_size_of(batch) or self.default_batch_size
         self.meter.batch_done(per_rank * trainer.world_size)
         self._add_loss(trainer, loss_of(outputs))
+        self.last_epoch = trainer.current_epoch
         if self.reporter.progress_due():
             self._report(trainer, epoch_end=False)
 
@@ -509,8 +540,27 @@ class _ProgressBehaviour:
             self.last_loss = value if math.isfinite(value) else None
             self._loss = None
 
+    def metrics(self, trainer: L.Trainer) -> dict[str, float]:
+        """val_loss, val_acc, what the model logs with prog_bar=True and spec.logging.metrics: latest values."""
+        shown = trainer.progress_bar_metrics
+        logged = trainer.callback_metrics
+        names = dict.fromkeys([*REPORTED_METRICS, *shown, *self.metric_names])
+        found: dict[str, float] = {}
+        for name in names:
+            value = shown.get(name, logged.get(name))
+            if name == "loss" or value is None:
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(number):
+                found[name] = number
+        return found
+
     def _report(self, trainer: L.Trainer, epoch_end: bool) -> None:
         self._read_loss()
+        metrics = self.metrics(trainer)
         self.reporter.progress(
             epoch=trainer.current_epoch,
             step=trainer.global_step,
@@ -519,6 +569,8 @@ class _ProgressBehaviour:
             imagesPerSecond=self.meter.images_per_second(),
             epochEnd=epoch_end,
             stage=contract.PROGRESS_STAGE_TRAINING,
+            metrics=metrics,
+            validation=validation_text(metrics),
         )
 
     def final_metrics(self, trainer: L.Trainer) -> dict[str, Any]:
@@ -526,8 +578,10 @@ class _ProgressBehaviour:
         return {
             "loss": self.last_loss,
             "step": trainer.global_step,
-            "epoch": trainer.current_epoch,
+            "epoch": self.last_epoch if self.last_epoch is not None else trainer.current_epoch,
             "imagesPerSecond": self.meter.images_per_second(),
+            "metrics": (metrics := self.metrics(trainer)),
+            "validation": validation_text(metrics),
         }
 
 

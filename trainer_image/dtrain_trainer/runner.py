@@ -11,8 +11,9 @@ restart can cure - a setting the trainer cannot run with, a class that does not 
 refuses its initArgs, a checkpoint or artifacts directory it cannot write, a model it
 cannot export, a full disk - with one line that names it (the restart policy fails the job
 at once on this code); 143 stopped by SIGTERM after saving a checkpoint of the step every
-rank stopped at (see `stopping`); 1 the export or its check failed. Other failures keep
-their traceback.
+rank stopped at (see `stopping`). An export that fails after training does not fail the
+process (training succeeded; a restart would only train again): it exits 0 with the
+exporter's message under `exportError` in its results. Other failures keep their traceback.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ from .config import (
     progress_interval,
     resolve_precision,
 )
-from .export import ExportError, export_artifacts, resolve_input_shape, write_termination_log
+from .export import ExampleInputs, ExportError, export_artifacts, resolve_example, write_termination_log
 from .loading import import_class, instantiate
+from .logs import build_logger, continue_log
 from .resumable import resumable
 from .stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
 from .progress import (
@@ -74,12 +76,14 @@ from .progress import (
 log = logging.getLogger("dtrain_trainer")
 
 EXIT_OK = 0
-EXIT_FAILED = 1
 EXIT_CONFIG_ERROR = contract.TRAINER_EXIT_INVALID_CONFIG
 
 
 def build_trainer(
-    config: TrainerConfig, reporter: ProgressReporter | None = None, package: str = flavor.LIGHTNING
+    config: TrainerConfig,
+    reporter: ProgressReporter | None = None,
+    package: str = flavor.LIGHTNING,
+    env: Mapping[str, str] | None = None,
 ) -> L.Trainer:
     """Lightning's Trainer for `config`, with dtrain's checkpoint and progress callbacks.
 
@@ -105,7 +109,9 @@ def build_trainer(
         keep_last=config.checkpoint.keep_last,
         on_saved=lambda step, path: reporter.event(EVENT_CHECKPOINT, step=step, path=path),
     )
-    progress = progress_callback_class(package)(reporter, default_batch_size=settings.batch_size)
+    progress = progress_callback_class(package)(
+        reporter, default_batch_size=settings.batch_size, metric_names=config.logging.metrics
+    )
     stop = graceful_stop_class(package)()
     return pl.Trainer(  # type: ignore[no-any-return]
         accelerator="gpu" if on_gpu else "cpu",
@@ -122,7 +128,7 @@ def build_trainer(
         limit_train_batches=settings.limit_train_batches,
         callbacks=[progress, stop, checkpoint],
         plugins=[atomic_checkpoint_io_class(package)()],
-        logger=pl.loggers.CSVLogger(save_dir=config.artifacts.dir, name="logs"),
+        logger=build_logger(config, pl, env if env is not None else os.environ),
         default_root_dir=config.checkpoint.dir,
         # Progress goes through the sink; a terminal progress bar only floods pod logs.
         enable_progress_bar=False,
@@ -146,7 +152,7 @@ def _export_on_rank_zero(
     trainer: L.Trainer,
     config: TrainerConfig,
     model: L.LightningModule,
-    input_shape: tuple[int, ...],
+    inputs: ExampleInputs,
     metrics: Mapping[str, Any],
     reporter: ProgressReporter,
 ) -> tuple[bool, dict[str, Any]]:
@@ -163,7 +169,7 @@ def _export_on_rank_zero(
         try:
             record = export_artifacts(
                 model,
-                input_shape,
+                inputs,
                 onnx.opset,
                 onnx.dynamic_batch,
                 artifacts,
@@ -189,7 +195,7 @@ def _export_on_rank_zero(
                 message = f"the export failed: {type(exc).__name__}: {exc}"
             log.error(message)
             reporter.event(EVENT_EXPORT, ok=False, error=message)
-            ok, outcome = False, {"error": message}
+            ok, outcome = False, {contract.RESULTS_KEY_EXPORT_ERROR: message}
     ok = bool(trainer.strategy.broadcast(ok, src=0))
     return ok, outcome
 
@@ -238,11 +244,13 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     if global_rank(env) == 0:
         check_writable(Path(config.artifacts.dir), "artifacts.dir")
     onnx = config.export.onnx
-    input_shape = resolve_input_shape(onnx.input_shape, data, model) if onnx.enabled else ()
+    inputs = resolve_example(onnx.input_shape, onnx.input_dtype, data, model) if onnx.enabled else None
     if config.accelerator == "gpu":
         # TF32 matmuls on Ampere and newer: the usual choice for training, several times faster than full fp32.
         torch.set_float32_matmul_precision("high")
-    trainer = build_trainer(config, reporter, pl.name)
+    trainer = build_trainer(config, reporter, pl.name, env)
+    if global_rank(env) == 0:
+        continue_log(trainer.logger, config)
     resume = find_resume_checkpoint(Path(config.checkpoint.dir))
     reporter.event(
         EVENT_START,
@@ -258,20 +266,44 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         resumeFrom=str(resume) if resume else None,
         lightning=pl.name,
     )
-    trainer.fit(model, datamodule=data, ckpt_path=str(resume) if resume else None)
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path=str(resume) if resume else None)
+    except RuntimeError as exc:
+        spec_error = _in_spec_terms(exc, settings.find_unused_parameters)
+        if spec_error is None:
+            raise
+        raise spec_error from exc
     metrics = _progress_callback(trainer).final_metrics(trainer)
     stop = next(c for c in trainer.callbacks if isinstance(c, _GracefulStopBehaviour))  # type: ignore[attr-defined]
     if stop.signalled:
         return _stopped(trainer, config, metrics, reporter, env)
-    ok = True
     outcome: dict[str, Any] = {}
     if onnx.enabled:
-        ok, outcome = _export_on_rank_zero(trainer, config, model, input_shape, metrics, reporter)
+        assert inputs is not None
+        # A failed export does not fail the training: a restart would train again only to fail the
+        # same way. Training succeeded, its checkpoints stay; the results say why there is no model.onnx.
+        _, outcome = _export_on_rank_zero(trainer, config, model, inputs, metrics, reporter)
     if trainer.is_global_zero:
-        reporter.event(EVENT_FINISHED, ok=ok, **metrics)
-        write_termination_log({"ok": ok, **metrics, **outcome}, env)
+        export_error = outcome.get(contract.RESULTS_KEY_EXPORT_ERROR)
+        reporter.event(EVENT_FINISHED, ok=True, **metrics, **({"exportError": export_error} if export_error else {}))
+        write_termination_log({"ok": True, **metrics, **outcome}, env)
     _leave_process_group()
-    return EXIT_OK if ok else EXIT_FAILED
+    return EXIT_OK
+
+
+# How DDP (and Lightning on top of it) says that some parameters took no part in the loss.
+_UNUSED_PARAMETERS_MARKERS = ("parameters that were not used in producing", "find_unused_parameters")
+
+
+def _in_spec_terms(exc: RuntimeError, find_unused_parameters: bool) -> ConfigError | None:
+    """A training error whose fix is a spec field, named as the spec names it (None for any other error)."""
+    if not find_unused_parameters and any(marker in str(exc) for marker in _UNUSED_PARAMETERS_MARKERS):
+        return ConfigError(
+            "trainer.findUnusedParameters: the model has parameters that take no part in the loss of some steps "
+            "(a layer its forward skips, a frozen branch); set trainer.findUnusedParameters: true in the spec "
+            "(it costs some speed), or remove or freeze those parameters (requires_grad=False)"
+        )
+    return None
 
 
 def _stopped(
@@ -309,6 +341,8 @@ def _configure_logging(env: Mapping[str, str]) -> None:
 def _silence_expected_warnings() -> None:
     # Resuming into the directory that holds the checkpoints is the point, not a mistake.
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    # One log per job: after a restart the logger continues the files it wrote (see logs.py).
+    warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
     # ImageFolderDataModule without val_dir returns no validation loaders, on purpose.
     warnings.filterwarnings("ignore", message=r"Total length of `list` across ranks is zero")
     # Lightning's use of a torch API that torch deprecated; nothing a user can act on.

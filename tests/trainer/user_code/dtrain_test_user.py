@@ -110,3 +110,48 @@ class RandomImageData(L.LightningDataModule):
 
 class NotAModule:
     """Something a user might point classPath at by mistake."""
+
+
+class UnexportableClassifier(TinyClassifier):
+    """Trains fine; its output depends on Python state that an ONNX export bakes in, so the export's check fails."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.calls = 0
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.net(images) * float(self.calls)
+
+
+class UnusedParameterClassifier(TinyClassifier):
+    """Has a layer its forward never uses: DDP without find_unused_parameters fails on it."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.unused = nn.Linear(4, 4)
+
+
+class ValidatedClassifier(TinyClassifier):
+    """Logs what a tutorial model logs: val_loss and val_acc, a prog_bar metric, and one only the spec names."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        self.log("train_acc", (logits.argmax(dim=1) == labels).float().mean(), prog_bar=True)
+        self.log("weight_norm", torch.linalg.vector_norm(self.net[0].weight.detach()))
+        return F.cross_entropy(logits, labels)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        images, labels = batch
+        logits = self(images)
+        self.log("val_loss", F.cross_entropy(logits, labels), prog_bar=True)
+        self.log("val_acc", (logits.argmax(dim=1) == labels).float().mean(), prog_bar=True)
+
+
+class RandomImageDataWithValidation(RandomImageData):
+    def val_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+        generator = torch.Generator().manual_seed(2)
+        images = torch.randn((16, *self.sample_shape), generator=generator)
+        labels = torch.randint(0, self.num_classes, (16,), generator=generator)
+        return DataLoader(TensorDataset(images, labels), batch_size=self.batch_size)

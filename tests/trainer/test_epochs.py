@@ -1,0 +1,30 @@
+"""The epoch in the last records is the last epoch trained, not Lightning's counter one past it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dtrain_operator.local_display import ProgressView
+
+from .conftest import read_jsonl, run_trainer, trainer_config, write_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_last_records_say_the_last_epoch(tmp_path: Path) -> None:
+    config = trainer_config(
+        tmp_path, data={"initArgs": {"num_samples": 16}}, trainer={"maxSteps": -1, "maxEpochs": 2}
+    )
+    progress = tmp_path / "progress.jsonl"
+    run = run_trainer(write_config(tmp_path, config), DTRAIN_PROGRESS_SINK=f"jsonl:{progress}")
+    assert run.returncode == 0, run.stderr
+    records = read_jsonl(progress)
+    last_progress = [r for r in records if r["event"] == "progress"][-1]
+    assert last_progress["stage"] == "exporting" and last_progress["epoch"] == 1
+    assert records[-1]["event"] == "finished" and (records[-1]["epoch"], records[-1]["step"]) == (1, 4)
+    view = ProgressView(started=0.0)
+    for record in records:
+        view.apply(record, now=1.0, restarts=0)
+    assert view.fields(1.0)["epoch"] == "2/2"

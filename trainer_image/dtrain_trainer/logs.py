@@ -1,0 +1,103 @@
+"""The Lightning logger a job asks for (spec.logging.logger), one continuous log across gang restarts.
+
+- tensorboard (the default): TensorBoardLogger in <artifacts.dir>/logs/version_0, on the shared storage.
+- csv: CSVLogger in <artifacts.dir>/logs/version_0 (metrics.csv, written at every log step and
+  appended to after a restart).
+- mlflow: MLFlowLogger on spec.logging.mlflowTrackingUri or MLFLOW_TRACKING_URI, experiment
+  spec.logging.mlflowExperimentName or the job's name; the run's id is kept in the checkpoint
+  directory so that a restarted gang logs into the same run.
+
+The version is fixed, not counted up: Lightning's default starts version_1, version_2, ...
+at every start, which splits one job's curves into as many runs as it had restarts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dtrain_operator.api import TrainerConfig
+
+from .config import ConfigError
+from .flavor import Flavor
+
+LOG_NAME = "logs"
+LOG_VERSION = "version_0"
+MLFLOW_RUN_ID_FILE = ".mlflow-run-id"
+ENV_MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+
+
+def mlflow_run_id_path(config: TrainerConfig) -> Path:
+    return Path(config.checkpoint.dir) / MLFLOW_RUN_ID_FILE
+
+
+def build_logger(config: TrainerConfig, pl: Flavor, env: Mapping[str, str]) -> Any:
+    settings = config.logging
+    save_dir = config.artifacts.dir
+    if settings.logger == "csv":
+        # Written at every log step: a node that dies keeps what it logged.
+        return pl.loggers.CSVLogger(
+            save_dir=save_dir,
+            name=LOG_NAME,
+            version=LOG_VERSION,
+            flush_logs_every_n_steps=config.trainer.log_every_n_steps,
+        )
+    if settings.logger == "tensorboard":
+        try:
+            return pl.loggers.TensorBoardLogger(save_dir=save_dir, name=LOG_NAME, version=LOG_VERSION)
+        except ModuleNotFoundError as exc:
+            raise ConfigError(
+                f"logging.logger: tensorboard needs the tensorboard package in the image ({exc}); "
+                "pip install tensorboard, or set logging.logger: csv"
+            ) from None
+    uri = settings.mlflow_tracking_uri or env.get(ENV_MLFLOW_TRACKING_URI)
+    if not uri:
+        raise ConfigError(
+            f"logging.mlflowTrackingUri: logger mlflow needs a tracking server; set logging.mlflowTrackingUri "
+            f"or {ENV_MLFLOW_TRACKING_URI} (spec.env)"
+        )
+    run_id_file = mlflow_run_id_path(config)
+    run_id = run_id_file.read_text().strip() if run_id_file.is_file() else None
+    try:
+        return pl.loggers.MLFlowLogger(
+            experiment_name=settings.mlflow_experiment_name or config.job_name,
+            run_name=config.job_name,
+            tracking_uri=uri,
+            run_id=run_id or None,
+        )
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"logging.logger: mlflow needs the mlflow (or mlflow-skinny) package in the image ({exc}); "
+            "pip install mlflow-skinny"
+        ) from None
+
+
+def continue_csv_log(logger: Any) -> None:
+    """Rank 0: Lightning's CSV writer deletes the metrics.csv of an earlier start; put it back and continue it."""
+    path = Path(logger.log_dir) / "metrics.csv"
+    previous = path.read_text() if path.is_file() else ""
+    writer = logger.experiment  # creating the writer deletes the file
+    if previous.strip():
+        path.write_text(previous)
+        # The writer rewrites the file whenever a new column appears; it must know the old ones.
+        writer.metrics_keys = previous.splitlines()[0].split(",")
+
+
+def continue_log(logger: Any, config: TrainerConfig) -> None:
+    """Rank 0, before training: make the logger continue what an earlier start of the job logged."""
+    if config.logging.logger == "mlflow":
+        remember_mlflow_run(logger, config)
+    elif config.logging.logger == "csv":
+        continue_csv_log(logger)
+
+
+def remember_mlflow_run(logger: Any, config: TrainerConfig) -> None:
+    """Rank 0: keep the MLflow run's id beside the checkpoints, for the restarted gang to log into."""
+    path = mlflow_run_id_path(config)
+    if path.is_file():
+        return
+    run_id = getattr(logger, "run_id", None)  # creates the run on the tracking server
+    if run_id:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(run_id) + "\n")

@@ -83,6 +83,7 @@ async def pull_flipping(
     """Flip the pods' waiting reason ErrImagePull <-> ImagePullBackOff every `period` seconds
     while the block runs. Yields a one-item list: the number of flips so far."""
     flips = [0]
+    gone: set[str] = set()
     scheduled_at = now_rfc3339()
     image_message = 'failed to pull and unpack image "registry.example/missing:1": not found'
 
@@ -91,8 +92,13 @@ async def pull_flipping(
         while True:
             reason = reasons[flips[0] % 2]
             message = image_message if reason == "ErrImagePull" else 'Back-off pulling image "registry.example/missing:1"'
-            for name in names:
-                await pull_failing(cluster, namespace, name, reason, message, scheduled_at)
+            for name in [n for n in names if n not in gone]:
+                try:
+                    await pull_failing(cluster, namespace, name, reason, message, scheduled_at)
+                except AssertionError as exc:  # the pod was deleted: its kubelet has nothing more to report
+                    if ": 404 " not in str(exc):
+                        raise
+                    gone.add(name)
             flips[0] += 1
             await asyncio.sleep(period)
 

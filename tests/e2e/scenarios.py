@@ -85,21 +85,6 @@ def pod_log(bench: Bench, name: str) -> str:
     return (folders[-1] / "container.log").read_text(errors="replace") if folders else ""
 
 
-def log_versions(bench: Bench, job: dict[str, Any]) -> list[Path]:
-    """Lightning's CSV log folders on the job's claim (artifacts/logs/version_N), one per gang run, oldest first."""
-    logs = bench.kubelet.claim_folder(NS, job["spec"]["storage"]["claimName"]) / "artifacts" / "logs"
-    return sorted(logs.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-
-
-def last_logged_step(version: Path) -> Optional[int]:
-    """The last step a gang run logged (logEveryNSteps: 1), from rank 0's metrics.csv; None if unreadable."""
-    try:
-        rows = (version / "metrics.csv").read_text().splitlines()[1:]
-        return max(int(row.split(",")[1]) for row in rows if row.strip()) if rows else None
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def worker_process(bench: Bench, pod_name: str) -> int:
     """The host PID of the training process (torchrun's worker) of a pod."""
     running = bench.kubelet.running(NS, pod_name)
@@ -193,11 +178,11 @@ async def scenario_worker_killed(bench: Bench, figures: Figures) -> None:
     job = small_job(name)
     async with bench.watching(NS, name):
         await bench.cluster.apply(job)
-        await until(lambda: checkpoint_step(bench, name) >= 8, f"{name}: a checkpoint at step 8 or later", bench)
-        await asyncio.sleep(1.0)  # between two checkpoints, as a failure would be
+        # Killed as soon as rank 0 reports step 18 (an epoch's end), two steps after the checkpoint at 16:
+        # the step reached is known, and a restart must cost those two steps and no more.
+        await until(lambda: progress_step(bench, name) >= 18, f"{name}: step 18 reported", bench)
         kept = checkpoint_step(bench, name)
-        reported = max(progress_step(bench, name), kept)
-        killed_run = log_versions(bench, job)[-1]
+        reached = progress_step(bench, name)
         pid = worker_process(bench, f"{name}-1")
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -214,9 +199,6 @@ async def scenario_worker_killed(bench: Bench, figures: Figures) -> None:
         assert first_after >= resumed, f"progress after the restart is at step {first_after} < {resumed}"
         final = await finish(bench, name)
     assert final["restarts"] == 1, final
-    # The step the killed gang had reached: Lightning's own log of it (flushed by rank 0 as it
-    # fails), else what the status had shown. Steps lost = reached - resumed.
-    reached = max(last_logged_step(killed_run) or 0, reported)
     figures.add("worker killed → training again (s)", again - killed)
     figures.add("steps lost per restart", reached - resumed)
 

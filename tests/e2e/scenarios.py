@@ -187,6 +187,7 @@ async def scenario_worker_killed(bench: Bench, figures: Figures) -> None:
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         await until(lambda: status(bench, name).get("restarts") == 1, f"{name}: a gang restart", bench, 120)
+        kept = max(kept, checkpoint_step(bench, name))  # a checkpoint the killed gang wrote as the kill came
         old_updated = (status(bench, name).get("progress") or {}).get("updatedAt")
         await until(lambda: bench.all_running(NS, name, 2, generation=1), f"{name}: the new gang Running", bench, 120)
         await until(lambda: pod_log(bench, f"{name}-0").count("resumed from") >= 1
@@ -286,6 +287,31 @@ async def scenario_delete(bench: Bench, figures: Figures) -> None:
     figures.add("job deleted → every process gone (s)", gone)
 
 
+async def scenario_engine_backoff(bench: Bench, figures: Figures) -> None:
+    """An engine build that fails: int8 needs a quantized (Q/DQ) model, which the export is not, so
+    `dtrain build-engine` exits 2 in every pod; the Job controller retries backoffLimit times, then the
+    Job fails with BackoffLimitExceeded, and the DistributedTraining fails with the engine's message."""
+    name = "e2e-engine"
+    job = small_job(name, trainer={**load(SMALL_JOB)["spec"]["trainer"], "maxEpochs": 1},
+                    export={"onnx": {"enabled": True}},
+                    engine={"enabled": True, "precision": "int8", "maxBatch": 4, "backoffLimit": 1})
+    async with bench.watching(NS, name):
+        await bench.cluster.apply(job)
+        final = await until(lambda: status(bench, name).get("phase") in ("Succeeded", "Failed") and status(bench, name),
+                            f"{name} finished", bench)
+    assert final["phase"] == "Failed", json.dumps(final, indent=1)
+    engine_jobs = bench.cluster.objects("batch/v1/jobs", NS, name)
+    assert len(engine_jobs) == 1, engine_jobs
+    conditions = {c["type"]: c for c in (engine_jobs[0].get("status") or {}).get("conditions", [])}
+    assert conditions.get("Failed", {}).get("reason") == "BackoffLimitExceeded", conditions
+    attempts = [p for p in bench.cluster.objects("v1/pods", NS, name)
+                if p["metadata"]["labels"].get(contract.LABEL_ROLE) == contract.ROLE_ENGINE]
+    assert len(attempts) == 2, f"backoffLimit 1 means 2 attempts, saw {len(attempts)}"
+    assert all(p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] != 0 for p in attempts)
+    message = json.dumps(final.get("conditions"))
+    assert "int8" in message, f"the engine's own message is not in the conditions: {message}"
+
+
 # (id for --only, title, scenario)
 SCENARIOS: list[tuple[str, str, Callable[[Bench, Figures], Awaitable[None]]]] = [
     ("quickstart", "quickstart through the operator", scenario_quickstart),
@@ -294,6 +320,7 @@ SCENARIOS: list[tuple[str, str, Callable[[Bench, Figures], Awaitable[None]]]] = 
     ("operator-kill", "operator SIGKILL and restart", scenario_operator_killed),
     ("suspend", "suspend and resume", scenario_suspend_resume),
     ("delete", "delete → every process gone, nothing on the bridge", scenario_delete),
+    ("engine-backoff", "engine Job failing → retried up to its backoffLimit → job Failed", scenario_engine_backoff),
 ]
 
 

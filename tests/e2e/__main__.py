@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--job", metavar="FILE", help="run this job file through the operator and the kubelet")
     parser.add_argument("--only", action="append", metavar="ID", choices=[key for key, _, _ in SCENARIOS],
                         help="run only this scenario (repeat for several)")
-    parser.add_argument("--keep", metavar="DIR", help="keep the bench's files (pod logs, storage) in DIR")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="put the bench's files (pod logs, storage) in DIR and keep them (default: a temporary "
+                        "folder, removed when everything passed)")
     return parser.parse_args(argv)
 
 
@@ -71,6 +74,7 @@ async def run_file(bench: Bench, path: Path) -> int:
             lambda: bench.cluster.status(namespace, name).get("phase") in ("Succeeded", "Failed")
             and bench.cluster.status(namespace, name), f"{name} finished", timeout=3600)
     print(json.dumps(final, indent=2))
+    print(f"pod logs and the job's storage: {bench.kubelet.folder}", file=sys.stderr)
     return 0 if final.get("phase") == "Succeeded" else 1
 
 
@@ -107,12 +111,18 @@ async def inside(args: argparse.Namespace) -> int:
             print("--- FAILED: refused by the chart's RBAC:\n" + "\n".join(sorted(set(refused))), flush=True)
     print("\nfigures (this run; the README's Performance section has a run of the whole e2e):")
     print(figures_table(figures))
-    print(f"\ne2e wall time: {time.monotonic() - started:.0f} s; bench files: {folder}")
+    passed = sum(ok for _, ok, _ in results)
+    everything = bool(results) and passed == len(results)
+    if everything and not args.keep:
+        shutil.rmtree(folder, ignore_errors=True)  # checkpoints and logs: kept only when asked, or on failure
+        kept = ""
+    else:
+        kept = f"; pod logs, storage and the operator's log: {folder}"
+    print(f"\ne2e wall time: {time.monotonic() - started:.0f} s{kept}")
     for title, ok, seconds in results:
         print(f"{'PASSED' if ok else 'FAILED'}  {title}  ({seconds:.0f} s)")
-    passed = sum(ok for _, ok, _ in results)
     print(f"{passed} passed, {len(results) - passed} failed")
-    return 0 if results and passed == len(results) else 1
+    return 0 if everything else 1
 
 
 def main(argv: list[str]) -> int:

@@ -107,6 +107,8 @@ class Bench:
         self.url = f"https://{network.NODE_ADDRESS}:{API_PORT}"
         kubeconfig = write_kubeconfig(self.folder / "operator.kubeconfig", self.url, operator_token, self.certs.ca)
         self.cluster = E2ECluster(self.api, self.folder, kubeconfig)
+        # kubectl apply meets the CRD's schema, defaults and CEL rules, as on a cluster.
+        self.api.admission.append(self.cluster.crd_admission.hook)
         self.kubelet = await self.stack.enter_async_context(
             Kubelet(self.api, self.cluster._request, self.token_for, self.folder / "node", self.certs.ca, self.env_bin)
         )

@@ -24,9 +24,10 @@ This is test support, not a cluster. One "node" (this machine) runs every pod bo
   Succeeded/Failed with the exit code (128 + n for a signal), reason (Completed, Error,
   OOMKilled is never seen here), startedAt/finishedAt and the termination message (the file, or
   with FallbackToLogsOnError the log's tail when the file is empty and the container failed);
-- **deletion**: a pod that disappears from the API (or gets a deletionTimestamp) gets SIGTERM on
-  its container's main process, then SIGKILL for the whole pod after its
-  terminationGracePeriodSeconds (default 30); its network namespace goes with it.
+- **deletion**: graceful, as on a cluster (TERMINATION_FINALIZER below): a pod that gets a
+  deletionTimestamp gets SIGTERM on its container's main process, then SIGKILL for the whole pod
+  after its terminationGracePeriodSeconds (default 30); when its processes are gone, its network
+  namespace goes and the object is removed from the API.
 
 The Job controller creates one pod at a time from a Job's template, counts failures, and marks the
 Job Complete, or Failed with BackoffLimitExceeded once failures exceed `backoffLimit`.
@@ -69,6 +70,12 @@ LOG_TAIL_BYTES = 2048
 PODINIT = Path(__file__).with_name("podinit.py")
 SYNC_SECONDS = 0.1
 API_PORT = 6443
+# Graceful deletion, as the API server does it for pods: the emulator removes an object at once on
+# DELETE unless it has finalizers, so the kubelet puts this one on every pod it runs. A DELETE then
+# only sets deletionTimestamp; the pod stays, terminating, until its processes are gone and the
+# kubelet takes the finalizer off. So the operator sees what it sees on a cluster: a terminating
+# pod that still holds its name, until the old gang is really gone.
+TERMINATION_FINALIZER = "e2e.dtrain.dev/kubelet-termination"
 
 
 def signal_exit_code(returncode: int) -> int:
@@ -98,6 +105,7 @@ class RunningPod:
     deleted_at: Optional[float] = None
     task: Optional[asyncio.Task] = None
     exit_code: Optional[int] = None
+    released: bool = False
     events: list[tuple[float, str]] = field(default_factory=list)
 
     @property
@@ -208,6 +216,8 @@ class Kubelet:
                 running.deleted_at = time.monotonic()
                 if not running.finished:
                     asyncio.create_task(self._terminate(running))
+                elif uid in stored:
+                    asyncio.create_task(self._let_go(running))  # finished before: nothing to stop
             if running.finished and gone and running.net is None:
                 self.pods.pop(uid, None)
 
@@ -222,9 +232,28 @@ class Kubelet:
                 {"status": status}, "application/merge-patch+json",
             )
 
+    async def _hold(self, running: RunningPod) -> None:
+        with contextlib.suppress(AssertionError):
+            await self.request(
+                "PATCH", f"/api/v1/namespaces/{running.namespace}/pods/{running.name}",
+                {"metadata": {"finalizers": [TERMINATION_FINALIZER]}}, "application/merge-patch+json",
+            )
+
+    async def _let_go(self, running: RunningPod) -> None:
+        """Take the finalizer off a pod being deleted: the API server removes it."""
+        if running.released:
+            return
+        running.released = True
+        with contextlib.suppress(AssertionError):
+            await self.request(
+                "PATCH", f"/api/v1/namespaces/{running.namespace}/pods/{running.name}",
+                {"metadata": {"finalizers": None}}, "application/merge-patch+json",
+            )
+
     async def _run_pod(self, running: RunningPod) -> None:
         pod = running.pod
         now = now_rfc3339()
+        await self._hold(running)
         await self._patch_status(running, {
             "phase": "Pending",
             "hostIP": network.NODE_ADDRESS,
@@ -239,6 +268,7 @@ class Kubelet:
         if running.deleted_at is not None:
             running.finished = True
             self._release(running)
+            await self._let_go(running)
             return
         container = pod["spec"]["containers"][0]
         log_file = (running.folder / "container.log").open("ab")
@@ -285,6 +315,8 @@ class Kubelet:
         })
         running.finished = True
         self._release(running)
+        if running.deleted_at is not None:
+            await self._let_go(running)
 
     def _release(self, running: RunningPod) -> None:
         if running.net is not None:

@@ -20,6 +20,7 @@ from dtrain_operator import contract
 
 from . import network
 from .bench import RELEASE_NAMESPACE, Bench
+from .kubelet import PODS
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
@@ -83,21 +84,6 @@ def pod_log(bench: Bench, name: str) -> str:
     folders = sorted((bench.kubelet.folder / "pods").glob(f"{name}-*"), key=lambda p: p.stat().st_mtime)
     folders = [f for f in folders if re.fullmatch(re.escape(name) + r"-[0-9a-f]{8}", f.name)]
     return (folders[-1] / "container.log").read_text(errors="replace") if folders else ""
-
-
-def log_versions(bench: Bench, job: dict[str, Any]) -> list[Path]:
-    """Lightning's CSV log folders on the job's claim (artifacts/logs/version_N), one per gang run, oldest first."""
-    logs = bench.kubelet.claim_folder(NS, job["spec"]["storage"]["claimName"]) / "artifacts" / "logs"
-    return sorted(logs.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-
-
-def last_logged_step(version: Path) -> Optional[int]:
-    """The last step a gang run logged (logEveryNSteps: 1), from rank 0's metrics.csv; None if unreadable."""
-    try:
-        rows = (version / "metrics.csv").read_text().splitlines()[1:]
-        return max(int(row.split(",")[1]) for row in rows if row.strip()) if rows else None
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def worker_process(bench: Bench, pod_name: str) -> int:
@@ -193,15 +179,16 @@ async def scenario_worker_killed(bench: Bench, figures: Figures) -> None:
     job = small_job(name)
     async with bench.watching(NS, name):
         await bench.cluster.apply(job)
-        await until(lambda: checkpoint_step(bench, name) >= 8, f"{name}: a checkpoint at step 8 or later", bench)
-        await asyncio.sleep(1.0)  # between two checkpoints, as a failure would be
+        # Killed as soon as rank 0 reports step 18 (an epoch's end), two steps after the checkpoint at 16:
+        # the step reached is known, and a restart must cost those two steps and no more.
+        await until(lambda: progress_step(bench, name) >= 18, f"{name}: step 18 reported", bench)
         kept = checkpoint_step(bench, name)
-        reported = max(progress_step(bench, name), kept)
-        killed_run = log_versions(bench, job)[-1]
+        reached = progress_step(bench, name)
         pid = worker_process(bench, f"{name}-1")
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         await until(lambda: status(bench, name).get("restarts") == 1, f"{name}: a gang restart", bench, 120)
+        kept = max(kept, checkpoint_step(bench, name))  # a checkpoint the killed gang wrote as the kill came
         old_updated = (status(bench, name).get("progress") or {}).get("updatedAt")
         await until(lambda: bench.all_running(NS, name, 2, generation=1), f"{name}: the new gang Running", bench, 120)
         await until(lambda: pod_log(bench, f"{name}-0").count("resumed from") >= 1
@@ -214,9 +201,6 @@ async def scenario_worker_killed(bench: Bench, figures: Figures) -> None:
         assert first_after >= resumed, f"progress after the restart is at step {first_after} < {resumed}"
         final = await finish(bench, name)
     assert final["restarts"] == 1, final
-    # The step the killed gang had reached: Lightning's own log of it (flushed by rank 0 as it
-    # fails), else what the status had shown. Steps lost = reached - resumed.
-    reached = max(last_logged_step(killed_run) or 0, reported)
     figures.add("worker killed → training again (s)", again - killed)
     figures.add("steps lost per restart", reached - resumed)
 
@@ -259,7 +243,9 @@ async def scenario_operator_killed(bench: Bench, figures: Figures) -> None:
     for rank in range(2):
         creations = bench.cluster.pod_creations(NS, f"{name}-{rank}")
         assert creations == 1, f"{name}-{rank} was created {creations} times"
-    assert len(bench.worker_pods(NS, name)) == 2
+    # No pod beyond the gang's two was ever made (whatever cleanPodPolicy deleted at the end).
+    made = {key[2] for key in bench.api.objects if key[0] == PODS and key[1] == NS and key[2].startswith(f"{name}-")}
+    assert made == {f"{name}-0", f"{name}-1"}, f"pods made: {sorted(made)}"
     assert (final.get("progress") or {}).get("step", 0) > step_while_down
 
 
@@ -304,6 +290,31 @@ async def scenario_delete(bench: Bench, figures: Figures) -> None:
     figures.add("job deleted → every process gone (s)", gone)
 
 
+async def scenario_engine_backoff(bench: Bench, figures: Figures) -> None:
+    """An engine build that fails: int8 needs a quantized (Q/DQ) model, which the export is not, so
+    `dtrain build-engine` exits 2 in every pod; the Job controller retries backoffLimit times, then the
+    Job fails with BackoffLimitExceeded, and the DistributedTraining fails with the engine's message."""
+    name = "e2e-engine"
+    job = small_job(name, trainer={**load(SMALL_JOB)["spec"]["trainer"], "maxEpochs": 1},
+                    export={"onnx": {"enabled": True}},
+                    engine={"enabled": True, "precision": "int8", "maxBatch": 4, "backoffLimit": 1})
+    async with bench.watching(NS, name):
+        await bench.cluster.apply(job)
+        final = await until(lambda: status(bench, name).get("phase") in ("Succeeded", "Failed") and status(bench, name),
+                            f"{name} finished", bench)
+    assert final["phase"] == "Failed", json.dumps(final, indent=1)
+    engine_jobs = bench.cluster.objects("batch/v1/jobs", NS, name)
+    assert len(engine_jobs) == 1, engine_jobs
+    conditions = {c["type"]: c for c in (engine_jobs[0].get("status") or {}).get("conditions", [])}
+    assert conditions.get("Failed", {}).get("reason") == "BackoffLimitExceeded", conditions
+    attempts = [p for p in bench.cluster.objects("v1/pods", NS, name)
+                if p["metadata"]["labels"].get(contract.LABEL_ROLE) == contract.ROLE_ENGINE]
+    assert len(attempts) == 2, f"backoffLimit 1 means 2 attempts, saw {len(attempts)}"
+    assert all(p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] != 0 for p in attempts)
+    message = json.dumps(final.get("conditions"))
+    assert "int8" in message, f"the engine's own message is not in the conditions: {message}"
+
+
 # (id for --only, title, scenario)
 SCENARIOS: list[tuple[str, str, Callable[[Bench, Figures], Awaitable[None]]]] = [
     ("quickstart", "quickstart through the operator", scenario_quickstart),
@@ -312,6 +323,7 @@ SCENARIOS: list[tuple[str, str, Callable[[Bench, Figures], Awaitable[None]]]] = 
     ("operator-kill", "operator SIGKILL and restart", scenario_operator_killed),
     ("suspend", "suspend and resume", scenario_suspend_resume),
     ("delete", "delete → every process gone, nothing on the bridge", scenario_delete),
+    ("engine-backoff", "engine Job failing → retried up to its backoffLimit → job Failed", scenario_engine_backoff),
 ]
 
 

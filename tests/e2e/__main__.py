@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -41,7 +42,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# One run at a time on a machine: the node namespace, the bridge and the API port are fixed, and a
+# run removes what an earlier one left.
+LOCK_FILE = Path("/run/lock/dtrain-e2e.lock")
+
+
 def outside(argv: list[str]) -> int:
+    LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
+    lock = LOCK_FILE.open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"e2e: FAILED: another e2e run holds {LOCK_FILE} (it owns the network namespaces); "
+              "wait for it to end", file=sys.stderr)
+        return 1
     try:
         network.probe()
         network.setup_node()

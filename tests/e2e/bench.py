@@ -135,7 +135,9 @@ class Bench:
     # --- The operator -------------------------------------------------------------------------------
 
     async def start_operator(self) -> OperatorProcess:
-        return await self.cluster.start_operator()
+        # As the chart's Deployment runs it: the leader-election Lease in the release namespace,
+        # where the chart's Role for it is.
+        return await self.cluster.start_operator(f"--leader-elect-resource-namespace={RELEASE_NAMESPACE}")
 
     @property
     def operator(self) -> OperatorProcess:

@@ -410,6 +410,8 @@ class RunPolicy(ApiModel):
     """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
     active_deadline_seconds: Optional[Annotated[int, Field(ge=1, le=MAX_DURATION_SECONDS)]] = None
     """Fail the job (DeadlineExceeded) when it runs longer than this, counted from its start."""
+    progress_deadline_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = contract.DEFAULT_PROGRESS_DEADLINE_SECONDS
+    """Restart the gang from its last checkpoint (reason ProgressDeadlineExceeded, counted against backoffLimit) when every worker runs but no training or validation batch completes for this many seconds: a rank stuck in a collective, a dead data loader. Time spent writing a checkpoint or exporting the model does not count. Make it longer than your slowest step, your first step after a start (data loading, compilation) and 15 s (how often rank 0 reports); well under nccl.timeoutSeconds, which it is meant to beat. 0 turns it off. Default 600."""
     ttl_seconds_after_finished: Optional[Annotated[int, Field(ge=0, le=MAX_DURATION_SECONDS)]] = None
     """Delete the DistributedTraining this long after it succeeded or failed (none: keep it)."""
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
@@ -590,7 +592,11 @@ class Progress(StatusModel):
     updated_at: Optional[str] = None
     """When this was reported (RFC 3339)."""
     stage: Optional[str] = None
-    """What rank 0 is doing: training, or exporting (the model is being exported to ONNX)."""
+    """What rank 0 is doing: training, validating, checkpointing (writing a checkpoint), or exporting (the model is being exported to ONNX)."""
+    batches: Optional[int] = None
+    """Training and validation batches rank 0 has completed since its process started: only the training and validation loops advance it (runPolicy.progressDeadlineSeconds watches it)."""
+    batch_time: Optional[str] = None
+    """When rank 0 completed the latest of those batches (RFC 3339)."""
 
 
 class CheckpointInfo(StatusModel):

@@ -47,6 +47,13 @@ PROGRESS_SINK_JSONL_PREFIX = "jsonl:"
 # status.progress.stage that rank 0 reports while it exports the model (the job's phase is then Exporting).
 PROGRESS_STAGE_TRAINING = "training"
 PROGRESS_STAGE_EXPORTING = "exporting"
+# Rank 0 runs a validation loop (its batches count as progress) and writes a checkpoint (the
+# progress deadline does not run meanwhile, nor while it exports).
+PROGRESS_STAGE_VALIDATING = "validating"
+PROGRESS_STAGE_CHECKPOINTING = "checkpointing"
+# runPolicy.progressDeadlineSeconds when the spec does not say: ten minutes without a training or
+# validation batch, a third of the default collective timeout (nccl.timeoutSeconds, 1800).
+DEFAULT_PROGRESS_DEADLINE_SECONDS = 600
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 15.0
 
 # The trainer's exit code for an error that no restart can cure: a classPath that does not import,

@@ -220,9 +220,13 @@ class KubeClient:
         name: str,
         uid: Optional[str] = None,
         propagation: Optional[str] = None,
+        grace_seconds: Optional[int] = None,
     ) -> None:
-        """Delete an object; with `uid`, only that incarnation of the name (a precondition)."""
+        """Delete an object; with `uid`, only that incarnation of the name (a precondition).
+        `grace_seconds` overrides a pod's terminationGracePeriodSeconds."""
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
         if uid:
             options["preconditions"] = {"uid": uid}
         if propagation:

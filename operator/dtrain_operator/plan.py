@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Optional
 
-from . import contract
+from . import contract, progress_deadline
 from .api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus
 from .render import worker_pod_name
 from .status import EngineJobObservation, Observed, PodObservation, current_gang, engine_pod_awaited, parse_time
@@ -36,6 +36,8 @@ class Plan:
     """ttlSecondsAfterFinished has passed: delete the DistributedTraining itself."""
     requeue_after: Optional[float] = None
     """Seconds until a deadline, timeout or TTL needs another look."""
+    delete_grace_seconds: Optional[int] = None
+    """Grace period of the deletions (None: each pod's own): short for a gang restarted for a hang."""
 
 
 # Requeue a hair past a deadline, so that the next look sees it passed.
@@ -116,9 +118,12 @@ def plan_children(
         if p.phase == "Pending" and p.created_at is not None and p.created_at + timeout > now
     ]
     awaited = engine_pod_awaited(observed, now)
+    restarting = next((c for c in status.conditions if c.type == "Restarting" and c.status == "True"), None)
+    hung = restarting is not None and restarting.reason == progress_deadline.REASON_PROGRESS_DEADLINE
     return Plan(
         create_ranks=create,
         delete_pods=older,
+        delete_grace_seconds=progress_deadline.HUNG_GANG_GRACE_SECONDS if hung and older else None,
         create_engine_job=create_engine,
         requeue_after=_earliest(
             deadline,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,32 @@ def test_a_bad_file_prints_the_validation_errors_and_starts_nothing(
     assert "spec.trainer.maxEpochs: Input should be greater than or equal to 1" in err
     assert "spec.nodez: unknown field; did you mean 'nodes'?" in err
     assert not workdir.exists()
+
+
+def test_a_rank_that_hangs_is_restarted_by_the_progress_deadline_and_the_run_succeeds(tmp_path: Path) -> None:
+    deadline = 10  # the clock starts at the first batch of each gang
+    marker = tmp_path / "hung"
+    job = write_job(
+        tmp_path,
+        tiny_job(
+            "tiny-hang",
+            model={"classPath": "user_models.HangingClassifier", "initArgs": {"marker": str(marker), "hang_at_step": 3}},
+            runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": deadline},
+            export={"onnx": {"enabled": False}},
+            engine={"enabled": False},
+        ),
+    )
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine")
+    wait_for_record(run, workdir, lambda r: r.get("event") == "checkpoint" and r.get("step") == 2, timeout=RUN_TIMEOUT)
+    hung_at = time.monotonic()
+    assert run.wait(RUN_TIMEOUT) == 0, run.output
+    assert marker.exists()
+    assert "ProgressDeadlineExceeded" in run.output
+    assert f"progressDeadlineSeconds is {deadline}" in run.output
+    summary = summary_of(workdir)
+    assert (summary["phase"], summary["restarts"]) == ("Succeeded", 1)
+    resumed = [r for r in records(workdir) if r.get("event") == "resumed"]
+    assert resumed and resumed[0]["step"] == 2
+    # Well before the collective timeout (nccl.timeoutSeconds, 1800 s) would have ended the wait.
+    assert time.monotonic() - hung_at < 1800 / 10

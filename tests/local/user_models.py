@@ -21,3 +21,26 @@ class FailingClassifier(ImageClassifier):
         if self.global_step >= self.fail_at_step and self.global_rank == self.fail_on_rank:
             raise RuntimeError(f"FailingClassifier fails on purpose at step {self.global_step}")
         return super().training_step(batch, batch_idx)
+
+
+class HangingClassifier(ImageClassifier):
+    """A rank that blocks: at `hang_at_step`, training_step sleeps on global rank `hang_on_rank`,
+    so that every other rank waits for it in the gradient all-reduce, as behind a cut link. It
+    hangs once: `marker` (a file it creates) tells the restarted gang to train on."""
+
+    def __init__(self, marker: str, hang_at_step: int = 3, hang_on_rank: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.hang_at_step = hang_at_step
+        self.hang_on_rank = hang_on_rank
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import os
+        import time
+
+        if self.global_step == self.hang_at_step and self.global_rank == self.hang_on_rank:
+            if not os.path.exists(self.marker):
+                with open(self.marker, "w") as file:
+                    file.write(f"hung at step {self.global_step}\n")
+                time.sleep(3600)
+        return super().training_step(batch, batch_idx)

@@ -27,7 +27,8 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
     {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
      "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false,
-     "stage": "training" | "exporting"}   (the last progress record, before the export, says exporting)
+     "stage": "training" | "validating" | "checkpointing" | "exporting",
+     "batches": 512, "batchTime": ...}   (the last progress record, before the export, says exporting)
     {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt"}
     {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
@@ -36,6 +37,12 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "stopped", "time": ..., "signal": "SIGTERM", "checkpoint": "/ckpt/last.ckpt", "step": 57,
      "epoch": 0, "loss": 0.9, "imagesPerSecond": 810.2}   (SIGTERM: every rank stopped after this step)
     {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}
+
+`batches` counts the training and validation batches rank 0 has completed in this process, and
+`batchTime` is when the latest completed: only the training and validation loops advance them (the
+operator's progress deadline watches them, see dtrain_operator.progress_deadline). A record with
+stage `checkpointing` is sent when a checkpoint starts to be written (the deadline holds meanwhile),
+one with stage `validating` during validation, at the same rate as training's.
 
 `step` is Lightning's global step (optimizer steps; with gradient accumulation one step
 is several batches). `totalSteps` is the number of optimizer steps the run will take
@@ -191,6 +198,8 @@ def status_patch(record: Mapping[str, Any]) -> dict[str, Any] | None:
             "loss": record.get("loss"),
             "imagesPerSecond": record.get("imagesPerSecond"),
             "stage": record.get("stage"),
+            "batches": record.get("batches"),
+            "batchTime": record.get("batchTime"),
             "updatedAt": record.get("time"),
         }
         # null in a merge patch deletes a field: leave out what is not known yet instead.
@@ -457,6 +466,10 @@ class _ProgressBehaviour:
         self._window_batches = 0
         self._window_step: int | None = None
         self.total_steps: int | None = None
+        # Training and validation batches completed in this process, and when the latest did.
+        self.batches = 0
+        self.batch_time: str | None = None
+        self._stage = contract.PROGRESS_STAGE_TRAINING
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         step = checkpoint.get("global_step")
@@ -477,10 +490,32 @@ class _ProgressBehaviour:
     ) -> None:
         if not trainer.is_global_zero:
             return
+        self._batch_done()
         per_rank = batch_size_of(batch) or self.default_batch_size
         self.meter.batch_done(per_rank * trainer.world_size)
         self._add_loss(trainer, loss_of(outputs))
-        if self.reporter.progress_due():
+        if self.reporter.progress_due() or self._stage != contract.PROGRESS_STAGE_TRAINING:
+            self._stage = contract.PROGRESS_STAGE_TRAINING
+            self._report(trainer, epoch_end=False)
+
+    def _batch_done(self) -> None:
+        self.batches += 1
+        self.batch_time = utc_now()
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not trainer.is_global_zero:
+            return
+        self._batch_done()
+        if self.reporter.progress_due() or self._stage != contract.PROGRESS_STAGE_VALIDATING:
+            self._stage = contract.PROGRESS_STAGE_VALIDATING
+            self._report(trainer, epoch_end=False)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint is about to be written: say so, so that a long write trips no progress deadline."""
+        if trainer.is_global_zero and self._stage != contract.PROGRESS_STAGE_CHECKPOINTING:
+            self._stage = contract.PROGRESS_STAGE_CHECKPOINTING
             self._report(trainer, epoch_end=False)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -518,7 +553,9 @@ class _ProgressBehaviour:
             loss=self.last_loss,
             imagesPerSecond=self.meter.images_per_second(),
             epochEnd=epoch_end,
-            stage=contract.PROGRESS_STAGE_TRAINING,
+            stage=self._stage,
+            batches=self.batches,
+            batchTime=self.batch_time,
         )
 
     def final_metrics(self, trainer: L.Trainer) -> dict[str, Any]:

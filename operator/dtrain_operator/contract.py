@@ -36,6 +36,9 @@ SHUTDOWN_MARGIN_SECONDS = 10
 ENV_CONFIG = "DTRAIN_CONFIG"  # path of the trainer config (a mounted ConfigMap in a pod)
 ENV_JOB_NAME = "DTRAIN_JOB_NAME"  # the DistributedTraining's name, for progress reports
 ENV_JOB_NAMESPACE = "DTRAIN_JOB_NAMESPACE"  # its namespace (downward API in a pod)
+# The worker's pod and Kubernetes node (downward API): named by the pre-flight check and the straggler report.
+ENV_POD_NAME = "DTRAIN_POD_NAME"
+ENV_NODE_NAME = "DTRAIN_NODE_NAME"
 ENV_PROGRESS_SINK = "DTRAIN_PROGRESS_SINK"  # "kubernetes" | "stdout" | "jsonl:<path>" | "none"
 ENV_PROGRESS_INTERVAL = "DTRAIN_PROGRESS_INTERVAL_SECONDS"
 ENV_TERMINATION_LOG = "DTRAIN_TERMINATION_LOG"  # where results JSON goes; default below
@@ -82,6 +85,8 @@ RESERVED_ENV_NAMES = frozenset(
         ENV_CONFIG,
         ENV_JOB_NAME,
         ENV_JOB_NAMESPACE,
+        ENV_POD_NAME,
+        ENV_NODE_NAME,
         ENV_PROGRESS_SINK,
         ENV_PROGRESS_INTERVAL,
         ENV_TERMINATION_LOG,

@@ -24,7 +24,8 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from . import contract, policy, progress_deadline, render
+from . import contract, policy, progress_deadline, render, stragglers
+from .api import StepTimes
 from .api import DistributedTraining
 from .local_display import Display
 from .local_gang import Gang, become_child_subreaper
@@ -175,6 +176,7 @@ class LocalRun:
         # The latest progress record of the running gang, and the watch on it (progressDeadlineSeconds).
         self._progress: Optional[Any] = None
         self._progress_watch: Optional[progress_deadline.ProgressWatch] = None
+        self._straggler_warned: Optional[str] = None
         self.cores = available_cores()
 
     # --- training ---------------------------------------------------------------------
@@ -280,8 +282,20 @@ class LocalRun:
         for record in self.progress.read_new():
             if record.get("event") == "progress":
                 self._progress = progress_deadline.progress_from_record(record)
+                self._note_straggler(record.get("stepTimes"))
             self.display.progress(record, self.state.restarts)
         self.display.tick()
+
+    def _note_straggler(self, times: Any) -> None:
+        """Warn once per straggler, as the operator posts one Warning Event."""
+        try:
+            parsed = StepTimes.model_validate(times) if isinstance(times, dict) else None
+        except ValueError:
+            parsed = None
+        message = stragglers.straggler_message(parsed, self.job.spec.stragglers)
+        if message is not None and message != self._straggler_warned:
+            self.display.warn(message)
+        self._straggler_warned = message
 
     def _failed(self, reason: str, message: str) -> bool:
         self.state.phase, self.state.reason, self.state.message = PHASE_FAILED, reason, message

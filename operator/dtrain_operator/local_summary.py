@@ -60,6 +60,10 @@ class RunSummary:
     latency: list[LatencyRow] = field(default_factory=list)
     # Validation metrics (val_acc, val_loss, ...) at the end of training.
     metrics: dict[str, float] = field(default_factory=dict)
+    # The latest gang's pre-flight check (the trainer's preflight record, as in status.preflight).
+    preflight: Optional[dict[str, Any]] = None
+    # The slowest rank as rank 0 last reported it (status.progress.stragglers).
+    stragglers: Optional[dict[str, Any]] = None
     # What the table's title names: `dtrain run` here, `dtrain watch` for a job on a cluster.
     command: str = "dtrain run"
 
@@ -137,9 +141,13 @@ def _add_progress(summary: RunSummary, records: list[dict[str, Any]]) -> None:
             summary.final_loss = _number(record.get("loss")) if record.get("loss") is not None else summary.final_loss
             rate = _number(record.get("imagesPerSecond"))
             summary.images_per_second = rate if rate is not None else summary.images_per_second
+            if isinstance(record.get("stepTimes"), dict):
+                summary.stragglers = record["stepTimes"]
             metrics = record.get("metrics")
             if isinstance(metrics, dict):  # where the trainer reports them (val_acc, ...)
                 summary.metrics.update({str(k): v for k, v in metrics.items() if _number(v) is not None})
+        elif event == "preflight":
+            summary.preflight = {k: v for k, v in record.items() if k not in ("event",)}
         elif event == "export" and record.get("ok"):
             summary.onnx = record.get("onnx") or summary.onnx
             summary.onnx_parity_error = _number(record.get("parityError"))

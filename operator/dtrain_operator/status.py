@@ -16,7 +16,7 @@ from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequen
 
 from pydantic import ValidationError
 
-from . import contract, policy, progress_deadline
+from . import contract, policy, progress_deadline, stragglers
 from .api import (
     FINISHED_PHASES,
     Condition,
@@ -609,6 +609,11 @@ def compute_status(
     else:
         status.phase = "Pending"
 
+    straggler = stragglers.straggler_message(status.progress.step_times if status.progress else None, spec.stragglers)
+    if straggler is not None:
+        conditions.set(stragglers.CONDITION, True, stragglers.REASON_DETECTED, straggler)
+    elif conditions.is_true(stragglers.CONDITION):
+        conditions.clear(stragglers.CONDITION, stragglers.REASON_NONE, "no rank is slower than the others now")
     too_long = pods_pending_too_long(running_job, gang, now)
     if too_long:
         timeout = spec.scheduling.gang.schedule_timeout_seconds
@@ -804,7 +809,7 @@ def status_events(
         events.append(JobEvent(kind, new.phase, phase_message(new)))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
-        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE) or condition.status != "True":
+        if condition.type not in (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, stragglers.CONDITION) or condition.status != "True":
             continue
         old = before.get(condition.type)
         if old is None or old.status != "True" or old.message != condition.message:

@@ -168,7 +168,37 @@ def test_a_rank_that_hangs_is_restarted_by_the_progress_deadline_and_the_run_suc
     assert f"progressDeadlineSeconds is {deadline}" in run.output
     summary = summary_of(workdir)
     assert (summary["phase"], summary["restarts"]) == ("Succeeded", 1)
+    # Each start ran the pre-flight check: the summary has the latest one's figures.
+    assert summary["preflight"]["worldSize"] == 2 and summary["preflight"]["busBandwidthGBps"] > 0
+    assert run.output.count("pre-flight: 2 ranks joined") == 2
     resumed = [r for r in records(workdir) if r.get("event") == "resumed"]
     assert resumed and resumed[0]["step"] == 2
     # Well before the collective timeout (nccl.timeoutSeconds, 1800 s) would have ended the wait.
     assert time.monotonic() - hung_at < 1800 / 10
+
+
+def test_a_slow_rank_is_named_a_straggler_and_nothing_restarts(tmp_path: Path) -> None:
+    job = write_job(
+        tmp_path,
+        tiny_job(
+            "tiny-slow",
+            model={"classPath": "user_models.SlowClassifier", "initArgs": {"delay": 0.3, "slow_rank": 1}},
+            data={"initArgs": {"num_samples": 384}},
+            stragglers={"everyNSteps": 2, "factor": 1.5, "window": 2},
+            export={"onnx": {"enabled": False}},
+            engine={"enabled": False},
+        ),
+    )
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine")
+    assert run.wait(RUN_TIMEOUT) == 0, run.output
+    assert "rank 1 (pod tiny-slow-1 on node " in run.output and "is a straggler" in run.output
+    summary = summary_of(workdir)
+    assert (summary["phase"], summary["restarts"]) == ("Succeeded", 0)
+    times = summary["stragglers"]
+    assert (times["slowestRank"], times["slowestPod"], times["straggler"]) == (1, "tiny-slow-1", True)
+    assert times["ratio"] > 1.5 and times["slowestSeconds"] >= 0.3
+    # The first comparison that can report it is at step everyNSteps x window (4); the first steps of a
+    # process (warm-up, on every rank) may hide it for one comparison more.
+    detected = next(r for r in records(workdir) if (r.get("stepTimes") or {}).get("straggler"))
+    assert 4 <= detected["stepTimes"]["step"] <= 8

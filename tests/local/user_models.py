@@ -44,3 +44,19 @@ class HangingClassifier(ImageClassifier):
                     file.write(f"hung at step {self.global_step}\n")
                 time.sleep(3600)
         return super().training_step(batch, batch_idx)
+
+
+class SlowClassifier(ImageClassifier):
+    """A slow rank (a slower GPU, a throttled node): training_step takes `delay` seconds longer on `slow_rank`."""
+
+    def __init__(self, delay: float = 0.2, slow_rank: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay = delay
+        self.slow_rank = slow_rank
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import time
+
+        if self.global_rank == self.slow_rank:
+            time.sleep(self.delay)
+        return super().training_step(batch, batch_idx)

@@ -28,7 +28,10 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
      "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false,
      "stage": "training" | "validating" | "checkpointing" | "exporting",
-     "batches": 512, "batchTime": ...}   (the last progress record, before the export, says exporting)
+     "batches": 512, "batchTime": ...,
+     "stepTimes": {"step": 150, "medianSeconds": 0.09, "slowestRank": 1, "slowestSeconds": 0.31,
+                   "slowestPod": "job-1", "slowestNode": "node-b", "ratio": 3.4, "slowChecks": 3,
+                   "straggler": true} | null}   (see stragglers.py)   (the last progress record, before the export, says exporting)
     {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt"}
     {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
@@ -37,6 +40,9 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "stopped", "time": ..., "signal": "SIGTERM", "checkpoint": "/ckpt/last.ckpt", "step": 57,
      "epoch": 0, "loss": 0.9, "imagesPerSecond": 810.2}   (SIGTERM: every rank stopped after this step)
     {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}
+    {"event": "preflight", "time": ..., "backend": "gloo", "worldSize": 2, "seconds": 0.12,
+     "joinSeconds": 0.01, "allReduceBytes": 4194304, "allReduceMs": 9.4, "latencyMs": 0.09,
+     "busBandwidthGBps": 0.45, "versions": {...}, "ranks": [...]}   (see preflight.py)
 
 `batches` counts the training and validation batches rank 0 has completed in this process, and
 `batchTime` is when the latest completed: only the training and validation loops advance them (the
@@ -86,6 +92,7 @@ EVENT_EXPORT = "export"
 EVENT_FINISHED = "finished"
 EVENT_STOPPED = "stopped"
 EVENT_ERROR = "error"
+EVENT_PREFLIGHT = "preflight"
 
 # Batches at the start of each process that throughput leaves out: CUDA context,
 # cuDNN autotuning and allocator growth make them unrepresentative.
@@ -147,6 +154,13 @@ def human_line(record: Mapping[str, Any]) -> str:
         return f"finished at step {record.get('step')} (epoch {record.get('epoch')}, loss {loss})"
     if event == EVENT_STOPPED:
         return f"stopped by {record.get('signal')} at step {record.get('step')}; checkpoint {record.get('checkpoint')}"
+    if event == EVENT_PREFLIGHT:
+        return (
+            f"pre-flight: {record.get('worldSize')} ranks joined, {record.get('backend')} all-reduce of "
+            f"{record.get('allReduceBytes')} bytes {_number(record.get('allReduceMs'))} ms (bus "
+            f"{_number(record.get('busBandwidthGBps'))} GB/s), latency {_number(record.get('latencyMs'))} ms; "
+            f"{_number(record.get('seconds'))} s in all"
+        )
     if event in (EVENT_WARNING, EVENT_ERROR):
         return f"{event}: {record.get('message')}"
     return json.dumps(dict(record))
@@ -200,10 +214,13 @@ def status_patch(record: Mapping[str, Any]) -> dict[str, Any] | None:
             "stage": record.get("stage"),
             "batches": record.get("batches"),
             "batchTime": record.get("batchTime"),
+            "stepTimes": record.get("stepTimes"),
             "updatedAt": record.get("time"),
         }
         # null in a merge patch deletes a field: leave out what is not known yet instead.
         return {"progress": {k: v for k, v in fields.items() if v is not None}}
+    if record.get("event") == EVENT_PREFLIGHT:
+        return {"preflight": {k: v for k, v in record.items() if k != "event" and v is not None}}
     if record.get("event") == EVENT_CHECKPOINT:
         return {"lastCheckpoint": {"step": record.get("step"), "path": record.get("path"), "time": record.get("time")}}
     return None
@@ -470,6 +487,9 @@ class _ProgressBehaviour:
         self.batches = 0
         self.batch_time: str | None = None
         self._stage = contract.PROGRESS_STAGE_TRAINING
+        # The latest comparison of the ranks' step times (dtrain_trainer.stragglers).
+        self.step_times: dict[str, Any] | None = None
+        self._trainer: Any = None
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         step = checkpoint.get("global_step")
@@ -477,7 +497,14 @@ class _ProgressBehaviour:
         if trainer.is_global_zero:
             self.reporter.event(EVENT_RESUMED, path=str(trainer.ckpt_path), step=step, epoch=checkpoint.get("epoch"))
 
+    def note_step_times(self, times: dict[str, Any], now: bool) -> None:
+        """The stragglers callback's latest comparison; `now`: a straggler appeared or went, report at once."""
+        self.step_times = times
+        if now and self._trainer is not None:
+            self._report(self._trainer, epoch_end=False)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._trainer = trainer
         self._window_step = trainer.global_step
         estimated = trainer.estimated_stepping_batches
         self.total_steps = int(estimated) if math.isfinite(estimated) else None
@@ -556,6 +583,7 @@ class _ProgressBehaviour:
             stage=self._stage,
             batches=self.batches,
             batchTime=self.batch_time,
+            stepTimes=self.step_times,
         )
 
     def final_metrics(self, trainer: L.Trainer) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import torch
 from dtrain_operator import contract
 from dtrain_operator.api import TrainerConfig
 
-from . import flavor
+from . import flavor, preflight
 from .checkpointing import (
     LAST_CHECKPOINT,
     atomic_checkpoint_io_class,
@@ -55,10 +55,12 @@ from .config import (
 from .export import ExportError, export_artifacts, resolve_input_shape, write_termination_log
 from .loading import import_class, instantiate
 from .resumable import resumable
+from .stragglers import straggler_callback_class
 from .stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
 from .progress import (
     EVENT_CHECKPOINT,
     EVENT_ERROR,
+    EVENT_PREFLIGHT,
     EVENT_EXPORT,
     EVENT_FINISHED,
     EVENT_START,
@@ -107,6 +109,7 @@ def build_trainer(
     )
     progress = progress_callback_class(package)(reporter, default_batch_size=settings.batch_size)
     stop = graceful_stop_class(package)()
+    straggler = straggler_callback_class(package)(config.stragglers, progress.note_step_times)
     return pl.Trainer(  # type: ignore[no-any-return]
         accelerator="gpu" if on_gpu else "cpu",
         devices=config.devices_per_node,
@@ -120,7 +123,7 @@ def build_trainer(
         max_steps=settings.max_steps,
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
-        callbacks=[progress, stop, checkpoint],
+        callbacks=[straggler, progress, stop, checkpoint],
         plugins=[atomic_checkpoint_io_class(package)()],
         logger=pl.loggers.CSVLogger(save_dir=config.artifacts.dir, name="logs"),
         default_root_dir=config.checkpoint.dir,
@@ -201,6 +204,10 @@ def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
     sink = sink_from_env(env, config.job_name) if global_rank(env) == 0 else NullSink()
     reporter = ProgressReporter(sink, progress_interval(env))
     try:
+        # Before the model is built: a broken network fails here, at once, not as a hang.
+        checked = preflight.run(env, config.accelerator, config.devices_per_node, config.nccl.preflight_timeout_seconds)
+        if checked is not None:
+            reporter.event(EVENT_PREFLIGHT, **checked)
         return _train_and_export(config, env, reporter)
     except ConfigError as exc:
         reporter.event(EVENT_ERROR, message=str(exc))

@@ -199,8 +199,11 @@ class LocalRun:
             self.display.gang_started(self.state.restarts, [launch.rank for launch in launches], gang.pids)
             self._progress, self._progress_watch = None, None
             outcome = self._watch(gang, on_exit=self._node_failures, watch_progress=True)
-            # Even after a success, nothing the gang started may outlive it.
-            gang.stop(STOP_GRACE_SECONDS)
+            if outcome.hang is not None and outcome.hang.restart:
+                self.display.warn(f"{outcome.hang.reason}: {outcome.hang.message}")
+            # Even after a success, nothing the gang started may outlive it. A hung gang cannot reach
+            # the step where SIGTERM would stop it: it gets the operator's short grace for hung pods.
+            gang.stop(progress_deadline.HUNG_GANG_GRACE_SECONDS if outcome.hang is not None else STOP_GRACE_SECONDS)
             if outcome.succeeded:
                 self.display.progress_done()
                 return True
@@ -214,7 +217,6 @@ class LocalRun:
                 if not outcome.hang.restart:
                     return self._failed(outcome.hang.reason, outcome.hang.message)
                 self.state.restarts += 1
-                self.display.warn(f"{outcome.hang.reason}: {outcome.hang.message}")
                 continue
             for failure in outcome.failures:
                 node = gang.nodes[failure.rank]

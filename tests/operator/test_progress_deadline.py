@@ -75,3 +75,26 @@ async def test_off_with_zero(operated: Cluster):
     await asyncio.sleep(3)
     assert operated.status(NS, "off")["phase"] == "Running"
     assert operated.status(NS, "off")["restarts"] == 0
+
+
+async def test_a_straggler_gets_a_condition_and_one_warning_event_naming_pod_and_node(operated: Cluster):
+    await operated.apply(a_job("slow").nodes(2).build())
+    await operated.run_all(NS, "slow", 2)
+    await operated.phase(NS, "slow", "Running")
+    times = {"medianSeconds": 0.1, "slowestRank": 1, "slowestPod": "slow-1", "slowestNode": "node-b", "slowChecks": 3}
+    for step, ratio in ((50, 3.1), (100, 2.9)):  # still slow at the next comparison: no second Event
+        await operated.patch_job_status(
+            NS, "slow", {"progress": {"step": step, "stepTimes": {**times, "step": step, "ratio": ratio, "straggler": True}}}
+        )
+        condition = await operated.eventually(
+            lambda: (c := operated.condition(NS, "slow", "Straggler")) and c["status"] == "True" and c, "Straggler condition"
+        )
+    assert condition["reason"] == "StragglerDetected"
+    assert condition["message"].startswith("rank 1 (pod slow-1 on node node-b) is a straggler")
+    events = await operated.event_reasons(NS, "slow", ["Pending", "Running", "Straggler"])
+    assert events[-1]["type"] == "Warning" and "pod slow-1 on node node-b" in events[-1]["message"]
+    await operated.patch_job_status(
+        NS, "slow", {"progress": {"step": 150, "stepTimes": {**times, "step": 150, "ratio": 1.1, "straggler": False}}}
+    )
+    await operated.eventually(lambda: operated.condition(NS, "slow", "Straggler")["status"] == "False", "cleared")
+    assert operated.status(NS, "slow")["restarts"] == 0 and operated.status(NS, "slow")["phase"] == "Running"

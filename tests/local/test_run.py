@@ -177,6 +177,30 @@ def test_a_rank_that_hangs_is_restarted_by_the_progress_deadline_and_the_run_suc
     assert time.monotonic() - hung_at < 1800 / 10
 
 
+def test_a_gang_stuck_in_the_barrier_after_a_checkpoint_is_restarted_too(tmp_path: Path) -> None:
+    """Rank 0 writes the step-4 checkpoint, then waits in Lightning's barrier for rank 1, which hangs."""
+    marker = tmp_path / "hung"
+    job = write_job(
+        tmp_path,
+        tiny_job(
+            "tiny-hang-save",
+            model={
+                "classPath": "user_models.HangingClassifier",
+                "initArgs": {"marker": str(marker), "hang_at_step": 4, "hang_in": "save"},
+            },
+            runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": 10},
+            export={"onnx": {"enabled": False}},
+            engine={"enabled": False},
+        ),
+    )
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine")
+    assert run.wait(RUN_TIMEOUT) == 0, run.output
+    assert "in save" in marker.read_text()
+    assert "ProgressDeadlineExceeded" in run.output
+    assert summary_of(workdir)["restarts"] == 1
+
+
 def test_a_slow_rank_is_named_a_straggler_and_nothing_restarts(tmp_path: Path) -> None:
     job = write_job(
         tmp_path,

@@ -38,13 +38,16 @@ def test_the_counter_moves_with_batches_and_a_save_is_a_stage_of_its_own() -> No
     assert len(progress_records(sink)) == 1  # rate-limited, and the counter moved on regardless
     assert callback.batches == 2
 
-    callback.on_save_checkpoint(trainer, None, {})
+    callback.checkpoint_writing(True)
     saving = progress_records(sink)[-1]
     assert (saving["stage"], saving["batches"]) == (contract.PROGRESS_STAGE_CHECKPOINTING, 2)
-    # The next batch says training again at once, with the counter moved on.
+    # The end of the write is said at once: a rank that then blocks in the next all-reduce leaves
+    # "training" in the status, and the deadline runs from the end of the write.
+    callback.checkpoint_writing(False)
+    written = progress_records(sink)[-1]
+    assert (written["stage"], written["batches"]) == (contract.PROGRESS_STAGE_TRAINING, 2)
     callback.on_train_batch_end(trainer, None, torch.tensor(1.0), batch, 2)
-    after = progress_records(sink)[-1]
-    assert (after["stage"], after["batches"]) == (contract.PROGRESS_STAGE_TRAINING, 3)
+    assert callback.batches == 3 and progress_records(sink)[-1] is written  # rate-limited again
 
     callback.on_validation_batch_end(trainer, None, None, batch, 0)
     validating = progress_records(sink)[-1]
@@ -62,5 +65,6 @@ def test_other_ranks_send_nothing() -> None:
     callback.on_train_start(trainer, None)
     callback.on_train_batch_end(trainer, None, torch.tensor(1.0), (torch.zeros(4, 3),), 0)
     callback.on_validation_batch_end(trainer, None, None, (torch.zeros(4, 3),), 0)
-    callback.on_save_checkpoint(trainer, None, {})
+    callback.checkpoint_writing(True)
+    callback.checkpoint_writing(False)
     assert sink.records == []

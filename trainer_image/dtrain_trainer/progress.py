@@ -490,6 +490,7 @@ class _ProgressBehaviour:
         # The latest comparison of the ranks' step times (dtrain_trainer.stragglers).
         self.step_times: dict[str, Any] | None = None
         self._trainer: Any = None
+        self._stage_before_write = contract.PROGRESS_STAGE_TRAINING
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         step = checkpoint.get("global_step")
@@ -539,10 +540,19 @@ class _ProgressBehaviour:
             self._stage = contract.PROGRESS_STAGE_VALIDATING
             self._report(trainer, epoch_end=False)
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint is about to be written: say so, so that a long write trips no progress deadline."""
-        if trainer.is_global_zero and self._stage != contract.PROGRESS_STAGE_CHECKPOINTING:
-            self._stage = contract.PROGRESS_STAGE_CHECKPOINTING
+    def checkpoint_writing(self, writing: bool) -> None:
+        """A checkpoint write starts (True) or ends (False): say so at once, so that a long write trips no
+        progress deadline and the deadline runs again from the moment it ends (StepCheckpoint calls this)."""
+        trainer = self._trainer
+        if trainer is None or not trainer.is_global_zero:
+            return
+        if writing:
+            if self._stage != contract.PROGRESS_STAGE_CHECKPOINTING:
+                self._stage_before_write = self._stage
+                self._stage = contract.PROGRESS_STAGE_CHECKPOINTING
+                self._report(trainer, epoch_end=False)
+        elif self._stage == contract.PROGRESS_STAGE_CHECKPOINTING:
+            self._stage = self._stage_before_write
             self._report(trainer, epoch_end=False)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

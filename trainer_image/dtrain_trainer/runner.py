@@ -101,13 +101,15 @@ def build_trainer(
         process_group_backend="nccl" if on_gpu else "gloo",
         gradient_as_bucket_view=True,
     )
+    progress = progress_callback_class(package)(reporter, default_batch_size=settings.batch_size)
     checkpoint = step_checkpoint_class(package)(
         dirpath=config.checkpoint.dir,
         every_n_steps=config.checkpoint.every_n_steps,
         keep_last=config.checkpoint.keep_last,
         on_saved=lambda step, path: reporter.event(EVENT_CHECKPOINT, step=step, path=path),
     )
-    progress = progress_callback_class(package)(reporter, default_batch_size=settings.batch_size)
+    checkpoint_io = atomic_checkpoint_io_class(package)()
+    checkpoint_io.on_writing = progress.checkpoint_writing
     stop = graceful_stop_class(package)()
     straggler = straggler_callback_class(package)(config.stragglers, progress.note_step_times)
     return pl.Trainer(  # type: ignore[no-any-return]
@@ -124,7 +126,7 @@ def build_trainer(
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
         callbacks=[straggler, progress, stop, checkpoint],
-        plugins=[atomic_checkpoint_io_class(package)()],
+        plugins=[checkpoint_io],
         logger=pl.loggers.CSVLogger(save_dir=config.artifacts.dir, name="logs"),
         default_root_dir=config.checkpoint.dir,
         # Progress goes through the sink; a terminal progress bar only floods pod logs.

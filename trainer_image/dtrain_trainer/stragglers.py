@@ -41,8 +41,9 @@ def compare(seconds: list[float], factor: float, previous: Mapping[str, Any] | N
     slowest = max(range(len(seconds)), key=lambda r: seconds[r])
     ratio = seconds[slowest] / median if median > 0 else 1.0
     slow = ratio > factor
-    same = previous is not None and previous.get("slowestRank") == slowest
-    checks = (int(previous.get("slowChecks") or 0) + 1 if same else 1) if slow else 0
+    earlier = previous or {}
+    same = earlier.get("slowestRank") == slowest
+    checks = (int(earlier.get("slowChecks") or 0) + 1 if same else 1) if slow else 0
     return {
         "medianSeconds": round(median, 6),
         "slowestRank": slowest,

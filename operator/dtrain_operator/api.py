@@ -244,6 +244,8 @@ class NcclSettings(ApiModel):
     """NCCL_P2P_DISABLE: true to disable peer-to-peer GPU transfers (NVLink/PCIe)."""
     timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 1800
     """Collective timeout of the process group: a rank that waits longer fails, and the gang restarts."""
+    preflight_timeout_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = 60
+    """Before the model is built, every rank checks that the interfaces of NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME exist in its pod, joins the others and times an all-reduce (status.preflight). A rank that has not joined within this many seconds fails the job at once (reason InvalidTrainerConfig), naming the missing ranks, the address and the NCCL/gloo variables in effect, instead of hanging until timeoutSeconds. The ranks start together (torchrun waits for every node first), so a minute is plenty. 0 skips the join and the all-reduce (the interface check still runs)."""
     env: Annotated[
         dict[Annotated[str, Field(pattern=contract.NCCL_ENV_PATTERN)], Annotated[str, Field(max_length=4096)]],
         Field(max_length=MAX_MAP_ENTRIES),
@@ -276,6 +278,17 @@ class NcclSettings(ApiModel):
             env["NCCL_P2P_DISABLE"] = "1" if self.p2p_disable else "0"
         env.update(self.env)
         return env
+
+
+class StragglerSettings(ApiModel):
+    """Straggler detection: every rank's step time, compared every few steps (no restart)."""
+
+    every_n_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 50
+    """Gather every rank's step time every this many optimizer steps (a one-number all-gather per rank); 0 turns detection off."""
+    factor: Annotated[float, Field(ge=1.05, le=100)] = 1.5
+    """A rank whose step time exceeds this many times the median of all ranks is slow."""
+    window: Annotated[int, Field(ge=1, le=1000)] = 3
+    """Consecutive comparisons a rank must be slow in before it is reported (a Warning Event and the Straggler condition, naming its pod and node)."""
 
 
 class Storage(ApiModel):
@@ -425,6 +438,8 @@ class RunPolicy(ApiModel):
     """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
     active_deadline_seconds: Optional[Annotated[int, Field(ge=1, le=MAX_DURATION_SECONDS)]] = None
     """Fail the job (DeadlineExceeded) when it runs longer than this, counted from its start."""
+    progress_deadline_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = contract.DEFAULT_PROGRESS_DEADLINE_SECONDS
+    """Restart the gang from its last checkpoint (reason ProgressDeadlineExceeded, counted against backoffLimit) when every worker runs but no training or validation batch completes for this many seconds: a rank stuck in a collective, a dead data loader. Time spent writing a checkpoint or exporting the model does not count. Make it longer than your slowest step, your first step after a start (data loading, compilation) and 15 s (how often rank 0 reports); well under nccl.timeoutSeconds, which it is meant to beat. 0 turns it off. Default 600."""
     ttl_seconds_after_finished: Optional[Annotated[int, Field(ge=0, le=MAX_DURATION_SECONDS)]] = None
     """Delete the DistributedTraining this long after it succeeded or failed (none: keep it)."""
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
@@ -523,6 +538,8 @@ class DistributedTrainingSpec(ApiModel):
     """Lightning Trainer settings."""
     nccl: NcclSettings = Field(default_factory=NcclSettings)
     """NCCL settings."""
+    stragglers: StragglerSettings = Field(default_factory=StragglerSettings)
+    """Straggler detection: a rank much slower than the others is named (pod and node) in status.progress, a Warning Event and the Straggler condition."""
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     """Checkpoints."""
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
@@ -593,6 +610,29 @@ class NodeCounts(StatusModel):
     """Pods that failed."""
 
 
+class StepTimes(StatusModel):
+    """Step times of all ranks at one comparison: the time a rank spends on a step before the gradient all-reduce (forward and loss), which waiting for the other ranks does not inflate."""
+
+    step: Optional[int] = None
+    """Global step of the comparison."""
+    median_seconds: Optional[float] = None
+    """Median over the ranks."""
+    slowest_rank: Optional[int] = None
+    """The slowest rank."""
+    slowest_seconds: Optional[float] = None
+    """Its step time."""
+    slowest_pod: Optional[str] = None
+    """Its pod."""
+    slowest_node: Optional[str] = None
+    """Its Kubernetes node."""
+    ratio: Optional[float] = None
+    """slowestSeconds / medianSeconds."""
+    slow_checks: Optional[int] = None
+    """Consecutive comparisons this rank was slower than spec.stragglers.factor times the median."""
+    straggler: Optional[bool] = None
+    """True once slowChecks reaches spec.stragglers.window: the rank is reported as a straggler."""
+
+
 class Progress(StatusModel):
     """Training progress, reported by rank 0."""
 
@@ -606,12 +646,56 @@ class Progress(StatusModel):
     """Training throughput over all ranks (warm-up excluded)."""
     updated_at: Optional[str] = None
     """When this was reported (RFC 3339)."""
+    step_times: Optional["StepTimes"] = None
+    """Every rank's step time at the latest comparison (spec.stragglers), and the slowest rank."""
     stage: Optional[str] = None
-    """What rank 0 is doing: training, or exporting (the model is being exported to ONNX)."""
+    """What rank 0 is doing: training, validating, checkpointing (writing a checkpoint), or exporting (the model is being exported to ONNX)."""
     metrics: Optional[dict[str, float]] = None
     """The latest value of val_loss, val_acc, each metric logged with prog_bar=True and each of spec.logging.metrics."""
     validation: Optional[str] = None
     """The first validation metric as name=value, e.g. val_loss=0.412 (the VAL column)."""
+    batches: Optional[int] = None
+    """Training and validation batches rank 0 has completed since its process started: only the training and validation loops advance it (runPolicy.progressDeadlineSeconds watches it)."""
+    batch_time: Optional[str] = None
+    """When rank 0 completed the latest of those batches (RFC 3339)."""
+
+
+class PreflightRank(StatusModel):
+    """Where one rank ran."""
+
+    rank: Optional[int] = None
+    """Global rank."""
+    pod: Optional[str] = None
+    """Its pod."""
+    node: Optional[str] = None
+    """Its Kubernetes node."""
+
+
+class Preflight(StatusModel):
+    """The pre-flight gang check of the current gang, reported by rank 0 before training (nccl.preflightTimeoutSeconds)."""
+
+    backend: Optional[str] = None
+    """gloo (CPU) or nccl (GPU)."""
+    world_size: Optional[int] = None
+    """Ranks that joined."""
+    seconds: Optional[float] = None
+    """What the whole check cost this start, in seconds."""
+    join_seconds: Optional[float] = None
+    """Until every rank had joined."""
+    all_reduce_bytes: Optional[int] = None
+    """Size of the timed all-reduce."""
+    all_reduce_ms: Optional[float] = None
+    """Median time of that all-reduce, in milliseconds."""
+    latency_ms: Optional[float] = None
+    """Median time of a one-element all-reduce, in milliseconds."""
+    bus_bandwidth_g_bps: Annotated[Optional[float], Field(alias="busBandwidthGBps")] = None
+    """Bus bandwidth of the all-reduce in GB/s, as nccl-tests reports it (2(n-1)/n times size / time)."""
+    versions: Optional[dict[str, Optional[str]]] = None
+    """torch, CUDA and NCCL versions, the same on every rank."""
+    ranks: Optional[list[PreflightRank]] = None
+    """Each rank's pod and node."""
+    time: Optional[str] = None
+    """When the check ran (RFC 3339)."""
 
 
 class CheckpointInfo(StatusModel):
@@ -646,6 +730,8 @@ class DistributedTrainingStatus(StatusModel):
     """Training progress."""
     last_checkpoint: Optional[CheckpointInfo] = None
     """The newest checkpoint."""
+    preflight: Optional[Preflight] = None
+    """The pre-flight gang check of the latest gang start: all-reduce latency and bus bandwidth."""
     artifacts: Optional[InitArgs] = None
     """What training and the engine Job produced: ONNX file, parity error, engine, latency report."""
     observed_generation: Optional[int] = None
@@ -713,6 +799,8 @@ class TrainerConfig(ApiModel):
     """Trainer settings."""
     nccl: NcclSettings = Field(default_factory=NcclSettings)
     """NCCL settings (the trainer uses timeoutSeconds)."""
+    stragglers: StragglerSettings = Field(default_factory=StragglerSettings)
+    """Straggler detection."""
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     """Checkpoints."""
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
@@ -734,6 +822,7 @@ class TrainerConfig(ApiModel):
             data=spec.data,
             trainer=spec.trainer,
             nccl=spec.nccl,
+            stragglers=spec.stragglers,
             checkpoint=spec.checkpoint,
             artifacts=spec.artifacts,
             export=spec.export,

@@ -36,6 +36,9 @@ SHUTDOWN_MARGIN_SECONDS = 10
 ENV_CONFIG = "DTRAIN_CONFIG"  # path of the trainer config (a mounted ConfigMap in a pod)
 ENV_JOB_NAME = "DTRAIN_JOB_NAME"  # the DistributedTraining's name, for progress reports
 ENV_JOB_NAMESPACE = "DTRAIN_JOB_NAMESPACE"  # its namespace (downward API in a pod)
+# The worker's pod and Kubernetes node (downward API): named by the pre-flight check and the straggler report.
+ENV_POD_NAME = "DTRAIN_POD_NAME"
+ENV_NODE_NAME = "DTRAIN_NODE_NAME"
 ENV_PROGRESS_SINK = "DTRAIN_PROGRESS_SINK"  # "kubernetes" | "stdout" | "jsonl:<path>" | "none"
 ENV_PROGRESS_INTERVAL = "DTRAIN_PROGRESS_INTERVAL_SECONDS"
 ENV_TERMINATION_LOG = "DTRAIN_TERMINATION_LOG"  # where results JSON goes; default below
@@ -47,6 +50,13 @@ PROGRESS_SINK_JSONL_PREFIX = "jsonl:"
 # status.progress.stage that rank 0 reports while it exports the model (the job's phase is then Exporting).
 PROGRESS_STAGE_TRAINING = "training"
 PROGRESS_STAGE_EXPORTING = "exporting"
+# Rank 0 runs a validation loop (its batches count as progress) and writes a checkpoint (the
+# progress deadline does not run meanwhile, nor while it exports).
+PROGRESS_STAGE_VALIDATING = "validating"
+PROGRESS_STAGE_CHECKPOINTING = "checkpointing"
+# runPolicy.progressDeadlineSeconds when the spec does not say: ten minutes without a training or
+# validation batch, a third of the default collective timeout (nccl.timeoutSeconds, 1800).
+DEFAULT_PROGRESS_DEADLINE_SECONDS = 600
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 15.0
 
 # The trainer's exit code for an error that no restart can cure: a classPath that does not import,
@@ -78,6 +88,8 @@ RESERVED_ENV_NAMES = frozenset(
         ENV_CONFIG,
         ENV_JOB_NAME,
         ENV_JOB_NAMESPACE,
+        ENV_POD_NAME,
+        ENV_NODE_NAME,
         ENV_PROGRESS_SINK,
         ENV_PROGRESS_INTERVAL,
         ENV_TERMINATION_LOG,

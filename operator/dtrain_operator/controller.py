@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Generic, Hashable, Mapping, Optiona
 import kopf
 from pydantic import ValidationError
 
-from . import contract, refusals, render, trusted
+from . import contract, progress_deadline, refusals, render, trusted
 from .api import DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus, EnvVar, with_env_values
 from .host_access import host_access_fields, host_access_refusals
 from .kube import ApiError, KubeClient, RateLimiter, connection_info, load_configuration
@@ -44,6 +44,7 @@ from .status import (
     accepted_job,
     compute_status,
     controller_uid,
+    current_gang,
     invalid_status,
     observe_engine_job,
     observe_pod,
@@ -184,6 +185,10 @@ class _Expectations:
     counts_pending_since: Optional[float] = None
     conflict_reported: str = ""
     refusal_reported: str = ""
+    # When the gang last made progress (runPolicy.progressDeadlineSeconds). Kept here, not in the
+    # status: a status write per progress report would double the API writes of every job; an
+    # operator that restarts watches afresh, so a hang is caught one deadline later at worst.
+    progress_watch: Optional[progress_deadline.ProgressWatch] = None
 
 
 class ChildConflict(Exception):
@@ -484,7 +489,14 @@ class Controller:
             running: Optional[DistributedTraining] = None
         else:
             finished = state.succeeded_ranks if state is not None else ()
-            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished, self._limits)
+            watch = expectations.progress_watch = progress_deadline.observe(
+                expectations.progress_watch,
+                previous.restarts,
+                _all_running(previous, observed, parsed.job.spec.nodes),
+                previous.progress,
+                now,
+            )
+            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished, self._limits, watch)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
         requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
@@ -503,7 +515,8 @@ class Controller:
         if refusals.is_refused(new):
             expectations.refusal_reported = ""
             await self._write_status(key, body, new, refusals.cleared_status(new, now), expectations)
-        delays = [d for d in (requeue, plan.requeue_after) if d is not None]
+        hang_check = progress_deadline.wake_after(running.spec.run_policy, expectations.progress_watch, now)
+        delays = [d for d in (requeue, plan.requeue_after, hang_check) if d is not None]
         return min(delays) if delays else None
 
     async def _host_access_refusals(self, job: DistributedTraining) -> list[str]:
@@ -669,7 +682,9 @@ class Controller:
         """Deletions first, then creations; every call is safe to repeat."""
         assert self._client is not None
         namespace, name = key
-        await _gather(*(self._delete_pod(namespace, pod, expectations) for pod in plan.delete_pods))
+        await _gather(
+            *(self._delete_pod(namespace, pod, expectations, plan.delete_grace_seconds) for pod in plan.delete_pods)
+        )
         now = time.monotonic()
         # Each stuck pod is force-deleted once per expectation TTL, not at every reconcile.
         forced = [
@@ -679,7 +694,7 @@ class Controller:
             logger.warning("%s/%s: %s is stuck terminating and its node stopped reporting; force-deleting it",
                            namespace, name, pod.name)
             expectations.forced_pods[pod.uid] = now
-        await _gather(*(self._delete_pod(namespace, pod, expectations, force=True) for pod in forced))
+        await _gather(*(self._delete_pod(namespace, pod, expectations, grace_seconds=0) for pod in forced))
         if plan.delete_engine_job is not None:
             await self._delete(
                 "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
@@ -750,9 +765,9 @@ class Controller:
         expectations.created_pods[observation.uid] = (time.monotonic(), observation)
 
     async def _delete_pod(
-        self, namespace: str, pod: PodObservation, expectations: _Expectations, force: bool = False
+        self, namespace: str, pod: PodObservation, expectations: _Expectations, grace_seconds: Optional[int] = None
     ) -> None:
-        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid, grace_period=0 if force else None)
+        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid, grace_seconds=grace_seconds)
         expectations.deleted_pods[pod.uid] = (time.monotonic(), gone)
 
     async def _delete(
@@ -763,13 +778,13 @@ class Controller:
         name: str,
         uid: str,
         propagation: Optional[str] = None,
-        grace_period: Optional[int] = None,
+        grace_seconds: Optional[int] = None,
     ) -> bool:
         """Delete one incarnation of an object. Returns True when it is known to be gone already."""
         assert self._client is not None
         try:
             await self._client.delete(
-                api_version, kind, namespace, name, uid=uid, propagation=propagation, grace_period=grace_period
+                api_version, kind, namespace, name, uid=uid, propagation=propagation, grace_seconds=grace_seconds
             )
         except ApiError as exc:
             # 404: gone. 409: the uid precondition failed, so that incarnation is gone too.
@@ -777,6 +792,12 @@ class Controller:
                 return True
             raise
         return False
+
+
+def _all_running(status: DistributedTrainingStatus, observed: Observed, nodes: int) -> bool:
+    """Every worker of the current gang generation is Running (the progress deadline's clock runs)."""
+    gang = current_gang(status, observed.workers)
+    return len(gang) == nodes and all(p.phase == "Running" and not p.deleting for p in gang.values())
 
 
 def _adopt(children: list[dict[str, Any]], body: Mapping[str, Any]) -> None:

@@ -268,13 +268,13 @@ class KubeClient:
         name: str,
         uid: Optional[str] = None,
         propagation: Optional[str] = None,
-        grace_period: Optional[int] = None,
+        grace_seconds: Optional[int] = None,
     ) -> None:
-        """Delete an object; with `uid`, only that incarnation of the name (a precondition);
-        `grace_period` 0 is a force delete."""
+        """Delete an object; with `uid`, only that incarnation of the name (a precondition).
+        `grace_seconds` overrides a pod's terminationGracePeriodSeconds (0: a force delete)."""
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
-        if grace_period is not None:
-            options["gracePeriodSeconds"] = grace_period
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
         if uid:
             options["preconditions"] = {"uid": uid}
         if propagation:

@@ -54,6 +54,12 @@ def event_line(record: dict[str, Any]) -> str:
             parity = "-" if error is None else f"{error:.2e}"
             return f"exported {record.get('onnx')} (ONNX Runtime parity: max relative error {parity})"
         return f"ONNX export failed: {record.get('error')}"
+    if event == "preflight":
+        return (
+            f"pre-flight: {record.get('worldSize')} ranks joined; {record.get('backend')} all-reduce latency "
+            f"{_value(record.get('latencyMs'), '{:.3g}')} ms, bus bandwidth "
+            f"{_value(record.get('busBandwidthGBps'), '{:.3g}')} GB/s ({_value(record.get('seconds'), '{:.2f}')} s)"
+        )
     return str(record)
 
 
@@ -203,7 +209,7 @@ class Display:
             style = "bold yellow" if kind == "warning" else "bold red"
             self.console.print(f"[{style}]trainer {kind}:[/] {escape(str(record.get('message')))}")
             return
-        if kind in ("start", "resumed", "export"):
+        if kind in ("start", "resumed", "export", "preflight"):
             self.console.print(escape(event_line(record)), highlight=False)
             return
         if kind == "checkpoint":
@@ -282,6 +288,24 @@ def summary_table(s: RunSummary) -> Table:
         table.add_row(escape(name), f"{value:.4g}")
     table.add_row("throughput", _value(s.images_per_second, "{:,.1f} images/s"))
     table.add_row("restarts", str(s.restarts))
+    if s.preflight:
+        p = s.preflight
+        table.add_row(
+            "pre-flight",
+            escape(
+                f"{p.get('worldSize')} ranks, {p.get('backend')}: all-reduce latency {_value(p.get('latencyMs'), '{:.3g}')} ms, "
+                f"bus bandwidth {_value(p.get('busBandwidthGBps'), '{:.3g}')} GB/s ({_value(p.get('seconds'), '{:.2f}')} s)"
+            ),
+        )
+    if s.stragglers and s.stragglers.get("slowestRank") is not None:
+        t = s.stragglers
+        table.add_row(
+            "slowest rank",
+            escape(
+                f"{t.get('slowestRank')} ({t.get('slowestPod')}): {_value(t.get('ratio'), '{:.2f}')} x the median step "
+                f"time {_value(t.get('medianSeconds'), '{:.3g}')} s" + ("  STRAGGLER" if t.get("straggler") else "")
+            ),
+        )
     table.add_row("wall time", format_duration(s.wall_seconds))
     table.add_row("checkpoint", escape(s.checkpoint or "-"))
     onnx = s.onnx or "-"

@@ -10,6 +10,7 @@ into the workdir. Nothing here starts a process or touches the disk.
 
 from __future__ import annotations
 
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +30,13 @@ _LOCAL_PROGRAMS = {
     "dtrain": [sys.executable, "-m", "dtrain_operator.cli"],
 }
 # The downward API's answers when the "pod" is a process on this machine.
+# The Kubernetes node a `dtrain run` node is on: this machine.
+LOCAL_NODE_NAME = socket.gethostname()
 _LOCAL_FIELD_REFS = {
     "metadata.namespace": lambda job, rank: job.namespace,
     "metadata.name": lambda job, rank: render.worker_pod_name(job, rank),
     "spec.serviceAccountName": lambda job, rank: job.spec.service_account_name,
+    "spec.nodeName": lambda job, rank: LOCAL_NODE_NAME,
     "status.podIP": lambda job, rank: LOCAL_MASTER_ADDR,
     "status.hostIP": lambda job, rank: LOCAL_MASTER_ADDR,
 }

@@ -25,7 +25,8 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from . import contract, policy, render
+from . import contract, policy, progress_deadline, render, stragglers
+from .api import StepTimes
 from .api import DistributedTraining
 from .local_display import Display
 from .local_gang import Gang, become_child_subreaper
@@ -99,6 +100,8 @@ class StepOutcome:
     failures: list[policy.WorkerFailure] = field(default_factory=list)
     stopped: bool = False
     deadline: bool = False
+    # The gang ran past runPolicy.progressDeadlineSeconds: what progress_deadline.decide said.
+    hang: Optional[policy.FailureDecision] = None
 
 
 @dataclass
@@ -172,6 +175,10 @@ class LocalRun:
         self.stop = stop
         self.state = RunState()
         self.progress = JsonlTail(workdir.progress)
+        # The latest progress record of the running gang, and the watch on it (progressDeadlineSeconds).
+        self._progress: Optional[Any] = None
+        self._progress_watch: Optional[progress_deadline.ProgressWatch] = None
+        self._straggler_warned: Optional[str] = None
         self.cores = available_cores()
 
     # --- training ---------------------------------------------------------------------
@@ -192,9 +199,13 @@ class LocalRun:
                 adopts_orphans=self.adopts_orphans,
             )
             self.display.gang_started(self.state.restarts, [launch.rank for launch in launches], gang.pids)
-            outcome = self._watch(gang, on_exit=self._node_failures)
-            # Even after a success, nothing the gang started may outlive it.
-            gang.stop(STOP_GRACE_SECONDS)
+            self._progress, self._progress_watch = None, None
+            outcome = self._watch(gang, on_exit=self._node_failures, watch_progress=True)
+            if outcome.hang is not None and outcome.hang.restart:
+                self.display.warn(f"{outcome.hang.reason}: {outcome.hang.message}")
+            # Even after a success, nothing the gang started may outlive it. A hung gang cannot reach
+            # the step where SIGTERM would stop it: it gets the operator's short grace for hung pods.
+            gang.stop(progress_deadline.HUNG_GANG_GRACE_SECONDS if outcome.hang is not None else STOP_GRACE_SECONDS)
             if outcome.succeeded:
                 self.display.progress_done()
                 return True
@@ -204,6 +215,11 @@ class LocalRun:
                 return self._stopped()
             if outcome.deadline:
                 return self._failed(policy.REASON_DEADLINE, policy.deadline_message(run_policy))
+            if outcome.hang is not None:
+                if not outcome.hang.restart:
+                    return self._failed(outcome.hang.reason, outcome.hang.message)
+                self.state.restarts += 1
+                continue
             for failure in outcome.failures:
                 node = gang.nodes[failure.rank]
                 excerpt = failure_excerpt(node.log_since_start(), FAILURE_LOG_LINES)
@@ -236,15 +252,27 @@ class LocalRun:
         except OSError:
             return ""
 
-    def _watch(self, gang: Gang, on_exit: Callable[[Gang], Optional[StepOutcome]]) -> StepOutcome:
+    def _watch(
+        self, gang: Gang, on_exit: Callable[[Gang], Optional[StepOutcome]], watch_progress: bool = False
+    ) -> StepOutcome:
         run_policy = self.job.spec.run_policy
         last_walk = 0.0
         while True:
             self._drain_progress()
             if self.stop.requested:
                 return StepOutcome(stopped=True)
-            if policy.deadline_exceeded(run_policy, self.state.started, datetime.now(timezone.utc)):
+            now = datetime.now(timezone.utc)
+            if policy.deadline_exceeded(run_policy, self.state.started, now):
                 return StepOutcome(deadline=True)
+            if watch_progress:
+                # The same watch and the same decision as the operator's; every node runs while none exited.
+                all_running = not gang.exited()
+                self._progress_watch = progress_deadline.observe(
+                    self._progress_watch, self.state.restarts, all_running, self._progress, now
+                )
+                hang = progress_deadline.decide(run_policy, self._progress_watch, now, self.state.restarts)
+                if hang is not None:
+                    return StepOutcome(hang=hang)
             if time.monotonic() - last_walk >= TREE_WALK_SECONDS:
                 gang.remember_descendants()
                 last_walk = time.monotonic()
@@ -256,8 +284,22 @@ class LocalRun:
 
     def _drain_progress(self) -> None:
         for record in self.progress.read_new():
+            if record.get("event") == "progress":
+                self._progress = progress_deadline.progress_from_record(record)
+                self._note_straggler(record.get("stepTimes"))
             self.display.progress(record, self.state.restarts)
         self.display.tick()
+
+    def _note_straggler(self, times: Any) -> None:
+        """Warn once per straggler, as the operator posts one Warning Event."""
+        try:
+            parsed = StepTimes.model_validate(times) if isinstance(times, dict) else None
+        except ValueError:
+            parsed = None
+        message = stragglers.straggler_message(parsed, self.job.spec.stragglers)
+        if message is not None and message != self._straggler_warned:
+            self.display.warn(message)
+        self._straggler_warned = message
 
     def _failed(self, reason: str, message: str) -> bool:
         self.state.phase, self.state.reason, self.state.message = PHASE_FAILED, reason, message

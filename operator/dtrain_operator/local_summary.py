@@ -59,6 +59,10 @@ class RunSummary:
     engine_note: Optional[str] = None
     engine_report: Optional[str] = None
     latency: list[LatencyRow] = field(default_factory=list)
+    # The latest gang's pre-flight check (the trainer's preflight record, as in status.preflight).
+    preflight: Optional[dict[str, Any]] = None
+    # The slowest rank as rank 0 last reported it (status.progress.stragglers).
+    stragglers: Optional[dict[str, Any]] = None
     # What the table's title names: `dtrain run` here, `dtrain watch` for a job on a cluster.
     command: str = "dtrain run"
 
@@ -134,10 +138,14 @@ def _add_progress(summary: RunSummary, records: list[dict[str, Any]]) -> None:
             summary.final_loss = _number(record.get("loss")) if record.get("loss") is not None else summary.final_loss
             rate = _number(record.get("imagesPerSecond"))
             summary.images_per_second = rate if rate is not None else summary.images_per_second
+            if isinstance(record.get("stepTimes"), dict):
+                summary.stragglers = record["stepTimes"]
             if isinstance(record.get("metrics"), dict):
                 summary.metrics.update(
                     {str(k): float(v) for k, v in record["metrics"].items() if _number(v) is not None}
                 )
+        elif event == "preflight":
+            summary.preflight = {k: v for k, v in record.items() if k not in ("event",)}
         elif event == "export" and record.get("ok"):
             summary.onnx = record.get("onnx") or summary.onnx
             summary.onnx_parity_error = _number(record.get("parityError"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Optional
 
-from . import contract
+from . import contract, progress_deadline
 from .api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus
 from .render import worker_pod_name
 from .status import (
@@ -49,6 +49,8 @@ class Plan:
     """ttlSecondsAfterFinished has passed: delete the DistributedTraining itself."""
     requeue_after: Optional[float] = None
     """Seconds until a deadline, timeout or TTL needs another look."""
+    delete_grace_seconds: Optional[int] = None
+    """Grace period of the deletions (None: each pod's own): short for a gang restarted for a hang."""
 
 
 # Requeue a hair past a deadline, so that the next look sees it passed.
@@ -151,10 +153,13 @@ def plan_children(
     ]
     awaited = engine_pod_awaited(observed, now)
     pull_deadline = image_pull_deadline(pulling_images(gang), limits) if phase in CREATING_PHASES else None
+    restarting = next((c for c in status.conditions if c.type == "Restarting" and c.status == "True"), None)
+    hung = restarting is not None and restarting.reason == progress_deadline.REASON_PROGRESS_DEADLINE
     return Plan(
         create_ranks=create,
         delete_pods=older,
         force_delete_pods=force,
+        delete_grace_seconds=progress_deadline.HUNG_GANG_GRACE_SECONDS if hung and older else None,
         create_engine_job=create_engine,
         requeue_after=_earliest(
             deadline,

@@ -112,6 +112,8 @@ def worker_env(job: DistributedTraining, rank: int) -> list[dict[str, Any]]:
         _var(contract.ENV_CONFIG, contract.CONFIG_PATH),
         _var(contract.ENV_JOB_NAME, job.name),
         {"name": contract.ENV_JOB_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         _var(contract.ENV_PROGRESS_SINK, contract.PROGRESS_SINK_KUBERNETES),
     ]
     env.extend(_var(name, value) for name, value in spec.nccl.to_env().items())

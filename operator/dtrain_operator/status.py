@@ -16,7 +16,7 @@ from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequen
 
 from pydantic import ValidationError
 
-from . import contract, policy
+from . import contract, policy, progress_deadline, stragglers
 from .api import (
     FINISHED_PHASES,
     Condition,
@@ -538,6 +538,7 @@ def compute_status(
     spec_errors: Sequence[str] = (),
     succeeded_ranks: Collection[int] = (),
     limits: Limits = Limits(),
+    progress_watch: Optional[progress_deadline.ProgressWatch] = None,
 ) -> DistributedTrainingStatus:
     """The whole status of a job, from what is observed now.
 
@@ -545,7 +546,9 @@ def compute_status(
     spec recorded in `acceptedSpec` at its first status. `spec_errors` are the validation
     errors of an edit that made an accepted job's spec invalid (`job` then carries the
     accepted spec). `succeeded_ranks` are the ranks of the current gang known to have exited 0
-    (see `succeeded_ranks`). Finished jobs keep their status.
+    (see `succeeded_ranks`). `progress_watch` is the caller's watch on training progress
+    (`progress_deadline.observe`): past runPolicy.progressDeadlineSeconds the gang restarts.
+    Finished jobs keep their status.
     """
     status = (previous or DistributedTrainingStatus()).model_copy(deep=True)
     conditions = _Conditions(status.conditions, now)
@@ -668,14 +671,23 @@ def compute_status(
         return _after_training(running_job, status, conditions, gang, observed, finish, now)
 
     failures = worker_failures(running_job, gang, gang_started=gang_started, succeeded_ranks=gone_succeeded)
-    if failures:
-        decision = policy.decide_on_failure(spec.run_policy, failures, status.restarts)
+    decision = policy.decide_on_failure(spec.run_policy, failures, status.restarts) if failures else None
+    if decision is None and gang_started:
+        decision = progress_deadline.decide(spec.run_policy, progress_watch, now, status.restarts)
+    if decision is not None:
         if not decision.restart:
             return finish("Failed", decision.reason, decision.message)
         status.restarts += 1
         status.phase = "Restarting"
         conditions.set(RESTARTING, True, decision.reason, decision.message)
-        conditions.set(RUNNING, False, "GangRestarting", "the gang is restarting after a worker failed")
+        conditions.set(
+            RUNNING,
+            False,
+            "GangRestarting",
+            "the gang is restarting after a worker failed"
+            if failures
+            else "the gang is restarting: it made no progress within runPolicy.progressDeadlineSeconds",
+        )
         conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
         status.nodes = _node_counts(total, [], active=True)
         status.nodes_ready = f"0/{total}"
@@ -718,6 +730,11 @@ def compute_status(
     else:
         status.phase = "Pending"
 
+    straggler = stragglers.straggler_message(status.progress.step_times if status.progress else None, spec.stragglers)
+    if straggler is not None:
+        conditions.set(stragglers.CONDITION, True, stragglers.REASON_DETECTED, straggler)
+    elif conditions.is_true(stragglers.CONDITION):
+        conditions.clear(stragglers.CONDITION, stragglers.REASON_NONE, "no rank is slower than the others now")
     too_long = pods_pending_too_long(running_job, gang, now)
     if too_long:
         timeout = spec.scheduling.gang.schedule_timeout_seconds
@@ -942,7 +959,7 @@ def status_events(
         events.append(JobEvent(kind, new.phase, phase_message(new)))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
-        if condition.type not in WARNING_CONDITIONS or condition.status != "True":
+        if condition.type not in (*WARNING_CONDITIONS, stragglers.CONDITION) or condition.status != "True":
             continue
         old = before.get(condition.type)
         if old is None or old.status != "True" or old.message != condition.message:

@@ -35,7 +35,7 @@ ANNOTATION = contract.ANNOTATION_STATE
 VERSION = 1
 # The trainer's own status fields are untrusted input: beyond this size they are not read.
 MAX_TRAINER_FIELD_BYTES = 4096
-TRAINER_FIELDS = ("progress", "lastCheckpoint")
+TRAINER_FIELDS = ("progress", "lastCheckpoint", "preflight")
 MAX_PROBLEM_CHARS = 200
 
 

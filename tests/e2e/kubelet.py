@@ -215,7 +215,9 @@ class Kubelet:
             if gone and running.deleted_at is None:
                 running.deleted_at = time.monotonic()
                 if not running.finished:
-                    asyncio.create_task(self._terminate(running))
+                    # A DELETE with gracePeriodSeconds (a hung gang's) overrides the pod's own grace.
+                    given = stored[uid]["metadata"].get("deletionGracePeriodSeconds") if uid in stored else None
+                    asyncio.create_task(self._terminate(running, given))
                 elif uid in stored:
                     asyncio.create_task(self._let_go(running))  # finished before: nothing to stop
             if running.finished and gone and running.net is None:
@@ -483,9 +485,9 @@ class Kubelet:
 
     # --- Deletion ---------------------------------------------------------------------------------
 
-    async def _terminate(self, running: RunningPod) -> None:
+    async def _terminate(self, running: RunningPod, given: Optional[int] = None) -> None:
         """SIGTERM to the container's main process; SIGKILL to the pod after its grace period."""
-        grace = running.pod["spec"].get("terminationGracePeriodSeconds")
+        grace = given if given is not None else running.pod["spec"].get("terminationGracePeriodSeconds")
         grace = DEFAULT_GRACE_SECONDS if grace is None else int(grace)
         while running.process is None and not running.finished:
             await asyncio.sleep(0.05)  # still being set up: the runtime starts it, then stops it

@@ -228,6 +228,56 @@ async def scenario_network_cut(bench: Bench, figures: Figures) -> None:
     figures.add("network cut → gang restarted (s)", elapsed)
 
 
+async def scenario_hang(bench: Bench, figures: Figures) -> None:
+    """A link cut with a long collective timeout: the progress deadline restarts the gang, not the timeout."""
+    name = "e2e-hang"
+    deadline = 30
+    job = small_job(name)
+    job["spec"]["nccl"]["timeoutSeconds"] = 600
+    job["spec"]["runPolicy"]["progressDeadlineSeconds"] = deadline
+    timeout = job["spec"]["nccl"]["timeoutSeconds"]
+    async with bench.watching(NS, name):
+        await bench.cluster.apply(job)
+        await until(lambda: checkpoint_step(bench, name) >= 8, f"{name}: a checkpoint at step 8 or later", bench)
+        preflight = status(bench, name).get("preflight") or {}
+        bench.kubelet.running(NS, f"{name}-1").net.link(False)
+        cut = time.monotonic()
+        await until(lambda: status(bench, name).get("restarts") == 1, f"{name}: a gang restart after the hang",
+                    bench, timeout / 4)
+        decided = time.monotonic()
+        restarting = bench.cluster.condition(NS, name, "Restarting") or {}
+        await until(lambda: bench.all_running(NS, name, 2, generation=1), f"{name}: the new gang Running", bench, 60)
+        restarted = time.monotonic()
+        final = await finish(bench, name)
+    assert restarting.get("reason") == "ProgressDeadlineExceeded", restarting
+    assert restarted - cut < timeout / 4, f"{restarted - cut:.0f} s from the hang to the new gang"
+    assert final["restarts"] == 1, final
+    figures.add(f"hang (link cut) → restart decided (s), collective timeout {timeout} s", decided - cut)
+    figures.add("hang (link cut) → new gang running (s)", restarted - cut)
+    if preflight.get("seconds") is not None:
+        figures.add("pre-flight per gang start (s)", float(preflight["seconds"]))
+
+
+async def scenario_wrong_interface(bench: Bench, figures: Figures) -> None:
+    """nccl.socketIfname names an interface the pods lack: the job fails in pre-flight, not in a hang."""
+    name = "e2e-iface"
+    job = small_job(name)
+    job["spec"]["nccl"]["socketIfname"] = "ens9f7"
+    async with bench.watching(NS, name):
+        await bench.cluster.apply(job)
+        await until(lambda: bench.all_running(NS, name, 2, generation=0), f"{name}: the gang Running", bench, 120)
+        running = time.monotonic()
+        final = await until(lambda: status(bench, name).get("phase") in ("Succeeded", "Failed") and status(bench, name),
+                            f"{name} finished", bench, 120)
+        failed = time.monotonic()
+    condition = next(c for c in final["conditions"] if c["type"] == "Failed")
+    assert final["phase"] == "Failed" and condition["reason"] == "InvalidTrainerConfig", final
+    assert "NCCL_SOCKET_IFNAME=ens9f7" in condition["message"] and "rank " in condition["message"], condition
+    assert final["restarts"] == 0, final
+    assert failed - running < 60, f"{failed - running:.0f} s from Running to Failed"
+    figures.add("wrong interface → job failed, from Running (s)", failed - running)
+
+
 async def scenario_operator_killed(bench: Bench, figures: Figures) -> None:
     name = "e2e-opkill"
     job = small_job(name)
@@ -320,6 +370,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Bench, Figures], Awaitable[None]]]] = 
     ("quickstart", "quickstart through the operator", scenario_quickstart),
     ("worker-kill", "worker SIGKILL → gang restart → resume at the checkpoint", scenario_worker_killed),
     ("network-cut", "network cut → restart within the collective timeout", scenario_network_cut),
+    ("hang", "a hang (link cut, long collective timeout) → progress deadline → gang restart", scenario_hang),
+    ("wrong-interface", "a wrong nccl.socketIfname → the job fails in pre-flight", scenario_wrong_interface),
     ("operator-kill", "operator SIGKILL and restart", scenario_operator_killed),
     ("suspend", "suspend and resume", scenario_suspend_resume),
     ("delete", "delete → every process gone, nothing on the bridge", scenario_delete),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,86 @@ def test_a_bad_file_prints_the_validation_errors_and_starts_nothing(
     assert "spec.trainer.maxEpochs: Input should be greater than or equal to 1" in err
     assert "spec.nodez: unknown field; did you mean 'nodes'?" in err
     assert not workdir.exists()
+
+
+def test_a_rank_that_hangs_is_restarted_by_the_progress_deadline_and_the_run_succeeds(tmp_path: Path) -> None:
+    deadline = 10  # the clock starts at the first batch of each gang
+    marker = tmp_path / "hung"
+    job = write_job(
+        tmp_path,
+        tiny_job(
+            "tiny-hang",
+            model={"classPath": "user_models.HangingClassifier", "initArgs": {"marker": str(marker), "hang_at_step": 3}},
+            runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": deadline},
+            export={"onnx": {"enabled": False}},
+            engine={"enabled": False},
+        ),
+    )
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine")
+    wait_for_record(run, workdir, lambda r: r.get("event") == "checkpoint" and r.get("step") == 2, timeout=RUN_TIMEOUT)
+    hung_at = time.monotonic()
+    assert run.wait(RUN_TIMEOUT) == 0, run.output
+    assert marker.exists()
+    assert "ProgressDeadlineExceeded" in run.output
+    assert f"progressDeadlineSeconds is {deadline}" in run.output
+    summary = summary_of(workdir)
+    assert (summary["phase"], summary["restarts"]) == ("Succeeded", 1)
+    # Each start ran the pre-flight check: the summary has the latest one's figures.
+    assert summary["preflight"]["worldSize"] == 2 and summary["preflight"]["busBandwidthGBps"] > 0
+    assert run.output.count("pre-flight: 2 ranks joined") == 2
+    resumed = [r for r in records(workdir) if r.get("event") == "resumed"]
+    assert resumed and resumed[0]["step"] == 2
+    # Well before the collective timeout (nccl.timeoutSeconds, 1800 s) would have ended the wait.
+    assert time.monotonic() - hung_at < 1800 / 10
+
+
+def test_a_gang_stuck_in_the_barrier_after_a_checkpoint_is_restarted_too(tmp_path: Path) -> None:
+    """Rank 0 writes the step-4 checkpoint, then waits in Lightning's barrier for rank 1, which hangs."""
+    marker = tmp_path / "hung"
+    job = write_job(
+        tmp_path,
+        tiny_job(
+            "tiny-hang-save",
+            model={
+                "classPath": "user_models.HangingClassifier",
+                "initArgs": {"marker": str(marker), "hang_at_step": 4, "hang_in": "save"},
+            },
+            runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": 10},
+            export={"onnx": {"enabled": False}},
+            engine={"enabled": False},
+        ),
+    )
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine")
+    assert run.wait(RUN_TIMEOUT) == 0, run.output
+    assert "in save" in marker.read_text()
+    assert "ProgressDeadlineExceeded" in run.output
+    assert summary_of(workdir)["restarts"] == 1
+
+
+def test_a_slow_rank_is_named_a_straggler_and_nothing_restarts(tmp_path: Path) -> None:
+    job = write_job(
+        tmp_path,
+        tiny_job(
+            "tiny-slow",
+            model={"classPath": "user_models.SlowClassifier", "initArgs": {"delay": 0.3, "slow_rank": 1}},
+            data={"initArgs": {"num_samples": 384}},
+            stragglers={"everyNSteps": 2, "factor": 1.5, "window": 2},
+            export={"onnx": {"enabled": False}},
+            engine={"enabled": False},
+        ),
+    )
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine")
+    assert run.wait(RUN_TIMEOUT) == 0, run.output
+    assert "rank 1 (pod tiny-slow-1 on node " in run.output and "is a straggler" in run.output
+    summary = summary_of(workdir)
+    assert (summary["phase"], summary["restarts"]) == ("Succeeded", 0)
+    times = summary["stragglers"]
+    assert (times["slowestRank"], times["slowestPod"], times["straggler"]) == (1, "tiny-slow-1", True)
+    assert times["ratio"] > 1.5 and times["slowestSeconds"] >= 0.3
+    # The first comparison that can report it is at step everyNSteps x window (4); the first steps of a
+    # process (warm-up, on every rank) may hide it for one comparison more.
+    detected = next(r for r in records(workdir) if (r.get("stepTimes") or {}).get("straggler"))
+    assert 4 <= detected["stepTimes"]["step"] <= 8

@@ -21,3 +21,54 @@ class FailingClassifier(ImageClassifier):
         if self.global_step >= self.fail_at_step and self.global_rank == self.fail_on_rank:
             raise RuntimeError(f"FailingClassifier fails on purpose at step {self.global_step}")
         return super().training_step(batch, batch_idx)
+
+
+class HangingClassifier(ImageClassifier):
+    """A rank that blocks: at `hang_at_step`, training_step sleeps on global rank `hang_on_rank`,
+    so that every other rank waits for it in the gradient all-reduce, as behind a cut link. It
+    hangs once: `marker` (a file it creates) tells the restarted gang to train on. `hang_in: save`
+    hangs in on_save_checkpoint instead, so that rank 0 writes the checkpoint and then waits in
+    Lightning's barrier after it (a gang stuck right after a save must not look like one saving)."""
+
+    def __init__(
+        self, marker: str, hang_at_step: int = 3, hang_on_rank: int = 1, hang_in: str = "step", **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.hang_at_step = hang_at_step
+        self.hang_on_rank = hang_on_rank
+        self.hang_in = hang_in
+
+    def _maybe_hang(self, where: str) -> None:
+        import os
+        import time
+
+        if where == self.hang_in and self.global_step == self.hang_at_step and self.global_rank == self.hang_on_rank:
+            if not os.path.exists(self.marker):
+                with open(self.marker, "w") as file:
+                    file.write(f"hung at step {self.global_step} in {where}\n")
+                time.sleep(3600)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self._maybe_hang("step")
+        return super().training_step(batch, batch_idx)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._maybe_hang("save")
+        super().on_save_checkpoint(checkpoint)
+
+
+class SlowClassifier(ImageClassifier):
+    """A slow rank (a slower GPU, a throttled node): training_step takes `delay` seconds longer on `slow_rank`."""
+
+    def __init__(self, delay: float = 0.2, slow_rank: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay = delay
+        self.slow_rank = slow_rank
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import time
+
+        if self.global_rank == self.slow_rank:
+            time.sleep(self.delay)
+        return super().training_step(batch, batch_idx)

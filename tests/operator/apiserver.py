@@ -273,6 +273,8 @@ class ApiServer(kmock.KubernetesEmulator):
 
     faults: Faults = attrs.field(factory=Faults, init=False)
     calls: list[tuple[str, Call]] = attrs.field(factory=list, init=False)
+    # gracePeriodSeconds of each DELETE that gave one, by (namespace, name).
+    deletion_graces: dict = attrs.field(factory=dict, init=False)
     _rv: int = attrs.field(default=0, init=False)
     _events: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=EVENT_LOG_SIZE), init=False)
     _wakeup: Optional[asyncio.Event] = attrs.field(default=None, init=False)
@@ -450,6 +452,8 @@ class ApiServer(kmock.KubernetesEmulator):
         key = (request.resource, request.namespace, request.name)
         options = request.data if isinstance(request.data, dict) else {}
         preconditions = options.get("preconditions") or {}
+        if isinstance(options.get("gracePeriodSeconds"), int):
+            self.deletion_graces[(request.namespace, request.name)] = options["gracePeriodSeconds"]
         async with self._lock:
             raw = self._current(key)
             if raw is None:
@@ -463,7 +467,11 @@ class ApiServer(kmock.KubernetesEmulator):
                 meta["finalizers"] = [f for f in meta["finalizers"] if f != KUBELET_FINALIZER]
             if meta.get("finalizers"):
                 if not meta.get("deletionTimestamp"):
-                    raw = merge_patch(raw, {"metadata": {"deletionTimestamp": now_rfc3339()}})
+                    marks: dict[str, Any] = {"deletionTimestamp": now_rfc3339()}
+                    if isinstance(options.get("gracePeriodSeconds"), int):
+                        # As the API server does: the kubelet honours it over terminationGracePeriodSeconds.
+                        marks["deletionGracePeriodSeconds"] = options["gracePeriodSeconds"]
+                    raw = merge_patch(raw, {"metadata": marks})
                     raw["metadata"]["resourceVersion"] = str(self._next_rv())
                     self._store(key, raw)
                     self._emit("MODIFIED", request.resource, raw)

@@ -59,6 +59,8 @@ BASE_ENV = [
     {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
     {"name": "DTRAIN_JOB_NAME", "value": "mnist"},
     {"name": "DTRAIN_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    {"name": "DTRAIN_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     {"name": "DTRAIN_PROGRESS_SINK", "value": "kubernetes"},
 ]
 

@@ -115,9 +115,25 @@ class _AtomicCheckpointIOBehaviour:
     fsync'd, then renamed over the target (atomic within one file system). Lightning's own
     writer goes through fsspec's transaction, which stages the file in the system's temp
     directory: in a container that is a small overlay, and the final move is a copy.
+
+    `on_writing` is told True before each write and False after it (rank 0 writes; the progress
+    deadline holds meanwhile). Only the write itself: Lightning's barrier after a save is a
+    collective, in which a hung gang must not look like one writing a checkpoint.
     """
 
+    on_writing: Callable[[bool], None] | None = None
+
     def save_checkpoint(self, checkpoint: dict[str, object], path: str | os.PathLike[str], storage_options: object = None) -> None:
+        if self.on_writing is None:
+            self._write(checkpoint, path, storage_options)
+            return
+        self.on_writing(True)
+        try:
+            self._write(checkpoint, path, storage_options)
+        finally:
+            self.on_writing(False)
+
+    def _write(self, checkpoint: dict[str, object], path: str | os.PathLike[str], storage_options: object) -> None:
         if storage_options is not None:
             raise TypeError("dtrain's checkpoint writer takes no storage_options")
         target = Path(path)

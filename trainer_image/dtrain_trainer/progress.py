@@ -27,8 +27,13 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
     {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
      "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false,
-     "stage": "training" | "exporting", "metrics": {"val_loss": 0.41, "val_acc": 0.87, ...},
-     "validation": "val_loss=0.41" | null}   (metrics: val_loss, val_acc, prog_bar and spec.logging.metrics)   (the last progress record, before the export, says exporting)
+     "stage": "training" | "validating" | "checkpointing" | "exporting",
+     "metrics": {"val_loss": 0.41, "val_acc": 0.87, ...}, "validation": "val_loss=0.41" | null,
+     "batches": 512, "batchTime": ...,
+     "stepTimes": {"step": 150, "medianSeconds": 0.09, "slowestRank": 1, "slowestSeconds": 0.31,
+                   "slowestPod": "job-1", "slowestNode": "node-b", "ratio": 3.4, "slowChecks": 3,
+                   "straggler": true} | null}   (metrics: val_loss, val_acc, prog_bar and spec.logging.metrics;
+     stepTimes: see stragglers.py)   (the last progress record, before the export, says exporting)
     {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt"}
     {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
@@ -37,6 +42,15 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "stopped", "time": ..., "signal": "SIGTERM", "checkpoint": "/ckpt/last.ckpt", "step": 57,
      "epoch": 0, "loss": 0.9, "imagesPerSecond": 810.2}   (SIGTERM: every rank stopped after this step)
     {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}
+    {"event": "preflight", "time": ..., "backend": "gloo", "worldSize": 2, "seconds": 0.12,
+     "joinSeconds": 0.01, "allReduceBytes": 4194304, "allReduceMs": 9.4, "latencyMs": 0.09,
+     "busBandwidthGBps": 0.45, "versions": {...}, "ranks": [...]}   (see preflight.py)
+
+`batches` counts the training and validation batches rank 0 has completed in this process, and
+`batchTime` is when the latest completed: only the training and validation loops advance them (the
+operator's progress deadline watches them, see dtrain_operator.progress_deadline). A record with
+stage `checkpointing` is sent when a checkpoint starts to be written (the deadline holds meanwhile),
+one with stage `validating` during validation, at the same rate as training's.
 
 `step` is Lightning's global step (optimizer steps; with gradient accumulation one step
 is several batches). `totalSteps` is the number of optimizer steps the run will take
@@ -80,6 +94,7 @@ EVENT_EXPORT = "export"
 EVENT_FINISHED = "finished"
 EVENT_STOPPED = "stopped"
 EVENT_ERROR = "error"
+EVENT_PREFLIGHT = "preflight"
 
 # Metrics reported whenever the model logs them (besides its prog_bar metrics and spec.logging.metrics).
 REPORTED_METRICS = ("val_loss", "val_acc")
@@ -159,6 +174,13 @@ def human_line(record: Mapping[str, Any]) -> str:
         return f"finished at step {record.get('step')} (epoch {record.get('epoch')}, loss {loss}){metrics_text(record.get('metrics'))}"
     if event == EVENT_STOPPED:
         return f"stopped by {record.get('signal')} at step {record.get('step')}; checkpoint {record.get('checkpoint')}"
+    if event == EVENT_PREFLIGHT:
+        return (
+            f"pre-flight: {record.get('worldSize')} ranks joined, {record.get('backend')} all-reduce of "
+            f"{record.get('allReduceBytes')} bytes {_number(record.get('allReduceMs'))} ms (bus "
+            f"{_number(record.get('busBandwidthGBps'))} GB/s), latency {_number(record.get('latencyMs'))} ms; "
+            f"{_number(record.get('seconds'))} s in all"
+        )
     if event in (EVENT_WARNING, EVENT_ERROR):
         return f"{event}: {record.get('message')}"
     return json.dumps(dict(record))
@@ -212,10 +234,15 @@ def status_patch(record: Mapping[str, Any]) -> dict[str, Any] | None:
             "stage": record.get("stage"),
             "metrics": record.get("metrics") or None,
             "validation": record.get("validation"),
+            "batches": record.get("batches"),
+            "batchTime": record.get("batchTime"),
+            "stepTimes": record.get("stepTimes"),
             "updatedAt": record.get("time"),
         }
         # null in a merge patch deletes a field: leave out what is not known yet instead.
         return {"progress": {k: v for k, v in fields.items() if v is not None}}
+    if record.get("event") == EVENT_PREFLIGHT:
+        return {"preflight": {k: v for k, v in record.items() if k != "event" and v is not None}}
     if record.get("event") == EVENT_CHECKPOINT:
         return {"lastCheckpoint": {"step": record.get("step"), "path": record.get("path"), "time": record.get("time")}}
     return None
@@ -487,6 +514,14 @@ class _ProgressBehaviour:
         self.total_steps: int | None = None
         # The epoch of the latest batch: after fit, Lightning's current_epoch is one past the last epoch.
         self.last_epoch: int | None = None
+        # Training and validation batches completed in this process, and when the latest did.
+        self.batches = 0
+        self.batch_time: str | None = None
+        self._stage = contract.PROGRESS_STAGE_TRAINING
+        # The latest comparison of the ranks' step times (dtrain_trainer.stragglers).
+        self.step_times: dict[str, Any] | None = None
+        self._trainer: Any = None
+        self._stage_before_write = contract.PROGRESS_STAGE_TRAINING
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         step = checkpoint.get("global_step")
@@ -494,7 +529,14 @@ class _ProgressBehaviour:
         if trainer.is_global_zero:
             self.reporter.event(EVENT_RESUMED, path=str(trainer.ckpt_path), step=step, epoch=checkpoint.get("epoch"))
 
+    def note_step_times(self, times: dict[str, Any], now: bool) -> None:
+        """The stragglers callback's latest comparison; `now`: a straggler appeared or went, report at once."""
+        self.step_times = times
+        if now and self._trainer is not None:
+            self._report(self._trainer, epoch_end=False)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._trainer = trainer
         self._window_step = trainer.global_step
         estimated = trainer.estimated_stepping_batches
         self.total_steps = int(estimated) if math.isfinite(estimated) else None
@@ -507,11 +549,42 @@ class _ProgressBehaviour:
     ) -> None:
         if not trainer.is_global_zero:
             return
+        self._batch_done()
         per_rank = batch_size_of(batch) or self.default_batch_size
         self.meter.batch_done(per_rank * trainer.world_size)
         self._add_loss(trainer, loss_of(outputs))
         self.last_epoch = trainer.current_epoch
-        if self.reporter.progress_due():
+        if self.reporter.progress_due() or self._stage != contract.PROGRESS_STAGE_TRAINING:
+            self._stage = contract.PROGRESS_STAGE_TRAINING
+            self._report(trainer, epoch_end=False)
+
+    def _batch_done(self) -> None:
+        self.batches += 1
+        self.batch_time = utc_now()
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not trainer.is_global_zero:
+            return
+        self._batch_done()
+        if self.reporter.progress_due() or self._stage != contract.PROGRESS_STAGE_VALIDATING:
+            self._stage = contract.PROGRESS_STAGE_VALIDATING
+            self._report(trainer, epoch_end=False)
+
+    def checkpoint_writing(self, writing: bool) -> None:
+        """A checkpoint write starts (True) or ends (False): say so at once, so that a long write trips no
+        progress deadline and the deadline runs again from the moment it ends (StepCheckpoint calls this)."""
+        trainer = self._trainer
+        if trainer is None or not trainer.is_global_zero:
+            return
+        if writing:
+            if self._stage != contract.PROGRESS_STAGE_CHECKPOINTING:
+                self._stage_before_write = self._stage
+                self._stage = contract.PROGRESS_STAGE_CHECKPOINTING
+                self._report(trainer, epoch_end=False)
+        elif self._stage == contract.PROGRESS_STAGE_CHECKPOINTING:
+            self._stage = self._stage_before_write
             self._report(trainer, epoch_end=False)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -568,9 +641,12 @@ class _ProgressBehaviour:
             loss=self.last_loss,
             imagesPerSecond=self.meter.images_per_second(),
             epochEnd=epoch_end,
-            stage=contract.PROGRESS_STAGE_TRAINING,
+            stage=self._stage,
             metrics=metrics,
             validation=validation_text(metrics),
+            batches=self.batches,
+            batchTime=self.batch_time,
+            stepTimes=self.step_times,
         )
 
     def final_metrics(self, trainer: L.Trainer) -> dict[str, Any]:

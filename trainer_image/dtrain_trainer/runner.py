@@ -35,7 +35,7 @@ import torch
 from dtrain_operator import contract
 from dtrain_operator.api import TrainerConfig
 
-from . import flavor
+from . import flavor, preflight
 from .checkpointing import (
     LAST_CHECKPOINT,
     atomic_checkpoint_io_class,
@@ -57,10 +57,12 @@ from .export import ExampleInputs, ExportError, export_artifacts, resolve_exampl
 from .loading import import_class, instantiate
 from .logs import build_logger, continue_log
 from .resumable import resumable
+from .stragglers import straggler_callback_class
 from .stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
 from .progress import (
     EVENT_CHECKPOINT,
     EVENT_ERROR,
+    EVENT_PREFLIGHT,
     EVENT_EXPORT,
     EVENT_FINISHED,
     EVENT_START,
@@ -103,16 +105,19 @@ def build_trainer(
         process_group_backend="nccl" if on_gpu else "gloo",
         gradient_as_bucket_view=True,
     )
+    progress = progress_callback_class(package)(
+        reporter, default_batch_size=settings.batch_size, metric_names=config.logging.metrics
+    )
     checkpoint = step_checkpoint_class(package)(
         dirpath=config.checkpoint.dir,
         every_n_steps=config.checkpoint.every_n_steps,
         keep_last=config.checkpoint.keep_last,
         on_saved=lambda step, path: reporter.event(EVENT_CHECKPOINT, step=step, path=path),
     )
-    progress = progress_callback_class(package)(
-        reporter, default_batch_size=settings.batch_size, metric_names=config.logging.metrics
-    )
+    checkpoint_io = atomic_checkpoint_io_class(package)()
+    checkpoint_io.on_writing = progress.checkpoint_writing
     stop = graceful_stop_class(package)()
+    straggler = straggler_callback_class(package)(config.stragglers, progress.note_step_times)
     return pl.Trainer(  # type: ignore[no-any-return]
         accelerator="gpu" if on_gpu else "cpu",
         devices=config.devices_per_node,
@@ -126,8 +131,8 @@ def build_trainer(
         max_steps=settings.max_steps,
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
-        callbacks=[progress, stop, checkpoint],
-        plugins=[atomic_checkpoint_io_class(package)()],
+        callbacks=[straggler, progress, stop, checkpoint],
+        plugins=[checkpoint_io],
         logger=build_logger(config, pl, env if env is not None else os.environ),
         default_root_dir=config.checkpoint.dir,
         # Progress goes through the sink; a terminal progress bar only floods pod logs.
@@ -207,6 +212,10 @@ def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
     sink = sink_from_env(env, config.job_name) if global_rank(env) == 0 else NullSink()
     reporter = ProgressReporter(sink, progress_interval(env))
     try:
+        # Before the model is built: a broken network fails here, at once, not as a hang.
+        checked = preflight.run(env, config.accelerator, config.devices_per_node, config.nccl.preflight_timeout_seconds)
+        if checked is not None:
+            reporter.event(EVENT_PREFLIGHT, **checked)
         return _train_and_export(config, env, reporter)
     except ConfigError as exc:
         reporter.event(EVENT_ERROR, message=str(exc))

@@ -1,0 +1,100 @@
+"""A gang that runs but does not train is restarted (ProgressDeadlineExceeded), its hung pods with a short grace."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+
+from dtrain_operator import contract
+from dtrain_operator.progress_deadline import HUNG_GANG_GRACE_SECONDS, REASON_PROGRESS_DEADLINE
+
+from .cluster import Cluster, a_job
+
+NS = "default"
+
+
+def generations(pods: list[dict]) -> set[str]:
+    return {p["metadata"]["labels"][contract.LABEL_GANG_GENERATION] for p in pods}
+
+
+async def report(cluster: Cluster, name: str, batches: int, stage: str = contract.PROGRESS_STAGE_TRAINING) -> None:
+    """What rank 0's trainer patches: its batch counter moves only when a batch completes."""
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    await cluster.patch_job_status(
+        NS, name, {"progress": {"step": batches, "batches": batches, "batchTime": now, "stage": stage, "updatedAt": now}}
+    )
+
+
+async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: Cluster):
+    deadline = 3
+    await operated.apply(
+        a_job("hang").nodes(2).backoff_limit(1).with_spec("runPolicy.progressDeadlineSeconds", deadline).build()
+    )
+    first = await operated.run_all(NS, "hang", 2)
+    await operated.phase(NS, "hang", "Running")
+    for batches in range(1, 5):  # healthy: a batch a second, for longer than the deadline
+        await report(operated, "hang", batches)
+        await asyncio.sleep(1)
+    # A checkpoint write longer than the deadline holds the clock.
+    await report(operated, "hang", 4, contract.PROGRESS_STAGE_CHECKPOINTING)
+    await asyncio.sleep(deadline + 2)
+    assert operated.status(NS, "hang")["restarts"] == 0
+    await report(operated, "hang", 5)
+
+    # Now rank 1 blocks in a collective: rank 0 waits with it and reports nothing more.
+    hung_at = asyncio.get_running_loop().time()
+    await operated.eventually(lambda: operated.status(NS, "hang").get("restarts") == 1, "restarts=1", timeout=30)
+    took = asyncio.get_running_loop().time() - hung_at
+    assert deadline <= took < deadline + 10
+    restarting = operated.condition(NS, "hang", "Restarting")
+    assert (restarting["status"], restarting["reason"]) == ("True", REASON_PROGRESS_DEADLINE)
+    assert "progressDeadlineSeconds is 3" in restarting["message"] and "at step 5" in restarting["message"]
+    # The hung pods cannot checkpoint: they go with a short grace, not terminationGracePeriodSeconds.
+    names = [p["metadata"]["name"] for p in first]
+    await operated.eventually(
+        lambda: all((NS, n) in operated.api.deletion_graces for n in names), "the hung gang's pods deleted"
+    )
+    assert {operated.api.deletion_graces[(NS, n)] for n in names} == {HUNG_GANG_GRACE_SECONDS}
+
+    await operated.eventually(lambda: generations(operated.pods(NS, "hang")) == {"1"}, "gang generation 1")
+    await operated.run_all(NS, "hang", 2)
+    await operated.phase(NS, "hang", "Running")
+    # The restarted gang hangs too: counted against backoffLimit (1), the job fails.
+    await operated.phase(NS, "hang", "Failed", timeout=30)
+    failed = operated.condition(NS, "hang", "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert "no training or validation batch completed" in failed["message"]
+    await operated.event_reasons(NS, "hang", ["Pending", "Running", "Restarting", "Running", "Failed"])
+
+
+async def test_off_with_zero(operated: Cluster):
+    await operated.apply(a_job("off").nodes(1).with_spec("runPolicy.progressDeadlineSeconds", 0).build())
+    await operated.run_all(NS, "off", 1)
+    await operated.phase(NS, "off", "Running")
+    await report(operated, "off", 1)
+    await asyncio.sleep(3)
+    assert operated.status(NS, "off")["phase"] == "Running"
+    assert operated.status(NS, "off")["restarts"] == 0
+
+
+async def test_a_straggler_gets_a_condition_and_one_warning_event_naming_pod_and_node(operated: Cluster):
+    await operated.apply(a_job("slow").nodes(2).build())
+    await operated.run_all(NS, "slow", 2)
+    await operated.phase(NS, "slow", "Running")
+    times = {"medianSeconds": 0.1, "slowestRank": 1, "slowestPod": "slow-1", "slowestNode": "node-b", "slowChecks": 3}
+    for step, ratio in ((50, 3.1), (100, 2.9)):  # still slow at the next comparison: no second Event
+        await operated.patch_job_status(
+            NS, "slow", {"progress": {"step": step, "stepTimes": {**times, "step": step, "ratio": ratio, "straggler": True}}}
+        )
+        condition = await operated.eventually(
+            lambda: (c := operated.condition(NS, "slow", "Straggler")) and c["status"] == "True" and c, "Straggler condition"
+        )
+    assert condition["reason"] == "StragglerDetected"
+    assert condition["message"].startswith("rank 1 (pod slow-1 on node node-b) is a straggler")
+    events = await operated.event_reasons(NS, "slow", ["Pending", "Running", "Straggler"])
+    assert events[-1]["type"] == "Warning" and "pod slow-1 on node node-b" in events[-1]["message"]
+    await operated.patch_job_status(
+        NS, "slow", {"progress": {"step": 150, "stepTimes": {**times, "step": 150, "ratio": 1.1, "straggler": False}}}
+    )
+    await operated.eventually(lambda: operated.condition(NS, "slow", "Straggler")["status"] == "False", "cleared")
+    assert operated.status(NS, "slow")["restarts"] == 0 and operated.status(NS, "slow")["phase"] == "Running"

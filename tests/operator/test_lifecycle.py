@@ -80,6 +80,8 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
             {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
             {"name": "DTRAIN_JOB_NAME", "value": "llm"},
             {"name": "DTRAIN_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "DTRAIN_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             {"name": "DTRAIN_PROGRESS_SINK", "value": "kubernetes"},
             {"name": "NCCL_IB_DISABLE", "value": "1"},
             {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},

@@ -59,6 +59,10 @@ async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: 
     await operated.eventually(lambda: generations(operated.pods(NS, "hang")) == {"1"}, "gang generation 1")
     await operated.run_all(NS, "hang", 2)
     await operated.phase(NS, "hang", "Running")
+    # Its start takes what it takes: the clock runs from the restarted gang's first report.
+    await asyncio.sleep(deadline + 1)
+    assert operated.status(NS, "hang")["phase"] == "Running"
+    await report(operated, "hang", 1)
     # The restarted gang hangs too: counted against backoffLimit (1), the job fails.
     await operated.phase(NS, "hang", "Failed", timeout=30)
     failed = operated.condition(NS, "hang", "Failed")

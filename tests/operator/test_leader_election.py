@@ -7,6 +7,8 @@ import asyncio
 import time
 from typing import Optional
 
+from dtrain_operator import contract
+
 from .cluster import Cluster, OperatorProcess, a_job
 
 NS = "default"
@@ -52,6 +54,12 @@ async def test_one_of_two_replicas_reconciles_and_the_other_takes_over_when_it_d
     assert holder(cluster) == "dtrain-operator-b"
     assert second.running
     assert failover < 30, failover  # target: under 15 s (measured above)
+    # The new gang, not the old one on its way out.
+    await cluster.eventually(
+        lambda: len(p := cluster.pods(NS, "ha")) == 2
+        and {q["metadata"]["labels"][contract.LABEL_GANG_GENERATION] for q in p} == {"1"},
+        "the second gang's pods",
+    )
     await cluster.run_all(NS, "ha", 2)
     await cluster.phase(NS, "ha", "Running")
     await cluster.event_reasons(NS, "ha", ["Pending", "Running", "Restarting", "Running"])

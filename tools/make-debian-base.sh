@@ -11,7 +11,7 @@ IMAGE="${1:-localhost/dtrain-base:bookworm}"
 # The Debian mirror this machine's apt already uses (deb822 or one-line sources), unless given.
 host_mirror() {
   { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
-    grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}'; } | grep -v -- '-security' | head -1
+    grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}'; } | grep -v -- '-security' | head -1 || true
 }
 MIRROR="${DEBIAN_MIRROR:-$(host_mirror)}"
 if [[ -z "$MIRROR" ]]; then

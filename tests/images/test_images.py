@@ -122,7 +122,7 @@ def trained(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("trainer")
     doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     doc["spec"]["nodes"] = 1
-    doc["spec"]["data"]["initArgs"]["num_samples"] = 256  # CI time: the quick start's model, fewer images
+    doc["spec"]["trainer"]["maxEpochs"] = 1  # CI time: the quick start's model and data, one epoch
     job = api.DistributedTraining.model_validate(doc)
     config_dir = work / "etc-dtrain"
     config_dir.mkdir()

@@ -15,7 +15,7 @@ from .conftest import ListSink
 def fake_trainer(step: int = 0) -> SimpleNamespace:
     return SimpleNamespace(
         is_global_zero=True, global_step=step, current_epoch=0, accumulate_grad_batches=1, world_size=2,
-        estimated_stepping_batches=100, ckpt_path=None,
+        estimated_stepping_batches=100, ckpt_path=None, progress_bar_metrics={}, callback_metrics={},
     )
 
 

@@ -12,7 +12,7 @@ from dtrain_operator import api
 
 from . import flavor
 from .config import ConfigError
-from .export import resolve_input_shape
+from .export import resolve_example
 from .loading import import_class, instantiate
 from .memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, gpu_memory_of
 
@@ -41,7 +41,8 @@ def estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> Jo
         )
     except ConfigError as exc:  # the data set lives on the cluster: estimate from the input shape
         data, notes = None, [f"the data module cannot be built here ({exc})"]
-    shape = resolve_input_shape(spec.export.onnx.input_shape, data, model)
+    # The synthetic batch, when the data cannot be read here, is (inputs of this shape, labels).
+    shape = resolve_example(spec.export.onnx.input_shape, spec.export.onnx.input_dtype, data, model).shapes[0]
     result = estimate_job(model, data, shape, spec.trainer, gpu_memory)
     result.estimate.notes.extend(notes)
     return result

@@ -16,6 +16,7 @@ from typing import Any
 
 from dtrain_operator import api
 
+from . import flavor
 from .config import ConfigError
 
 # Bare names accepted for the built-ins, e.g. `classPath: ImageClassifier`.
@@ -104,3 +105,23 @@ def instantiate(
     except (TypeError, ValueError, OSError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         raise ConfigError(f"{field}.initArgs: {cls.__name__}: {message}") from None
+
+
+def job_classes(model: api.ClassSpec, data: api.ClassSpec) -> tuple[flavor.Flavor, type, type]:
+    """The Lightning package a job trains with, and its model and data classes on that package."""
+    return flavor.resolve(
+        import_class(model.class_path, "model"), import_class(data.class_path, "data"), model.class_path, data.class_path
+    )
+
+
+def instantiate_data(
+    spec: api.ClassSpec, pl: flavor.Flavor, cls: type, batch_size: int, num_workers: int
+) -> Any:
+    """The data module, given the batch size and loader workers the trainer passes it."""
+    return instantiate(
+        spec,
+        "data",
+        pl.LightningDataModule,
+        cls=cls,
+        supplied={"batch_size": (batch_size, "trainer.batchSize"), "num_workers": (num_workers, "trainer.numWorkers")},
+    )

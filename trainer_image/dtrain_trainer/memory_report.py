@@ -10,10 +10,9 @@ import torch
 
 from dtrain_operator import api
 
-from . import flavor
 from .config import ConfigError
 from .export import resolve_example
-from .loading import import_class, instantiate
+from .loading import instantiate, instantiate_data, job_classes
 from .memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, gpu_memory_of
 
 
@@ -23,22 +22,11 @@ def estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> Jo
     gpu_memory = gpu_memory_of(spec, gpu_memory_flag)
     torch.manual_seed(spec.trainer.seed)
     # The Lightning package the user's classes are built on, as the trainer chooses it.
-    pl, model_cls, data_cls = flavor.resolve(
-        import_class(spec.model.class_path, "model"),
-        import_class(spec.data.class_path, "data"),
-        spec.model.class_path,
-        spec.data.class_path,
-    )
+    pl, model_cls, data_cls = job_classes(spec.model, spec.data)
     model = instantiate(spec.model, "model", pl.LightningModule, cls=model_cls)
     notes = []
     try:
-        data = instantiate(
-            spec.data,
-            "data",
-            pl.LightningDataModule,
-            cls=data_cls,
-            supplied={"batch_size": (MEASURED_BATCHES[1], "trainer.batchSize"), "num_workers": (0, "trainer.numWorkers")},
-        )
+        data = instantiate_data(spec.data, pl, data_cls, MEASURED_BATCHES[1], 0)
     except ConfigError as exc:  # the data set lives on the cluster: estimate from the input shape
         data, notes = None, [f"the data module cannot be built here ({exc})"]
     # The synthetic batch, when the data cannot be read here, is (inputs of this shape, labels).

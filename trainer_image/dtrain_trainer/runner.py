@@ -54,7 +54,7 @@ from .config import (
     resolve_precision,
 )
 from .export import ExampleInputs, ExportError, export_artifacts, resolve_example, write_termination_log
-from .loading import import_class, instantiate
+from .loading import instantiate, instantiate_data, job_classes
 from .logs import build_logger, continue_log
 from .resumable import resumable
 from .stragglers import straggler_callback_class
@@ -229,24 +229,10 @@ def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
 
 def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: ProgressReporter) -> int:
     settings = config.trainer
-    pl, model_cls, data_cls = flavor.resolve(
-        import_class(config.model.class_path, "model"),
-        import_class(config.data.class_path, "data"),
-        config.model.class_path,
-        config.data.class_path,
-    )
+    pl, model_cls, data_cls = job_classes(config.model, config.data)
     pl.seed_everything(settings.seed, workers=True, verbose=False)
     model = instantiate(config.model, "model", pl.LightningModule, cls=model_cls)
-    data = instantiate(
-        config.data,
-        "data",
-        pl.LightningDataModule,
-        cls=data_cls,
-        supplied={
-            "batch_size": (settings.batch_size, "trainer.batchSize"),
-            "num_workers": (settings.num_workers, "trainer.numWorkers"),
-        },
-    )
+    data = instantiate_data(config.data, pl, data_cls, settings.batch_size, settings.num_workers)
     check_model_matches_data(model, data)
     resumable(data)
     check_writable(Path(config.checkpoint.dir), "checkpoint.dir")

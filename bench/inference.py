@@ -160,10 +160,10 @@ def tensorrt_unavailable_reason() -> str | None:
 
 def build_tensorrt_fp16(onnx_path: Path, batches: list[int], workdir: Path) -> Any:
     """An fp16 engine built by dtrain's own builder (what `dtrain build-engine` runs), for batches min..max."""
-    from dtrain_trainer.engine_device import TorchCudaDevice
-    from dtrain_trainer.engine_model import convert_to_float16, inspect_onnx
-    from dtrain_trainer.engine_plan import BuildOptions, plan_build
-    from dtrain_trainer.engine_tensorrt import TensorRTEngine, TensorRTLog, build_engine, tensorrt_version
+    from dtrain_engine.device import TorchCudaDevice
+    from dtrain_engine.onnx_model import convert_to_float16, inspect_onnx
+    from dtrain_engine.plan import BuildOptions, plan_build
+    from dtrain_engine.tensorrt_runtime import TensorRTEngine, TensorRTLog, build_engine, tensorrt_version
 
     model = inspect_onnx(str(onnx_path))
     options = BuildOptions(precision="fp16", min_batch=min(batches), opt_batch=max(batches), max_batch=max(batches))

@@ -21,8 +21,8 @@ import torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
 from bench.common import markdown_table  # noqa: E402
-from dtrain_trainer.memory import estimate_job, format_bytes  # noqa: E402
-from dtrain_trainer.models import ImageClassifier  # noqa: E402
+from dtrain_trainer.memory import estimate_job, format_bytes
+from dtrain_trainer.models import ImageClassifier
 
 CASES = [
     # (arch, image size, batch, precision): the article's case first.

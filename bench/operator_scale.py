@@ -45,8 +45,7 @@ import attrs
 import kmock
 import psutil
 
-from dtrain_operator import contract
-
+from dtrain_operator.api import contract
 from tests.operator.apiserver import ApiServer
 from tests.operator.cluster import OPERATOR_AGENTS, Cluster, OperatorProcess, a_job
 

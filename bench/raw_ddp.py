@@ -25,8 +25,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from dtrain_operator import contract
-from dtrain_operator.api import TrainerConfig
+from dtrain_operator.api import TrainerConfig, contract
 from dtrain_trainer.data import SyntheticImages
 
 from .step_clock import StepClock

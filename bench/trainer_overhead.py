@@ -36,9 +36,9 @@ from typing import Any
 import psutil
 import yaml
 
-from dtrain_operator import contract, render
-from dtrain_operator.api import BUILTIN_SYNTHETIC_DATA, DistributedTraining, TrainerConfig
-from dtrain_operator.validation import validate_file
+from dtrain_operator.api import BUILTIN_SYNTHETIC_DATA, DistributedTraining, TrainerConfig, contract
+from dtrain_operator.api.validation import validate_file
+from dtrain_operator.core import render
 
 from .common import REPO_ROOT, free_port, machine, markdown_table, spread, write_results
 from .step_clock import ENV_CLOCK_DIR, median_batch_images_per_second, steady_images_per_second

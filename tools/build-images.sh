@@ -90,7 +90,7 @@ if [[ -n "$cert" && -f "$cert" && "$tool" != docker ]]; then
 fi
 
 # What goes into the dtrain wheel: a layer that installs it from a mounted stage is rebuilt when this changes.
-source_digest="$(find pyproject.toml README.md operator/dtrain_operator trainer_image/dtrain_trainer -type f \
+source_digest="$(find pyproject.toml README.md operator/dtrain_operator trainer_image/dtrain_trainer trainer_image/dtrain_engine trainer_image/dtrain_common -type f \
   -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
 
 build_one() {

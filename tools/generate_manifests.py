@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dtrain_operator.crd import crd_yaml
+from dtrain_operator.api.crd import crd_yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHART_DIR = REPO_ROOT / "helm" / "dtrain-operator"

@@ -29,6 +29,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/dtrain_operator operator/dtrain_operator
 COPY trainer_image/dtrain_trainer trainer_image/dtrain_trainer
+COPY trainer_image/dtrain_engine trainer_image/dtrain_engine
+COPY trainer_image/dtrain_common trainer_image/dtrain_common
 # Keep the base image's torch, torchvision and TensorRT: pin what is installed so that pip
 # never replaces them with PyPI builds (NVIDIA's own constraints, if any, still apply).
 RUN if [ -n "$TORCH_PACKAGES" ]; then pip install --no-cache-dir $TORCH_PACKAGES; fi \

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
-from . import api, contract
-from .validation import DocumentResult, validate_file, validate_object
+from dtrain_operator import api
+from dtrain_operator.api import contract
+from dtrain_operator.api.validation import DocumentResult, validate_file, validate_object
 
 JobSource = Union[str, Path, Mapping[str, Any], api.DistributedTraining]
 
@@ -415,7 +416,7 @@ class Client:
         if len(results) != 1:
             raise InvalidJob([f"{job}: holds {len(results)} DistributedTrainings; give a file with one"])
         if not raw:
-            from .safe_yaml import load_documents
+            from dtrain_operator.api.safe_yaml import load_documents
 
             raw = load_documents(Path(job).read_text())[0]  # type: ignore[arg-type]
         return results, raw
@@ -472,7 +473,7 @@ class Client:
     def _model(raw: Mapping[str, Any]) -> api.DistributedTraining:
         from pydantic import ValidationError
 
-        from .validation import format_validation_error
+        from dtrain_operator.api.validation import format_validation_error
 
         try:
             return api.DistributedTraining.model_validate(raw)

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from dtrain_operator.api import DistributedTraining
-from dtrain_operator.validation import validate_file
+from dtrain_operator.api.validation import validate_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))

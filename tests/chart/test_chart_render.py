@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dtrain_operator import cli, contract
-from dtrain_operator.crd import crd
-from dtrain_operator.main import operator_settings
+from dtrain_operator.api import contract
+from dtrain_operator.api.crd import crd
+from dtrain_operator.cli import main as cli
+from dtrain_operator.controller.main import operator_settings
 from tests.chart.helm import (
     CHART_DIR,
     MONITORING_API,

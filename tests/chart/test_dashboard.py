@@ -11,7 +11,7 @@ from typing import Any, Iterator
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dtrain_operator.metrics import OperatorMetrics
+from dtrain_operator.controller.metrics import OperatorMetrics
 from tests.chart.helm import CHART_DIR, MONITORING_API, helm_template
 from tests.chart.value_sets import VALUE_SETS
 

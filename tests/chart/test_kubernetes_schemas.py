@@ -8,7 +8,7 @@ import copy
 import jsonschema
 import pytest
 
-from dtrain_operator.render import render_children, render_worker_pod
+from dtrain_operator.core.render import render_children, render_worker_pod
 from tests.chart.helm import MONITORING_API, helm_template
 from tests.chart.jobs import all_jobs, example_jobs
 from tests.chart.kube_schemas import validate_object

@@ -7,7 +7,7 @@ import sys
 
 import yaml
 
-from dtrain_operator.crd import crd_yaml
+from dtrain_operator.api.crd import crd_yaml
 from tests.chart.helm import CHART_DIR, REPO_ROOT, helm_template, of_kind, tool
 from tests.chart.kube_schemas import validate_object
 

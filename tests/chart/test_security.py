@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dtrain_operator import contract
-from dtrain_operator.render import render_children
+from dtrain_operator.api import contract
+from dtrain_operator.core.render import render_children
 from tests.chart.helm import CHART_DIR, REPO_ROOT, helm_template, one
 from tests.chart.jobs import all_jobs
 from tests.chart.value_sets import VALUE_SETS

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from dtrain_operator.cluster_cli import GET_COLUMNS, age
+from dtrain_operator.cli.cluster import GET_COLUMNS, age
 
 from ..operator.cluster import Cluster, a_job
 

@@ -14,7 +14,9 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from dtrain_operator import api, contract
+from dtrain_operator import api
+from dtrain_operator.api import contract
+from dtrain_operator.api.validation import validate_object
 from dtrain_operator.client import (
     AlreadyExists,
     Client,
@@ -26,7 +28,6 @@ from dtrain_operator.client import (
     ProgressUpdate,
     WaitTimeout,
 )
-from dtrain_operator.validation import validate_object
 
 from ..operator.apiserver import ApiServer
 from ..operator.cluster import Cluster, a_job, free_port, write_kubeconfig

@@ -72,7 +72,7 @@ def outside(argv: list[str]) -> int:
 
 def invalid(path: Path) -> list[str]:
     """What `dtrain validate` says is wrong with the file (the API server here checks no schema)."""
-    from dtrain_operator.validation import load_job
+    from dtrain_operator.api.validation import load_job
 
     _, errors = load_job(path)
     return errors

@@ -15,8 +15,7 @@ import aiohttp
 import aiohttp.test_utils
 import kmock
 
-from dtrain_operator import contract
-
+from dtrain_operator.api import contract
 from tests.chart.helm import helm_template
 from tests.operator.apiserver import ApiServer
 from tests.operator.authz import Authorizer, User

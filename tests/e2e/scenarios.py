@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 import yaml
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from . import network
 from .bench import RELEASE_NAMESPACE, Bench

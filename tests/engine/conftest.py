@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from engine_test_models import make_model, write_training_artifacts  # noqa: E402
 
-from dtrain_operator import cli, contract  # noqa: E402
+from dtrain_operator.api import contract
+from dtrain_operator.cli import main as cli
 
 # Few, short timed runs: the tests check the report, not the numbers.
 FAST_TIMING = ["--warmup", "1", "--iterations", "5", "--max-seconds", "0.2", "--seed", "7"]
@@ -58,7 +59,7 @@ def _command_runner(capsys: pytest.CaptureFixture[str], tmp_path: Path, platform
         if platform_factory is None:
             exit_code = cli.main(argv)
         else:
-            from dtrain_trainer import engine
+            from dtrain_engine import main as engine
 
             exit_code = engine.run(cli.build_parser().parse_args(argv), platform_factory())
         captured = capsys.readouterr()
@@ -77,27 +78,28 @@ def build_engine(capsys: pytest.CaptureFixture[str], tmp_path: Path, termination
 def tensorrt_double(monkeypatch: pytest.MonkeyPatch):
     """The TensorRT double in place of the `tensorrt` module.
 
-    Only the import is redirected: `import tensorrt` in dtrain_trainer.engine_tensorrt
-    finds the double, as it would find the real package, and engine_tensorrt is imported
+    Only the import is redirected: `import tensorrt` in dtrain_engine.tensorrt_runtime
+    finds the double, as it would find the real package, and tensorrt_runtime is imported
     afresh with it (and dropped afterwards, so no other test sees it). Nothing in the code
     under test is patched."""
-    import dtrain_trainer
     import tensorrt_double
+
+    import dtrain_engine
 
     tensorrt_double.reset()
     monkeypatch.setitem(sys.modules, "tensorrt", tensorrt_double)
-    monkeypatch.delitem(sys.modules, "dtrain_trainer.engine_tensorrt", raising=False)
-    monkeypatch.delattr(dtrain_trainer, "engine_tensorrt", raising=False)
+    monkeypatch.delitem(sys.modules, "dtrain_engine.tensorrt_runtime", raising=False)
+    monkeypatch.delattr(dtrain_engine, "tensorrt_runtime", raising=False)
     yield tensorrt_double
-    sys.modules.pop("dtrain_trainer.engine_tensorrt", None)
-    if hasattr(dtrain_trainer, "engine_tensorrt"):
-        delattr(dtrain_trainer, "engine_tensorrt")
+    sys.modules.pop("dtrain_engine.tensorrt_runtime", None)
+    if hasattr(dtrain_engine, "tensorrt_runtime"):
+        delattr(dtrain_engine, "tensorrt_runtime")
 
 
 @pytest.fixture
 def build_with_double(capsys: pytest.CaptureFixture[str], tmp_path: Path, termination_log: Path, tensorrt_double):
     """`dtrain build-engine` on the TensorRT double and its host device: the whole TensorRT path runs."""
-    from dtrain_trainer import engine
+    from dtrain_engine import main as engine
 
     return _command_runner(
         capsys, tmp_path, lambda: engine.Platform(tensorrt_double.__version__, tensorrt_double.HostDevice())

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 IMAGE_SHAPE = (3, 32, 32)
 CLASS_PATH = "engine_test_models.TinyClassifier"

@@ -9,7 +9,7 @@ copies the .pyi files into a directory for MYPYPATH and repairs exactly those tw
 Every other line is TensorRT's API as the stubs describe it.
 
     python tests/engine/repaired_tensorrt_stubs.py .mypy_cache/tensorrt-stubs
-    MYPYPATH=.mypy_cache/tensorrt-stubs mypy --config-file tests/engine/mypy-tensorrt.ini trainer_image/dtrain_trainer/engine_tensorrt.py
+    MYPYPATH=.mypy_cache/tensorrt-stubs mypy --config-file tests/engine/mypy-tensorrt.ini trainer_image/dtrain_engine/tensorrt_runtime.py
 """
 
 from __future__ import annotations

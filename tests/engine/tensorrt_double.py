@@ -1,8 +1,8 @@
 """A behavioural double of the TensorRT Python API and of the CUDA device, used only in tests.
 
 The `tensorrt_double` fixture makes `import tensorrt` resolve to this module, so
-dtrain_trainer.engine_tensorrt runs unchanged, and `HostDevice` stands in for
-engine_device.TorchCudaDevice. Outputs are computed by running the ONNX model TensorRT
+dtrain_engine.tensorrt_runtime runs unchanged, and `HostDevice` stands in for
+device.TorchCudaDevice. Outputs are computed by running the ONNX model TensorRT
 was given (after any conversion) with ONNX Runtime on the bytes found at the bound
 addresses, and written back at the output addresses in the engine's types.
 
@@ -788,7 +788,7 @@ class HostGraph:
 
 
 class HostDevice:
-    """engine_device.Device in host memory; buffers are where the double's context reads and writes."""
+    """dtrain_engine.device.Device in host memory; buffers are where the double's context reads and writes."""
 
     def __init__(self, compute_capability: tuple[int, int] = (9, 0)):
         self.name = DEVICE_NAME

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from dtrain_trainer import engine
 from repaired_tensorrt_stubs import installed_stub_root, write_repaired_stubs
+
+from dtrain_engine import main as engine
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).with_name("mypy-tensorrt.ini")
-ENGINE_TENSORRT = Path(engine.__file__).with_name("engine_tensorrt.py")
+ENGINE_TENSORRT = Path(engine.__file__).with_name("tensorrt_runtime.py")
 
 
 @pytest.fixture(scope="module")

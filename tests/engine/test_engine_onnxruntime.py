@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from dtrain_operator import contract
-from dtrain_trainer.engine_model import ENGINE_SUFFIXES
+from dtrain_engine.onnx_model import ENGINE_SUFFIXES
+from dtrain_operator.api import contract
 
 FALLBACK = ["--fallback", "onnxruntime"]
 

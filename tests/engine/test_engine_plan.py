@@ -13,9 +13,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from bench.engine_cases import CASES, EngineCase, dynamic_sequence, fp32_mlp, qdq_int8, two_inputs
-from dtrain_trainer import engine
-from dtrain_trainer.engine_plan import BuildOptions, plan_build
-from dtrain_trainer.engine_model import inspect_onnx
+from dtrain_engine import main as engine
+from dtrain_engine.onnx_model import inspect_onnx
+from dtrain_engine.plan import BuildOptions, plan_build
+
 
 def _get(document: dict[str, Any], dotted: str) -> Any:
     value: Any = document
@@ -215,8 +216,9 @@ def test_fp8_and_int4_quantization_are_told_apart(tmp_path: Path) -> None:
 
 def test_the_engine_jobs_command_parses_into_the_options_the_spec_asks_for() -> None:
     """spec.engine -> the engine Job's command (render) -> build-engine's parser -> BuildOptions: nothing lost."""
-    from dtrain_operator import cli, contract, render
-    from dtrain_operator.api import DistributedTraining
+    from dtrain_operator.api import DistributedTraining, contract
+    from dtrain_operator.cli import main as cli
+    from dtrain_operator.core import render
 
     spec = {"engine": {
         "precision": "fp32", "tf32": True, "hardwareCompatibilityLevel": "same-compute-capability", "versionCompatible": True,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bench.engine_cases import CASES, EngineCase, data_dependent, dynamic_sequence, fp32_mlp, qdq_int8, roi_align
-from dtrain_trainer.engine_check import GPU_CLOCK, GRAPH_CLOCK, HOST_CLOCK, compare_outputs
+from dtrain_engine.check import GPU_CLOCK, GRAPH_CLOCK, HOST_CLOCK, compare_outputs
 
 
 def _passed(result) -> dict:

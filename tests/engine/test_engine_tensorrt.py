@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repaired_tensorrt_stubs import installed_stub_root, write_repaired_stubs
 
-from dtrain_trainer import engine
-from dtrain_trainer.engine_model import (
+from bench.engine_cases import fp32_mlp, qdq_int8
+from dtrain_engine import main as engine
+from dtrain_engine.onnx_model import (
     EXIT_UNAVAILABLE,
     EngineError,
     OnnxModelInfo,
@@ -21,11 +23,9 @@ from dtrain_trainer.engine_model import (
     describe_parser_error,
     inspect_onnx,
 )
-from bench.engine_cases import fp32_mlp, qdq_int8
-from dtrain_trainer.engine_plan import HARDWARE_COMPATIBILITY, BuildOptions, plan_build
-from repaired_tensorrt_stubs import installed_stub_root, write_repaired_stubs
+from dtrain_engine.plan import HARDWARE_COMPATIBILITY, BuildOptions, plan_build
 
-ENGINE_TENSORRT = Path(engine.__file__).with_name("engine_tensorrt.py")
+ENGINE_TENSORRT = Path(engine.__file__).with_name("tensorrt_runtime.py")
 
 
 def _tensorrt_api() -> dict[str, tuple[int, ...]]:
@@ -34,7 +34,7 @@ def _tensorrt_api() -> dict[str, tuple[int, ...]]:
     for node in tree.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "TENSORRT_API":
             return ast.literal_eval(node.value)
-    raise AssertionError("engine_tensorrt.py defines no TENSORRT_API")
+    raise AssertionError("tensorrt_runtime.py defines no TENSORRT_API")
 
 
 def _usable_tensorrt():
@@ -128,14 +128,14 @@ def _runtime_tensorrt_chains(source: str) -> set[str]:
 
 
 def test_tensorrt_api_lists_every_module_attribute_the_builder_reads() -> None:
-    """Each `trt.X` / `trt.X.Y` engine_tensorrt.py reads is in TENSORRT_API, so the walks above cover it."""
+    """Each `trt.X` / `trt.X.Y` tensorrt_runtime.py reads is in TENSORRT_API, so the walks above cover it."""
     chains = _runtime_tensorrt_chains(ENGINE_TENSORRT.read_text())
     assert {"Builder", "NetworkDefinitionCreationFlag.STRONGLY_TYPED", "MemoryPoolType.WORKSPACE"} <= chains
     assert sorted(chains - set(_tensorrt_api())) == []
 
 
 def test_every_builder_flag_a_plan_names_is_in_the_tensorrt_api_for_its_major(tmp_path: Path) -> None:
-    """engine_tensorrt looks flags up by the plan's names: each must be one TensorRT has."""
+    """tensorrt_runtime looks flags up by the plan's names: each must be one TensorRT has."""
     api = _tensorrt_api()
     models = {"mlp": inspect_onnx(str(fp32_mlp(tmp_path / "mlp.onnx"))), "qdq": inspect_onnx(str(qdq_int8(tmp_path / "qdq.onnx")))}
     option_sets = [
@@ -258,7 +258,7 @@ def test_float16_conversion_for_tensorrt_11_keeps_io_and_accuracy(trained_artifa
     """The conversion TensorRT 11 builds from, run here with ONNX Runtime: fp16 weights, fp32 I/O, within the fp16 bound."""
     import onnx
 
-    from dtrain_trainer.engine_check import OnnxRuntimeCpu, compare_outputs
+    from dtrain_engine.check import OnnxRuntimeCpu, compare_outputs
 
     converted = tmp_path / "model-fp16.onnx"
     convert_to_float16(str(trained_artifacts), str(converted))

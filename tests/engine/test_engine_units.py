@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dtrain_operator import contract
-from dtrain_trainer.engine_check import (
+from dtrain_engine.check import (
     Comparison,
     TimingSettings,
     compare_outputs,
@@ -18,8 +17,15 @@ from dtrain_trainer.engine_check import (
     measure_latency,
     summarize_latencies,
 )
-from dtrain_trainer.engine_model import BatchSizes, EngineError, OnnxModelInfo, TensorInfo, resolve_batch_sizes
-from dtrain_trainer.engine_report import EngineRun, build_report, format_table, termination_log_path, termination_summary
+from dtrain_engine.onnx_model import BatchSizes, EngineError, OnnxModelInfo, TensorInfo, resolve_batch_sizes
+from dtrain_engine.report import (
+    EngineRun,
+    build_report,
+    format_table,
+    termination_log_path,
+    termination_summary,
+)
+from dtrain_operator.api import contract
 
 
 def test_max_relative_error_is_scaled_by_the_largest_reference_value() -> None:
@@ -116,9 +122,9 @@ def _model(static_batch: int | None) -> OnnxModelInfo:
 
 
 def _run(notes: list[str]) -> EngineRun:
-    from dtrain_trainer.engine_check import LatencyStats, Timing
-    from dtrain_trainer.engine_plan import BuildOptions, plan_build
-    from dtrain_trainer.engine_report import TimedPoint
+    from dtrain_engine.check import LatencyStats, Timing
+    from dtrain_engine.plan import BuildOptions, plan_build
+    from dtrain_engine.report import TimedPoint
 
     model = _model(None)
     plan = plan_build(model, BuildOptions(precision="fp32", min_batch=1, max_batch=8))

@@ -24,7 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dtrain_operator import api, contract, render
+from dtrain_operator import api
+from dtrain_operator.api import contract
+from dtrain_operator.core import render
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_IN_ROOTFS = ROOT / "tools" / "run-in-rootfs.sh"
@@ -69,7 +71,7 @@ def test_each_image_runs_as_its_own_non_root_user(name, uid):
 
 
 def test_the_operator_image_has_no_torch():
-    probe = "import importlib.util as u, dtrain_operator.main; print(u.find_spec('torch'), u.find_spec('lightning'))"
+    probe = "import importlib.util as u, dtrain_operator.controller.main; print(u.find_spec('torch'), u.find_spec('lightning'))"
     done = run(in_image("operator", ["python", "-c", probe], read_only=True))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "None None"

@@ -8,12 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dtrain_operator import contract
-from dtrain_operator.api import DistributedTraining
-from dtrain_operator.local_display import Display, ProgressView, format_duration
-from dtrain_operator.local_plan import Workdir
-from dtrain_operator.local_progress import JsonlTail
-from dtrain_operator.local_summary import collect_summary
+from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.local.display import Display, ProgressView, format_duration
+from dtrain_operator.local.plan import Workdir
+from dtrain_operator.local.progress import JsonlTail
+from dtrain_operator.local.summary import collect_summary
 
 
 def test_progress_view_follows_the_records_and_estimates_the_eta() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_operator import contract, render
-from dtrain_operator.api import DistributedTraining
-from dtrain_operator.local_plan import (
+from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.core import render
+from dtrain_operator.local.plan import (
     Overrides,
     PlanError,
     Workdir,

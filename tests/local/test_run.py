@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from dtrain_operator import cli
+from dtrain_operator.cli import main as cli
 
 from .dtrain_process import DtrainRun, records, tiny_job, torchrun_of_node, wait_for_record, write_job
 

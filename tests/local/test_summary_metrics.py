@@ -8,11 +8,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dtrain_operator import contract
-from dtrain_operator.api import DistributedTraining
-from dtrain_operator.local_display import Display
-from dtrain_operator.local_plan import Workdir
-from dtrain_operator.local_summary import collect_summary
+from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.local.display import Display
+from dtrain_operator.local.plan import Workdir
+from dtrain_operator.local.summary import collect_summary
 
 
 def summary_of(workdir: Workdir):

@@ -46,7 +46,7 @@ import kmock
 from kmock._internal import rendering
 from kmock._internal.k8s import KubernetesError
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 EVENT_LOG_SIZE = 50_000
 _ONE_NAMESPACE = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)$")

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Optional, Union
 
 import kmock
 
-from dtrain_operator import contract, crd
+from dtrain_operator.api import contract, crd
 
 from .apiserver import ApiServer, now_rfc3339
 from .authz import Authorizer, User

@@ -8,7 +8,7 @@ from pathlib import Path
 import kmock
 import pytest
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from .apiserver import ApiServer
 from .authz import Attributes, Authorizer, User, rule_allows

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from .cluster import Cluster, a_job
 

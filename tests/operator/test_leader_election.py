@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Optional
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from .cluster import Cluster, OperatorProcess, a_job
 

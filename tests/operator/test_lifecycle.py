@@ -8,7 +8,7 @@ import json
 
 import yaml
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from .apiserver import now_rfc3339
 from .cluster import Cluster, a_job

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from . import kubelet
 from .apiserver import now_rfc3339

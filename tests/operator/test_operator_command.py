@@ -8,7 +8,7 @@ import sys
 
 import aiohttp
 
-from dtrain_operator import cli
+from dtrain_operator.cli import main as cli
 
 from .cluster import Cluster, a_job
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timezone
 
-from dtrain_operator import contract
-from dtrain_operator.progress_deadline import HUNG_GANG_GRACE_SECONDS, REASON_PROGRESS_DEADLINE
+from dtrain_operator.api import contract
+from dtrain_operator.core.progress_deadline import HUNG_GANG_GRACE_SECONDS, REASON_PROGRESS_DEADLINE
 
 from .cluster import Cluster, a_job
 

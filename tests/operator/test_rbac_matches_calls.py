@@ -7,7 +7,7 @@ import json
 
 import kmock
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from .cluster import OPERATOR_AGENTS, Cluster, a_job
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from dtrain_operator import refusals
+from dtrain_operator.controller import refusals
 
 from .cluster import Cluster, a_job
 

@@ -9,7 +9,7 @@ import time
 import kmock
 import pytest
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from .cluster import OPERATOR_AGENTS, Cluster, a_job
 

@@ -14,7 +14,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from .authz import Authorizer, User
 from .cluster import OPERATOR_NAMESPACE, Cluster, a_job, running_cluster

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from .cluster import Cluster, a_job
 

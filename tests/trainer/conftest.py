@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 USER_CODE = Path(__file__).parent / "user_code"
 USER_MODEL = "dtrain_test_user.TinyClassifier"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 from dtrain_trainer.runner import EXIT_CONFIG_ERROR, main
 
 from .conftest import USER_CODE, run_trainer, trainer_config, write_config

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_operator import contract
-from dtrain_operator.api import TrainerConfig
+from dtrain_operator.api import TrainerConfig, contract
 from dtrain_trainer.config import (
     ConfigError,
     check_launch_environment,

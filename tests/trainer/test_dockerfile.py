@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from dtrain_operator.render import TRAINER_COMMAND
+from dtrain_operator.core.render import TRAINER_COMMAND
 
 DOCKERFILE = (Path(__file__).parents[2] / "trainer_image" / "Dockerfile").read_text()
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_operator.local_display import ProgressView
+from dtrain_operator.local.display import ProgressView
 
 from .conftest import read_jsonl, run_trainer, trainer_config, write_config
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 
 from .conftest import read_jsonl, run_trainer, trainer_config, write_config
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_operator.render import TRAINER_COMMAND
+from dtrain_operator.core.render import TRAINER_COMMAND
 
 from .conftest import process_env
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dtrain_operator.local_display import ProgressView, summary_table
-from dtrain_operator.local_summary import RunSummary
+from dtrain_operator.local.display import ProgressView, summary_table
+from dtrain_operator.local.summary import RunSummary
 from dtrain_trainer.progress import human_line, status_patch
 
 from .conftest import read_jsonl, run_trainer, trainer_config, write_config

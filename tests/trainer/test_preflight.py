@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from dtrain_operator import contract
-from dtrain_operator.api import DistributedTraining
-from dtrain_operator.render import render_config_map, render_worker_pod
+from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.core.render import render_config_map, render_worker_pod
 from dtrain_trainer.preflight import interfaces, missing_interfaces
 
 from .conftest import RUN_TIMEOUT_SECONDS, USER_DATA, USER_MODEL, free_port, process_env, read_jsonl

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 from dtrain_trainer.config import ConfigError
 from dtrain_trainer.progress import (
     EVENT_CHECKPOINT,

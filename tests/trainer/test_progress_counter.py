@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from dtrain_operator import contract
+from dtrain_operator.api import contract
 from dtrain_trainer.progress import ProgressCallback, ProgressReporter, status_patch
 
 from .conftest import ListSink

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dtrain_operator import contract
-from dtrain_operator.render import TRAINER_COMMAND
+from dtrain_operator.api import contract
+from dtrain_operator.core.render import TRAINER_COMMAND
 
 from .conftest import USER_MODEL, free_port, process_env, read_jsonl, trainer_config, write_config
 

@@ -15,9 +15,8 @@ import pytest
 import torch
 import yaml
 
-from dtrain_operator import contract
-from dtrain_operator.api import DistributedTraining
-from dtrain_operator.render import render_config_map, render_worker_pod, worker_env
+from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.core.render import render_config_map, render_worker_pod, worker_env
 
 from .conftest import (
     RUN_TIMEOUT_SECONDS,

@@ -15,8 +15,10 @@ import jsonschema
 import pytest
 import yaml
 
-from dtrain_operator import api, cli, contract, crd
-from dtrain_operator.validation import validate_object, validate_text
+from dtrain_operator import api
+from dtrain_operator.api import contract, crd
+from dtrain_operator.api.validation import validate_object, validate_text
+from dtrain_operator.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

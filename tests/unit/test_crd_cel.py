@@ -10,7 +10,8 @@ import itertools
 
 import pytest
 
-from dtrain_operator import api, contract, crd
+from dtrain_operator import api
+from dtrain_operator.api import contract, crd
 from tests import celrules
 from tests.operator.crd_admission import CrdAdmission, cel_causes
 from tests.unit.test_api import BAD_SPECS, base_job, example_objects, with_spec
@@ -119,7 +120,7 @@ def test_every_integer_has_a_maximum():
 )
 def test_integers_that_overflowed_a_reconcile_are_refused(path, value):
     """Values that passed validation and then crashed every reconcile with OverflowError."""
-    from dtrain_operator.validation import validate_object
+    from dtrain_operator.api.validation import validate_object
 
     obj = with_spec(path, value)
     assert validate_object(obj).errors, path

@@ -8,9 +8,14 @@ from typing import Any
 
 import pytest
 
-from dtrain_operator import contract
-from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, immutable_spec
-from dtrain_operator.status import EXPORT_FAILED, Observed, PodObservation, compute_status, format_time
+from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, contract, immutable_spec
+from dtrain_operator.controller.status import (
+    EXPORT_FAILED,
+    Observed,
+    PodObservation,
+    compute_status,
+    format_time,
+)
 
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 EARLIER = NOW - timedelta(minutes=10)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dtrain_operator import contract
-from dtrain_operator.api import DistributedTrainingSpec
-from dtrain_operator.host_access import host_access_fields, host_access_refusals
+from dtrain_operator.api import DistributedTrainingSpec, contract
+from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
 
 HOST_PATH = {"name": "node-disk", "hostPath": {"path": "/"}}
 PVC = {"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dtrain_operator import cli
+from dtrain_operator.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
@@ -295,7 +295,7 @@ def test_worst_cases_as_a_process(name, tmp_path):
 
 def test_strict_types_as_the_api_server_reads_them():
     """Where the API server says no, so does `dtrain validate`; where it says yes, so do we."""
-    from dtrain_operator.validation import validate_object
+    from dtrain_operator.api.validation import validate_object
 
     accepted = [_with(["spec", "trainer", "gradientClipVal"], 1), _with(["spec", "trainer", "maxEpochs"], None)]
     refused = {

@@ -7,9 +7,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from dtrain_operator import contract
-from dtrain_operator.api import RunPolicy
-from dtrain_operator.policy import (
+from dtrain_operator.api import RunPolicy, contract
+from dtrain_operator.core.policy import (
     REASON_INVALID_TRAINER_CONFIG,
     WorkerFailure,
     deadline_exceeded,

@@ -6,9 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from dtrain_operator import contract
-from dtrain_operator.api import DistributedTrainingSpec, Progress, RunPolicy
-from dtrain_operator.progress_deadline import (
+from dtrain_operator.api import DistributedTrainingSpec, Progress, RunPolicy, contract
+from dtrain_operator.core.progress_deadline import (
     REASON_PROGRESS_DEADLINE,
     ProgressWatch,
     decide,

@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from dtrain_operator import refusals
 from dtrain_operator.api import DistributedTrainingStatus
+from dtrain_operator.controller import refusals
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dtrain_operator import contract, render
-from dtrain_operator.api import DistributedTraining
+from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.core import render
 
 
 def job(name: str = "mnist", namespace: str = "ml", **spec: Any) -> DistributedTraining:

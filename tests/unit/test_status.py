@@ -9,10 +9,8 @@ from typing import Any, Optional
 
 import pytest
 
-from dtrain_operator import contract
-from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, immutable_spec
-from dtrain_operator.plan import plan_children
-from dtrain_operator.status import (
+from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, contract, immutable_spec
+from dtrain_operator.controller.status import (
     EngineJobObservation,
     Observed,
     PodObservation,
@@ -25,6 +23,7 @@ from dtrain_operator.status import (
     status_events,
     status_patch,
 )
+from dtrain_operator.core.plan import plan_children
 
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 EARLIER = NOW - timedelta(minutes=10)

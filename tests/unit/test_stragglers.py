@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dtrain_operator.api import StepTimes, StragglerSettings
-from dtrain_operator.stragglers import straggler_message
+from dtrain_operator.core.stragglers import straggler_message
 from dtrain_trainer.stragglers import compare
 
 

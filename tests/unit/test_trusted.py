@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from dtrain_operator import contract, trusted
-from dtrain_operator.api import DistributedTrainingStatus
+from dtrain_operator.api import DistributedTrainingStatus, contract
+from dtrain_operator.controller import trusted
 
 SPEC = {"image": "registry.example/trainer:1", "nodes": 2}
 

@@ -5,5 +5,5 @@ Modules: `config` (the config file and torchrun's environment, checked), `loadin
 pytorch_lightning, a job trains with), `models` and `data` (the built-ins), `checkpointing`,
 `progress` (live progress sinks; the JSONL record format is documented there),
 `export` (ONNX export and its ONNX Runtime check), `runner` (the entry point);
-`engine` builds the TensorRT engine (`dtrain build-engine`).
+the engine builder is its own package, `dtrain_engine`.
 """

@@ -21,15 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
-
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import TorchCheckpointIO
 
-from dtrain_operator import contract
-
-from . import flavor
-from .config import ConfigError
+from dtrain_operator.api import contract
+from dtrain_trainer import flavor
+from dtrain_trainer.config import ConfigError
 
 log = logging.getLogger("dtrain_trainer")
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from dtrain_operator import contract
-from dtrain_operator.api import TrainerConfig
-from dtrain_operator.validation import format_validation_error
+from dtrain_operator.api import TrainerConfig, contract
+from dtrain_operator.api.validation import format_validation_error
 
 
 class ConfigError(Exception):

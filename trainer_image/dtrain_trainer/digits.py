@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from .data import _default_pin_memory, _image_size
+from dtrain_trainer.data import _default_pin_memory, _image_size
 
 NUM_CLASSES = 10
 GREY_LEVELS = 16.0  # pixel values are 0..16

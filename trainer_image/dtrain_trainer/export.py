@@ -32,11 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from dtrain_operator import contract
-
-from .accuracy import max_relative_error
-from .config import ConfigError
-from .progress import utc_now
+from dtrain_common.accuracy import max_relative_error
+from dtrain_operator.api import contract
+from dtrain_trainer.config import ConfigError
+from dtrain_trainer.progress import utc_now
 
 log = logging.getLogger("dtrain_trainer")
 
@@ -351,7 +350,7 @@ def _write_json_atomically(path: Path, document: Mapping[str, Any]) -> None:
 def _external_data_paths(graph: Path) -> tuple[str, ...]:
     import onnx
 
-    from .engine_model import external_data_files
+    from dtrain_engine.onnx_model import external_data_files
 
     return external_data_files(onnx.load(str(graph), load_external_data=False), str(graph.parent))
 

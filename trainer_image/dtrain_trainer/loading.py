@@ -15,9 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dtrain_operator import api
-
-from . import flavor
-from .config import ConfigError
+from dtrain_trainer import flavor
+from dtrain_trainer.config import ConfigError
 
 # Bare names accepted for the built-ins, e.g. `classPath: ImageClassifier`.
 BUILTIN_CLASS_PATHS = {

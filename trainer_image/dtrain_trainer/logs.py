@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from dtrain_operator.api import TrainerConfig
-
-from .config import ConfigError
-from .flavor import Flavor
+from dtrain_trainer.config import ConfigError
+from dtrain_trainer.flavor import Flavor
 
 LOG_NAME = "logs"
 LOG_VERSION = "version_0"

@@ -9,11 +9,10 @@ from typing import Optional
 import torch
 
 from dtrain_operator import api
-
-from .config import ConfigError
-from .export import resolve_example
-from .loading import instantiate, instantiate_data, job_classes
-from .memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, gpu_memory_of
+from dtrain_trainer.config import ConfigError
+from dtrain_trainer.export import resolve_example
+from dtrain_trainer.loading import instantiate, instantiate_data, job_classes
+from dtrain_trainer.memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, gpu_memory_of
 
 
 def estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> JobEstimate:

@@ -78,10 +78,9 @@ from typing import Any, Protocol
 import lightning as L
 import torch
 
-from dtrain_operator import contract
-
-from . import flavor
-from .config import ConfigError
+from dtrain_operator.api import contract
+from dtrain_trainer import flavor
+from dtrain_trainer.config import ConfigError
 
 log = logging.getLogger("dtrain_trainer")
 

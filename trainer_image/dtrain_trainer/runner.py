@@ -32,18 +32,16 @@ from typing import Any
 import lightning as L
 import torch
 
-from dtrain_operator import contract
-from dtrain_operator.api import TrainerConfig
-
-from . import flavor, preflight
-from .checkpointing import (
+from dtrain_operator.api import TrainerConfig, contract
+from dtrain_trainer import flavor, preflight
+from dtrain_trainer.checkpointing import (
     LAST_CHECKPOINT,
     atomic_checkpoint_io_class,
     check_writable,
     find_resume_checkpoint,
     step_checkpoint_class,
 )
-from .config import (
+from dtrain_trainer.config import (
     ConfigError,
     check_launch_environment,
     config_path,
@@ -53,18 +51,21 @@ from .config import (
     progress_interval,
     resolve_precision,
 )
-from .export import ExampleInputs, ExportError, export_artifacts, resolve_example, write_termination_log
-from .loading import instantiate, instantiate_data, job_classes
-from .logs import build_logger, continue_log
-from .resumable import resumable
-from .stragglers import straggler_callback_class
-from .stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
-from .progress import (
+from dtrain_trainer.export import (
+    ExampleInputs,
+    ExportError,
+    export_artifacts,
+    resolve_example,
+    write_termination_log,
+)
+from dtrain_trainer.loading import instantiate, instantiate_data, job_classes
+from dtrain_trainer.logs import build_logger, continue_log
+from dtrain_trainer.progress import (
     EVENT_CHECKPOINT,
     EVENT_ERROR,
-    EVENT_PREFLIGHT,
     EVENT_EXPORT,
     EVENT_FINISHED,
+    EVENT_PREFLIGHT,
     EVENT_START,
     EVENT_STOPPED,
     EVENT_WARNING,
@@ -74,6 +75,14 @@ from .progress import (
     progress_callback_class,
     sink_from_env,
 )
+from dtrain_trainer.resumable import resumable
+from dtrain_trainer.stopping import (
+    STOP_SIGNAL,
+    STOPPED_EXIT_CODE,
+    _GracefulStopBehaviour,
+    graceful_stop_class,
+)
+from dtrain_trainer.stragglers import straggler_callback_class
 
 log = logging.getLogger("dtrain_trainer")
 

@@ -25,7 +25,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from . import flavor
+from dtrain_trainer import flavor
 
 log = logging.getLogger("dtrain_trainer")
 

@@ -29,10 +29,8 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from dtrain_operator import contract
-from dtrain_operator.api import StragglerSettings
-
-from . import flavor
+from dtrain_operator.api import StragglerSettings, contract
+from dtrain_trainer import flavor
 
 
 def compare(seconds: list[float], factor: float, previous: Mapping[str, Any] | None, window: int) -> dict[str, Any]:

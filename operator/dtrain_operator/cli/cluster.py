@@ -1,0 +1,309 @@
+"""`dtrain submit`, `get`, `watch`, `logs` and `delete`: jobs on a cluster, through `client.Client`.
+
+They follow kubectl's habits: `-n/--namespace` (default: the kubeconfig context's namespace),
+`--context`, `--kubeconfig`, `-o json|yaml`, `-A/--all-namespaces` for `get`, `-f` for `logs`.
+`watch` draws the live progress display of `dtrain run` (local_display) from the job's status
+and ends with the same summary table (local_summary.RunSummary), built from the status.
+
+Exit codes: 0 done (for `watch`: the job succeeded), 1 the job failed or the request was
+refused, 2 an invalid job file, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from dtrain_operator import api
+from dtrain_operator.client import Client, DtrainError, InvalidJob, ProgressUpdate
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+WATCH_POLL_SECONDS = 2.0
+GET_COLUMNS = ("NAME", "PHASE", "NODES", "EPOCH", "IMG/S", "RESTARTS", "AGE", "LOSS", "ETA")
+
+
+# --- Shared -------------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(namespace=args.namespace, context=args.context, kubeconfig=args.kubeconfig)
+
+
+def _fail(error: DtrainError) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    return EXIT_INVALID if isinstance(error, InvalidJob) else EXIT_FAILED
+
+
+def stored(job: api.DistributedTraining) -> dict[str, Any]:
+    """The object as the API server holds it (no defaults filled in)."""
+    return job.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
+def _print_objects(objects: Any, output: str) -> None:
+    if output == "json":
+        sys.stdout.write(json.dumps(objects, indent=4) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump(objects, sort_keys=False))
+
+
+# --- Values of the `get` columns ------------------------------------------------------------------
+
+
+def _parse_time(value: Optional[str]) -> Optional[datetime]:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def age(created: Optional[str], now: datetime) -> str:
+    """kubectl's age: 45s, 12m, 3h20m, 2d4h."""
+    when = _parse_time(created)
+    if when is None:
+        return "<unknown>"
+    seconds = max(0, int((now - when).total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 10:
+        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 48:
+        return f"{hours}h{minutes % 60}m" if hours < 8 and minutes % 60 else f"{hours}h"
+    days = hours // 24
+    return f"{days}d{hours % 24}h" if days < 8 and hours % 24 else f"{days}d"
+
+
+def total_steps(job: api.DistributedTraining, update: ProgressUpdate) -> Optional[int]:
+    """The run's optimizer steps: reported by the trainer, else spec.trainer.maxSteps when set."""
+    if update.total_steps:
+        return update.total_steps
+    max_steps = job.spec.trainer.max_steps
+    return max_steps if max_steps > 0 else None
+
+
+def eta_seconds(job: api.DistributedTraining, update: ProgressUpdate) -> Optional[float]:
+    """Time left, from the steps left and the reported images/s over the global batch of one step."""
+    total = total_steps(job, update)
+    if update.finished or total is None or update.step is None or not update.images_per_second:
+        return None
+    spec = job.spec
+    images_per_step = spec.trainer.batch_size * spec.world_size * spec.trainer.accumulate_grad_batches
+    return max(0, total - update.step) * images_per_step / update.images_per_second
+
+
+def get_row(job: api.DistributedTraining, now: datetime) -> list[str]:
+    from dtrain_operator.local.display import format_duration
+
+    update = ProgressUpdate.of(job)
+    status = job.status or api.DistributedTrainingStatus()
+    created = (job.metadata.model_extra or {}).get("creationTimestamp")
+    eta = eta_seconds(job, update)
+    return [
+        job.name,
+        status.phase or "",
+        status.nodes_ready or "",
+        "" if update.epoch is None else str(update.epoch),
+        "" if update.images_per_second is None else f"{update.images_per_second:g}",
+        str(status.restarts),
+        age(created, now),
+        "" if update.loss is None else f"{update.loss:.4g}",
+        "" if eta is None else format_duration(eta),
+    ]
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Columns as kubectl prints them: left-aligned, three spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows) + "\n"
+
+
+# --- The summary, from the status -------------------------------------------------------------------
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def summary_from_status(job: api.DistributedTraining) -> Any:
+    """The summary table's content (local_summary.RunSummary) from what the status holds."""
+    from dtrain_operator.local.summary import LatencyRow, RunSummary
+
+    status = job.status or api.DistributedTrainingStatus()
+    update = ProgressUpdate.of(job)
+    finished = next((c for c in status.conditions if c.type == status.phase and c.status == "True"), None)
+    start, end = _parse_time(status.start_time), _parse_time(status.completion_time)
+    wall = ((end or datetime.now(timezone.utc)) - start).total_seconds() if start else 0.0
+    artifacts = status.artifacts or {}
+    spec = job.spec
+    summary = RunSummary(
+        job_name=job.name,
+        phase=status.phase or "Pending",
+        reason=finished.reason if finished and status.phase != "Succeeded" else "",
+        message=finished.message if finished else "",
+        nodes=spec.nodes,
+        devices_per_node=spec.devices_per_node,
+        accelerator=spec.accelerator,
+        restarts=status.restarts,
+        wall_seconds=wall,
+        workdir="",
+        steps=update.step if update.step is not None else artifacts.get("step"),
+        epoch=update.epoch,
+        final_loss=_number(artifacts.get("loss")) if _number(artifacts.get("loss")) is not None else update.loss,
+        images_per_second=_number(artifacts.get("imagesPerSecond")) or update.images_per_second,
+        checkpoint=status.last_checkpoint.path if status.last_checkpoint else None,
+        onnx=artifacts.get("onnx") if isinstance(artifacts.get("onnx"), str) else None,
+        onnx_parity_error=_number(artifacts.get("parityError")),
+        engine_asked=spec.engine.enabled,
+        engine_backend=artifacts.get("backend") if artifacts.get("kind") == "engine" else None,
+        engine_path=artifacts.get("engine") if isinstance(artifacts.get("engine"), str) else None,
+        engine_note=artifacts.get("message") if artifacts.get("kind") == "engine" else None,
+        engine_report=artifacts.get("report") if isinstance(artifacts.get("report"), str) else None,
+        metrics=dict(update.metrics),
+        command="dtrain watch",
+    )
+    for row in artifacts.get("latency") or []:
+        # [batch, median ms, p99 ms, images/s, speed-up over PyTorch]
+        if isinstance(row, list) and len(row) >= 5 and isinstance(row[0], int):
+            median, speedup = _number(row[1]), _number(row[4])
+            eager = median * speedup if median is not None and speedup is not None else None
+            summary.latency.append(LatencyRow(batch=row[0], latency_ms=median, eager_ms=eager))
+    return summary
+
+
+def progress_record(update: ProgressUpdate) -> dict[str, Any]:
+    """A status observation as the trainer's progress record, the input of local_display."""
+    return {
+        "event": "progress",
+        "epoch": update.epoch,
+        "step": update.step,
+        "totalSteps": update.total_steps,
+        "loss": update.loss,
+        "imagesPerSecond": update.images_per_second,
+        "epochEnd": False,
+    }
+
+
+# --- The commands ---------------------------------------------------------------------------------
+
+
+def submit(args: argparse.Namespace) -> int:
+    try:
+        job = Client.validate(args.file)
+        client = _client(args)
+        spec = job.spec
+        batch = spec.trainer.batch_size * spec.world_size * spec.trainer.accumulate_grad_batches
+        created = client.submit(args.file)
+    except DtrainError as error:
+        return _fail(error)
+    if args.output:
+        _print_objects(stored(created), args.output)
+        return EXIT_OK
+    print(
+        f"distributedtraining.dtrain.dev/{created.name} created in namespace {created.namespace}: "
+        f"{spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es), global batch {batch}"
+    )
+    print(f"follow it with: dtrain watch {created.name} -n {created.namespace}")
+    return EXIT_OK
+
+
+def get(args: argparse.Namespace) -> int:
+    try:
+        client = _client(args)
+        if args.name:
+            jobs = [client.get(args.name)]
+        else:
+            jobs = client.list(all_namespaces=args.all_namespaces)
+    except DtrainError as error:
+        return _fail(error)
+    if args.output:
+        if args.name:
+            _print_objects(stored(jobs[0]), args.output)
+        else:
+            _print_objects({"apiVersion": "v1", "kind": "List", "items": [stored(j) for j in jobs],
+                            "metadata": {"resourceVersion": ""}}, args.output)
+        return EXIT_OK
+    if not jobs:
+        where = "any namespace" if args.all_namespaces else f"{client.namespace} namespace"
+        print(f"No resources found in {where}.", file=sys.stderr)
+        return EXIT_OK
+    now = datetime.now(timezone.utc)
+    header = list(GET_COLUMNS)
+    rows = [get_row(job, now) for job in jobs]
+    if args.all_namespaces:
+        header = ["NAMESPACE", *header]
+        rows = [[job.namespace, *row] for job, row in zip(jobs, rows)]
+    sys.stdout.write(table([header, *rows]))
+    return EXIT_OK
+
+
+def watch(args: argparse.Namespace) -> int:
+    from dtrain_operator.local.display import Display
+
+    display = Display.for_stream(sys.stdout)
+    try:
+        client = _client(args)
+        job = client.get(args.name)
+        display.info(
+            f"{job.name} in {job.namespace}: {job.spec.nodes} node(s) x {job.spec.devices_per_node} "
+            f"{job.spec.accelerator} process(es); {client.credentials}"
+        )
+        phase: Optional[str] = None
+        updates = client.progress(args.name, interval=args.interval)
+        while True:
+            update = next(updates, None)
+            if update is None:
+                break
+            job = update.job
+            started = _parse_time(job.status.start_time if job.status else None)
+            if started is not None:  # elapsed is the job's, not this command's
+                age_seconds = (datetime.now(timezone.utc) - started).total_seconds()
+                display.view.started = time.monotonic() - max(0.0, age_seconds)
+            if update.phase != phase:
+                display.progress_done()
+                display.info(f"phase {update.phase or 'Pending'}" + (f" (restarts {update.restarts})" if update.restarts else ""))
+                phase = update.phase
+            if update.step is not None and not update.finished:
+                display.progress(progress_record(update), update.restarts)
+            display.tick()
+    except DtrainError as error:
+        display.progress_done()
+        return _fail(error)
+    display.summary(summary_from_status(job))
+    return EXIT_OK if job.status and job.status.phase == "Succeeded" else EXIT_FAILED
+
+
+def logs(args: argparse.Namespace) -> int:
+    try:
+        client = _client(args)
+        if args.follow:
+            for line in client.stream_logs(args.name, rank=args.rank, tail_lines=args.tail):
+                print(line, flush=True)
+        else:
+            sys.stdout.write(client.logs(args.name, rank=args.rank, tail_lines=args.tail, previous=args.previous))
+    except DtrainError as error:
+        return _fail(error)
+    return EXIT_OK
+
+
+def delete(args: argparse.Namespace) -> int:
+    try:
+        client = _client(args)
+        for name in args.names:
+            client.delete(name, wait=args.wait)
+            print(f'distributedtraining.dtrain.dev "{name}" deleted')
+    except DtrainError as error:
+        return _fail(error)
+    return EXIT_OK

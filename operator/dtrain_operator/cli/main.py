@@ -1,0 +1,368 @@
+"""The `dtrain` command. Each subcommand imports its own dependencies lazily, so the
+operator image (no torch) and the trainer image (no kopf) share one entry point."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from dtrain_operator.api import contract
+
+
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from dtrain_operator.api.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from dtrain_operator.api.validation import validate_file
+
+    failed = False
+    estimate_code = 0
+    for path in args.files:
+        for result in validate_file(path):
+            if result.errors:
+                failed = True
+                for error in result.errors:
+                    print(f"{result.source}: {error}", file=sys.stderr)
+            elif result.job is not None:
+                spec = result.job.spec
+                if not args.quiet:
+                    print(
+                        f"{result.source}: ok: DistributedTraining {result.job.name} "
+                        f"({spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es))"
+                    )
+                if args.estimate:
+                    from dtrain_trainer.memory_report import print_estimate
+
+                    estimate_code = max(estimate_code, print_estimate(result.job, args.gpu_memory))
+    return 1 if failed else estimate_code
+
+
+def _lazy(module: str, function: str = "main") -> Callable[[argparse.Namespace], int]:
+    """A subcommand whose implementation lives in another module, imported only when run."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), function)(args) or 0)
+
+    return run
+
+
+def _cluster_options(parser: argparse.ArgumentParser, output: bool = False) -> None:
+    """kubectl's options: -n/--namespace, --context, --kubeconfig, and -o json|yaml where an object is printed."""
+    parser.add_argument("-n", "--namespace", metavar="NS", help="namespace (default: the kubeconfig context's)")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current context)")
+    parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    if output:
+        parser.add_argument("-o", "--output", choices=["json", "yaml"], help="print the object(s) as JSON or YAML")
+
+
+def _add_cluster_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """submit, get, watch, logs, delete: jobs on a cluster (dtrain_operator.cli.cluster, on client.Client)."""
+    verbs = "dtrain_operator.cli.cluster"
+    p = sub.add_parser(
+        "submit",
+        help="validate a job file and create the job on the cluster",
+        description="Validate FILE as `dtrain validate` does, then create the DistributedTraining on the cluster "
+        "(kubeconfig or in-cluster credentials). Exit codes: 0 created, 1 refused, 2 invalid file.",
+    )
+    p.add_argument("file", metavar="FILE")
+    _cluster_options(p, output=True)
+    p.set_defaults(func=_lazy(verbs, "submit"))
+
+    p = sub.add_parser(
+        "get",
+        help="list jobs, or show one: the columns of `kubectl get dtr`, plus the last loss and the ETA",
+    )
+    p.add_argument("name", nargs="?", metavar="NAME")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
+    _cluster_options(p, output=True)
+    p.set_defaults(func=_lazy(verbs, "get"))
+
+    p = sub.add_parser(
+        "watch",
+        help="follow a job's progress live until it ends, then print its summary",
+        description="Draw the job's progress (epoch, step, loss, images/s, ETA) from its status until it succeeds "
+        "or fails, then the summary table of `dtrain run`. Exit codes: 0 succeeded, 1 failed or refused.",
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between reads (default 2)")
+    _cluster_options(p)
+    p.set_defaults(func=_lazy(verbs, "watch"))
+
+    p = sub.add_parser("logs", help="print the trainer log of one worker pod (rank 0 by default)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--rank", type=int, default=0, metavar="N", help="node rank of the worker pod (default 0)")
+    p.add_argument("-f", "--follow", action="store_true", help="stream the log until the container ends")
+    p.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines")
+    p.add_argument("-p", "--previous", action="store_true", help="the log of the previous container")
+    _cluster_options(p)
+    p.set_defaults(func=_lazy(verbs, "logs"))
+
+    p = sub.add_parser("delete", help="delete jobs (their pods, Service, ConfigMap and engine Job go with them)")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--wait", action="store_true", help="return once each job is gone")
+    _cluster_options(p)
+    p.set_defaults(func=_lazy(verbs, "delete"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dtrain",
+        description="Multi-node PyTorch Lightning DDP training on Kubernetes, and a TensorRT engine at the end.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("crd", help="print the DistributedTraining CustomResourceDefinition (generated from the model)")
+    p.set_defaults(func=_cmd_crd)
+
+    p = sub.add_parser("validate", help="check job files; one line per error naming the field")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="also estimate per-GPU memory (builds the model on the CPU; needs the trainer extra); "
+        "exit code 3 when it does not fit",
+    )
+    p.add_argument(
+        "--gpu-memory", metavar="SIZE", help="memory of one GPU for --estimate's verdict, e.g. 32Gi or 80G"
+    )
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser(
+        "operator",
+        help="run the operator (what the operator Deployment runs)",
+        description=(
+            "Run the dtrain operator: it turns each DistributedTraining into a Service, a ConfigMap and a gang "
+            "of worker pods, restarts the gang when a worker fails, builds the engine in a Job, and reports "
+            "status. Credentials: the pod's service account in a cluster, else $KUBECONFIG (or ~/.kube/config)."
+        ),
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="watch only this namespace (repeat for several; needs a Role in each)",
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default; needs a ClusterRole)"
+    )
+    p.add_argument("--health-port", type=int, default=8080, help="port of the /healthz liveness endpoint (default 8080)")
+    p.add_argument("--metrics-port", type=int, default=8081, help="port of the Prometheus /metrics (default 8081)")
+    p.add_argument(
+        "--qps",
+        type=float,
+        default=500.0,
+        help="client-side limit on the operator's own API requests, per second on average (default 500; "
+        "the API server's Priority and Fairness protects it; lower it for clusters older than Kubernetes 1.29)",
+    )
+    p.add_argument(
+        "--burst", type=int, default=1000, help="requests allowed at once above --qps before it applies (default 1000)"
+    )
+    p.add_argument(
+        "--network-policy",
+        action="store_true",
+        help="create a NetworkPolicy per job that admits ingress to its pods (the rendezvous port included) "
+        "only from the job's own pods",
+    )
+    p.add_argument(
+        "--refuse-host-access",
+        action="store_true",
+        help="refuse jobs that ask for hostNetwork or hostPath volumes (condition InvalidSpec naming the field) "
+        f"unless their namespace carries the label {contract.LABEL_ALLOW_HOST_ACCESS}=true",
+    )
+    p.add_argument(
+        "--watch-timeout",
+        type=int,
+        default=300,
+        metavar="SECONDS",
+        help="re-open every watch after this long, so that a stream that died silently reconnects (default 300)",
+    )
+    p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold a coordination.k8s.io Lease while reconciling, so that several replicas can run and one acts "
+        "(default on; --no-leader-elect for a single replica)",
+    )
+    p.add_argument(
+        "--leader-elect-lease-duration",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a standby waits after the Lease last changed before it takes over (default 10)",
+    )
+    p.add_argument(
+        "--leader-elect-renew-deadline",
+        type=float,
+        default=7.0,
+        metavar="SECONDS",
+        help="how long the leader tries to renew the Lease before it gives up and exits (default 7)",
+    )
+    p.add_argument(
+        "--leader-elect-retry-period",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often candidates try to acquire, and the leader renews, the Lease (default 2)",
+    )
+    p.add_argument(
+        "--leader-elect-resource-name", default="dtrain-operator", metavar="NAME", help="the Lease's name"
+    )
+    p.add_argument(
+        "--leader-elect-resource-namespace",
+        metavar="NS",
+        help="the Lease's namespace: the operator's own (default $POD_NAMESPACE, else the service account's "
+        "namespace, else default)",
+    )
+    p.add_argument(
+        "--stuck-terminating-timeout",
+        type=float,
+        default=150.0,
+        metavar="SECONDS",
+        help="a deleted worker pod still there this long after its deletion is stuck: it is named in a condition "
+        "and an Event, and force-deleted once its node stopped reporting (default 150; keep it above the pods' "
+        "termination grace period)",
+    )
+    p.add_argument(
+        "--image-pull-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a worker pod that still cannot pull its image this long after it was scheduled fails the job with "
+        "ImagePullFailed (default 300)",
+    )
+    p.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level (default INFO)"
+    )
+    p.add_argument(
+        "--log-format", default="plain", choices=["plain", "json"], help="plain text or one JSON object a line"
+    )
+    p.set_defaults(func=_lazy("dtrain_operator.controller.main"))
+
+    p = sub.add_parser(
+        "run",
+        help="run a job file on this machine: training, export and engine, end to end",
+        description="Run a job file on this machine as the operator would on a cluster: one local torchrun "
+        "per node with the worker pod's environment, gang restarts from the last checkpoint under runPolicy, "
+        "then the engine step, and a summary table. Exit codes: 0 everything asked for succeeded, 1 the job "
+        "failed, 2 the file is invalid or cannot run here, 128+N stopped by signal N (Ctrl-C: 130).",
+    )
+    p.add_argument("file", metavar="FILE", help="a DistributedTraining YAML file")
+    p.add_argument("--nodes", type=int, metavar="N", help="override spec.nodes (local processes acting as nodes)")
+    p.add_argument("--devices-per-node", type=int, metavar="G", help="override spec.devicesPerNode")
+    p.add_argument(
+        "--workdir", metavar="DIR", help="checkpoints, artifacts and logs go here (default ./dtrain-runs/<name>/)"
+    )
+    p.add_argument("--no-engine", action="store_true", help="stop after training and ONNX export")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint an earlier run left in the workdir (default: start afresh)",
+    )
+    p.set_defaults(func=_lazy("dtrain_operator.local.run"))
+
+    _add_cluster_commands(sub)
+
+    p = sub.add_parser(
+        "build-engine",
+        help="build a TensorRT engine from an ONNX model, check it against references and time it",
+        description="Build a TensorRT engine from an ONNX model, compare it with ONNX Runtime (and the PyTorch "
+        "model when known) on random batches at the min/opt/max batch sizes, time it next to PyTorch eager, "
+        "and write the engine and a JSON report. Exit codes: 0 passed, 1 build or accuracy check failed, "
+        "2 bad arguments or model, 3 TensorRT or a CUDA GPU missing (without --fallback).",
+    )
+    p.add_argument("--onnx", required=True, metavar="PATH", help="the ONNX model")
+    p.add_argument("--out", required=True, metavar="PATH", help="where the engine (.plan) is written")
+    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"], help="default fp16")
+    p.add_argument("--min-batch", type=int, metavar="N", help="default 1 (a static-batch model: its batch)")
+    p.add_argument("--opt-batch", type=int, metavar="N", help="batch size TensorRT tunes for (default: --max-batch)")
+    p.add_argument("--max-batch", type=int, metavar="N", help="default 32 (a static-batch model: its batch)")
+    p.add_argument("--workspace-mib", type=int, default=4096, metavar="N", help="builder workspace limit (default 4096)")
+    p.add_argument("--timing-cache", metavar="PATH", help="TensorRT timing cache, read and written")
+    p.add_argument("--report", metavar="PATH", help="JSON report (default: engine-report.json next to --out)")
+    p.add_argument(
+        "--fallback",
+        choices=["onnxruntime"],
+        help="without TensorRT or a CUDA GPU, check and time the ONNX model with ONNX Runtime instead",
+    )
+    p.add_argument(
+        "--pytorch-checkpoint",
+        metavar="PATH",
+        help="checkpoint of the PyTorch model (default: from artifacts.json next to --onnx)",
+    )
+    p.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="trainer config or job file whose `model` (classPath, initArgs) the checkpoint belongs to "
+        "(default: from artifacts.json next to --onnx)",
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the PyTorch reference and eager baseline")
+    p.add_argument("--warmup", type=int, default=10, metavar="N", help="warm-up runs per batch size (default 10)")
+    p.add_argument("--iterations", type=int, default=100, metavar="N", help="timed runs per batch size (default 100)")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="time budget per backend and batch size; at least 5 runs are timed (default 10)",
+    )
+    p.add_argument("--seed", type=int, metavar="N", help="seed of the random check batches (default: fresh)")
+    # What trtexec users expect, with trtexec's defaults (its flag in each help text).
+    shapes = "per input, e.g. images:1x3x224x224,mask:1x224x224; once per optimisation profile"
+    p.add_argument("--min-shapes", action="append", metavar="SHAPES", help=f"smallest shapes {shapes} (trtexec --minShapes)")
+    p.add_argument("--opt-shapes", action="append", metavar="SHAPES", help=f"shapes TensorRT tunes for {shapes} (trtexec --optShapes)")
+    p.add_argument("--max-shapes", action="append", metavar="SHAPES", help=f"largest shapes {shapes} (trtexec --maxShapes)")
+    p.add_argument("--tf32", action="store_true", help="let fp32 builds use TF32 (default off, as polygraphy; trtexec --noTF32 is our default)")
+    p.add_argument(
+        "--hardware-compatibility-level", default="none", choices=["none", "ampere+", "same-compute-capability"],
+        help="GPUs the engine must run on besides this one (trtexec --hardwareCompatibilityLevel, default none)",
+    )
+    p.add_argument("--version-compatible", action="store_true", help="an engine later TensorRT versions can run (trtexec --versionCompatible)")
+    p.add_argument("--refit", action="store_true", help="a refittable engine, for pipelines that retrain (trtexec --refit)")
+    p.add_argument(
+        "--strip-weights", action="store_true",
+        help="a weight-stripped engine, refitted from the ONNX model before use (trtexec --stripWeights)",
+    )
+    p.add_argument(
+        "--builder-optimization-level", type=int, default=3, metavar="N",
+        help="0-5: higher builds longer for faster engines (trtexec --builderOptimizationLevel, default 3)",
+    )
+    p.add_argument(
+        "--layer-precisions", action="append", metavar="LAYER:PRECISION",
+        help="per-layer precision, fp32/fp16/bf16; LAYER may be a * pattern; comma-separated or repeated (trtexec --layerPrecisions)",
+    )
+    p.add_argument(
+        "--precision-constraints", default="none", choices=["none", "prefer", "obey"],
+        help="how strictly layer precisions hold (trtexec --precisionConstraints, default none; prefer when "
+        "--layer-precisions is given without it, as trtexec does)",
+    )
+    p.add_argument("--plugin-library", action="append", metavar="PATH", help="a TensorRT plugin library to load; repeatable (trtexec --dynamicPlugins)")
+    p.add_argument("--use-cuda-graph", action="store_true", help="also time through a CUDA graph (trtexec --useCudaGraph)")
+    p.add_argument("--dry-run", action="store_true", help="print the build plan as JSON and stop: no TensorRT or GPU needed, nothing written")
+    p.add_argument("--tensorrt-version", metavar="X.Y", help="the TensorRT a --dry-run plans for (default: the one installed, else 10.13)")
+    p.set_defaults(func=_lazy("dtrain_engine.main"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""The operator's own API calls, and nothing else: create (a 409 read back), get, delete, status patches,
+Events. Requests go through the official client's async REST layer (kubernetes.aio: its configuration
+loading, auth and connection pool), with plain dicts in and out, behind a client-side rate limit.
+
+kopf does the watching with the same credentials (`connection_info`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import Any, Mapping, Optional, Protocol
+
+import aiohttp
+import kopf
+from kubernetes.aio.client.api_client import ApiClient
+from kubernetes.aio.client.configuration import Configuration
+from kubernetes.aio.config import ConfigException, load_incluster_config, load_kube_config
+
+from dtrain_operator.api import contract
+from dtrain_operator.api.redaction import redact_text
+
+logger = logging.getLogger(__name__)
+
+USER_AGENT = "dtrain-operator/0.1.0"
+REQUEST_TIMEOUT_SECONDS = 30.0
+# As client-go's REST client: a 429 (or a 5xx with Retry-After) is retried after the time the
+# server asks for, up to 10 times, before the request fails. The wait is capped: a server asking
+# for longer gets the reconcile's own back-off instead.
+MAX_RETRY_AFTER_ATTEMPTS = 10
+MAX_RETRY_AFTER_SECONDS = 30.0
+
+# Where each kind the operator touches lives in the API: (path prefix, plural).
+RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
+    ("v1", "Pod"): ("/api/v1", "pods"),
+    ("v1", "Service"): ("/api/v1", "services"),
+    ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
+    ("v1", "Event"): ("/api/v1", "events"),
+    ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): ("/apis/scheduling.volcano.sh/v1beta1", "podgroups"),
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("/apis/scheduling.x-k8s.io/v1alpha1", "podgroups"),
+    (contract.API_VERSION, contract.KIND): (f"/apis/{contract.API_VERSION}", contract.PLURAL),
+}
+
+
+class ApiError(Exception):
+    """An API request that did not succeed: the HTTP status (0: no answer), reason and message,
+    and the seconds the server asked the client to wait before retrying (Retry-After), if it did."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after: Optional[float] = None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+class RequestObserver(Protocol):
+    """Told about every request (metrics)."""
+
+    def api_request(self, verb: str, resource: str, status: int) -> None: ...
+
+
+class RateLimiter:
+    """A token bucket: `qps` requests a second on average, bursts of up to `burst`."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError("--qps must be above 0 and --burst at least 1")
+        self._qps = qps
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._updated = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            while True:
+                now = time.monotonic()
+                self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._qps)
+                self._updated = now
+                if self._tokens >= 1.0:
+                    self._tokens -= 1.0
+                    return
+                await asyncio.sleep((1.0 - self._tokens) / self._qps)
+
+
+async def load_configuration() -> Configuration:
+    """In-cluster credentials (the operator's service account), else the kubeconfig ($KUBECONFIG)."""
+    configuration = Configuration()
+    try:
+        load_incluster_config(client_configuration=configuration)
+        logger.info("using the in-cluster service account")
+    except ConfigException:
+        try:
+            await load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+        except (ConfigException, OSError) as exc:
+            raise kopf.LoginError(
+                f"no Kubernetes credentials: not in a cluster, and no usable kubeconfig ({exc}). "
+                "Set KUBECONFIG or run in a pod with a service account"
+            ) from exc
+        logger.info("using the kubeconfig's current context (%s)", configuration.host)
+    return configuration
+
+
+async def connection_info(configuration: Configuration) -> kopf.ConnectionInfo:
+    """The same credentials for kopf's own watch connections."""
+    header = await configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+    scheme, token = (header.split(" ", 1) if " " in header else (None, header)) if header else (None, None)
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+def _retry_after(status: int, header: Optional[str]) -> Optional[float]:
+    """Seconds to wait before retrying, from Retry-After on a 429 or a 5xx (as client-go reads it:
+    whole seconds; a 429 without the header waits 1 s)."""
+    if status != 429 and status < 500:
+        return None
+    if header is None:
+        return 1.0 if status == 429 else None
+    try:
+        seconds = int(header.strip())
+    except ValueError:
+        return 1.0 if status == 429 else None
+    return float(max(seconds, 0))
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str = "", subresource: str = "") -> str:
+    prefix, plural = RESOURCES[(api_version, kind)]
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    if name:
+        path += f"/{name}"
+    if subresource:
+        path += f"/{subresource}"
+    return path
+
+
+class KubeClient:
+    """Plain-dict access to the objects the operator owns, rate-limited and counted."""
+
+    def __init__(self, configuration: Configuration, limiter: RateLimiter, observer: RequestObserver) -> None:
+        # As kopf does: no proxy or netrc lookups from the environment (the client would run two
+        # thread-pool lookups for every request).
+        configuration.client_session_kwargs = {"trust_env": False}
+        self._client = ApiClient(configuration)
+        self._client.user_agent = USER_AGENT
+        self._limiter = limiter
+        self._observer = observer
+
+    def use_configuration(self, configuration: Configuration) -> None:
+        """Fresh credentials (a new login); connections are reused."""
+        configuration.client_session_kwargs = {"trust_env": False}
+        self._client.configuration = configuration
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        verb: str,
+        resource: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        for attempt in range(MAX_RETRY_AFTER_ATTEMPTS + 1):
+            try:
+                return await self._request_once(method, path, verb, resource, body, content_type)
+            except ApiError as exc:
+                wait = exc.retry_after
+                if wait is None or attempt == MAX_RETRY_AFTER_ATTEMPTS or wait > MAX_RETRY_AFTER_SECONDS:
+                    raise
+                logger.debug("%s %s: %s; retrying in %g s as the server asks", method, path, exc.status, wait)
+                await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        verb: str,
+        resource: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        await self._limiter.acquire()
+        # The body is plain JSON already: the client's model serialisation is skipped.
+        method_, url, headers, _, _ = await self._client.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = await self._client.call_api(
+                method_, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+            data = await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self._observer.api_request(verb, resource, 0)
+            raise ApiError(0, "ConnectionError", str(exc) or type(exc).__name__) from exc
+        self._observer.api_request(verb, resource, response.status)
+        try:
+            decoded = json.loads(data) if data else {}
+        except ValueError:
+            decoded = {}
+        if not 200 <= response.status < 300:
+            raise ApiError(
+                response.status,
+                str(decoded.get("reason") or response.reason or ""),
+                str(decoded.get("message") or data[:200].decode(errors="replace")),
+                _retry_after(response.status, response.headers.get("Retry-After")),
+            )
+        return decoded if isinstance(decoded, dict) else {}
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        return await self._request("POST", path, "create", RESOURCES[(obj["apiVersion"], obj["kind"])][1], obj)
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        path = object_path(api_version, kind, namespace, name)
+        return await self._request("GET", path, "get", RESOURCES[(api_version, kind)][1])
+
+    async def namespace_labels(self, name: str) -> dict[str, str]:
+        """The labels of a namespace (cluster-scoped: a path of its own)."""
+        namespace = await self._request("GET", f"/api/v1/namespaces/{name}", "get", "namespaces")
+        return dict((namespace.get("metadata") or {}).get("labels") or {})
+
+    async def create_or_read(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create `obj`; when it already exists (409), read it back. Returns (object, created)."""
+        try:
+            return await self.create(obj), True
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+        meta = obj["metadata"]
+        return await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]), False
+
+    async def delete(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: Optional[str] = None,
+        propagation: Optional[str] = None,
+        grace_seconds: Optional[int] = None,
+    ) -> None:
+        """Delete an object; with `uid`, only that incarnation of the name (a precondition).
+        `grace_seconds` overrides a pod's terminationGracePeriodSeconds (0: a force delete)."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if propagation:
+            options["propagationPolicy"] = propagation
+        path = object_path(api_version, kind, namespace, name)
+        await self._request("DELETE", path, "delete", RESOURCES[(api_version, kind)][1], options)
+
+    async def patch_status(self, namespace: str, name: str, status_patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge-patch a DistributedTraining's status (custom resources take no strategic merge)."""
+        path = object_path(contract.API_VERSION, contract.KIND, namespace, name, "status")
+        return await self._request(
+            "PATCH",
+            path,
+            "patch",
+            f"{contract.PLURAL}/status",
+            {"status": dict(status_patch)},
+            content_type="application/merge-patch+json",
+        )
+
+    async def patch(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch an object (the operator's own annotation on a DistributedTraining)."""
+        path = object_path(api_version, kind, namespace, name)
+        return await self._request(
+            "PATCH", path, "patch", RESOURCES[(api_version, kind)][1], dict(patch),
+            content_type="application/merge-patch+json",
+        )
+
+    async def post_event(
+        self, involved: Mapping[str, Any], event_type: str, reason: str, message: str, instance: str
+    ) -> dict[str, Any]:
+        """A core/v1 Event about `involved` (a DistributedTraining body). Returns the Event created."""
+        meta = involved["metadata"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", contract.API_VERSION),
+                "kind": involved.get("kind", contract.KIND),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid", ""),
+            },
+            "type": event_type,
+            "reason": reason,
+            "message": redact_text(message)[:1024],
+            "source": {"component": "dtrain-operator"},
+            "reportingComponent": "dtrain.dev/operator",
+            "reportingInstance": instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        return await self._request("POST", object_path("v1", "Event", meta["namespace"]), "create", "events", event)
+
+    async def repeat_event(self, namespace: str, name: str, count: int, message: str) -> dict[str, Any]:
+        """The same Event seen again: its count and last-seen time (and newest message), as Kubernetes'
+        own event recorder does instead of posting a new one."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        patch = {"count": count, "lastTimestamp": now, "message": message[:1024]}
+        return await self.patch("v1", "Event", namespace, name, patch)

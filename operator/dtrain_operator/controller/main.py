@@ -1,0 +1,189 @@
+"""`dtrain operator`: kopf with dtrain's handlers, settings, health and metrics endpoints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import aiohttp.web
+import kopf
+
+from dtrain_operator.api import contract
+from dtrain_operator.api.redaction import redact_text
+from dtrain_operator.controller.handlers import build_registry
+from dtrain_operator.controller.kube import KubeClient, RateLimiter, load_configuration
+from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
+from dtrain_operator.controller.metrics import OperatorMetrics
+from dtrain_operator.controller.reconciler import Controller
+from dtrain_operator.controller.status import Limits
+
+logger = logging.getLogger(__name__)
+
+
+def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
+    """kopf's settings: bookkeeping under dtrain.dev/, watch timeouts, server-side selectors."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = contract.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=contract.KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=contract.KOPF_PREFIX)
+    # kopf's own events only for warnings and errors; dtrain posts one Event per phase change itself.
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "dtrain-operator"
+    # One active operator (leader election, or a single replica): no kopf peering objects.
+    settings.peering.standalone = True
+    # The served resources are found once at startup: no cluster-wide watch of CRDs and namespaces.
+    settings.scanning.disabled = True
+    # The API server ends each watch after this; the client gives up a little later, so that a
+    # stream that went silent without closing is re-opened (from the last resourceVersion).
+    settings.watching.server_timeout = args.watch_timeout
+    settings.watching.client_timeout = args.watch_timeout + max(5.0, args.watch_timeout * 0.1)
+    settings.watching.connect_timeout = min(30.0, float(args.watch_timeout))
+    settings.networking.connect_timeout = 30.0
+    settings.networking.request_timeout = 60.0
+    # Only the operator's children are watched: the API server filters, not the operator.
+    settings.watching.label_selectors["pods"] = contract.LABEL_JOB_NAME
+    settings.watching.label_selectors["batch", "jobs"] = contract.LABEL_JOB_NAME
+    return settings
+
+
+class RedactingFilter(logging.Filter):
+    """Masks credentials in every record: API errors quote objects, and pods' messages quote logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    kopf.configure(
+        debug=level == "DEBUG",
+        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
+    )
+    logging.getLogger().setLevel(level)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
+    # kopf reports every handled event at INFO; that is debugging detail for dtrain's users.
+    logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def election_config(args: argparse.Namespace) -> LeaderElectionConfig:
+    namespace = args.leader_elect_resource_namespace or os.environ.get("POD_NAMESPACE")
+    if not namespace and SERVICE_ACCOUNT_NAMESPACE.is_file():
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    # The pod's name is unique while it lives (a restarted container takes its Lease back at once);
+    # outside a pod, the host name with a random suffix, as kube-controller-manager does.
+    identity = os.environ.get("POD_ID") or f"{socket.gethostname()}_{uuid.uuid4()}"
+    return LeaderElectionConfig(
+        namespace=namespace or "default",
+        name=args.leader_elect_resource_name,
+        identity=identity,
+        lease_duration=args.leader_elect_lease_duration,
+        renew_deadline=args.leader_elect_renew_deadline,
+        retry_period=args.leader_elect_retry_period,
+    )
+
+
+async def stand_by(config: LeaderElectionConfig, health_port: int, metrics: OperatorMetrics) -> None:
+    """Wait for the Lease, answering /healthz meanwhile (a standby is healthy); kopf serves it once leading."""
+    app = aiohttp.web.Application()
+    app.router.add_get("/healthz", lambda _: aiohttp.web.json_response({"leader": False}))
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "0.0.0.0", health_port)
+    await site.start()
+    client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), metrics)
+    try:
+        await LeaderElector(config, client).acquire()
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def release(config: LeaderElectionConfig, metrics: OperatorMetrics) -> None:
+    """A clean stop: give the Lease up, so that a standby takes over at its next retry."""
+    client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), metrics)
+    try:
+        elector = LeaderElector(config, client)
+        elector.leading = True
+        await asyncio.wait_for(elector.release(), timeout=5.0)
+    except asyncio.TimeoutError:
+        logger.warning("leader election: releasing the lease took too long; it expires by itself")
+    finally:
+        await client.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, args.log_format)
+    if args.qps <= 0 or args.burst < 1:
+        print("dtrain operator: --qps must be above 0 and --burst at least 1", file=sys.stderr)
+        return 2
+    if args.watch_timeout < 1:
+        print("dtrain operator: --watch-timeout must be at least 1 second", file=sys.stderr)
+        return 2
+    try:
+        # Fail at once, with one line, when there are no credentials (kopf would retry every minute).
+        asyncio.run(load_configuration())
+    except kopf.LoginError as exc:
+        print(f"dtrain operator: {exc}", file=sys.stderr)
+        return 1
+    metrics = OperatorMetrics()
+    try:
+        metrics.serve(args.metrics_port)
+    except OSError as exc:
+        print(f"dtrain operator: cannot serve metrics on port {args.metrics_port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    limits = Limits(
+        stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout
+    )
+    election: Optional[LeaderElectionConfig] = None
+    if args.leader_elect:
+        election = election_config(args)
+        problem = election.check()
+        if problem:
+            print(f"dtrain operator: {problem}", file=sys.stderr)
+            return 2
+        logger.info(
+            "leader election: %s wants the lease %s/%s", election.identity, election.namespace, election.name
+        )
+        try:
+            asyncio.run(stand_by(election, args.health_port, metrics))
+        except KeyboardInterrupt:
+            return 0
+    controller = Controller(
+        metrics=metrics,
+        qps=args.qps,
+        burst=args.burst,
+        network_policy=args.network_policy,
+        refuse_host_access=args.refuse_host_access,
+        limits=limits,
+        election=election,
+    )
+    namespaces = args.namespaces or []
+    scope = f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces"
+    logger.info("dtrain operator starting: %s, health :%d, metrics :%d", scope, args.health_port, args.metrics_port)
+    kopf.run(
+        registry=build_registry(controller),
+        settings=operator_settings(args),
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+    )
+    if election is not None:
+        asyncio.run(release(election, metrics))
+    return 0

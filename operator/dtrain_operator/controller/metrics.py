@@ -1,0 +1,134 @@
+"""The operator's Prometheus metrics, on their own registry and port (`--metrics-port`).
+
+Besides its own work (jobs by phase, reconciles, gang restarts by reason, API requests), the
+operator exports each job's training progress from the status it already holds: images/s, loss,
+step, restarts and the numeric `status.progress.metrics` (val_acc, ...), one series per job,
+labelled `job_namespace` and `job_name` (not `namespace`/`job`, which Prometheus's own target
+labels would overwrite). A job's series go when the job does. The chart's Grafana dashboard
+(helm/dtrain-operator/files/dashboards/) draws these; a test checks every query against them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, get_args
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from dtrain_operator.api import Phase
+
+PHASES = get_args(Phase)
+
+
+class OperatorMetrics:
+    """Jobs by phase, reconcile durations, gang restarts, API requests and errors."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.jobs = Gauge(
+            "dtrain_jobs", "DistributedTrainings the operator sees, by phase", ["phase"], registry=self.registry
+        )
+        self.reconcile_seconds = Histogram(
+            "dtrain_reconcile_duration_seconds",
+            "Time to reconcile one DistributedTraining (status, then children)",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.reconcile_errors = Counter(
+            "dtrain_reconcile_errors", "Reconciles that failed and were retried with backoff", registry=self.registry
+        )
+        self.gang_restarts = Counter(
+            "dtrain_gang_restarts",
+            "Gang restarts: every worker pod recreated after a worker failed, by the reason of the Restarting condition",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.api_requests = Counter(
+            "dtrain_api_requests",
+            "API requests the operator made (kopf's watches not included), by verb, resource and HTTP status",
+            ["verb", "resource", "code"],
+            registry=self.registry,
+        )
+        self.api_errors = Counter(
+            "dtrain_api_errors",
+            "API requests that failed (code 0: no answer), by verb, resource and HTTP status",
+            ["verb", "resource", "code"],
+            registry=self.registry,
+        )
+        job_labels = ["job_namespace", "job_name"]
+        self.job_gauges: dict[str, Gauge] = {
+            "imagesPerSecond": Gauge(
+                "dtrain_job_images_per_second", "Training throughput of a job over all ranks (status.progress)",
+                job_labels, registry=self.registry,
+            ),
+            "loss": Gauge("dtrain_job_loss", "Latest training loss of a job (status.progress)", job_labels,
+                          registry=self.registry),
+            "step": Gauge("dtrain_job_step", "Global optimizer step of a job (status.progress)", job_labels,
+                          registry=self.registry),
+            "epoch": Gauge("dtrain_job_epoch", "Current epoch of a job, from 0 (status.progress)", job_labels,
+                           registry=self.registry),
+            "restarts": Gauge("dtrain_job_restarts", "Gang restarts of a job so far (status.restarts)", job_labels,
+                              registry=self.registry),
+        }
+        self.job_metric = Gauge(
+            "dtrain_job_metric", "A metric the trainer reports for a job (status.progress.metrics, e.g. val_acc)",
+            [*job_labels, "metric"], registry=self.registry,
+        )
+        self._job_metric_names: dict[tuple[str, str], set[str]] = {}
+        for phase in PHASES:
+            self.jobs.labels(phase).set(0)
+        self._phases: dict[tuple[str, str], str] = {}
+        self._counts: dict[str, int] = {phase: 0 for phase in PHASES}
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, registry=self.registry)
+
+    def api_request(self, verb: str, resource: str, status: int) -> None:
+        self.api_requests.labels(verb, resource, str(status)).inc()
+        if status == 0 or status >= 400:
+            self.api_errors.labels(verb, resource, str(status)).inc()
+
+    def gang_restart(self, count: int, reason: str) -> None:
+        self.gang_restarts.labels(reason or "Unknown").inc(count)
+
+    def job_status(self, key: tuple[str, str], status: Optional[Mapping[str, Any]]) -> None:
+        """Record a job's status as the operator holds it (None: the job is gone)."""
+        self.job_phase(key, (status or {}).get("phase") if status is not None else None)
+        progress = (status or {}).get("progress") if status is not None else None
+        progress = progress if isinstance(progress, Mapping) else {}
+        values = {**progress, "restarts": (status or {}).get("restarts")} if status is not None else {}
+        for field, gauge in self.job_gauges.items():
+            value = values.get(field)
+            if _is_number(value):
+                gauge.labels(*key).set(float(value))  # type: ignore[arg-type]
+            else:
+                _remove(gauge, key)
+        reported = progress.get("metrics")
+        metrics: Mapping[str, Any] = reported if isinstance(reported, Mapping) else {}
+        numbers = {str(k): float(v) for k, v in metrics.items() if _is_number(v)}
+        for gone in self._job_metric_names.pop(key, set()) - set(numbers):
+            _remove(self.job_metric, (*key, gone))
+        for name, value in numbers.items():
+            self.job_metric.labels(*key, name).set(value)
+        if numbers:
+            self._job_metric_names[key] = set(numbers)
+
+    def job_phase(self, key: tuple[str, str], phase: Optional[str]) -> None:
+        """Record a job's phase (None: the job is gone or has no phase yet)."""
+        old = self._phases.pop(key, None)
+        if phase in self._counts:
+            self._phases[key] = phase
+        for changed, delta in ((old, -1), (phase, +1)):
+            if changed in self._counts and old != phase:
+                self._counts[changed] += delta
+                self.jobs.labels(changed).set(self._counts[changed])
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass

@@ -1,0 +1,828 @@
+"""The reconciler: one DistributedTraining at a time, level-triggered, from cached observations.
+
+kopf watches DistributedTrainings, worker/engine pods and engine Jobs (server-side label
+selectors) and keeps the latter two in its indexes; every event queues the owning job here.
+A queued job is reconciled by one worker at a time: its status is computed (status.py) from the
+operator's own record of the job (trusted.py, never from what the status says) and patched when
+it differs, Events are posted, the record is updated, then the plan (plan.py) is carried out:
+deletions, then creations. A status or record that cannot be read is reported and nothing is
+carried out. No list call is made per reconcile; only the Lease holder reconciles (leader.py).
+
+The watch lags behind the operator's own writes, so the writes are remembered until the watch
+shows them (as Kubernetes controllers' "expectations"): a pod just created is not created
+again, a pod just deleted is not counted, a status just patched is the one the next reconcile
+starts from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Generic, Hashable, Mapping, Optional, TypeVar, cast
+
+import kopf
+from pydantic import ValidationError
+
+from dtrain_operator.api import (
+    DistributedTraining,
+    DistributedTrainingSpec,
+    DistributedTrainingStatus,
+    EnvVar,
+    contract,
+    with_env_values,
+)
+from dtrain_operator.api.validation import validate_object
+from dtrain_operator.controller import refusals, trusted
+from dtrain_operator.controller.kube import (
+    ApiError,
+    KubeClient,
+    RateLimiter,
+    connection_info,
+    load_configuration,
+)
+from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
+from dtrain_operator.controller.metrics import OperatorMetrics
+from dtrain_operator.controller.status import (
+    EngineJobObservation,
+    JobEvent,
+    Limits,
+    Observed,
+    PodObservation,
+    accepted_job,
+    compute_status,
+    controller_uid,
+    current_gang,
+    invalid_status,
+    observe_engine_job,
+    observe_pod,
+    only_counts_changed,
+    status_events,
+    status_patch,
+    succeeded_ranks,
+    unreadable_status,
+)
+from dtrain_operator.core import progress_deadline, render
+from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
+from dtrain_operator.core.plan import Plan, plan_children
+
+logger = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+
+POD_INDEX = "dtrain_pods"
+ENGINE_JOB_INDEX = "dtrain_engine_jobs"
+
+WORKERS = 32
+"""Jobs reconciled at once."""
+RETRY_BASE_SECONDS = 0.005
+RETRY_MAX_SECONDS = 30.0
+"""A failed reconcile is retried after 5 ms, 10 ms, 20 ms, ... up to 30 s (client-go's workqueue
+starts at 5 ms too), and never before the Retry-After the API server asked for."""
+EXPECTATION_TTL_SECONDS = 30.0
+"""How long a write is trusted over a watch that has not shown it (then the watch wins again)."""
+COUNTS_BATCH_SECONDS = 1.0
+EVENT_SERIES_SECONDS = 600.0
+"""A Warning that repeats within this long (Kubernetes' event aggregation window) counts up one Event."""
+"""A status change of node counts alone waits this long, so that pods starting together share one patch."""
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class WorkQueue(Generic[K]):
+    """Keys to process, each at most once at a time; a key added while in process runs again after."""
+
+    def __init__(
+        self,
+        process: Callable[[K], Awaitable[Optional[float]]],
+        on_error: Callable[[K, Exception], None],
+        workers: int = WORKERS,
+    ) -> None:
+        self._process = process
+        self._on_error = on_error
+        self._workers = workers
+        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._active: set[K] = set()
+        self._dirty: set[K] = set()
+        self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+        self._failures: dict[K, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._active)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work(), name=f"reconciler-{i}") for i in range(self._workers)]
+
+    async def stop(self) -> None:
+        for _, handle in self._timers.values():
+            handle.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def add(self, key: K, delay: float = 0.0) -> None:
+        if delay > 0:
+            due = time.monotonic() + delay
+            scheduled = self._timers.get(key)
+            if scheduled is not None and scheduled[0] <= due:
+                return
+            if scheduled is not None:
+                scheduled[1].cancel()
+            handle = asyncio.get_running_loop().call_later(delay, self._fire, key)
+            self._timers[key] = (due, handle)
+            return
+        if key in self._active:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def forget(self, key: K) -> None:
+        scheduled = self._timers.pop(key, None)
+        if scheduled is not None:
+            scheduled[1].cancel()
+        self._failures.pop(key, None)
+
+    def _fire(self, key: K) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            requeue: Optional[float]
+            try:
+                requeue = await self._process(key)
+                self._failures.pop(key, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the others
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                requeue = retry_delay(failures, exc)
+                self._on_error(key, exc)
+            finally:
+                self._active.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self.add(key)
+            if requeue is not None:
+                self.add(key, requeue)
+
+
+def retry_delay(failures: int, exc: Exception) -> float:
+    """When a reconcile that failed `failures` times in a row runs again."""
+    backoff = min(RETRY_BASE_SECONDS * 2 ** min(failures - 1, 32), RETRY_MAX_SECONDS)
+    retry_after = exc.retry_after if isinstance(exc, ApiError) else None
+    return max(backoff, min(retry_after, RETRY_MAX_SECONDS)) if retry_after is not None else backoff
+
+
+@dataclass
+class _Expectations:
+    """One job's writes that the watch has not shown yet."""
+
+    uid: str
+    created_pods: dict[str, tuple[float, PodObservation]] = field(default_factory=dict)  # by uid
+    deleted_pods: dict[str, tuple[float, bool]] = field(default_factory=dict)  # uid -> (when, known gone)
+    forced_pods: dict[str, float] = field(default_factory=dict)  # uid -> when force-deleted
+    engine_job: Optional[tuple[float, EngineJobObservation]] = None
+    shared_children_for: Optional[int] = None  # gang generation whose Service/ConfigMap are known to exist
+    counts_pending_since: Optional[float] = None
+    conflict_reported: str = ""
+    refusal_reported: str = ""
+    # When the gang last made progress (runPolicy.progressDeadlineSeconds). Kept here, not in the
+    # status: a status write per progress report would double the API writes of every job; an
+    # operator that restarts watches afresh, so a hang is caught one deadline later at worst.
+    progress_watch: Optional[progress_deadline.ProgressWatch] = None
+
+
+class ChildConflict(Exception):
+    """A child's name is taken by an object this job does not own."""
+
+
+def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether `candidate` is a later version of the object than `current`.
+
+    Kubernetes resource versions compare as integers (they are etcd revisions, comparable
+    since Kubernetes 1.35); when either does not parse, the later arrival wins.
+    """
+    try:
+        return int(candidate["metadata"]["resourceVersion"]) >= int(current["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return True
+
+
+def _key(body: Mapping[str, Any]) -> JobKey:
+    meta = body.get("metadata") or {}
+    return meta.get("namespace") or "default", meta.get("name", "")
+
+
+@dataclass(frozen=True)
+class ParsedJob:
+    """A DistributedTraining as the operator can run it, or why it cannot."""
+
+    job: Optional[DistributedTraining]
+    errors: tuple[str, ...] = ()
+    """Validation errors: of the whole object when `job` is None, else of an edit to an accepted job."""
+
+
+def _readable_env(body: Mapping[str, Any]) -> list[EnvVar]:
+    """The env variables of an object whose spec does not validate as a whole, those that do."""
+    readable = []
+    for var in (body.get("spec") or {}).get("env") or []:
+        try:
+            readable.append(EnvVar.model_validate(var))
+        except ValidationError:
+            continue
+    return readable
+
+
+def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> ParsedJob:
+    """Validate the object (not its status). An accepted job whose spec became invalid keeps its accepted spec."""
+    document = {k: v for k, v in body.items() if k != "status"}
+    result = validate_object(document, "")
+    if result.job is not None:
+        return ParsedJob(result.job.model_copy(update={"status": previous}))
+    if previous.accepted_spec is None:
+        return ParsedJob(None, tuple(result.errors))
+    run_policy = dict(previous.accepted_spec.get("runPolicy") or {})
+    raw_policy = ((body.get("spec") or {}).get("runPolicy")) or {}
+    if isinstance(raw_policy.get("suspend"), bool):
+        run_policy["suspend"] = raw_policy["suspend"]
+    try:
+        spec = DistributedTrainingSpec.model_validate({**previous.accepted_spec, "runPolicy": run_policy})
+        spec = with_env_values(spec, _readable_env(body))
+        job = DistributedTraining.model_validate(
+            {"metadata": body.get("metadata") or {}, "spec": spec.to_wire()}
+        ).model_copy(update={"status": previous})
+    except ValidationError:
+        return ParsedJob(None, tuple(result.errors))
+    return ParsedJob(job, tuple(result.errors))
+
+
+class Controller:
+    """Caches, expectations and the reconcile loop; kopf's handlers (handlers.py) feed it."""
+
+    def __init__(
+        self,
+        metrics: OperatorMetrics,
+        qps: float,
+        burst: int,
+        network_policy: bool = False,
+        refuse_host_access: bool = False,
+        limits: Limits = Limits(),
+        election: Optional[LeaderElectionConfig] = None,
+    ) -> None:
+        self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
+        self._refuse_host_access = refuse_host_access  # hostNetwork/hostPath only in opted-in namespaces
+        self._limits = limits
+        self._election = election
+        self._elector: Optional[LeaderElector] = None
+        self._keeping: Optional[asyncio.Task[None]] = None
+        self._lease_client: Optional[KubeClient] = None
+        self._pod_index: Optional[kopf.Index[JobKey, PodObservation]] = None
+        self._engine_job_index: Optional[kopf.Index[JobKey, EngineJobObservation]] = None
+        self._metrics = metrics
+        self._limiter = RateLimiter(qps, burst)
+        self._client: Optional[KubeClient] = None
+        self._jobs: dict[JobKey, Mapping[str, Any]] = {}
+        self._expectations: dict[JobKey, _Expectations] = {}
+        self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
+        self._event_tasks: dict[JobKey, asyncio.Task[None]] = {}
+        # Event series: (job, uid, reason) -> (Event name, count, last seen, monotonic).
+        self._series: dict[tuple[JobKey, str, str], tuple[str, int, float]] = {}
+        self._instance = os.environ.get("POD_ID") or socket.gethostname()
+
+    # --- kopf's side ---------------------------------------------------------------------------
+
+    async def login(self) -> kopf.ConnectionInfo:
+        """Credentials for kopf's watches and the operator's own requests (again after a 401)."""
+        configuration = await load_configuration()
+        if self._client is None:
+            self._client = KubeClient(configuration, self._limiter, self._metrics)
+        else:
+            self._client.use_configuration(configuration)
+        return await connection_info(configuration)
+
+    def start(self) -> None:
+        if self._election is not None:
+            self._keeping = asyncio.create_task(self._keep_lease(self._election), name="leader-election")
+        self._queue.start()
+
+    async def _keep_lease(self, election: LeaderElectionConfig) -> None:
+        """The Lease was acquired before kopf started; it is renewed here, in kopf's loop, with a
+        client of its own (its requests do not wait behind the reconciles' rate limit)."""
+        self._lease_client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), self._metrics)
+        self._elector = LeaderElector(election, self._lease_client)
+        self._elector.leading = True
+        await self._elector.keep(self._lost_lease)
+
+    @staticmethod
+    def _lost_lease(why: str) -> None:
+        # As kube-controller-manager: stop at once, before anything else is written; the Deployment
+        # starts the container again, as a standby.
+        logger.error("leader election: lost the lease (%s); exiting", why)
+        logging.shutdown()
+        os._exit(1)
+
+    async def stop(self) -> None:
+        await self._queue.stop()
+        if self._keeping is not None:
+            self._keeping.cancel()
+            await asyncio.gather(self._keeping, return_exceptions=True)
+        if self._lease_client is not None:
+            await self._lease_client.close()
+        # main.py releases the Lease once kopf has stopped.
+        for task in list(self._event_tasks.values()):
+            task.cancel()
+        if self._client is not None:
+            await self._client.close()
+
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    def use_indexes(
+        self, pods: kopf.Index[JobKey, PodObservation], engine_jobs: kopf.Index[JobKey, EngineJobObservation]
+    ) -> None:
+        """kopf's indexes of the jobs' pods and engine Jobs (handed over by every handler call)."""
+        self._pod_index, self._engine_job_index = pods, engine_jobs
+
+    def job_changed(self, event_type: Optional[str], body: Mapping[str, Any]) -> None:
+        """A DistributedTraining event from the watch."""
+        key = _key(body)
+        if event_type == "DELETED":
+            self._forget(key)
+            return
+        self._remember(key, body)
+        self._queue.add(key)
+
+    def child_changed(self, namespace: str, job_name: str, uid: str, event_type: Optional[str]) -> None:
+        """A pod or engine Job event from the watch (the index already holds it)."""
+        key = (namespace, job_name)
+        expectations = self._expectations.get(key)
+        if expectations is not None:
+            expectations.created_pods.pop(uid, None)
+            if event_type == "DELETED":
+                expectations.deleted_pods.pop(uid, None)
+            if expectations.engine_job is not None and expectations.engine_job[1].uid == uid:
+                expectations.engine_job = None
+        if key in self._jobs:
+            self._queue.add(key)
+
+    def _remember(self, key: JobKey, body: Mapping[str, Any]) -> None:
+        current = self._jobs.get(key)
+        uid = (body.get("metadata") or {}).get("uid", "")
+        if current is not None and (current.get("metadata") or {}).get("uid") != uid:
+            self._expectations.pop(key, None)
+        elif current is not None and not _newer(body, current):
+            return
+        self._jobs[key] = body
+        self._metrics.job_status(key, body.get("status") or {})
+
+    def _forget(self, key: JobKey) -> None:
+        for series_key in [k for k in self._series if k[0] == key]:
+            del self._series[series_key]
+        self._jobs.pop(key, None)
+        self._expectations.pop(key, None)
+        self._queue.forget(key)
+        self._metrics.job_status(key, None)
+
+    # --- Observation -------------------------------------------------------------------------------
+
+    def _expect(self, key: JobKey, uid: str) -> _Expectations:
+        expectations = self._expectations.get(key)
+        if expectations is None or expectations.uid != uid:
+            expectations = self._expectations[key] = _Expectations(uid=uid)
+        return expectations
+
+    def _observe(self, key: JobKey, expectations: _Expectations) -> tuple[Observed, frozenset[str]]:
+        """The job's children as the indexes show them, corrected by writes the watch has not shown yet.
+
+        Returns the observation and the names of worker pods the job does not own (they block creation).
+        """
+        now = time.monotonic()
+        pods: list[PodObservation] = list(self._pod_index.get(key, ())) if self._pod_index is not None else []
+        engine_jobs: list[EngineJobObservation] = (
+            list(self._engine_job_index.get(key, ())) if self._engine_job_index is not None else []
+        )
+        seen = {p.uid for p in pods}
+        for uid, (since, _) in list(expectations.created_pods.items()):
+            if uid in seen or now - since > EXPECTATION_TTL_SECONDS:
+                del expectations.created_pods[uid]
+        for uid, (since, _) in list(expectations.deleted_pods.items()):
+            if uid not in seen and now - since > EXPECTATION_TTL_SECONDS:
+                del expectations.deleted_pods[uid]
+
+        owned: list[PodObservation] = []
+        blocked: set[str] = set()
+        for pod in pods:
+            deleted = expectations.deleted_pods.get(pod.uid)
+            if deleted is not None and deleted[1]:
+                continue
+            if deleted is not None and not pod.deleting:
+                pod = replace(pod, deleting=True)
+            if pod.role == contract.ROLE_WORKER and pod.owner_uid != expectations.uid:
+                blocked.add(pod.name)
+                continue
+            owned.append(pod)
+        owned.extend(p for _, p in expectations.created_pods.values() if p.uid not in seen)
+
+        engine_job = next((j for j in engine_jobs if j.owner_uid == expectations.uid), None)
+        if expectations.engine_job is not None:
+            since, created = expectations.engine_job
+            if engine_job is not None or now - since > EXPECTATION_TTL_SECONDS:
+                expectations.engine_job = None
+            else:
+                engine_job = created
+        workers = tuple(p for p in owned if p.role == contract.ROLE_WORKER)
+        engine_pods = tuple(
+            p for p in owned if p.role == contract.ROLE_ENGINE and engine_job is not None and p.owner_uid == engine_job.uid
+        )
+        return Observed(workers=workers, engine_pods=engine_pods, engine_job=engine_job), frozenset(blocked)
+
+    # --- Reconcile ---------------------------------------------------------------------------------
+
+    def _reconcile_failed(self, key: JobKey, exc: Exception) -> None:
+        self._metrics.reconcile_errors.inc()
+        namespace, name = key
+        if isinstance(exc, (ApiError, ChildConflict)):
+            logger.warning("%s/%s: %s; retrying", namespace, name, exc)
+        else:
+            logger.error("%s/%s: reconcile failed; retrying", namespace, name, exc_info=exc)
+
+    async def _reconcile_key(self, key: JobKey) -> Optional[float]:
+        started = time.monotonic()
+        try:
+            return await self.reconcile(key)
+        finally:
+            self._metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    async def reconcile(self, key: JobKey) -> Optional[float]:
+        """Bring one job's status and children in line with what is observed. Returns a requeue delay."""
+        body = self._jobs.get(key)
+        if body is None or self._client is None:
+            return None
+        meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return None  # the garbage collector removes the children through their owner references
+        expectations = self._expect(key, meta.get("uid", ""))
+        now = datetime.now(timezone.utc)
+        read = trusted.read_status(body)
+        problems = list(read.problems)
+        try:
+            state = trusted.read_state(body)
+        except trusted.UntrustedState as exc:
+            state = None
+            problems.append(str(exc))
+        written = read.status if body.get("status") else None
+        if problems:
+            # Nothing is decided from a status or a record the operator cannot read: the pods stay.
+            logger.warning("%s/%s: cannot read %s; leaving the pods alone", *key, "; ".join(problems))
+            return await self._write_status(key, body, written, unreadable_status(read.status, problems, now), expectations)
+        observed, blocked = self._observe(key, expectations)
+        previous = trusted.trusted_previous(
+            read.status, state, [p.generation for p in observed.workers if p.generation is not None]
+        )
+        parsed = parse_job(body, previous)
+        if parsed.job is not None and previous.accepted_spec is None and self._refuse_host_access:
+            refused = await self._host_access_refusals(parsed.job)
+            if refused:
+                parsed = ParsedJob(None, tuple(refused))
+
+        if parsed.job is None:
+            new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
+            running: Optional[DistributedTraining] = None
+        else:
+            finished = state.succeeded_ranks if state is not None else ()
+            watch = expectations.progress_watch = progress_deadline.observe(
+                expectations.progress_watch,
+                previous.restarts,
+                _all_running(previous, observed, parsed.job.spec.nodes),
+                previous.progress,
+                now,
+            )
+            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished, self._limits, watch)
+            running = accepted_job(parsed.job.model_copy(update={"status": new}))
+
+        requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
+        await self._write_state(key, state, new, observed)
+        if running is None:
+            return requeue
+        plan = plan_children(running, new, observed, now, self._limits)
+        try:
+            await self._carry_out(key, body, running, new.restarts, plan, blocked, expectations)
+        except ChildConflict as exc:
+            await self._report_conflict(key, body, str(exc), expectations)
+            raise
+        except refusals.CreateRefused as exc:
+            return await self._report_refusal(key, body, new, exc.refusal, expectations, state, observed)
+        expectations.conflict_reported = ""
+        if refusals.is_refused(new):
+            expectations.refusal_reported = ""
+            await self._write_status(key, body, new, refusals.cleared_status(new, now), expectations)
+        hang_check = progress_deadline.wake_after(running.spec.run_policy, expectations.progress_watch, now)
+        delays = [d for d in (requeue, plan.requeue_after, hang_check) if d is not None]
+        return min(delays) if delays else None
+
+    async def _host_access_refusals(self, job: DistributedTraining) -> list[str]:
+        """Why the job may not reach the node (host_access.py decides); checked once, before it is accepted."""
+        assert self._client is not None
+        if not host_access_fields(job.spec):
+            return []
+        try:
+            labels = await self._client.namespace_labels(job.namespace)
+        except ApiError as exc:  # fail closed: without the namespace's word, no host access
+            return [f"spec: host access needs the namespace's {contract.LABEL_ALLOW_HOST_ACCESS} label, which the "
+                    f"operator cannot read ({exc.status} {exc.reason}); grant it get on namespaces"]
+        return host_access_refusals(job.spec, job.namespace, labels)
+
+    async def _write_status(
+        self,
+        key: JobKey,
+        body: Mapping[str, Any],
+        previous: Optional[DistributedTrainingStatus],
+        new: DistributedTrainingStatus,
+        expectations: _Expectations,
+        decided_from: Optional[DistributedTrainingStatus] = None,
+    ) -> Optional[float]:
+        """Patch the status when it changed (node counts alone: batched), then post the Events.
+
+        `previous` is the status as written (what the patch must change); `decided_from` what
+        the new status was decided from (the operator's own record: phase changes and restarts).
+        """
+        assert self._client is not None
+        patch = status_patch(previous, new)
+        if decided_from is not None:
+            previous = decided_from
+        if patch is None:
+            expectations.counts_pending_since = None
+            return None
+        if only_counts_changed(patch):
+            now = time.monotonic()
+            if expectations.counts_pending_since is None:
+                expectations.counts_pending_since = now
+            waited = now - expectations.counts_pending_since
+            if waited < COUNTS_BATCH_SECONDS:
+                return COUNTS_BATCH_SECONDS - waited
+        expectations.counts_pending_since = None
+        namespace, name = key
+        updated = await self._client.patch_status(namespace, name, patch)
+        if updated:
+            self._remember(key, updated)
+        restarts = new.restarts - (previous.restarts if previous else 0)
+        if restarts > 0:
+            restarting = next((c for c in new.conditions if c.type == "Restarting"), None)
+            self._metrics.gang_restart(restarts, restarting.reason if restarting else "")
+        if "phase" in patch:
+            logger.info("%s/%s: %s -> %s", namespace, name, previous.phase if previous else None, new.phase)
+        events = status_events(previous, new)
+        if events:
+            self._post_events(key, body, events)
+        return None
+
+    async def _write_state(
+        self, key: JobKey, state: Optional[trusted.TrustedState], new: DistributedTrainingStatus, observed: Observed
+    ) -> None:
+        """Record what was decided in the operator's own annotation, before anything is carried out."""
+        assert self._client is not None
+        earlier = (state.succeeded_ranks, state.restarts) if state is not None else ((), None)
+        recorded = trusted.state_of(new, succeeded_ranks(new, observed, *earlier))
+        if recorded is None or recorded == state:
+            return
+        namespace, name = key
+        updated = await self._client.patch(
+            contract.API_VERSION, contract.KIND, namespace, name, trusted.state_patch(recorded)
+        )
+        if updated:
+            self._remember(key, updated)
+
+    def _post_events(self, key: JobKey, body: Mapping[str, Any], events: list[JobEvent]) -> None:
+        """Post Events in the background (children are not kept waiting), in order for each job."""
+        earlier = self._event_tasks.get(key)
+        task = asyncio.create_task(self._post_in_order(key, body, events, earlier))
+        self._event_tasks[key] = task
+        task.add_done_callback(lambda done: self._event_tasks.pop(key) if self._event_tasks.get(key) is done else None)
+
+    async def _post_in_order(
+        self, key: JobKey, body: Mapping[str, Any], events: list[JobEvent], earlier: Optional[asyncio.Task[None]]
+    ) -> None:
+        if earlier is not None:
+            await asyncio.wait([earlier])
+        assert self._client is not None
+        uid = (body.get("metadata") or {}).get("uid", "")
+        for event in events:
+            try:
+                await self._post_event(key, uid, body, event)
+            except ApiError as exc:
+                logger.warning("%s/%s: could not post the %s event: %s", *key, event.reason, exc)
+
+    async def _post_event(self, key: JobKey, uid: str, body: Mapping[str, Any], event: JobEvent) -> None:
+        """Post an Event; a repeat of a series within EVENT_SERIES_SECONDS counts up the Event posted first."""
+        assert self._client is not None
+        now = time.monotonic()
+        series_key = (key, uid, event.reason)
+        earlier = self._series.get(series_key) if event.series else None
+        if earlier is not None and now - earlier[2] <= EVENT_SERIES_SECONDS:
+            name, count, _ = earlier
+            try:
+                await self._client.repeat_event(key[0], name, count + 1, event.message)
+                self._series[series_key] = (name, count + 1, now)
+                return
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+        created = await self._client.post_event(body, event.type, event.reason, event.message, self._instance)
+        if event.series:
+            self._series[series_key] = (str((created.get("metadata") or {}).get("name", "")), 1, now)
+
+    async def _report_conflict(
+        self, key: JobKey, body: Mapping[str, Any], message: str, expectations: _Expectations
+    ) -> None:
+        """A Warning Event, once per distinct conflict, so that `kubectl describe` says why nothing starts."""
+        if expectations.conflict_reported == message or self._client is None:
+            return
+        expectations.conflict_reported = message
+        try:
+            await self._client.post_event(body, "Warning", "ChildConflict", message, self._instance)
+        except ApiError as exc:
+            logger.warning("%s/%s: could not post the ChildConflict event: %s", *key, exc)
+
+    async def _report_refusal(
+        self,
+        key: JobKey,
+        body: Mapping[str, Any],
+        status: DistributedTrainingStatus,
+        refusal: refusals.Refusal,
+        expectations: _Expectations,
+        state: Optional[trusted.TrustedState],
+        observed: Observed,
+    ) -> Optional[float]:
+        """A refused create (refusals.py decides): the condition, a Warning Event with the API server's
+        message (once per distinct message), and the retry, or the failed job."""
+        assert self._client is not None
+        now = datetime.now(timezone.utc)
+        refused = refusals.refused_status(status, refusal, now)
+        await self._write_status(key, body, status, refused, expectations)
+        # A refusal that fails the job is a decision: the operator's own record must say so too.
+        await self._write_state(key, state, refused, observed)
+        if expectations.refusal_reported != refusal.message:
+            expectations.refusal_reported = refusal.message
+            logger.warning("%s/%s: %s", *key, refusal.message)
+            try:
+                await self._client.post_event(body, "Warning", refusal.reason, refusal.message, self._instance)
+            except ApiError as exc:
+                logger.warning("%s/%s: could not post the %s event: %s", *key, refusal.reason, exc)
+        return None if refusal.fails_job else refusals.retry_after(refused, now)
+
+    async def _carry_out(
+        self,
+        key: JobKey,
+        body: Mapping[str, Any],
+        job: DistributedTraining,
+        generation: int,
+        plan: Plan,
+        blocked: frozenset[str],
+        expectations: _Expectations,
+    ) -> None:
+        """Deletions first, then creations; every call is safe to repeat."""
+        assert self._client is not None
+        namespace, name = key
+        await _gather(
+            *(self._delete_pod(namespace, pod, expectations, plan.delete_grace_seconds) for pod in plan.delete_pods)
+        )
+        now = time.monotonic()
+        # Each stuck pod is force-deleted once per expectation TTL, not at every reconcile.
+        forced = [
+            p for p in plan.force_delete_pods if now - expectations.forced_pods.get(p.uid, -EXPECTATION_TTL_SECONDS) >= EXPECTATION_TTL_SECONDS
+        ]
+        for pod in forced:
+            logger.warning("%s/%s: %s is stuck terminating and its node stopped reporting; force-deleting it",
+                           namespace, name, pod.name)
+            expectations.forced_pods[pod.uid] = now
+        await _gather(*(self._delete_pod(namespace, pod, expectations, grace_seconds=0) for pod in forced))
+        if plan.delete_engine_job is not None:
+            await self._delete(
+                "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
+            )
+        ranks = [rank for rank in plan.create_ranks if render.worker_pod_name(job, rank) not in blocked]
+        if ranks:
+            pods = [render.render_worker_pod(job, rank, generation) for rank in ranks]
+            _adopt(pods, body)
+            await self._ensure_shared_children(body, job, generation, expectations)
+            await _gather(*(self._create_pod(pod, expectations) for pod in pods))
+            logger.info("%s/%s: created %d worker pod(s) of gang generation %d", namespace, name, len(pods), generation)
+        if len(ranks) < len(plan.create_ranks):
+            raise ChildConflict(
+                "worker pod names are taken by pods this job does not own (left by an earlier job of the same "
+                "name?); waiting for them to go"
+            )
+        if plan.create_engine_job:
+            engine_job = render.render_engine_job(job)
+            _adopt([engine_job], body)
+            created, _ = await self._create_owned(engine_job, expectations.uid)
+            expectations.engine_job = (time.monotonic(), observe_engine_job(created))
+            logger.info("%s/%s: created the engine Job %s", namespace, name, engine_job["metadata"]["name"])
+        if plan.delete_job:
+            logger.info("%s/%s: ttlSecondsAfterFinished has passed; deleting the job", namespace, name)
+            await self._delete(contract.API_VERSION, contract.KIND, namespace, name, expectations.uid, "Background")
+
+    async def _ensure_shared_children(
+        self, body: Mapping[str, Any], job: DistributedTraining, generation: int, expectations: _Expectations
+    ) -> None:
+        """The Service, ConfigMap (and PodGroup) the pods need, known to be this job's before any pod
+        is created: a ConfigMap of the same name left by someone else must never configure its trainers.
+        Once per gang generation, so that one deleted by hand is back for the next gang."""
+        if expectations.shared_children_for == generation:
+            return
+        children = [render.render_service(job), render.render_config_map(job)]
+        pod_group = render.render_pod_group(job)
+        if pod_group is not None:
+            children.append(pod_group)
+        if self._network_policy:
+            children.append(render.render_network_policy(job))
+        _adopt(children, body)
+        await _gather(*(self._create_owned(child, expectations.uid) for child in children))
+        expectations.shared_children_for = generation
+
+    async def _create_owned(self, obj: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], bool]:
+        """Create a child; if it exists already it must be this job's (then it is adopted as is)."""
+        assert self._client is not None
+        try:
+            existing, created = await self._client.create_or_read(obj)
+        except ApiError as exc:
+            meta = obj["metadata"]
+            refusal = refusals.classify(obj["kind"], f"{meta['namespace']}/{meta['name']}", exc.status, exc.message)
+            if refusal is None:
+                raise
+            raise refusals.CreateRefused(refusal) from exc
+        if not created and controller_uid(existing.get("metadata") or {}) != owner_uid:
+            meta = obj["metadata"]
+            raise ChildConflict(
+                f"{obj['kind']} {meta['namespace']}/{meta['name']} exists and is not owned by this job; "
+                "delete it or rename the job"
+            )
+        return existing, created
+
+    async def _create_pod(self, pod: dict[str, Any], expectations: _Expectations) -> None:
+        # A 409 then a 404 (the pod went between the two) fails this reconcile: it is retried.
+        existing, _ = await self._create_owned(pod, expectations.uid)
+        observation = observe_pod(existing)
+        expectations.created_pods[observation.uid] = (time.monotonic(), observation)
+
+    async def _delete_pod(
+        self, namespace: str, pod: PodObservation, expectations: _Expectations, grace_seconds: Optional[int] = None
+    ) -> None:
+        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid, grace_seconds=grace_seconds)
+        expectations.deleted_pods[pod.uid] = (time.monotonic(), gone)
+
+    async def _delete(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        propagation: Optional[str] = None,
+        grace_seconds: Optional[int] = None,
+    ) -> bool:
+        """Delete one incarnation of an object. Returns True when it is known to be gone already."""
+        assert self._client is not None
+        try:
+            await self._client.delete(
+                api_version, kind, namespace, name, uid=uid, propagation=propagation, grace_seconds=grace_seconds
+            )
+        except ApiError as exc:
+            # 404: gone. 409: the uid precondition failed, so that incarnation is gone too.
+            if exc.not_found or exc.conflict:
+                return True
+            raise
+        return False
+
+
+def _all_running(status: DistributedTrainingStatus, observed: Observed, nodes: int) -> bool:
+    """Every worker of the current gang generation is Running (the progress deadline's clock runs)."""
+    gang = current_gang(status, observed.workers)
+    return len(gang) == nodes and all(p.phase == "Running" and not p.deleting for p in gang.values())
+
+
+def _adopt(children: list[dict[str, Any]], body: Mapping[str, Any]) -> None:
+    """The one place where children get their owner reference to the DistributedTraining
+    (controller, blockOwnerDeletion): the garbage collector deletes them with it."""
+    kopf.append_owner_reference(children, owner=kopf.Body(cast(kopf.RawBody, body)))
+
+
+async def _gather(*calls: Awaitable[Any]) -> None:
+    """Run calls at once; when some fail, raise the first failure after all have finished."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

@@ -1,0 +1,152 @@
+"""A create that the API server refuses: what the job's status, its Events and the retry say.
+
+A pod (or Service, ConfigMap, PodGroup, engine Job) create answered with a 4xx other than 409
+is a fact about the cluster that the user must hear about, in the API server's own words:
+Pod Security admission forbidding hostNetwork or a hostPath volume, a ResourceQuota exceeded,
+a missing service account, an invalid field. Pure: the controller hands in what it got and
+carries out the decision (a condition, a Warning Event, a requeue, or a failed job).
+
+- A quota refusal clears by itself when other pods finish: retried with backoff, and said so.
+- Pod Security, a missing service account, RBAC: they need someone to act; retried with the
+  same backoff (so that the job starts once they have), the condition says what to change.
+- An invalid object (422) is a bug in what was asked for (e.g. requests above limits): retrying
+  cannot help, so the job fails with the object's own reason (InvalidPod, InvalidService, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timezone
+from typing import Optional
+
+from dtrain_operator.api import Condition, DistributedTrainingStatus
+
+CREATE_REFUSED = "CreateRefused"  # the condition type
+FAILED = "Failed"
+REASON_QUOTA = "QuotaExceeded"
+REASON_POD_SECURITY = "PodSecurityForbidden"
+REASON_SERVICE_ACCOUNT = "ServiceAccountMissing"
+REASON_FORBIDDEN = "CreateForbidden"
+REASON_REFUSED = "CreateRefused"
+REASON_CREATED = "ChildrenCreated"
+FIRST_RETRY_SECONDS = 5.0
+MAX_RETRY_SECONDS = 300.0
+BACKOFF = f"dtrain retries with a backoff from {FIRST_RETRY_SECONDS:.0f} s, doubling up to {MAX_RETRY_SECONDS / 60:.0f} min"
+MAX_MESSAGE_CHARS = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """What to do about one refused create."""
+
+    kind: str
+    name: str
+    status: int
+    reason: str  # the condition's (or, when fails_job, the Failed condition's) reason
+    api_message: str  # the API server's own message
+    hint: str
+    fails_job: bool
+
+    @property
+    def message(self) -> str:
+        text = f"the API server refused to create {self.kind} {self.name} ({self.status}): {self.api_message}. {self.hint}"
+        return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+class CreateRefused(Exception):
+    """Raised by the controller's create call when `classify` says the refusal is the user's to hear."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def classify(kind: str, name: str, status: int, message: str) -> Optional[Refusal]:
+    """The decision for a create answered with `status`; None when it is not a refusal to report
+    (a 409 is read back, a 5xx or a lost connection is retried as any failed reconcile)."""
+    if not 400 <= status < 500 or status in (409, 429):
+        return None
+    lowered = message.lower()
+    if status == 422:
+        return Refusal(kind, name, status, f"Invalid{kind}", message,
+                       "The object the job asks for is invalid: fix the spec and re-create the job", True)
+    if "exceeded quota" in lowered:
+        return Refusal(kind, name, status, REASON_QUOTA, message,
+                       f"The namespace's ResourceQuota is used up: the job waits until it has room; {BACKOFF}", False)
+    if "podsecurity" in lowered:
+        return Refusal(kind, name, status, REASON_POD_SECURITY, message,
+                       "The namespace's Pod Security level forbids this pod: set spec.hostNetwork false and drop hostPath "
+                       "volumes, or label the namespace pod-security.kubernetes.io/enforce=privileged; " + BACKOFF, False)
+    if "not found" in lowered and ("service account" in lowered or 'serviceaccount "' in lowered):
+        return Refusal(kind, name, status, REASON_SERVICE_ACCOUNT, message,
+                       "Create the service account named in spec.serviceAccountName (the chart's trainer.serviceAccount); "
+                       + BACKOFF, False)
+    if status == 403:
+        return Refusal(kind, name, status, REASON_FORBIDDEN, message,
+                       "The operator's service account may not do this: check its RBAC (the chart's ClusterRole); " + BACKOFF,
+                       False)
+    return Refusal(kind, name, status, REASON_REFUSED, message, BACKOFF, False)
+
+
+def retry_after(status: DistributedTrainingStatus, now: datetime) -> float:
+    """Backoff from the status alone: as long again as the refusal has lasted, from 5 s to 5 min."""
+    condition = _get(status, CREATE_REFUSED)
+    since = _parse(condition.last_transition_time) if condition is not None else None
+    lasted = (now - since).total_seconds() if since is not None else 0.0
+    return min(max(lasted, FIRST_RETRY_SECONDS), MAX_RETRY_SECONDS)
+
+
+def refused_status(status: DistributedTrainingStatus, refusal: Refusal, now: datetime) -> DistributedTrainingStatus:
+    """The status with the refusal in it: the CreateRefused condition; for an invalid object, Failed."""
+    new = status.model_copy(deep=True)
+    _set(new, CREATE_REFUSED, True, refusal.reason, refusal.message, now)
+    if refusal.fails_job:
+        new.phase = "Failed"
+        _set(new, FAILED, True, refusal.reason, refusal.message, now)
+        for type_ in ("Running", "Restarting"):
+            if _get(new, type_) is not None:
+                _set(new, type_, False, "JobFinished", "the job failed", now)
+        new.completion_time = _format(now)
+    return new
+
+
+def is_refused(status: DistributedTrainingStatus) -> bool:
+    condition = _get(status, CREATE_REFUSED)
+    return condition is not None and condition.status == "True"
+
+
+def cleared_status(status: DistributedTrainingStatus, now: datetime) -> DistributedTrainingStatus:
+    """The status once every create went through."""
+    new = status.model_copy(deep=True)
+    _set(new, CREATE_REFUSED, False, REASON_CREATED, "the API server accepted the job's objects", now)
+    return new
+
+
+def _get(status: DistributedTrainingStatus, type_: str) -> Optional[Condition]:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def _set(status: DistributedTrainingStatus, type_: str, value: bool, reason: str, message: str, now: datetime) -> None:
+    text = "True" if value else "False"
+    condition = _get(status, type_)
+    if condition is None:
+        status.conditions.append(
+            Condition(type=type_, status=text, reason=reason, message=message, last_transition_time=_format(now))
+        )
+        return
+    if condition.status != text:
+        condition.last_transition_time = _format(now)
+    condition.status, condition.reason, condition.message = text, reason, message  # type: ignore[assignment]
+
+
+def _format(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(value: Optional[str]) -> Optional[datetime]:
+    if not value:
+        return None
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None

@@ -1,0 +1,218 @@
+"""What the operator trusts about a job: its own record, kept where only the operator writes it.
+
+`status` is not that place. Every worker pod's service account may patch the status of the
+DistributedTrainings in its namespace (rank 0 reports `status.progress`), and that permission
+covers the whole status. So the state that decides what the operator creates and how many
+restarts remain (the accepted spec, the gang generation, the phase, the start and completion
+times) is recorded in one annotation on the DistributedTraining, `dtrain.dev/state`, written with
+a patch of the object itself. A status patch cannot reach it (the status subresource keeps
+everything but `status`), and the trainer's token has no patch on the object.
+
+The record carries a version and a SHA-256 of the accepted spec. A record this operator cannot
+read (another version's, edited by hand, or truncated) is not trusted: the operator then leaves
+the job's pods alone and says so (see `read_status`). The status the operator writes still shows
+the same fields (`acceptedSpec`, `restarts`, ...) for people and tools; it is never read back
+for a decision.
+
+`read_status` reads the status field by field, so that a field it cannot read (`progress.epoch:
+"three"`, a status written by a newer operator) is named instead of silently replaced; the
+trainer's fields (`progress`, `lastCheckpoint`) are size-capped as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from pydantic import ValidationError
+
+from dtrain_operator.api import DistributedTrainingStatus, contract
+
+ANNOTATION = contract.ANNOTATION_STATE
+VERSION = 1
+# The trainer's own status fields are untrusted input: beyond this size they are not read.
+MAX_TRAINER_FIELD_BYTES = 4096
+TRAINER_FIELDS = ("progress", "lastCheckpoint", "preflight")
+MAX_PROBLEM_CHARS = 200
+
+
+def spec_hash(spec: Mapping[str, Any]) -> str:
+    """The SHA-256 of a spec in canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TrustedState:
+    """The operator's record of one accepted job."""
+
+    accepted_spec: dict[str, Any]
+    restarts: int = 0
+    phase: Optional[str] = None
+    start_time: Optional[str] = None
+    completion_time: Optional[str] = None
+    succeeded_ranks: tuple[int, ...] = ()
+    """Ranks of gang generation `restarts` that exited 0: finished, even once their pods are gone."""
+
+    def encode(self) -> str:
+        return json.dumps(
+            {
+                "version": VERSION,
+                "specHash": spec_hash(self.accepted_spec),
+                "restarts": self.restarts,
+                "phase": self.phase,
+                "startTime": self.start_time,
+                "completionTime": self.completion_time,
+                "succeededRanks": list(self.succeeded_ranks),
+                "acceptedSpec": self.accepted_spec,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+
+class UntrustedState(Exception):
+    """The annotation is there but is not a record this operator wrote and can read."""
+
+
+def decode(text: str) -> TrustedState:
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise UntrustedState(f"annotation {ANNOTATION} is not JSON ({exc})") from exc
+    if not isinstance(record, dict):
+        raise UntrustedState(f"annotation {ANNOTATION} is not a JSON object")
+    if record.get("version") != VERSION:
+        raise UntrustedState(
+            f"annotation {ANNOTATION} has version {record.get('version')!r}; this operator reads version {VERSION} "
+            "(was it written by another operator version?)"
+        )
+    spec = record.get("acceptedSpec")
+    if not isinstance(spec, dict) or record.get("specHash") != spec_hash(spec):
+        raise UntrustedState(f"annotation {ANNOTATION}: the accepted spec does not match its hash (edited by hand?)")
+    restarts = record.get("restarts")
+    if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
+        raise UntrustedState(f"annotation {ANNOTATION}: restarts is not a count ({restarts!r})")
+    texts = {k: record.get(k) for k in ("phase", "startTime", "completionTime")}
+    if any(v is not None and not isinstance(v, str) for v in texts.values()):
+        raise UntrustedState(f"annotation {ANNOTATION}: phase, startTime and completionTime must be strings")
+    succeeded = record.get("succeededRanks", [])
+    if not isinstance(succeeded, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in succeeded):
+        raise UntrustedState(f"annotation {ANNOTATION}: succeededRanks is not a list of ranks")
+    return TrustedState(
+        accepted_spec=spec,
+        succeeded_ranks=tuple(sorted(set(succeeded))),
+        restarts=restarts,
+        phase=texts["phase"],
+        start_time=texts["startTime"],
+        completion_time=texts["completionTime"],
+    )
+
+
+def read_state(body: Mapping[str, Any]) -> Optional[TrustedState]:
+    """The operator's record of the job; None when there is none. Raises UntrustedState."""
+    annotations = ((body.get("metadata") or {}).get("annotations")) or {}
+    text = annotations.get(ANNOTATION)
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise UntrustedState(f"annotation {ANNOTATION} is not a string")
+    return decode(text)
+
+
+def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] = ()) -> Optional[TrustedState]:
+    """The record of a status the operator just computed (None for a job it never accepted)."""
+    if status.accepted_spec is None:
+        return None
+    return TrustedState(
+        succeeded_ranks=tuple(sorted(set(succeeded_ranks))),
+        accepted_spec=dict(status.accepted_spec),
+        restarts=status.restarts,
+        phase=status.phase,
+        start_time=status.start_time,
+        completion_time=status.completion_time,
+    )
+
+
+def state_patch(state: TrustedState) -> dict[str, Any]:
+    """The merge patch of the object that records `state`."""
+    return {"metadata": {"annotations": {ANNOTATION: state.encode()}}}
+
+
+def trusted_previous(
+    read: DistributedTrainingStatus, state: Optional[TrustedState], pod_generations: Sequence[int] = ()
+) -> DistributedTrainingStatus:
+    """The status a reconcile starts from: what the operator recorded, over the status it read.
+
+    The status read supplies only what decides nothing (conditions, node counts, artifacts,
+    progress). Without a record the job was never accepted: it starts afresh, from the gang
+    generation of the pods the operator created (their labels are the operator's own), except
+    that a job that failed validation keeps its failure until its spec is fixed.
+    """
+    if state is not None:
+        return read.model_copy(
+            update={
+                "accepted_spec": dict(state.accepted_spec),
+                "restarts": state.restarts,
+                "phase": state.phase,
+                "start_time": state.start_time,
+                "completion_time": state.completion_time,
+            }
+        )
+    failed = read.phase == "Failed" and read.accepted_spec is None
+    return DistributedTrainingStatus(
+        phase="Failed" if failed else None,
+        conditions=read.conditions if failed else [],
+        completion_time=read.completion_time if failed else None,
+        restarts=max(pod_generations, default=0),
+        progress=read.progress,
+        last_checkpoint=read.last_checkpoint,
+    )
+
+
+@dataclass(frozen=True)
+class ReadStatus:
+    """The status as far as it could be read, and what could not be read."""
+
+    status: DistributedTrainingStatus
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _shorten(text: str, limit: int = MAX_PROBLEM_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(error: ValidationError, prefix: str) -> list[str]:
+    problems = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in (prefix, *item.get("loc", ())) if part != "")
+        value = item.get("input")
+        shown = "" if isinstance(value, (dict, list)) else f" (got {json.dumps(value, default=str)})"
+        problems.append(_shorten(f"{path}: {item.get('msg', 'invalid')}{shown}"))
+    return problems
+
+
+def read_status(body: Mapping[str, Any]) -> ReadStatus:
+    """The object's status, one field at a time: the fields that read, and a line for each that does not."""
+    raw = body.get("status")
+    if raw is None:
+        return ReadStatus(DistributedTrainingStatus())
+    if not isinstance(raw, dict):
+        return ReadStatus(DistributedTrainingStatus(), (f"status is not an object ({type(raw).__name__})",))
+    good: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in raw.items():
+        if key in TRAINER_FIELDS and value is not None:
+            size = len(json.dumps(value, default=str).encode())
+            if size > MAX_TRAINER_FIELD_BYTES:
+                problems.append(f"status.{key}: {size} bytes, more than the {MAX_TRAINER_FIELD_BYTES} read")
+                continue
+        try:
+            DistributedTrainingStatus.model_validate({key: value})
+        except ValidationError as exc:
+            problems.extend(_describe(exc, "status"))
+            continue
+        good[key] = value
+    return ReadStatus(DistributedTrainingStatus.model_validate(good), tuple(problems))

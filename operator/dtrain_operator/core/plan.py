@@ -1,0 +1,171 @@
+"""Which children to create and delete, from the status just computed and what is observed. Pure.
+
+The operator writes the status first and then carries out the plan, so that an operator killed
+at any moment finds the decision in the status and carries it out again: pods of older gang
+generations are deleted, missing pods of the current generation created, nothing twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Optional
+
+from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
+from dtrain_operator.controller.status import (
+    EngineJobObservation,
+    Limits,
+    Observed,
+    PodObservation,
+    current_gang,
+    engine_pod_awaited,
+    image_pull_deadline,
+    parse_time,
+    pulling_images,
+    stuck_terminating,
+)
+from dtrain_operator.core import progress_deadline
+from dtrain_operator.core.render import worker_pod_name
+
+# Phases in which the current gang's missing pods are created.
+CREATING_PHASES = ("Pending", "Starting", "Restarting")
+# Phases in which deadlines and pending timeouts are watched.
+ACTIVE_PHASES = ("Pending", "Starting", "Running", "Restarting", "Exporting", "BuildingEngine")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the operator does after writing the status."""
+
+    create_ranks: tuple[int, ...] = ()
+    """Worker pods of the current gang generation to create (the Service and ConfigMap are ensured first)."""
+    delete_pods: tuple[PodObservation, ...] = ()
+    """Worker pods to delete (older generations, a suspended gang, cleanPodPolicy)."""
+    force_delete_pods: tuple[PodObservation, ...] = ()
+    """Pods stuck terminating on a node that stopped reporting: deleted with no grace period."""
+    create_engine_job: bool = False
+    delete_engine_job: Optional[EngineJobObservation] = None
+    delete_job: bool = False
+    """ttlSecondsAfterFinished has passed: delete the DistributedTraining itself."""
+    requeue_after: Optional[float] = None
+    """Seconds until a deadline, timeout or TTL needs another look."""
+    delete_grace_seconds: Optional[int] = None
+    """Grace period of the deletions (None: each pod's own): short for a gang restarted for a hang."""
+
+
+# Requeue a hair past a deadline, so that the next look sees it passed.
+REQUEUE_MARGIN_SECONDS = 0.1
+
+
+def _seconds_until(moment: datetime, now: datetime) -> float:
+    return max((moment - now).total_seconds(), 0.0) + REQUEUE_MARGIN_SECONDS
+
+
+def _earliest(*delays: Optional[float]) -> Optional[float]:
+    present = [d for d in delays if d is not None]
+    return min(present) if present else None
+
+
+def _finished_cleanup(
+    job: DistributedTraining, workers: tuple[PodObservation, ...], observed: Observed
+) -> tuple[tuple[PodObservation, ...], Optional[EngineJobObservation]]:
+    policy = job.spec.run_policy.clean_pod_policy
+    engine = observed.engine_job
+    live_engine = engine if engine is not None and not engine.deleting else None
+    if policy == "All":
+        return tuple(p for p in workers if not p.deleting), live_engine
+    if policy == "Running":
+        still_running = tuple(p for p in workers if not p.deleting and p.phase in ("Pending", "Running", "Unknown"))
+        return still_running, live_engine if live_engine is not None and not live_engine.finished else None
+    return (), None
+
+
+def _stuck(
+    workers: tuple[PodObservation, ...], now: datetime, limits: Limits
+) -> tuple[tuple[PodObservation, ...], Optional[float]]:
+    """Stuck pods to force-delete (their node stopped reporting), and when the next one will be stuck."""
+    stuck = stuck_terminating(workers, now, limits)
+    force = tuple(p for p in stuck if not p.ready)
+    waiting = [
+        _seconds_until(p.deleted_at + timedelta(seconds=limits.stuck_terminating_seconds), now)
+        for p in workers
+        if p.deleting and p.deleted_at is not None and p not in stuck
+    ]
+    return force, min(waiting, default=None)
+
+
+def plan_children(
+    job: DistributedTraining,
+    status: DistributedTrainingStatus,
+    observed: Observed,
+    now: datetime,
+    limits: Limits = Limits(),
+) -> Plan:
+    """The children to create and delete for `job` (the spec it runs) in `status` (just computed)."""
+    spec = job.spec
+    workers = tuple(p for p in observed.workers if p.role == contract.ROLE_WORKER)
+    force, stuck_check = _stuck(workers, now, limits)
+    gang = current_gang(status, workers)
+    older = tuple(p for p in workers if p.generation != status.restarts and not p.deleting)
+    phase = status.phase
+
+    if phase in FINISHED_PHASES:
+        if status.accepted_spec is None:
+            deletions: tuple[PodObservation, ...] = ()
+            engine_deletion = None
+        else:
+            deletions, engine_deletion = _finished_cleanup(job, workers, observed)
+            deletions = tuple({p.uid: p for p in older + deletions}.values())
+        ttl = spec.run_policy.ttl_seconds_after_finished
+        completed = parse_time(status.completion_time)
+        expiry = completed + timedelta(seconds=ttl) if ttl is not None and completed is not None else None
+        expired = expiry is not None and expiry <= now
+        return Plan(
+            delete_pods=deletions,
+            delete_engine_job=engine_deletion,
+            delete_job=expired,
+            requeue_after=None if expiry is None or expired else _seconds_until(expiry, now),
+        )
+
+    if phase == "Suspended":
+        return Plan(
+            delete_pods=tuple(p for p in workers if not p.deleting), force_delete_pods=force, requeue_after=stuck_check
+        )
+
+    occupied = {p.name for p in workers}
+    create: tuple[int, ...] = ()
+    if phase in CREATING_PHASES:
+        create = tuple(
+            rank for rank in range(spec.nodes) if rank not in gang and worker_pod_name(job, rank) not in occupied
+        )
+    engine = observed.engine_job
+    create_engine = phase == "BuildingEngine" and engine is None
+
+    deadline = None
+    started = parse_time(status.start_time)
+    if spec.run_policy.active_deadline_seconds is not None and started is not None and phase in ACTIVE_PHASES:
+        deadline = _seconds_until(started + timedelta(seconds=spec.run_policy.active_deadline_seconds), now)
+    timeout = timedelta(seconds=spec.scheduling.gang.schedule_timeout_seconds)
+    pending_checks = [
+        _seconds_until(p.created_at + timeout, now)
+        for p in gang.values()
+        if p.phase == "Pending" and p.created_at is not None and p.created_at + timeout > now
+    ]
+    awaited = engine_pod_awaited(observed, now)
+    pull_deadline = image_pull_deadline(pulling_images(gang), limits) if phase in CREATING_PHASES else None
+    restarting = next((c for c in status.conditions if c.type == "Restarting" and c.status == "True"), None)
+    hung = restarting is not None and restarting.reason == progress_deadline.REASON_PROGRESS_DEADLINE
+    return Plan(
+        create_ranks=create,
+        delete_pods=older,
+        force_delete_pods=force,
+        delete_grace_seconds=progress_deadline.HUNG_GANG_GRACE_SECONDS if hung and older else None,
+        create_engine_job=create_engine,
+        requeue_after=_earliest(
+            deadline,
+            stuck_check,
+            None if pull_deadline is None else _seconds_until(pull_deadline, now),
+            min(pending_checks, default=None),
+            None if awaited is None else awaited + REQUEUE_MARGIN_SECONDS,
+        ),
+    )

@@ -1,0 +1,145 @@
+"""The progress deadline (runPolicy.progressDeadlineSeconds): a gang that runs but does not train.
+
+A rank stuck in a collective does not exit: every other rank waits with it until the collective
+timeout (nccl.timeoutSeconds, 30 minutes by default). Rank 0's progress record carries a batch
+counter (`batches`, with `batchTime`) that only the training and validation loops advance, so a
+reporter that is still alive proves nothing. The operator and `dtrain run` watch that counter
+with their own clocks (no clock skew between a node and the operator counts):
+
+- `observe` keeps a `ProgressWatch`: when the counter last moved, or the gang was last seen not
+  all running, or rank 0 last said it was checkpointing or exporting (those stages hold the clock).
+  The clock starts at the first report of each gang: until its first batch a start (imports, data,
+  the model, a checkpoint to load) may take as long as it takes; a rank that never joins is the
+  pre-flight check's and torchrun's rendezvous timeout's to catch;
+- `decide` is the one decision, shared by both: nothing, or restart the gang from its last
+  checkpoint with reason ProgressDeadlineExceeded (counted against backoffLimit), or fail the job.
+
+Pure: no I/O and no clock of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping, Optional
+
+from dtrain_operator.api import Progress, RunPolicy, contract
+from dtrain_operator.core.policy import REASON_BACKOFF_LIMIT, FailureDecision
+
+REASON_PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
+# Stages in which rank 0 works without completing batches, legitimately and for as long as it takes.
+HOLDING_STAGES = frozenset({contract.PROGRESS_STAGE_CHECKPOINTING, contract.PROGRESS_STAGE_EXPORTING})
+# A gang restarted for a hang is stuck in a collective: its SIGTERM handler cannot run (a Python
+# handler waits for the blocking call to return), so there is no checkpoint to wait for. Its pods
+# are deleted with this grace period rather than spec.terminationGracePeriodSeconds.
+HUNG_GANG_GRACE_SECONDS = 5
+
+# What identifies one progress report of the training loop: (batches, batchTime), or for a trainer
+# that does not report batches, (epoch, step).
+Mark = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ProgressWatch:
+    """When the watched gang last made progress, by the watcher's clock."""
+
+    generation: int
+    """The gang generation (status.restarts) watched."""
+    mark: Mark
+    """The latest progress report seen."""
+    since: datetime
+    """When training was last seen to advance (or the clock last held: gang not all running, a holding stage)."""
+    step: Optional[int] = None
+    """The step of the latest report, for messages."""
+    stage: Optional[str] = None
+    started: bool = False
+    """The gang has reported progress of its own (the clock runs only then)."""
+
+
+def mark_of(progress: Optional[Progress]) -> Mark:
+    if progress is None:
+        return ()
+    if progress.batches is not None:
+        return ("batches", progress.batches, progress.batch_time)
+    return ("step", progress.epoch, progress.step)
+
+
+def progress_from_record(record: Mapping[str, Any]) -> Optional[Progress]:
+    """status.progress as a JSONL progress record of the trainer would set it (for `dtrain run`)."""
+    try:
+        return Progress(
+            epoch=record.get("epoch"),
+            step=record.get("step"),
+            stage=record.get("stage"),
+            batches=record.get("batches"),
+            batch_time=record.get("batchTime"),
+        )
+    except ValueError:
+        return None
+
+
+def observe(
+    watch: Optional[ProgressWatch],
+    generation: int,
+    all_running: bool,
+    progress: Optional[Progress],
+    now: datetime,
+) -> Optional[ProgressWatch]:
+    """The watch after one look at the gang: None while not every worker runs."""
+    if not all_running:
+        return None
+    mark = mark_of(progress)
+    stage = progress.stage if progress is not None else None
+    step = progress.step if progress is not None else None
+    if watch is None or watch.generation != generation:
+        # A new gang: what it reports from now on is its own (the last report may be the old gang's).
+        return ProgressWatch(generation, mark, now, step, stage, started=False)
+    if mark != watch.mark or stage in HOLDING_STAGES or stage != watch.stage or not watch.started:
+        return ProgressWatch(generation, mark, now, step, stage, started=watch.started or mark != watch.mark)
+    return watch
+
+
+def seconds_without_progress(watch: Optional[ProgressWatch], now: datetime) -> float:
+    return 0.0 if watch is None else max((now - watch.since).total_seconds(), 0.0)
+
+
+def decide(policy: RunPolicy, watch: Optional[ProgressWatch], now: datetime, restarts: int) -> Optional[FailureDecision]:
+    """Whether the gang has gone past runPolicy.progressDeadlineSeconds, and what to do: the one decision.
+
+    None: no deadline (0), not watched (not every worker runs, or no report of this gang yet), in a
+    holding stage, or within it.
+    Otherwise restart the gang (ProgressDeadlineExceeded) while backoffLimit allows and
+    restartPolicy is not Never; else fail the job.
+    """
+    deadline = policy.progress_deadline_seconds
+    if not deadline or watch is None or not watch.started or watch.stage in HOLDING_STAGES:
+        return None
+    idle = seconds_without_progress(watch, now)
+    if idle <= deadline:
+        return None
+    where = f"at step {watch.step}" if watch.step is not None else "before the first step"
+    message = (
+        f"no training or validation batch completed for {idle:.0f} s ({where}) while every worker ran: "
+        f"runPolicy.progressDeadlineSeconds is {deadline} (a rank stuck in a collective or a data loader?)"
+    )
+    if policy.restart_policy == "Never":
+        return FailureDecision(False, REASON_PROGRESS_DEADLINE, f"{message} (restartPolicy is Never)")
+    if restarts >= policy.backoff_limit:
+        return FailureDecision(
+            False,
+            REASON_BACKOFF_LIMIT,
+            f"{message} (gang restarted {restarts} time(s), backoffLimit is {policy.backoff_limit})",
+        )
+    return FailureDecision(
+        True,
+        REASON_PROGRESS_DEADLINE,
+        f"{message}; restarting the gang from the last checkpoint ({restarts + 1}/{policy.backoff_limit})",
+    )
+
+
+def wake_after(policy: RunPolicy, watch: Optional[ProgressWatch], now: datetime) -> Optional[float]:
+    """Seconds until `decide` could change its answer with nothing else happening (None: never)."""
+    deadline = policy.progress_deadline_seconds
+    if not deadline or watch is None or not watch.started or watch.stage in HOLDING_STAGES:
+        return None
+    return max(deadline - seconds_without_progress(watch, now), 0.0) + 0.1

@@ -1,0 +1,423 @@
+"""Pure renderers: a DistributedTraining in, the Kubernetes objects it stands for out.
+
+No I/O, no clock, no globals. The operator creates what these return (adding owner
+references in one place, `kopf.adopt`); `dtrain run` runs the worker pods' commands
+and environments as local processes. This is where a pod's environment is decided.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from dtrain_operator.api import DistributedTraining, EngineProfile, EngineSettings, Resources, TrainerConfig, contract
+
+GPU_RESOURCE = "nvidia.com/gpu"
+TRAINER_CONTAINER = "trainer"
+ENGINE_CONTAINER = "engine"
+RENDEZVOUS_PORT_NAME = "rendezvous"
+CONFIG_VOLUME = "dtrain-config"
+SHM_VOLUME = "dshm"
+STORAGE_VOLUME = "dtrain-storage"
+VOLCANO_SCHEDULER = "volcano"
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+# Worker command: torchrun (through dtrain's launcher, which passes on the failing worker's
+# own exit code) takes its flags from the PET_* variables and runs the trainer module.
+TRAINER_COMMAND = ["python", "-m", "dtrain_trainer.launch", "-m", "dtrain_trainer"]
+
+
+# --- Names ---------------------------------------------------------------------------
+
+
+def service_name(job: DistributedTraining) -> str:
+    return job.name
+
+
+def config_map_name(job: DistributedTraining) -> str:
+    return f"{job.name}-config"
+
+
+def worker_pod_name(job: DistributedTraining, rank: int) -> str:
+    return f"{job.name}-{rank}"
+
+
+def engine_job_name(job: DistributedTraining) -> str:
+    return f"{job.name}-engine"
+
+
+def pod_group_name(job: DistributedTraining) -> str:
+    return job.name
+
+
+def master_address(job: DistributedTraining) -> str:
+    """Rank 0's DNS name: pod hostname + subdomain through the headless Service."""
+    return f"{worker_pod_name(job, 0)}.{service_name(job)}.{job.namespace}.svc"
+
+
+# --- Labels ----------------------------------------------------------------------------
+
+
+def job_labels(job: DistributedTraining, role: str) -> dict[str, str]:
+    return {
+        contract.LABEL_JOB_NAME: job.name,
+        contract.LABEL_ROLE: role,
+        "app.kubernetes.io/name": "dtrain",
+        "app.kubernetes.io/managed-by": "dtrain-operator",
+    }
+
+
+def worker_selector(job: DistributedTraining) -> dict[str, str]:
+    return {contract.LABEL_JOB_NAME: job.name, contract.LABEL_ROLE: contract.ROLE_WORKER}
+
+
+def worker_labels(job: DistributedTraining, rank: int, gang_generation: int) -> dict[str, str]:
+    labels = job_labels(job, contract.ROLE_WORKER)
+    labels[contract.LABEL_NODE_RANK] = str(rank)
+    labels[contract.LABEL_GANG_GENERATION] = str(gang_generation)
+    if job.spec.scheduling.gang.enabled and not _uses_volcano(job):
+        labels[COSCHEDULING_GROUP_LABEL] = pod_group_name(job)
+    return labels
+
+
+def _metadata(job: DistributedTraining, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": job.namespace, "labels": labels}
+
+
+# --- Environment -------------------------------------------------------------------------
+
+
+def _var(name: str, value: Any) -> dict[str, Any]:
+    return {"name": name, "value": str(value)}
+
+
+def shutdown_timeout_seconds(job: DistributedTraining) -> int:
+    """torchrun's wait for its workers after SIGTERM: the pod's grace period, less time for torchrun to exit."""
+    grace = job.spec.termination_grace_period_seconds
+    return max(1, grace - min(contract.SHUTDOWN_MARGIN_SECONDS, grace // 3))
+
+
+def worker_env(job: DistributedTraining, rank: int) -> list[dict[str, Any]]:
+    """The trainer container's environment: the design's contract, then NCCL, then the user's."""
+    spec = job.spec
+    env = [
+        _var(contract.ENV_NNODES, spec.nodes),
+        _var(contract.ENV_NPROC_PER_NODE, spec.devices_per_node),
+        _var(contract.ENV_NODE_RANK, rank),
+        _var(contract.ENV_MASTER_ADDR, master_address(job)),
+        _var(contract.ENV_MASTER_PORT, spec.master_port),
+        _var(contract.ENV_SHUTDOWN_TIMEOUT, shutdown_timeout_seconds(job)),
+        _var(contract.ENV_CONFIG, contract.CONFIG_PATH),
+        _var(contract.ENV_JOB_NAME, job.name),
+        {"name": contract.ENV_JOB_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        _var(contract.ENV_PROGRESS_SINK, contract.PROGRESS_SINK_KUBERNETES),
+    ]
+    env.extend(_var(name, value) for name, value in spec.nccl.to_env().items())
+    env.extend(var.to_wire() for var in spec.env)
+    return env
+
+
+# --- Objects ---------------------------------------------------------------------------------
+
+
+def render_service(job: DistributedTraining) -> dict[str, Any]:
+    """Headless Service that gives every worker pod a DNS name, ready or not."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, service_name(job), job_labels(job, contract.ROLE_WORKER)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": worker_selector(job),
+            "ports": [{"name": RENDEZVOUS_PORT_NAME, "port": job.spec.master_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def render_network_policy(job: DistributedTraining) -> dict[str, Any]:
+    """Ingress to the job's pods only from the job's own pods (`dtrain operator --network-policy`):
+    torchrun's rendezvous port, and the ports NCCL and gloo open between ranks, admit no one else."""
+    own = {contract.LABEL_JOB_NAME: job.name}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, job.name, job_labels(job, contract.ROLE_WORKER)),
+        "spec": {
+            "podSelector": {"matchLabels": own},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": own}}]}],
+        },
+    }
+
+
+def trainer_config(job: DistributedTraining) -> dict[str, Any]:
+    """The trainer's config (wire format), as mounted at DTRAIN_CONFIG."""
+    return TrainerConfig.from_job(job).to_wire()
+
+
+# libyaml's emitter when present: the pure-Python one costs milliseconds per ConfigMap.
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def render_config_map(job: DistributedTraining) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, config_map_name(job), job_labels(job, contract.ROLE_WORKER)),
+        "data": {contract.CONFIG_FILE_NAME: yaml.dump(trainer_config(job), Dumper=_YAML_DUMPER, sort_keys=False)},
+    }
+
+
+def _resources(resources: Resources | None, gpus: int) -> dict[str, Any]:
+    out = resources.to_wire() if resources is not None else {}
+    if gpus:
+        # GPUs are requested through limits; Kubernetes copies them to requests.
+        out.setdefault("limits", {})[GPU_RESOURCE] = gpus
+        out.get("requests", {}).pop(GPU_RESOURCE, None)
+    return {k: v for k, v in out.items() if v}
+
+
+def _storage_volume(job: DistributedTraining) -> list[dict[str, Any]]:
+    storage = job.spec.storage
+    if storage is None:
+        return []
+    return [{"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim_name}}]
+
+
+def _storage_mount(job: DistributedTraining) -> list[dict[str, Any]]:
+    storage = job.spec.storage
+    if storage is None:
+        return []
+    return [{"name": STORAGE_VOLUME, "mountPath": storage.mount_path}]
+
+
+_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+_POD_SECURITY = {
+    "runAsNonRoot": True,
+    # The trainer image's own user (trainer_image/Dockerfile): stated, so that the kubelet need not
+    # read the image's USER (an image built FROM a root base runs as this user, or is refused at
+    # once by the image's own check, instead of CreateContainerConfigError minutes later).
+    "runAsUser": contract.WORKLOAD_UID,
+    "runAsGroup": contract.WORKLOAD_GID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "fsGroup": contract.WORKLOAD_UID,
+    # Only when the volume's root does not match yet: a recursive chown of a data set is slow.
+    "fsGroupChangePolicy": "OnRootMismatch",
+}
+
+
+def _uses_volcano(job: DistributedTraining) -> bool:
+    return job.spec.scheduling.scheduler_name == VOLCANO_SCHEDULER
+
+
+def _scheduling_fields(job: DistributedTraining) -> dict[str, Any]:
+    scheduling = job.spec.scheduling
+    fields: dict[str, Any] = {}
+    if scheduling.scheduler_name:
+        fields["schedulerName"] = scheduling.scheduler_name
+    if scheduling.priority_class_name:
+        fields["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.node_selector:
+        fields["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.tolerations:
+        fields["tolerations"] = list(scheduling.tolerations)
+    if scheduling.affinity:
+        fields["affinity"] = scheduling.affinity
+    return fields
+
+
+def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int = 0) -> dict[str, Any]:
+    """Worker pod `<name>-<rank>`: torchrun on the trainer, the operator owning restarts."""
+    spec = job.spec
+    gpus = spec.devices_per_node if spec.accelerator == "gpu" else 0
+    metadata = _metadata(job, worker_pod_name(job, rank), worker_labels(job, rank, gang_generation))
+    if spec.scheduling.gang.enabled and _uses_volcano(job):
+        metadata["annotations"] = {VOLCANO_GROUP_ANNOTATION: pod_group_name(job)}
+    container: dict[str, Any] = {
+        "name": TRAINER_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": list(TRAINER_COMMAND),
+        "env": worker_env(job, rank),
+        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
+        "volumeMounts": [
+            {"name": CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True},
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            *_storage_mount(job),
+            *spec.volume_mounts,
+        ],
+        "securityContext": dict(_CONTAINER_SECURITY),
+        "terminationMessagePath": contract.TERMINATION_LOG_PATH,
+        # The end of a failing trainer's log becomes the pod's message, and so the job's condition.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    resources = _resources(spec.resources, gpus)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "hostname": worker_pod_name(job, rank),
+        "subdomain": service_name(job),
+        "restartPolicy": "Never",
+        # SIGTERM stops training at a step boundary and rank 0 saves a checkpoint: give it the time.
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+        "serviceAccountName": spec.service_account_name,
+        # Only rank 0 reports progress; a token in every other pod is a credential nobody uses.
+        "automountServiceAccountToken": rank == 0,
+        "enableServiceLinks": False,
+        "securityContext": dict(_POD_SECURITY),
+        "containers": [container],
+        "volumes": [
+            {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}},
+            # NCCL and DataLoader workers share memory through /dev/shm; the default 64 MiB is far too small.
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+            *_storage_volume(job),
+            *spec.volumes,
+        ],
+        **_scheduling_fields(job),
+    }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [ref.to_wire() for ref in spec.image_pull_secrets]
+    if spec.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _shapes_flag(profile: EngineProfile, bound: str) -> str:
+    return ",".join(f"{name}:{'x'.join(map(str, getattr(shapes, bound)))}" for name, shapes in profile.inputs.items())
+
+
+def _engine_build_flags(engine: EngineSettings) -> list[str]:
+    """The spec's build options as `dtrain build-engine` flags; a default adds nothing."""
+    if engine.profiles:
+        shapes = [
+            flag for profile in engine.profiles for bound in ("min", "opt", "max")
+            for flag in (f"--{bound}-shapes", _shapes_flag(profile, bound))
+        ]
+    else:
+        shapes = [
+            "--min-batch", str(engine.min_batch), "--opt-batch", str(engine.resolved_opt_batch),
+            "--max-batch", str(engine.max_batch),
+        ]
+    switches = [
+        ("--tf32", engine.tf32), ("--version-compatible", engine.version_compatible), ("--refit", engine.refit),
+        ("--strip-weights", engine.strip_weights), ("--use-cuda-graph", engine.use_cuda_graph),
+    ]
+    flags = [*shapes, *(flag for flag, on in switches if on)]
+    if engine.hardware_compatibility_level != "none":
+        flags += ["--hardware-compatibility-level", engine.hardware_compatibility_level]
+    if engine.builder_optimization_level != 3:
+        flags += ["--builder-optimization-level", str(engine.builder_optimization_level)]
+    if engine.layer_precisions:
+        flags += ["--layer-precisions", ",".join(f"{layer}:{p}" for layer, p in engine.layer_precisions.items())]
+    if engine.precision_constraints != "none":
+        flags += ["--precision-constraints", engine.precision_constraints]
+    for library in engine.plugin_libraries or []:
+        flags += ["--plugin-library", library]
+    return flags
+
+
+def engine_command(job: DistributedTraining) -> list[str]:
+    """`dtrain build-engine` on the artifacts training left in artifacts.dir."""
+    engine = job.spec.engine
+    artifacts = job.spec.artifacts.dir.rstrip("/")
+    return [
+        "dtrain",
+        "build-engine",
+        "--onnx",
+        f"{artifacts}/{contract.ONNX_FILE_NAME}",
+        "--out",
+        f"{artifacts}/{contract.ENGINE_FILE_NAME}",
+        "--precision",
+        engine.precision,
+        *_engine_build_flags(engine),
+        "--workspace-mib",
+        str(engine.workspace_mi_b),
+        "--timing-cache",
+        f"{artifacts}/{contract.TIMING_CACHE_FILE_NAME}",
+        "--report",
+        f"{artifacts}/{contract.ENGINE_REPORT_FILE_NAME}",
+    ]
+
+
+def render_engine_job(job: DistributedTraining) -> dict[str, Any]:
+    """batch/v1 Job `<name>-engine` that builds the TensorRT engine from model.onnx."""
+    spec = job.spec
+    engine = spec.engine
+    resources = _resources(engine.resources, 0) if engine.resources is not None else {"limits": {GPU_RESOURCE: 1}}
+    labels = job_labels(job, contract.ROLE_ENGINE)
+    container: dict[str, Any] = {
+        "name": ENGINE_CONTAINER,
+        "image": engine.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": engine_command(job),
+        "resources": resources,
+        "volumeMounts": [*_storage_mount(job), *spec.volume_mounts],
+        "securityContext": dict(_CONTAINER_SECURITY),
+        "terminationMessagePath": contract.TERMINATION_LOG_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        # The engine build needs no API access.
+        "automountServiceAccountToken": False,
+        "securityContext": dict(_POD_SECURITY),
+        "containers": [container],
+        "volumes": [*_storage_volume(job), *spec.volumes],
+        **{k: v for k, v in _scheduling_fields(job).items() if k != "schedulerName"},
+    }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [ref.to_wire() for ref in spec.image_pull_secrets]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(job, engine_job_name(job), labels),
+        "spec": {
+            "backoffLimit": engine.backoff_limit,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def render_pod_group(job: DistributedTraining) -> dict[str, Any] | None:
+    """A PodGroup for gang scheduling (Volcano's or scheduler-plugins'), or None when not asked for."""
+    gang = job.spec.scheduling.gang
+    if not gang.enabled:
+        return None
+    min_member = gang.min_available if gang.min_available is not None else job.spec.nodes
+    metadata = _metadata(job, pod_group_name(job), job_labels(job, contract.ROLE_WORKER))
+    if _uses_volcano(job):
+        spec: dict[str, Any] = {"minMember": min_member}
+        if job.spec.scheduling.priority_class_name:
+            spec["priorityClassName"] = job.spec.scheduling.priority_class_name
+        return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "metadata": metadata, "spec": spec}
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": metadata,
+        "spec": {"minMember": min_member, "scheduleTimeoutSeconds": gang.schedule_timeout_seconds},
+    }
+
+
+def render_workers(job: DistributedTraining, gang_generation: int = 0) -> list[dict[str, Any]]:
+    return [render_worker_pod(job, rank, gang_generation) for rank in range(job.spec.nodes)]
+
+
+def render_children(job: DistributedTraining, gang_generation: int = 0) -> list[dict[str, Any]]:
+    """Every object the job can have, in creation order (the engine Job last)."""
+    children = [render_service(job), render_config_map(job)]
+    pod_group = render_pod_group(job)
+    if pod_group is not None:
+        children.append(pod_group)
+    children.extend(render_workers(job, gang_generation))
+    if job.spec.engine.enabled:
+        children.append(render_engine_job(job))
+    return children

@@ -1,0 +1,428 @@
+"""`dtrain run FILE`: the job's whole pipeline on this machine.
+
+The job file is validated as `dtrain validate` does, the operator renders its worker
+pods, and each pod runs here as a local torchrun "node" with the pod's environment.
+A failing node stops the gang, and the operator's own policy (`policy.py`) decides
+whether it restarts from the last checkpoint; then the engine step runs as the
+engine Job would, and a summary closes the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable, Optional
+
+import yaml
+
+from dtrain_operator.api import DistributedTraining, StepTimes, contract
+from dtrain_operator.api.validation import load_job
+from dtrain_operator.core import policy, progress_deadline, render, stragglers
+from dtrain_operator.local.display import Display
+from dtrain_operator.local.gang import Gang, become_child_subreaper
+from dtrain_operator.local.plan import (
+    LocalJob,
+    NodeLaunch,
+    Overrides,
+    PlanError,
+    Workdir,
+    default_workdir,
+    engine_argv,
+    failure_excerpt,
+    localize,
+    node_launches,
+    worker_exit_code,
+)
+from dtrain_operator.local.progress import JsonlTail
+from dtrain_operator.local.summary import RunSummary, collect_summary
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+POLL_SECONDS = 0.25
+# How often the process trees are walked for descendants (they change rarely).
+TREE_WALK_SECONDS = 1.0
+# torchrun passes SIGTERM to its workers and waits for them; after this, everything left is killed.
+STOP_GRACE_SECONDS = 10.0
+FAILURE_LOG_LINES = 30
+
+PHASE_SUCCEEDED = "Succeeded"
+PHASE_FAILED = "Failed"
+PHASE_STOPPED = "Stopped"
+REASON_ENGINE_FAILED = "EngineBuildFailed"
+REASON_EXPORT_FAILED = "ExportFailed"
+REASON_STOPPED = "Stopped"
+
+
+class StopRequest:
+    """SIGINT, SIGTERM and SIGHUP ask the run to stop; the run stops its processes itself, in order."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequest":
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        self.signum = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+
+@dataclass
+class StepOutcome:
+    """How a gang (or the engine build) ended."""
+
+    succeeded: bool = False
+    failures: list[policy.WorkerFailure] = field(default_factory=list)
+    stopped: bool = False
+    deadline: bool = False
+    # The gang ran past runPolicy.progressDeadlineSeconds: what progress_deadline.decide said.
+    hang: Optional[policy.FailureDecision] = None
+
+
+@dataclass
+class RunState:
+    """What the run has done so far: the summary's inputs."""
+
+    phase: str = "Running"
+    reason: str = ""
+    message: str = ""
+    restarts: int = 0
+    started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+def free_port() -> int:
+    """A TCP port free right now on the loopback interface, for torchrun's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def cuda_devices_here(job: DistributedTraining) -> list[str]:
+    """This machine's CUDA devices as CUDA_VISIBLE_DEVICES names them (asked only for GPU jobs)."""
+    if job.spec.accelerator != "gpu":
+        return []
+    try:
+        import torch
+    except ImportError:
+        return []
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [d.strip() for d in visible.split(",") if d.strip()][:count]
+    return [str(i) for i in range(count)]
+
+
+def prepare_workdir(workdir: Workdir, resume: bool) -> bool:
+    """Create the workdir; a fresh run clears what an earlier run left. True when something was cleared."""
+    workdir.root.mkdir(parents=True, exist_ok=True)
+    cleared = False
+    if not resume:
+        for entry in workdir.owned_entries():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+                cleared = True
+            elif entry.exists():
+                entry.unlink()
+                cleared = True
+    for directory in (workdir.checkpoints, workdir.artifacts, workdir.logs):
+        directory.mkdir(parents=True, exist_ok=True)
+    return cleared
+
+
+class LocalRun:
+    """One `dtrain run`: the gang's lifecycle, then the engine step."""
+
+    def __init__(
+        self, local: LocalJob, workdir: Workdir, display: Display, stop: StopRequest, adopts_orphans: bool
+    ) -> None:
+        self.local = local
+        self.adopts_orphans = adopts_orphans
+        self.job = local.job
+        self.workdir = workdir
+        self.display = display
+        self.stop = stop
+        self.state = RunState()
+        self.progress = JsonlTail(workdir.progress)
+        # The latest progress record of the running gang, and the watch on it (progressDeadlineSeconds).
+        self._progress: Optional[Any] = None
+        self._progress_watch: Optional[progress_deadline.ProgressWatch] = None
+        self._straggler_warned: Optional[str] = None
+        self.cores = available_cores()
+
+    # --- training ---------------------------------------------------------------------
+
+    def train(self) -> bool:
+        run_policy = self.job.spec.run_policy
+        while True:
+            launches, warnings = node_launches(
+                self.local, self.workdir, free_port(), os.environ, self.cores, self.state.restarts
+            )
+            if self.state.restarts == 0:
+                for warning in warnings:
+                    self.display.warn(warning)
+            gang = Gang.start(
+                launches,
+                [self.workdir.node_log(launch.rank) for launch in launches],
+                f"gang generation {self.state.restarts}, {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
+                adopts_orphans=self.adopts_orphans,
+            )
+            self.display.gang_started(self.state.restarts, [launch.rank for launch in launches], gang.pids)
+            self._progress, self._progress_watch = None, None
+            outcome = self._watch(gang, on_exit=self._node_failures, watch_progress=True)
+            if outcome.hang is not None and outcome.hang.restart:
+                self.display.warn(f"{outcome.hang.reason}: {outcome.hang.message}")
+            # Even after a success, nothing the gang started may outlive it. A hung gang cannot reach
+            # the step where SIGTERM would stop it: it gets the operator's short grace for hung pods.
+            gang.stop(progress_deadline.HUNG_GANG_GRACE_SECONDS if outcome.hang is not None else STOP_GRACE_SECONDS)
+            if outcome.succeeded:
+                self.display.progress_done()
+                return True
+            self._drain_progress()
+            self.display.progress_done()
+            if outcome.stopped:
+                return self._stopped()
+            if outcome.deadline:
+                return self._failed(policy.REASON_DEADLINE, policy.deadline_message(run_policy))
+            if outcome.hang is not None:
+                if not outcome.hang.restart:
+                    return self._failed(outcome.hang.reason, outcome.hang.message)
+                self.state.restarts += 1
+                continue
+            for failure in outcome.failures:
+                node = gang.nodes[failure.rank]
+                excerpt = failure_excerpt(node.log_since_start(), FAILURE_LOG_LINES)
+                self.display.log_tail(f"node {failure.rank}", node.log_path, excerpt)
+            decision = policy.decide_on_failure(run_policy, outcome.failures, self.state.restarts)
+            if not decision.restart:
+                return self._failed(decision.reason, decision.message)
+            self.state.restarts += 1
+            self.display.warn(decision.message)
+
+    def _node_failures(self, gang: Gang) -> Optional[StepOutcome]:
+        """The gang's end, once it is decided: all nodes done, or the first failures."""
+        exited = gang.exited()
+        failures = []
+        for rank, code in sorted(exited.items()):
+            if code != 0:
+                exit_code = worker_exit_code(code)
+                message = self._trainer_message(rank) if exit_code == contract.TRAINER_EXIT_INVALID_CONFIG else ""
+                failures.append(policy.WorkerFailure(rank, exit_code, _reason(exit_code), message))
+        if failures:
+            return StepOutcome(failures=failures)
+        if len(exited) == len(gang.nodes):
+            return StepOutcome(succeeded=True)
+        return None
+
+    def _trainer_message(self, rank: int) -> str:
+        """What the node's trainer left as its termination message, as a pod's would be."""
+        try:
+            return self.workdir.termination_log(rank).read_text()
+        except OSError:
+            return ""
+
+    def _watch(
+        self, gang: Gang, on_exit: Callable[[Gang], Optional[StepOutcome]], watch_progress: bool = False
+    ) -> StepOutcome:
+        run_policy = self.job.spec.run_policy
+        last_walk = 0.0
+        while True:
+            self._drain_progress()
+            if self.stop.requested:
+                return StepOutcome(stopped=True)
+            now = datetime.now(timezone.utc)
+            if policy.deadline_exceeded(run_policy, self.state.started, now):
+                return StepOutcome(deadline=True)
+            if watch_progress:
+                # The same watch and the same decision as the operator's; every node runs while none exited.
+                all_running = not gang.exited()
+                self._progress_watch = progress_deadline.observe(
+                    self._progress_watch, self.state.restarts, all_running, self._progress, now
+                )
+                hang = progress_deadline.decide(run_policy, self._progress_watch, now, self.state.restarts)
+                if hang is not None:
+                    return StepOutcome(hang=hang)
+            if time.monotonic() - last_walk >= TREE_WALK_SECONDS:
+                gang.remember_descendants()
+                last_walk = time.monotonic()
+            outcome = on_exit(gang)
+            if outcome is not None:
+                self._drain_progress()
+                return outcome
+            time.sleep(POLL_SECONDS)
+
+    def _drain_progress(self) -> None:
+        for record in self.progress.read_new():
+            if record.get("event") == "progress":
+                self._progress = progress_deadline.progress_from_record(record)
+                self._note_straggler(record.get("stepTimes"))
+            self.display.progress(record, self.state.restarts)
+        self.display.tick()
+
+    def _note_straggler(self, times: Any) -> None:
+        """Warn once per straggler, as the operator posts one Warning Event."""
+        try:
+            parsed = StepTimes.model_validate(times) if isinstance(times, dict) else None
+        except ValueError:
+            parsed = None
+        message = stragglers.straggler_message(parsed, self.job.spec.stragglers)
+        if message is not None and message != self._straggler_warned:
+            self.display.warn(message)
+        self._straggler_warned = message
+
+    def _failed(self, reason: str, message: str) -> bool:
+        self.state.phase, self.state.reason, self.state.message = PHASE_FAILED, reason, message
+        self.display.error(message)
+        return False
+
+    def _stopped(self) -> bool:
+        self.state.phase, self.state.reason = PHASE_STOPPED, REASON_STOPPED
+        self.state.message = f"stopped by {self.stop.name}; every process of the run has ended"
+        self.display.warn(self.state.message)
+        return False
+
+    def export_failed(self, engine_asked: bool) -> bool:
+        """After a successful training: whether its export failed in a way that stops the run.
+
+        As in the operator (status.py), the training succeeded and the checkpoints stay; the
+        run fails only when the engine was asked for, since it is built from model.onnx.
+        """
+        results = self._trainer_message(0)
+        try:
+            error = json.loads(results).get(contract.RESULTS_KEY_EXPORT_ERROR) if results.strip() else None
+        except (ValueError, AttributeError):
+            error = None
+        if not error:
+            return False
+        self.state.reason, self.state.message = REASON_EXPORT_FAILED, f"the ONNX export failed: {error}"
+        if engine_asked:
+            self._failed(REASON_EXPORT_FAILED, f"training succeeded but the ONNX export failed, so no engine: {error}")
+            return True
+        self.display.warn(self.state.message)
+        return False
+
+    # --- the engine -------------------------------------------------------------------
+
+    def build_engine(self) -> bool:
+        argv = engine_argv(self.job, self.workdir)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(self.cores)),
+            "PYTHONUNBUFFERED": "1",
+            contract.ENV_TERMINATION_LOG: str(self.workdir.engine_termination_log),
+        }
+        if self.local.cuda_devices and self.local.cuda_devices[0]:
+            env["CUDA_VISIBLE_DEVICES"] = self.local.cuda_devices[0][0]
+        self.display.info(f"building the engine (dtrain build-engine; log: {self.workdir.engine_log})")
+        build = Gang.start(
+            [NodeLaunch(0, argv, env)], [self.workdir.engine_log], "engine build", adopts_orphans=self.adopts_orphans
+        )
+        outcome = self._watch(build, on_exit=_engine_end)
+        build.stop(STOP_GRACE_SECONDS)
+        if outcome.succeeded:
+            return True
+        if outcome.stopped:
+            return self._stopped()
+        if outcome.deadline:
+            return self._failed(policy.REASON_DEADLINE, policy.deadline_message(self.job.spec.run_policy))
+        node = build.nodes[0]
+        excerpt = failure_excerpt(node.log_since_start(), FAILURE_LOG_LINES)
+        self.display.log_tail("engine build", node.log_path, excerpt)
+        return self._failed(REASON_ENGINE_FAILED, f"dtrain build-engine exited with code {node.popen.returncode}")
+
+    def summary(self, engine_asked: bool) -> RunSummary:
+        return collect_summary(
+            self.job,
+            self.workdir,
+            phase=self.state.phase,
+            reason=self.state.reason,
+            message=self.state.message,
+            restarts=self.state.restarts,
+            wall_seconds=(datetime.now(timezone.utc) - self.state.started).total_seconds(),
+            engine_asked=engine_asked,
+        )
+
+
+def _engine_end(build: Gang) -> Optional[StepOutcome]:
+    code = build.exited().get(0)
+    return None if code is None else StepOutcome(succeeded=code == 0)
+
+
+def _reason(exit_code: int) -> str:
+    if exit_code > policy.SIGNAL_EXIT_CODE_BASE:
+        try:
+            return signal.Signals(exit_code - policy.SIGNAL_EXIT_CODE_BASE).name
+        except ValueError:
+            pass
+    return "Error"
+
+
+def main(args: argparse.Namespace) -> int:
+    job, errors = load_job(args.file)
+    if job is None:
+        for error in errors:
+            print(error, file=sys.stderr)
+        return EXIT_INVALID
+    root = Path(args.workdir) if args.workdir else default_workdir(job, Path.cwd())
+    workdir = Workdir(root.resolve())
+    try:
+        local = localize(job, Overrides(args.nodes, args.devices_per_node), workdir, cuda_devices_here(job))
+    except PlanError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    display = Display.for_stream(sys.stdout)
+    for warning in local.warnings:
+        display.warn(warning)
+    if prepare_workdir(workdir, args.resume):
+        display.info(f"cleared the previous run in {workdir.root} (--resume continues from its checkpoint instead)")
+    workdir.config.write_text(yaml.safe_dump(render.trainer_config(local.job), sort_keys=False))
+    spec = local.job.spec
+    engine_asked = spec.engine.enabled and not args.no_engine
+    display.info(
+        f"{job.name}: {spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es); "
+        f"workdir {workdir.root}"
+    )
+    adopts_orphans = become_child_subreaper()
+    with StopRequest() as stop:
+        run = LocalRun(local, workdir, display, stop, adopts_orphans)
+        if args.resume:
+            run.progress.skip_existing()
+        if run.train() and not run.export_failed(engine_asked) and (not engine_asked or run.build_engine()):
+            run.state.phase = PHASE_SUCCEEDED
+        summary = run.summary(engine_asked)
+    summary.write(workdir.summary)
+    display.summary(summary)
+    if run.state.phase == PHASE_STOPPED:
+        display.stopped_hint(summary.checkpoint, args.file)
+        return 128 + (stop.signum or signal.SIGINT)
+    return 0 if run.state.phase == PHASE_SUCCEEDED else EXIT_FAILED

@@ -1,0 +1,196 @@
+"""The closing summary of `dtrain run`, gathered from what the run left in its workdir.
+
+The trainer's progress records, its artifacts.json and the engine report are the
+sources; the summary is printed as a table and written as summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from dtrain_operator.api import DistributedTraining
+from dtrain_operator.local.plan import Workdir
+from dtrain_operator.local.progress import JsonlTail
+
+
+@dataclass(frozen=True)
+class LatencyRow:
+    """Inference latency at one batch size, and how it compares with PyTorch eager."""
+
+    batch: int
+    latency_ms: Optional[float]
+    eager_ms: Optional[float]
+
+    @property
+    def speedup(self) -> Optional[float]:
+        if self.latency_ms and self.eager_ms:
+            return self.eager_ms / self.latency_ms
+        return None
+
+
+@dataclass
+class RunSummary:
+    job_name: str
+    phase: str
+    reason: str
+    message: str
+    nodes: int
+    devices_per_node: int
+    accelerator: str
+    restarts: int
+    wall_seconds: float
+    workdir: str
+    steps: Optional[int] = None
+    epoch: Optional[int] = None
+    final_loss: Optional[float] = None
+    images_per_second: Optional[float] = None
+    # The trainer's reported metrics at the end (val_loss, val_acc, prog_bar ones, spec.logging.metrics).
+    metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint: Optional[str] = None
+    onnx: Optional[str] = None
+    onnx_parity_error: Optional[float] = None
+    engine_asked: bool = False
+    engine_backend: Optional[str] = None
+    engine_path: Optional[str] = None
+    # Why no engine was built, when none was (the engine report's first note).
+    engine_note: Optional[str] = None
+    engine_report: Optional[str] = None
+    latency: list[LatencyRow] = field(default_factory=list)
+    # The latest gang's pre-flight check (the trainer's preflight record, as in status.preflight).
+    preflight: Optional[dict[str, Any]] = None
+    # The slowest rank as rank 0 last reported it (status.progress.stragglers).
+    stragglers: Optional[dict[str, Any]] = None
+    # What the table's title names: `dtrain run` here, `dtrain watch` for a job on a cluster.
+    command: str = "dtrain run"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["latency"] = [{**asdict(row), "speedup": row.speedup} for row in self.latency]
+        return data
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def latest_checkpoint(directory: Path) -> Optional[Path]:
+    """The newest checkpoint file: what a restart or `--resume` continues from."""
+    checkpoints = [p for p in directory.glob("**/*.ckpt") if p.is_file()]
+    return max(checkpoints, key=lambda p: p.stat().st_mtime) if checkpoints else None
+
+
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def collect_summary(
+    job: DistributedTraining,
+    workdir: Workdir,
+    *,
+    phase: str,
+    reason: str,
+    message: str,
+    restarts: int,
+    wall_seconds: float,
+    engine_asked: bool,
+) -> RunSummary:
+    spec = job.spec
+    summary = RunSummary(
+        job_name=job.name,
+        phase=phase,
+        reason=reason,
+        message=message,
+        nodes=spec.nodes,
+        devices_per_node=spec.devices_per_node,
+        accelerator=spec.accelerator,
+        restarts=restarts,
+        wall_seconds=wall_seconds,
+        workdir=str(workdir.root),
+        engine_asked=engine_asked,
+    )
+    _add_progress(summary, JsonlTail(workdir.progress).read_new())
+    checkpoint = latest_checkpoint(workdir.checkpoints)
+    summary.checkpoint = str(checkpoint) if checkpoint else None
+    _add_artifacts(summary, workdir)
+    _add_engine_report(summary, workdir)
+    return summary
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _add_progress(summary: RunSummary, records: list[dict[str, Any]]) -> None:
+    """Steps, loss and throughput from the trainer's last progress or finished record; ONNX from its export record."""
+    for record in records:
+        event = record.get("event")
+        if event in ("progress", "finished"):
+            if isinstance(record.get("step"), int):
+                summary.steps = record["step"]
+            if isinstance(record.get("epoch"), int):
+                summary.epoch = record["epoch"]
+            summary.final_loss = _number(record.get("loss")) if record.get("loss") is not None else summary.final_loss
+            rate = _number(record.get("imagesPerSecond"))
+            summary.images_per_second = rate if rate is not None else summary.images_per_second
+            if isinstance(record.get("stepTimes"), dict):
+                summary.stragglers = record["stepTimes"]
+            if isinstance(record.get("metrics"), dict):
+                summary.metrics.update(
+                    {str(k): float(v) for k, v in record["metrics"].items() if _number(v) is not None}
+                )
+        elif event == "preflight":
+            summary.preflight = {k: v for k, v in record.items() if k not in ("event",)}
+        elif event == "export" and record.get("ok"):
+            summary.onnx = record.get("onnx") or summary.onnx
+            summary.onnx_parity_error = _number(record.get("parityError"))
+
+
+def _add_artifacts(summary: RunSummary, workdir: Workdir) -> None:
+    """model.onnx, its parity error and the final metrics from the trainer's artifacts.json."""
+    artifacts = _read_json(workdir.artifacts_json)
+    if artifacts is None:
+        summary.onnx = str(workdir.onnx) if workdir.onnx.is_file() else None
+        return
+    onnx = artifacts.get("onnx") or {}
+    summary.onnx = onnx.get("path") or (str(workdir.onnx) if workdir.onnx.is_file() else None)
+    parity = _number((artifacts.get("parity") or {}).get("maxRelativeError"))
+    summary.onnx_parity_error = parity if parity is not None else summary.onnx_parity_error
+    metrics = artifacts.get("metrics") or {}
+    if isinstance(metrics.get("step"), int):
+        summary.steps = metrics["step"]
+    for name, attribute in (("loss", "final_loss"), ("imagesPerSecond", "images_per_second")):
+        value = _number(metrics.get(name))
+        if value is not None:
+            setattr(summary, attribute, value)
+
+
+def _add_engine_report(summary: RunSummary, workdir: Workdir) -> None:
+    """The engine report of `dtrain build-engine` (schema dtrain.dev/engine-report/v2)."""
+    if not summary.engine_asked:
+        return
+    report = _read_json(workdir.engine_report)
+    if report is None:
+        return
+    summary.engine_report = str(workdir.engine_report)
+    summary.engine_backend = report.get("backend")
+    summary.engine_path = report.get("engine")
+    notes = report.get("notes") or []
+    if report.get("error"):
+        summary.engine_note = str(report["error"])
+    elif summary.engine_path is None and notes:
+        summary.engine_note = str(notes[0])
+    for row in report.get("latency") or []:
+        pytorch = row.get("pytorch") or {}
+        summary.latency.append(
+            LatencyRow(
+                batch=int(row.get("batch_size", 0)),
+                latency_ms=_number(row.get("median_ms")),
+                eager_ms=_number(pytorch.get("median_ms")),
+            )
+        )

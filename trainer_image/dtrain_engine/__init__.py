@@ -1,0 +1,1 @@
+"""dtrain's engine builder (`dtrain build-engine`): a TensorRT engine from the exported ONNX model, checked against ONNX Runtime and the PyTorch model."""

@@ -1,0 +1,437 @@
+"""The build plan: every decision `dtrain build-engine` makes before TensorRT runs, in one function.
+
+`plan_build(model, options, tensorrt_version)` decides the network creation flags, the
+builder flags set and cleared, the memory-pool limits (bytes), every optimisation profile's
+shapes per input, the plugins, the precision and its accuracy bound, and why. `--dry-run`
+prints `BuildPlan.to_json()` without TensorRT or a GPU; the real build
+(engine_tensorrt.build_engine) carries the same plan out and decides nothing itself.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from dtrain_engine.onnx_model import (
+    ACCURACY_BOUNDS,
+    EXIT_UNAVAILABLE,
+    SUPPORTED_TENSORRT_MAJORS,
+    BatchSizes,
+    EngineError,
+    OnnxModelInfo,
+    Precision,
+    Shape,
+    quantized_precision,
+    require_quantized_for_int8,
+    resolve_batch_sizes,
+    usage_error,
+)
+
+# What a dry run plans for when no TensorRT is installed: the API tensorrt-stubs describes.
+DEFAULT_TENSORRT_VERSION = "10.13"
+# NVIDIA deprecated weak typing in 10.12 and builds explicitly quantized models strongly typed
+# since; before it, a weakly typed network needs the INT8 (FP8, INT4, FP4) flag for Q/DQ layers.
+STRONGLY_TYPED_QDQ_SINCE = (10, 12)
+DEFAULT_BUILDER_OPTIMIZATION_LEVEL = 3  # TensorRT's and trtexec's default
+MAX_BUILDER_OPTIMIZATION_LEVEL = 5
+# trtexec's spelling -> TensorRT's HardwareCompatibilityLevel member.
+HARDWARE_COMPATIBILITY = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE_CAPABILITY"}
+PRECISION_CONSTRAINT_FLAGS = {"prefer": "PREFER_PRECISION_CONSTRAINTS", "obey": "OBEY_PRECISION_CONSTRAINTS"}
+# A layer precision -> (TensorRT DataType member, the builder flag a weakly typed build needs for it).
+LAYER_PRECISIONS: dict[str, tuple[str, Optional[str]]] = {"fp32": ("FLOAT", None), "fp16": ("HALF", "FP16"), "bf16": ("BF16", "BF16")}
+WEAK_PRECISION_FLAGS: dict[str, str] = {"fp16": "FP16", "bf16": "BF16", "int8": "INT8"}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What the user asked for (flags or spec.engine), before it meets the model."""
+
+    precision: Precision = "fp16"
+    min_batch: Optional[int] = None
+    opt_batch: Optional[int] = None
+    max_batch: Optional[int] = None
+    # One (min, opt, max) triple of trtexec-style shape lists ("images:1x3x224x224,mask:1x224") per profile.
+    shapes: tuple[tuple[str, str, str], ...] = ()
+    workspace_mib: int = 4096
+    tf32: bool = False
+    hardware_compatibility: str = "none"
+    version_compatible: bool = False
+    refit: bool = False
+    strip_weights: bool = False
+    builder_optimization_level: int = DEFAULT_BUILDER_OPTIMIZATION_LEVEL
+    layer_precisions: tuple[tuple[str, str], ...] = ()  # (layer name or fnmatch pattern, fp32/fp16/bf16)
+    precision_constraints: str = "none"
+    plugin_libraries: tuple[str, ...] = ()
+    cuda_graph: bool = False
+    timing_cache: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ShapeRange:
+    min: Shape
+    opt: Shape
+    max: Shape
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {"min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
+
+
+@dataclass(frozen=True)
+class ShapePoint:
+    """One set of input shapes the engine is checked and timed at: a profile's min, opt or max."""
+
+    profile: int
+    label: str  # "min", "opt", "max", or e.g. "opt/max" where they coincide
+    shapes: Mapping[str, Shape]
+
+    @property
+    def batch_size(self) -> int:
+        return next(iter(self.shapes.values()))[0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"profile": self.profile, "point": self.label, "shapes": {k: list(v) for k, v in self.shapes.items()}}
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    tensorrt_version: str
+    tensorrt_major: int
+    tensorrt_assumed: bool  # no TensorRT here: the plan is for DEFAULT_TENSORRT_VERSION or --tensorrt-version
+    strongly_typed: bool
+    builder_flags: tuple[str, ...]  # BuilderFlag members to set
+    cleared_flags: tuple[str, ...]  # BuilderFlag members on by default to clear
+    workspace_bytes: int
+    builder_optimization_level: int
+    hardware_compatibility: str  # HardwareCompatibilityLevel member
+    profiles: tuple[Mapping[str, ShapeRange], ...]
+    plugin_libraries: tuple[str, ...]
+    requested_precision: str
+    executed_precision: str
+    bound: float
+    quantized_types: tuple[str, ...]
+    onnx_conversion: Optional[str]  # "float16": the ONNX model is converted before parsing
+    layer_precisions: tuple[tuple[str, str], ...]  # (pattern, DataType member)
+    precision_reasons: tuple[str, ...]
+    exact_outputs: tuple[str, ...]
+    data_dependent_outputs: tuple[str, ...]
+    cuda_graph: bool
+    refit_from_onnx: bool  # a weight-stripped engine is refitted from the ONNX model before it runs
+    engine_host_code_allowed: bool  # a version-compatible engine carries its lean runtime
+    timing_cache: Optional[str]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def network_flags(self) -> tuple[str, ...]:
+        return ("STRONGLY_TYPED",) if self.strongly_typed else ()
+
+    def points(self) -> list[ShapePoint]:
+        """Each profile's distinct min/opt/max shapes, in profile order."""
+        points = []
+        for index, profile in enumerate(self.profiles):
+            labels: dict[tuple[tuple[str, Shape], ...], list[str]] = {}
+            for label in ("min", "opt", "max"):
+                key = tuple((name, getattr(shape_range, label)) for name, shape_range in profile.items())
+                labels.setdefault(key, []).append(label)
+            points += [ShapePoint(index, "/".join(names), dict(key)) for key, names in labels.items()]
+        return points
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tensorrt": {"version": self.tensorrt_version, "major": self.tensorrt_major, "assumed": self.tensorrt_assumed},
+            "network": {"creation_flags": list(self.network_flags), "strongly_typed": self.strongly_typed},
+            "builder": {
+                "flags_set": list(self.builder_flags),
+                "flags_cleared": list(self.cleared_flags),
+                "builder_optimization_level": self.builder_optimization_level,
+                "hardware_compatibility_level": self.hardware_compatibility,
+                "profiling_verbosity": "DETAILED",
+            },
+            "memory_pools_bytes": {"WORKSPACE": self.workspace_bytes},
+            "profiles": [{name: r.to_json() for name, r in profile.items()} for profile in self.profiles],
+            "plugins": {"init_libnvinfer_plugins": True, "libraries": list(self.plugin_libraries)},
+            "precision": {
+                "requested": self.requested_precision,
+                "executed": self.executed_precision,
+                "accuracy_bound": self.bound,
+                "quantized_types": list(self.quantized_types),
+                "onnx_conversion": self.onnx_conversion,
+                "layer_precisions": {pattern: dtype for pattern, dtype in self.layer_precisions},
+                "why": list(self.precision_reasons),
+            },
+            "outputs": {"compared_exactly": list(self.exact_outputs), "data_dependent": list(self.data_dependent_outputs)},
+            "runtime": {
+                "cuda_graph": self.cuda_graph,
+                "refit_from_onnx": self.refit_from_onnx,
+                "engine_host_code_allowed": self.engine_host_code_allowed,
+            },
+            "timing_cache": self.timing_cache,
+            "checked_at": [point.to_json() for point in self.points()],
+            "notes": list(self.notes),
+        }
+
+
+# --- Shapes -------------------------------------------------------------------------------
+
+
+def parse_shapes(text: str, flag: str) -> dict[str, Shape]:
+    """trtexec's shape list: `name:1x3x224x224,other:1x128` (the last ':' separates the name)."""
+    shapes: dict[str, Shape] = {}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        name, separator, dims = item.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not separator or not name or not shape or min(shape) < 1:
+            raise usage_error(f"{flag} {text}: write each input as NAME:DxDxD with sizes of at least 1, e.g. images:1x3x224x224")
+        shapes[name] = shape
+    return shapes
+
+
+def _explicit_profiles(model: OnnxModelInfo, options: BuildOptions) -> tuple[dict[str, ShapeRange], ...]:
+    by_name = {tensor.name: tensor for tensor in model.inputs}
+    profiles = []
+    for index, texts in enumerate(options.shapes):
+        parsed = [parse_shapes(text, flag) for text, flag in zip(texts, ("--min-shapes", "--opt-shapes", "--max-shapes"))]
+        where = f"profile {index} (--min-shapes/--opt-shapes/--max-shapes occurrence {index + 1})"
+        names = set().union(*parsed)
+        unknown = sorted(names - set(by_name))
+        if unknown:
+            raise usage_error(f"{where} names input(s) {unknown} that the model does not have; its inputs: {sorted(by_name)}")
+        profile: dict[str, ShapeRange] = {}
+        for tensor in model.inputs:
+            given = [shapes.get(tensor.name) for shapes in parsed]
+            if all(shape is None for shape in given):
+                if tensor.dynamic_axes:
+                    raise usage_error(
+                        f"{where} gives no shape for input {tensor.describe()}, which has dynamic axes {tensor.dynamic_axes}"
+                    )
+                static = tuple(int(d) for d in tensor.shape)
+                profile[tensor.name] = ShapeRange(static, static, static)
+                continue
+            if any(shape is None for shape in given):
+                raise usage_error(f"{where} must give input '{tensor.name}' a min, an opt and a max shape")
+            low, opt, high = (shape for shape in given if shape is not None)
+            for shape in (low, opt, high):
+                if len(shape) != len(tensor.shape):
+                    raise usage_error(f"{where}: {tensor.name}:{'x'.join(map(str, shape))} has rank {len(shape)}, the input {tensor.describe()} {len(tensor.shape)}")
+                fixed = [(axis, d) for axis, d in enumerate(tensor.shape) if isinstance(d, int) and shape[axis] != d]
+                if fixed:
+                    raise usage_error(f"{where}: input {tensor.describe()} has axis {fixed[0][0]} fixed at {fixed[0][1]}, not {shape[fixed[0][0]]}")
+            if not all(a <= b <= c for a, b, c in zip(low, opt, high)):
+                raise usage_error(f"{where}: input '{tensor.name}' needs min <= opt <= max on every axis, got {list(low)}, {list(opt)}, {list(high)}")
+            profile[tensor.name] = ShapeRange(low, opt, high)
+        profiles.append(profile)
+    return tuple(profiles)
+
+
+def _batch_profile(model: OnnxModelInfo, batches: BatchSizes) -> dict[str, ShapeRange]:
+    """The default profile: min/opt/max on the batch axis, every other axis as the model fixes it."""
+    profile = {}
+    for tensor in model.inputs:
+        other = [axis for axis in tensor.dynamic_axes if axis > 0]
+        if other:
+            raise usage_error(
+                f"input {tensor.describe()} has dynamic axes {other} besides the batch axis: give their range with "
+                f"--min-shapes/--opt-shapes/--max-shapes (spec.engine.profiles), e.g. --opt-shapes "
+                f"{tensor.name}:{'x'.join(str(d) if isinstance(d, int) else '8' for d in tensor.shape)}"
+            )
+        sample = tuple(int(d) for d in tensor.shape[1:])
+        profile[tensor.name] = ShapeRange(*((batch, *sample) for batch in (batches.min, batches.opt, batches.max)))
+    return profile
+
+
+def plan_profiles(model: OnnxModelInfo, options: BuildOptions) -> tuple[dict[str, ShapeRange], ...]:
+    if options.shapes:
+        given = [flag for flag, value in (("--min-batch", options.min_batch), ("--opt-batch", options.opt_batch), ("--max-batch", options.max_batch)) if value is not None]
+        if given:
+            raise usage_error(f"{'/'.join(given)} and --min-shapes/--opt-shapes/--max-shapes both given: the shapes set the batch axis too; give one or the other")
+        return _explicit_profiles(model, options)
+    return (_batch_profile(model, resolve_batch_sizes(model, options.min_batch, options.opt_batch, options.max_batch)),)
+
+
+# --- Precision -----------------------------------------------------------------------------
+
+
+def _version(text: str) -> tuple[int, int]:
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise usage_error(f"TensorRT version {text!r}: expected MAJOR.MINOR, e.g. 10.13") from None
+
+
+@dataclass
+class _Precision:
+    strongly_typed: bool
+    flags: list[str]
+    cleared: list[str]
+    executed: str
+    conversion: Optional[str]
+    reasons: list[str]
+
+
+def _plan_precision(version: tuple[int, int], options: BuildOptions, model: OnnxModelInfo) -> _Precision:
+    precision = options.precision
+    major = version[0]
+    require_quantized_for_int8(precision, model)
+    if model.quantized:
+        types = sorted(model.quantized_types)
+        quantized = quantized_precision(model.quantized_types)
+        reasons = [
+            f"Q/DQ nodes quantize to {', '.join(types)}: the engine is judged against {quantized}'s bound "
+            f"({ACCURACY_BOUNDS[quantized]:g}), whatever --precision asks ({precision})"
+        ]
+        if major >= 11 or version >= STRONGLY_TYPED_QDQ_SINCE:
+            reasons.append(
+                f"TensorRT {version[0]}.{version[1]}: explicitly quantized models are built strongly typed "
+                "(NVIDIA's guidance; the precision builder flags are deprecated from 10.12): the ONNX types decide"
+            )
+            if precision in ("fp16", "bf16") and "float16" not in model.weight_types:
+                reasons.append(
+                    f"the layers outside Q/DQ stay in the model's own types: strongly typed builds take no "
+                    f"{precision.upper()} flag, and dtrain never runs the fp16 converter over a Q/DQ graph "
+                    "(ONNX Runtime rejects its result)"
+                )
+            return _Precision(True, [], [], quantized, None, reasons)
+        flags = [WEAK_PRECISION_FLAGS[precision]] if precision in ("fp16", "bf16") else []
+        flags += types
+        reasons.append(
+            f"TensorRT {version[0]}.{version[1]} builds weakly typed: builder flag(s) {', '.join(flags)} enable the "
+            "Q/DQ layers' types (without them the build fails)"
+            + (f" and {precision} kernels elsewhere" if precision in ("fp16", "bf16") else "")
+        )
+        return _Precision(False, flags, [], quantized, None, reasons)
+
+    cleared = []
+    executed: str = precision
+    reasons = []
+    if precision == "fp32":
+        if options.tf32:
+            executed = "tf32"
+            reasons.append("--tf32: fp32 layers may use TF32 (10-bit mantissa): judged against tf32's bound")
+        else:
+            cleared.append("TF32")
+            reasons.append("fp32 without TF32 (cleared, as polygraphy does; trtexec --noTF32), so the 1e-3 bound is fair")
+    if major == 10:
+        flags = [WEAK_PRECISION_FLAGS[precision]] if precision in WEAK_PRECISION_FLAGS else []
+        reasons.insert(0, f"TensorRT {version[0]}.{version[1]}, weakly typed: "
+                       + (f"builder flag {flags[0]} lets TensorRT choose {precision} kernels" if flags else "fp32 kernels"))
+        return _Precision(False, flags, cleared, executed, None, reasons)
+    if precision == "fp16" and "float16" not in model.weight_types:
+        reasons.insert(0, "TensorRT 11, strongly typed: fp32 weights and tensors converted to fp16 before parsing "
+                       "(onnxruntime.transformers.float16, inputs and outputs kept fp32)")
+        return _Precision(True, [], cleared, executed, "float16", reasons)
+    if precision == "bf16" and "bfloat16" not in model.weight_types:
+        raise usage_error(
+            "--precision bf16 on TensorRT 11 needs a bf16 ONNX model (TensorRT 11 has no BF16 builder flag): "
+            "convert it with NVIDIA ModelOpt AutoCast (python -m modelopt.onnx.autocast --low_precision_type bf16), "
+            "or use fp16"
+        )
+    reasons.insert(0, "TensorRT 11, strongly typed: the ONNX model's own types are built as they are")
+    return _Precision(True, [], cleared, executed, None, reasons)
+
+
+def _loosest(*precisions: str) -> str:
+    return max(precisions, key=lambda name: ACCURACY_BOUNDS[name])
+
+
+# --- The plan ------------------------------------------------------------------------------
+
+
+def check_options(options: BuildOptions) -> None:
+    """The checks that need no model."""
+    if options.workspace_mib < 1:
+        raise usage_error(f"--workspace-mib {options.workspace_mib}: the builder workspace must be at least 1 MiB")
+    if not 0 <= options.builder_optimization_level <= MAX_BUILDER_OPTIMIZATION_LEVEL:
+        raise usage_error(f"--builder-optimization-level {options.builder_optimization_level}: use 0 to {MAX_BUILDER_OPTIMIZATION_LEVEL} (TensorRT's default is 3)")
+    if options.hardware_compatibility not in HARDWARE_COMPATIBILITY:
+        raise usage_error(f"--hardware-compatibility-level {options.hardware_compatibility}: use one of {', '.join(HARDWARE_COMPATIBILITY)}")
+    for pattern, precision in options.layer_precisions:
+        if precision not in LAYER_PRECISIONS or not pattern:
+            raise usage_error(f"--layer-precisions {pattern}:{precision}: write LAYER:PRECISION with a precision of {', '.join(LAYER_PRECISIONS)}")
+    for library in options.plugin_libraries:
+        if not os.path.isfile(library):
+            raise usage_error(f"--plugin-library {library}: no such file")
+
+
+def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Optional[str] = None) -> BuildPlan:
+    """The whole build plan for `model` on TensorRT `tensorrt_version` (None: DEFAULT_TENSORRT_VERSION, assumed)."""
+    check_options(options)
+    assumed = tensorrt_version is None
+    version = _version(tensorrt_version or DEFAULT_TENSORRT_VERSION)
+    if version[0] not in SUPPORTED_TENSORRT_MAJORS:
+        raise EngineError(f"TensorRT {version[0]} is not supported: dtrain builds with TensorRT 10 or 11", EXIT_UNAVAILABLE)
+    profiles = plan_profiles(model, options)
+    precision = _plan_precision(version, options, model)
+    flags, cleared, reasons = precision.flags, precision.cleared, precision.reasons
+    executed = precision.executed
+
+    layer_precisions = []
+    if options.layer_precisions:
+        if precision.strongly_typed:
+            raise usage_error(
+                "--layer-precisions needs a weakly typed build, and this one is strongly typed "
+                f"(TensorRT {version[0]}.{version[1]}{', a Q/DQ model' if model.quantized else ''}): the ONNX types decide "
+                "there; put Cast nodes in the model instead"
+            )
+        for pattern, layer_precision in options.layer_precisions:
+            data_type, needed_flag = LAYER_PRECISIONS[layer_precision]
+            layer_precisions.append((pattern, data_type))
+            if needed_flag and needed_flag not in flags:
+                flags.append(needed_flag)
+            executed = _loosest(executed, layer_precision)
+        constraint = options.precision_constraints if options.precision_constraints != "none" else "prefer"
+        flags.append(PRECISION_CONSTRAINT_FLAGS[constraint])
+        reasons.append(
+            f"per-layer precisions {dict(options.layer_precisions)} with {constraint} precision constraints"
+            + (" (trtexec's choice when --layer-precisions comes without --precision-constraints)" if options.precision_constraints == "none" else "")
+            + f": judged against {executed}'s bound"
+        )
+    elif options.precision_constraints != "none":
+        flags.append(PRECISION_CONSTRAINT_FLAGS[options.precision_constraints])
+
+    notes = []
+    if options.version_compatible:
+        flags.append("VERSION_COMPATIBLE")
+        notes.append("version compatible: the engine carries a lean runtime, so the runtime must allow host code")
+    if options.refit:
+        flags.append("REFIT")
+    if options.strip_weights:
+        flags += ["STRIP_PLAN"] + ([] if options.refit else ["REFIT_IDENTICAL"])
+        notes.append("weight-stripped: the plan holds no refittable weights; the check refits it from the ONNX model first")
+
+    data_dependent = model.data_dependent_outputs
+    cuda_graph = options.cuda_graph
+    if cuda_graph and data_dependent:
+        cuda_graph = False
+        notes.append(f"no CUDA graph: outputs {list(data_dependent)} have data-dependent shapes, which a graph cannot capture")
+
+    return BuildPlan(
+        tensorrt_version=f"{version[0]}.{version[1]}" if assumed else str(tensorrt_version),
+        tensorrt_major=version[0],
+        tensorrt_assumed=assumed,
+        strongly_typed=precision.strongly_typed,
+        builder_flags=tuple(dict.fromkeys(flags)),
+        cleared_flags=tuple(cleared),
+        workspace_bytes=options.workspace_mib << 20,
+        builder_optimization_level=options.builder_optimization_level,
+        hardware_compatibility=HARDWARE_COMPATIBILITY[options.hardware_compatibility],
+        profiles=profiles,
+        plugin_libraries=tuple(os.path.abspath(p) for p in options.plugin_libraries),
+        requested_precision=options.precision,
+        executed_precision=executed,
+        bound=ACCURACY_BOUNDS[executed],
+        quantized_types=tuple(sorted(model.quantized_types)),
+        onnx_conversion=precision.conversion,
+        layer_precisions=tuple(layer_precisions),
+        precision_reasons=tuple(reasons),
+        exact_outputs=tuple(t.name for t in model.outputs if t.exact),
+        data_dependent_outputs=data_dependent,
+        cuda_graph=cuda_graph,
+        refit_from_onnx=options.strip_weights,
+        engine_host_code_allowed=options.version_compatible,
+        timing_cache=options.timing_cache,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,139 @@
+"""What is built from the trained model: the artifacts directory, the ONNX export and the TensorRT engine."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import ConfigDict, Field, model_validator
+
+from dtrain_operator.api import contract
+from dtrain_operator.api.common import (
+    MAX_BATCH,
+    MAX_IMAGE_LENGTH,
+    MAX_MAP_ENTRIES,
+    MAX_OBJECT_NAME,
+    MAX_PATH_LENGTH,
+    ApiModel,
+    EnginePrecision,
+    Resources,
+)
+
+
+class ArtifactSettings(ApiModel):
+    """Where the exported model and the engine go."""
+
+    dir: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace/artifacts"
+    """Directory for model.onnx, artifacts.json, the TensorRT engine and its report (a PVC that the engine Job mounts too)."""
+
+
+class OnnxExport(ApiModel):
+    """ONNX export by rank 0 at the end of training."""
+
+    enabled: bool = True
+    """Export model.onnx and check it with ONNX Runtime."""
+    opset: Annotated[int, Field(ge=17, le=23)] = 17
+    """ONNX opset version (17 or newer)."""
+    dynamic_batch: bool = True
+    """Make the batch axis dynamic, so that the engine can be built for a range of batch sizes."""
+    input_shape: Optional[Annotated[list[Annotated[int, Field(ge=1, le=MAX_BATCH)]], Field(min_length=1, max_length=4)]] = None
+    """Shape of one sample without the batch axis, e.g. [3, 224, 224], for a model without example_input_array (which is used first: a tensor, tuple or dict, dtypes kept). Default: the data module's sample_shape."""
+    input_dtype: Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"] = "float32"
+    """Data type of the input given by inputShape, e.g. int64 for a text model's token ids."""
+
+
+class ExportSettings(ApiModel):
+    """Exports written at the end of training."""
+
+    onnx: OnnxExport = Field(default_factory=OnnxExport)
+    """ONNX export."""
+
+
+EngineLayerPrecision = Literal["fp32", "fp16", "bf16"]
+HardwareCompatibilityLevel = Literal["none", "ampere+", "same-compute-capability"]
+PrecisionConstraints = Literal["none", "prefer", "obey"]
+# An axis as long as 16 Mi elements: long enough for any sequence length a GPU holds.
+MAX_AXIS_LENGTH = 2**24
+ShapeList = Annotated[list[Annotated[int, Field(ge=1, le=MAX_AXIS_LENGTH)]], Field(min_length=1, max_length=8)]
+
+
+class InputShapeRange(ApiModel):
+    """The shapes one input takes in an optimisation profile (trtexec --minShapes/--optShapes/--maxShapes)."""
+
+    min: ShapeList
+    """Smallest shape, every axis, e.g. [1, 3, 224, 224]."""
+    opt: ShapeList
+    """Shape TensorRT tunes for."""
+    max: ShapeList
+    """Largest shape."""
+
+
+class EngineProfile(ApiModel):
+    """One optimisation profile: a shape range for each input with a dynamic axis."""
+
+    inputs: Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], InputShapeRange], Field(min_length=1, max_length=MAX_MAP_ENTRIES)]
+    """Shape ranges by input name."""
+
+
+class EngineSettings(ApiModel):
+    """The follow-up Job that builds a TensorRT engine from model.onnx."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": 'self.minBatch <= self.maxBatch && (!has(self.optBatch) || (self.minBatch <= self.optBatch && self.optBatch <= self.maxBatch))', "message": 'need minBatch <= optBatch <= maxBatch'},
+    ]})
+
+    enabled: bool = True
+    """Build the engine after training succeeds."""
+    image: Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_LENGTH)] = contract.DEFAULT_ENGINE_IMAGE
+    """A TensorRT-capable image with dtrain's `tensorrt` extra installed."""
+    precision: EnginePrecision = "fp16"
+    """Engine precision: fp32, fp16, bf16 or int8 (int8 needs a quantized ONNX model)."""
+    min_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
+    """Smallest batch size the engine accepts."""
+    opt_batch: Optional[Annotated[int, Field(ge=1, le=MAX_BATCH)]] = None
+    """Batch size TensorRT tunes for (default: maxBatch)."""
+    max_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 32
+    """Largest batch size the engine accepts."""
+    workspace_mi_b: Annotated[int, Field(ge=16, le=1_048_576, alias="workspaceMiB")] = 4096
+    """Builder workspace memory limit in MiB."""
+    resources: Optional[Resources] = None
+    """Resources of the engine container (default: one nvidia.com/gpu)."""
+    backoff_limit: Annotated[int, Field(ge=0, le=100)] = 1
+    """Retries of the engine Job before it is marked failed."""
+    # The build options below are `dtrain build-engine` flags, with trtexec's defaults.
+    profiles: Optional[Annotated[list[EngineProfile], Field(min_length=1, max_length=8)]] = None
+    """Optimisation profiles with per-input min/opt/max shapes (trtexec --minShapes/--optShapes/--maxShapes, once per profile); when set, minBatch/optBatch/maxBatch are not used. Needed for a dynamic axis besides the batch axis."""
+    tf32: bool = False
+    """Let fp32 builds use TF32 (trtexec's default; off here, as in polygraphy, so fp32 meets its 1e-3 bound)."""
+    hardware_compatibility_level: HardwareCompatibilityLevel = "none"
+    """GPUs the engine must run on besides the builder's (trtexec --hardwareCompatibilityLevel, default none)."""
+    version_compatible: bool = False
+    """Build an engine that later TensorRT versions can run (trtexec --versionCompatible)."""
+    refit: bool = False
+    """Build a refittable engine, for pipelines that retrain (trtexec --refit)."""
+    strip_weights: bool = False
+    """Build a weight-stripped engine, refitted from model.onnx before use (trtexec --stripWeights)."""
+    builder_optimization_level: Annotated[int, Field(ge=0, le=5)] = 3
+    """Builder optimisation level 0-5: higher builds longer for a faster engine (trtexec --builderOptimizationLevel, default 3)."""
+    layer_precisions: Optional[Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], EngineLayerPrecision], Field(max_length=MAX_MAP_ENTRIES)]] = None
+    """Per-layer precision by layer name or * pattern (trtexec --layerPrecisions); weakly typed builds only."""
+    precision_constraints: PrecisionConstraints = "none"
+    """How strictly layerPrecisions hold (trtexec --precisionConstraints, default none; prefer when layerPrecisions is set)."""
+    plugin_libraries: Optional[Annotated[list[Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)]], Field(max_length=16)]] = None
+    """TensorRT plugin libraries to load, absolute paths in the engine image (trtexec --dynamicPlugins)."""
+    use_cuda_graph: bool = False
+    """Also time the engine through a CUDA graph (trtexec --useCudaGraph)."""
+
+    @model_validator(mode="after")
+    def _batch_order(self) -> "EngineSettings":
+        opt = self.opt_batch if self.opt_batch is not None else self.max_batch
+        if not self.min_batch <= opt <= self.max_batch:
+            raise ValueError(
+                f"need minBatch <= optBatch <= maxBatch, got {self.min_batch} <= {opt} <= {self.max_batch}"
+            )
+        return self
+
+    @property
+    def resolved_opt_batch(self) -> int:
+        return self.opt_batch if self.opt_batch is not None else self.max_batch
+
+

@@ -1,0 +1,140 @@
+"""The DistributedTraining object, the trainer's config made from it, and the part of a spec that may not change."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import Field
+
+from dtrain_operator.api import contract
+from dtrain_operator.api.artifacts import ArtifactSettings, ExportSettings
+from dtrain_operator.api.common import DNS1035_PATTERN, MAX_NAME_LENGTH, ApiModel, EnvVar
+from dtrain_operator.api.spec import (
+    BUILTIN_MODEL,
+    BUILTIN_SYNTHETIC_DATA,
+    CheckpointSettings,
+    ClassSpec,
+    DistributedTrainingSpec,
+    LoggingSettings,
+    NcclSettings,
+    StragglerSettings,
+    TrainerSettings,
+)
+from dtrain_operator.api.status import DistributedTrainingStatus, StatusModel
+
+
+class ObjectMeta(StatusModel):
+    """Standard object metadata; only the name is checked here."""
+
+    name: Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=DNS1035_PATTERN)]
+    """Name of the job: lowercase letters, digits and '-', starting with a letter, at most 45 characters."""
+    namespace: Optional[str] = None
+    """Namespace of the job."""
+
+
+class DistributedTraining(ApiModel):
+    """Multi-node PyTorch Lightning DDP training, restarted as a gang from its last checkpoint, then a TensorRT engine."""
+
+    api_version: Literal["dtrain.dev/v1alpha1"] = contract.API_VERSION
+    """dtrain.dev/v1alpha1"""
+    kind: Literal["DistributedTraining"] = contract.KIND
+    """DistributedTraining"""
+    metadata: ObjectMeta
+    """Standard object metadata."""
+    spec: DistributedTrainingSpec = Field(default_factory=DistributedTrainingSpec)
+    """What to train, on how many nodes, and what to build from it."""
+    status: Optional[DistributedTrainingStatus] = None
+    """Observed state."""
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace or "default"
+
+
+class TrainerConfig(ApiModel):
+    """What the trainer reads from DTRAIN_CONFIG: the resolved sections of the spec it needs.
+
+    The operator writes it into the job's ConfigMap and `dtrain run` into the workdir;
+    nodes and devicesPerNode are there so that the trainer can check them against
+    torchrun's environment and fail loudly on a mismatch.
+    """
+
+    job_name: str
+    """Name of the DistributedTraining."""
+    accelerator: Literal["gpu", "cpu"] = "gpu"
+    """gpu or cpu."""
+    nodes: Annotated[int, Field(ge=1)] = 1
+    """Number of nodes (must equal PET_NNODES)."""
+    devices_per_node: Annotated[int, Field(ge=1)] = 1
+    """Processes per node (must equal PET_NPROC_PER_NODE)."""
+    model: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_MODEL))
+    """The LightningModule."""
+    data: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_SYNTHETIC_DATA))
+    """The LightningDataModule."""
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    """Trainer settings."""
+    nccl: NcclSettings = Field(default_factory=NcclSettings)
+    """NCCL settings (the trainer uses timeoutSeconds)."""
+    stragglers: StragglerSettings = Field(default_factory=StragglerSettings)
+    """Straggler detection."""
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    """Checkpoints."""
+    artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
+    """Artifacts."""
+    export: ExportSettings = Field(default_factory=ExportSettings)
+    """Exports."""
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    """The logger and the reported metrics."""
+
+    @classmethod
+    def from_job(cls, job: DistributedTraining) -> "TrainerConfig":
+        spec = job.spec
+        return cls(
+            job_name=job.name,
+            accelerator=spec.accelerator,
+            nodes=spec.nodes,
+            devices_per_node=spec.devices_per_node,
+            model=spec.model,
+            data=spec.data,
+            trainer=spec.trainer,
+            nccl=spec.nccl,
+            stragglers=spec.stragglers,
+            checkpoint=spec.checkpoint,
+            artifacts=spec.artifacts,
+            export=spec.export,
+            logging=spec.logging,
+        )
+
+
+# runPolicy fields that may change after creation; every other spec field is immutable.
+MUTABLE_RUN_POLICY_FIELDS = ("suspend", "ttlSecondsAfterFinished")
+
+
+# The accepted copy of a spec (status.acceptedSpec, the operator's state annotation) is read by
+# whoever may view the job, so env values stay in the spec itself: the copy holds this instead.
+# The API server's immutability rule keeps them equal to the accepted ones.
+ENV_VALUE_PLACEHOLDER = "(in spec.env)"
+
+
+def immutable_spec(spec: DistributedTrainingSpec) -> dict[str, Any]:
+    """The part of a spec (defaults filled in) that may not change once the job exists, env values left out."""
+    wire = spec.to_wire()
+    wire["runPolicy"] = {k: v for k, v in wire["runPolicy"].items() if k not in MUTABLE_RUN_POLICY_FIELDS}
+    for var in wire.get("env", []):
+        if "value" in var:
+            var["value"] = ENV_VALUE_PLACEHOLDER
+    return wire
+
+
+def with_env_values(accepted: DistributedTrainingSpec, env: list[EnvVar]) -> DistributedTrainingSpec:
+    """An accepted spec with its env values taken, by name, from the job's own `env`."""
+    by_name = {var.name: var for var in env}
+    if any(var.value == ENV_VALUE_PLACEHOLDER and var.name not in by_name for var in accepted.env):
+        # A variable renamed by an edit the API server should have refused: the user's list, as written.
+        return accepted.model_copy(update={"env": list(env)})
+    restored = [by_name[var.name] if var.value == ENV_VALUE_PLACEHOLDER else var for var in accepted.env]
+    return accepted.model_copy(update={"env": restored})

@@ -1,0 +1,339 @@
+"""`spec`: what to train, on how many nodes, how failures are handled and where pods go."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from dtrain_operator.api import contract
+from dtrain_operator.api.artifacts import ArtifactSettings, EngineSettings, ExportSettings
+from dtrain_operator.api.common import (
+    CLASS_PATH_PATTERN,
+    INT32_MAX,
+    MAX_BATCH,
+    MAX_CLASS_PATH_LENGTH,
+    MAX_DURATION_SECONDS,
+    MAX_IMAGE_LENGTH,
+    MAX_LABEL_VALUE_LENGTH,
+    MAX_MAP_ENTRIES,
+    MAX_OBJECT_NAME,
+    MAX_PATH_LENGTH,
+    MAX_SEED,
+    MAX_TIMEOUT_SECONDS,
+    ApiModel,
+    EnvVar,
+    InitArgs,
+    KubeObject,
+    LocalObjectReference,
+    Precision,
+    Resources,
+)
+from dtrain_operator.api.free_form import credential_keys
+from dtrain_operator.api.redaction import is_credential_name
+
+
+class ClassSpec(ApiModel):
+    """A class to instantiate, in LightningCLI's shape: classPath + initArgs."""
+
+    class_path: Annotated[str, Field(pattern=CLASS_PATH_PATTERN, max_length=MAX_CLASS_PATH_LENGTH)]
+    """Importable path of the class, e.g. dtrain_trainer.models.ImageClassifier or mypkg.MyModule."""
+    init_args: InitArgs = Field(default_factory=dict)
+    """Keyword arguments for the class's constructor. They are stored in the job's ConfigMap, which anyone who may view the namespace can read: never put a credential here; pass it with env[].valueFrom.secretKeyRef and read the variable in your class."""
+
+    @field_validator("init_args")
+    @classmethod
+    def _no_credentials(cls, init_args: dict[str, Any]) -> dict[str, Any]:
+        found = credential_keys(init_args, is_credential_name)
+        if found:
+            raise ValueError(
+                f"{', '.join(found)} looks like a credential; initArgs are stored in a ConfigMap that namespace viewers "
+                "can read: pass it with spec.env[].valueFrom.secretKeyRef and read the variable in your class"
+            )
+        return init_args
+
+
+BUILTIN_MODEL = "dtrain_trainer.models.ImageClassifier"
+BUILTIN_SYNTHETIC_DATA = "dtrain_trainer.data.SyntheticImageDataModule"
+BUILTIN_IMAGE_FOLDER_DATA = "dtrain_trainer.data.ImageFolderDataModule"
+
+
+class TrainerSettings(ApiModel):
+    """How Lightning's Trainer runs."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": '!has(self.limitTrainBatches) || self.limitTrainBatches <= 1.0 || double(int(self.limitTrainBatches)) == self.limitTrainBatches', "message": 'limitTrainBatches is a number of batches (an integer) or a fraction in (0, 1]'},
+    ]})
+
+    max_epochs: Optional[Annotated[int, Field(ge=1, le=1_000_000)]] = None
+    """Stop after this many epochs (default: 1, or no epoch limit when maxSteps is set)."""
+    max_steps: Annotated[int, Field(ge=-1, le=INT32_MAX)] = -1
+    """Stop after this many optimizer steps (-1: no step limit). Whichever of maxEpochs and maxSteps comes first ends training."""
+    precision: Precision = "32-true"
+    """Numerical precision: 32-true, 16-mixed, bf16-mixed, bf16-true, 16-true or 64-true. 16-mixed needs a GPU; on a CPU it falls back to 32-true with a warning."""
+    gradient_clip_val: Optional[Annotated[float, Field(ge=0, le=1e6)]] = None
+    """Clip gradients to this value (none: no clipping)."""
+    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
+    """How gradients are clipped: by total norm or by value."""
+    accumulate_grad_batches: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
+    """Accumulate gradients over this many batches before each optimizer step."""
+    find_unused_parameters: bool = False
+    """DDP's find_unused_parameters: needed only for models with parameters that some steps do not use; it slows training."""
+    batch_size: Annotated[int, Field(ge=1, le=1_048_576)] = 32
+    """Batch size per process (per GPU). The global batch is batchSize x devicesPerNode x nodes x accumulateGradBatches."""
+    num_workers: Annotated[int, Field(ge=0, le=256)] = 4
+    """Data-loader worker processes per training process."""
+    log_every_n_steps: Annotated[int, Field(ge=1, le=INT32_MAX)] = 50
+    """Log metrics every this many steps."""
+    limit_train_batches: Optional[Union[Annotated[int, Field(ge=1, le=INT32_MAX)], Annotated[float, Field(gt=0, le=1)]]] = None
+    """Use only this many training batches per epoch (an integer) or this fraction of them (a number in (0, 1])."""
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 42
+    """Random seed for every rank (each data-loader worker is seeded from it)."""
+
+    @property
+    def resolved_max_epochs(self) -> int:
+        """Lightning's max_epochs: maxEpochs when set; -1 (no limit) when only maxSteps is; else 1."""
+        if self.max_epochs is not None:
+            return self.max_epochs
+        return -1 if self.max_steps > 0 else 1
+
+
+class LoggingSettings(ApiModel):
+    """Where the metrics Lightning logs go, and which of them dtrain reports."""
+
+    logger: Literal["tensorboard", "csv", "mlflow"] = "tensorboard"
+    """tensorboard: event files in <artifacts.dir>/logs (tensorboard --logdir there). csv: <artifacts.dir>/logs/version_0/metrics.csv. mlflow: an MLflow run named after the job (the image needs mlflow or mlflow-skinny). A gang restart continues the same log."""
+    mlflow_tracking_uri: Optional[Annotated[str, Field(min_length=1, max_length=MAX_PATH_LENGTH)]] = None
+    """MLflow tracking server for logger mlflow, e.g. http://mlflow.mlops:5000 (default: MLFLOW_TRACKING_URI from the environment, e.g. spec.env)."""
+    mlflow_experiment_name: Optional[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]] = None
+    """MLflow experiment for logger mlflow (default: the job's name)."""
+    metrics: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]], Field(max_length=32)] = Field(default_factory=list)
+    """Metrics the model logs (self.log) that progress, status.progress.metrics and the summary report, besides val_loss, val_acc and every metric logged with prog_bar=True."""
+
+
+NcclDebug = Literal["VERSION", "WARN", "INFO", "TRACE"]
+
+
+class NcclSettings(ApiModel):
+    """NCCL settings for the worker pods, written to NCCL_* variables."""
+
+    ib_disable: Optional[bool] = None
+    """NCCL_IB_DISABLE: true to stop NCCL using InfiniBand/RoCE (e.g. on plain Ethernet clusters)."""
+    socket_ifname: Optional[Annotated[str, Field(min_length=1, max_length=256)]] = None
+    """NCCL_SOCKET_IFNAME: the network interface(s) NCCL uses, e.g. eth0 or ^lo,docker."""
+    debug: Optional[NcclDebug] = None
+    """NCCL_DEBUG: VERSION, WARN, INFO or TRACE."""
+    p2p_disable: Annotated[Optional[bool], Field(alias="p2pDisable")] = None
+    """NCCL_P2P_DISABLE: true to disable peer-to-peer GPU transfers (NVLink/PCIe)."""
+    timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 1800
+    """Collective timeout of the process group: a rank that waits longer fails, and the gang restarts."""
+    preflight_timeout_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = 60
+    """Before the model is built, every rank checks that the interfaces of NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME exist in its pod, joins the others and times an all-reduce (status.preflight). A rank that has not joined within this many seconds fails the job at once (reason InvalidTrainerConfig), naming the missing ranks, the address and the NCCL/gloo variables in effect, instead of hanging until timeoutSeconds. The ranks start together (torchrun waits for every node first), so a minute is plenty. 0 skips the join and the all-reduce (the interface check still runs)."""
+    env: Annotated[
+        dict[Annotated[str, Field(pattern=contract.NCCL_ENV_PATTERN)], Annotated[str, Field(max_length=4096)]],
+        Field(max_length=MAX_MAP_ENTRIES),
+    ] = Field(default_factory=dict)
+    """Any other NCCL_* or TORCH_NCCL_* variable, e.g. {NCCL_ALGO: Ring}."""
+
+    @model_validator(mode="after")
+    def _no_double_setting(self) -> "NcclSettings":
+        named = {
+            "NCCL_IB_DISABLE": "ibDisable",
+            "NCCL_SOCKET_IFNAME": "socketIfname",
+            "NCCL_DEBUG": "debug",
+            "NCCL_P2P_DISABLE": "p2pDisable",
+        }
+        for key in self.env:
+            if key in named:
+                raise ValueError(f"env.{key} repeats the field {named[key]}: set only spec.nccl.{named[key]}")
+        return self
+
+    def to_env(self) -> dict[str, str]:
+        """The NCCL_* and TORCH_NCCL_* variables these settings stand for."""
+        env: dict[str, str] = {}
+        if self.ib_disable is not None:
+            env["NCCL_IB_DISABLE"] = "1" if self.ib_disable else "0"
+        if self.socket_ifname is not None:
+            env["NCCL_SOCKET_IFNAME"] = self.socket_ifname
+        if self.debug is not None:
+            env["NCCL_DEBUG"] = self.debug
+        if self.p2p_disable is not None:
+            env["NCCL_P2P_DISABLE"] = "1" if self.p2p_disable else "0"
+        env.update(self.env)
+        return env
+
+
+class StragglerSettings(ApiModel):
+    """Straggler detection: every rank's step time, compared every few steps (no restart)."""
+
+    every_n_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 50
+    """Gather every rank's step time every this many optimizer steps (a one-number all-gather per rank); 0 turns detection off."""
+    factor: Annotated[float, Field(ge=1.05, le=100)] = 1.5
+    """A rank whose step time exceeds this many times the median of all ranks is slow."""
+    window: Annotated[int, Field(ge=1, le=1000)] = 3
+    """Consecutive comparisons a rank must be slow in before it is reported (a Warning Event and the Straggler condition, naming its pod and node)."""
+
+
+class Storage(ApiModel):
+    """A PersistentVolumeClaim shared by every worker and the engine Job (checkpoints, artifacts)."""
+
+    claim_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]
+    """Name of a ReadWriteMany PersistentVolumeClaim in the job's namespace."""
+    mount_path: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace"
+    """Where the claim is mounted in the worker and engine containers."""
+
+
+class CheckpointSettings(ApiModel):
+    """Where and how often checkpoints are written. A gang restart resumes from the last one."""
+
+    dir: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace/checkpoints"
+    """Directory for checkpoints: it must survive a pod (a PVC, e.g. through spec.storage)."""
+    every_n_steps: Annotated[int, Field(ge=1, le=INT32_MAX)] = 500
+    """Save a checkpoint every this many optimizer steps (and always at the end)."""
+    keep_last: Annotated[int, Field(ge=1, le=1000)] = 3
+    """Keep this many step checkpoints besides last.ckpt."""
+
+
+
+class RunPolicy(ApiModel):
+    """How failures, deadlines and cleanup are handled."""
+
+    restart_policy: Literal["OnFailure", "ExitCode", "Never"] = "OnFailure"
+    """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job. Under every policy, the trainer's exit code 78 (a classPath, initArgs, checkpoint directory or model export that cannot work) fails the job at once with reason InvalidTrainerConfig."""
+    backoff_limit: Annotated[int, Field(ge=0, le=1000)] = 3
+    """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
+    active_deadline_seconds: Optional[Annotated[int, Field(ge=1, le=MAX_DURATION_SECONDS)]] = None
+    """Fail the job (DeadlineExceeded) when it runs longer than this, counted from its start."""
+    progress_deadline_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = contract.DEFAULT_PROGRESS_DEADLINE_SECONDS
+    """Restart the gang from its last checkpoint (reason ProgressDeadlineExceeded, counted against backoffLimit) when every worker runs but no training or validation batch completes for this many seconds: a rank stuck in a collective, a dead data loader. Time spent writing a checkpoint or exporting the model does not count. Make it longer than your slowest step, your first step after a start (data loading, compilation) and 15 s (how often rank 0 reports); well under nccl.timeoutSeconds, which it is meant to beat. 0 turns it off. Default 600."""
+    ttl_seconds_after_finished: Optional[Annotated[int, Field(ge=0, le=MAX_DURATION_SECONDS)]] = None
+    """Delete the DistributedTraining this long after it succeeded or failed (none: keep it)."""
+    clean_pod_policy: Literal["Running", "All", "None"] = "Running"
+    """Pods deleted when the job finishes: Running (those still running), All, or None (keep them for debugging)."""
+    suspend: bool = False
+    """True stops the job: worker pods are deleted; false starts them again and training resumes from its checkpoint."""
+
+
+class GangScheduling(ApiModel):
+    """All-or-nothing scheduling of the worker pods through a PodGroup."""
+
+    enabled: bool = False
+    """Create a PodGroup so that the scheduler places all workers or none (needs Volcano or the scheduler-plugins coscheduling plugin)."""
+    min_available: Optional[Annotated[int, Field(ge=1, le=4096)]] = None
+    """Workers that must be schedulable together (default: nodes)."""
+    schedule_timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 300
+    """Report pods still Pending after this long, with their reason, in a condition."""
+
+
+class SchedulingSettings(ApiModel):
+    """Where and how the worker pods are scheduled."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": '!has(self.gang) || !self.gang.enabled || has(self.schedulerName)', "message": 'gang.enabled needs schedulerName: volcano, or the name of your scheduler-plugins scheduler'},
+    ]})
+
+    scheduler_name: Optional[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]] = None
+    """Scheduler of the worker pods, e.g. volcano or scheduler-plugins-scheduler. Gang scheduling picks the PodGroup kind from it."""
+    priority_class_name: Optional[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]] = None
+    """PriorityClass of the worker pods."""
+    node_selector: Annotated[
+        dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE_LENGTH)]], Field(max_length=MAX_MAP_ENTRIES)
+    ] = Field(default_factory=dict)
+    """Node labels the worker pods must match, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}."""
+    tolerations: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
+    """Tolerations of the worker pods (core/v1 Toleration)."""
+    affinity: Optional[KubeObject] = None
+    """Affinity of the worker pods (core/v1 Affinity)."""
+    gang: GangScheduling = Field(default_factory=GangScheduling)
+    """Gang scheduling."""
+
+    @model_validator(mode="after")
+    def _gang_needs_scheduler(self) -> "SchedulingSettings":
+        if self.gang.enabled and not self.scheduler_name:
+            raise ValueError(
+                "gang.enabled needs schedulerName: volcano, or the name of your scheduler-plugins scheduler"
+            )
+        return self
+
+
+class DistributedTrainingSpec(ApiModel):
+    """What to train, on how many nodes, and what to build from it."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": '!has(self.scheduling) || !has(self.scheduling.gang) || !has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= self.nodes', "message": 'scheduling.gang.minAvailable cannot exceed nodes'},
+        {"rule": '(has(self.engine) && !self.engine.enabled) || !has(self.export) || !has(self.export.onnx) || self.export.onnx.enabled', "message": 'engine.enabled needs export.onnx.enabled: the engine is built from model.onnx'},
+    ]})
+
+    image: Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_LENGTH)] = contract.DEFAULT_TRAINER_IMAGE
+    """Trainer image: dtrain's trainer image or one built FROM it with your own code."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """When the kubelet pulls the image."""
+    image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=16)] = Field(default_factory=list)
+    """Secrets for pulling the trainer and engine images."""
+    nodes: Annotated[int, Field(ge=1, le=4096)] = 1
+    """Number of worker pods (one per machine)."""
+    devices_per_node: Annotated[int, Field(ge=1, le=64)] = 1
+    """Training processes per pod: one per GPU with accelerator gpu."""
+    accelerator: Literal["gpu", "cpu"] = "gpu"
+    """gpu: each pod requests devicesPerNode nvidia.com/gpu and uses NCCL. cpu: processes use gloo."""
+    resources: Optional[Resources] = None
+    """CPU and memory of each worker container (GPUs come from devicesPerNode)."""
+    env: Annotated[list[EnvVar], Field(max_length=256)] = Field(default_factory=list)
+    """Extra environment variables of the trainer container."""
+    volumes: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
+    """Extra volumes of the worker pods (core/v1 Volume), e.g. a PVC with the data set."""
+    volume_mounts: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
+    """Extra volume mounts of the trainer container (core/v1 VolumeMount)."""
+    host_network: bool = False
+    """Run worker pods in the host's network namespace. Only some NCCL/RDMA setups need this; it weakens isolation."""
+    service_account_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] = contract.DEFAULT_WORKER_SERVICE_ACCOUNT
+    """Service account of the worker pods: it needs `patch` on distributedtrainings/status to report progress."""
+    master_port: Annotated[int, Field(ge=1024, le=65535)] = contract.DEFAULT_MASTER_PORT
+    """Port of torchrun's rendezvous on node 0."""
+    termination_grace_period_seconds: Annotated[int, Field(ge=15, le=86400)] = (
+        contract.DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS
+    )
+    """Seconds a worker pod has after SIGTERM (preemption, a node drain, kubectl delete) before it is killed. In that time every rank stops at the next optimizer step and rank 0 saves a checkpoint, so that the restarted gang loses no work. Make it longer than writing one checkpoint of your model takes (minutes for a large model on network storage); the default is 600."""
+    storage: Optional[Storage] = None
+    """A shared PVC mounted in every worker and the engine Job, for checkpoints and artifacts."""
+    model: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_MODEL))
+    """The LightningModule to train (default: the built-in torchvision image classifier, resnet50)."""
+    data: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_SYNTHETIC_DATA))
+    """The LightningDataModule (default: synthetic images; dtrain_trainer.data.ImageFolderDataModule reads a directory tree)."""
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    """Lightning Trainer settings."""
+    nccl: NcclSettings = Field(default_factory=NcclSettings)
+    """NCCL settings."""
+    stragglers: StragglerSettings = Field(default_factory=StragglerSettings)
+    """Straggler detection: a rank much slower than the others is named (pod and node) in status.progress, a Warning Event and the Straggler condition."""
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    """Checkpoints."""
+    artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
+    """Where the exported model and engine are written."""
+    export: ExportSettings = Field(default_factory=ExportSettings)
+    """Exports at the end of training."""
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    """The logger (TensorBoard, CSV or MLflow) and the metrics dtrain reports."""
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    """The TensorRT engine build that follows training."""
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    """Restarts, deadlines, suspension and cleanup."""
+    scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
+    """Scheduling of the worker pods."""
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "DistributedTrainingSpec":
+        gang = self.scheduling.gang
+        if gang.min_available is not None and gang.min_available > self.nodes:
+            raise ValueError(
+                f"scheduling.gang.minAvailable ({gang.min_available}) cannot exceed nodes ({self.nodes})"
+            )
+        if self.engine.enabled and not self.export.onnx.enabled:
+            raise ValueError("engine.enabled needs export.onnx.enabled: the engine is built from model.onnx")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+

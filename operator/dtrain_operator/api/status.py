@@ -1,0 +1,177 @@
+"""`status`: what the operator observed and decided; status types tolerate fields they do not know."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import ConfigDict, Field
+
+from dtrain_operator.api.common import ApiModel, InitArgs, Phase
+
+
+class StatusModel(ApiModel):
+    """Status types tolerate fields they do not know: kopf and newer operators write there too."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition."""
+
+    type: str
+    """Condition type, e.g. Running, Restarting, Succeeded, Failed."""
+    status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
+    reason: str = ""
+    """One CamelCase word saying why, e.g. BackoffLimitExceeded."""
+    message: str = ""
+    """What happened, for a person."""
+    last_transition_time: Optional[str] = None
+    """When the status last changed (RFC 3339)."""
+
+
+class NodeCounts(StatusModel):
+    """Worker pods of the current gang by state."""
+
+    total: int = 0
+    """Worker pods the job has."""
+    pending: int = 0
+    """Pods waiting to be scheduled or to start."""
+    running: int = 0
+    """Pods running."""
+    succeeded: int = 0
+    """Pods that exited 0."""
+    failed: int = 0
+    """Pods that failed."""
+
+
+class StepTimes(StatusModel):
+    """Step times of all ranks at one comparison: the time a rank spends on a step before the gradient all-reduce (forward and loss), which waiting for the other ranks does not inflate."""
+
+    step: Optional[int] = None
+    """Global step of the comparison."""
+    median_seconds: Optional[float] = None
+    """Median over the ranks."""
+    slowest_rank: Optional[int] = None
+    """The slowest rank."""
+    slowest_seconds: Optional[float] = None
+    """Its step time."""
+    slowest_pod: Optional[str] = None
+    """Its pod."""
+    slowest_node: Optional[str] = None
+    """Its Kubernetes node."""
+    ratio: Optional[float] = None
+    """slowestSeconds / medianSeconds."""
+    slow_checks: Optional[int] = None
+    """Consecutive comparisons this rank was slower than spec.stragglers.factor times the median."""
+    straggler: Optional[bool] = None
+    """True once slowChecks reaches spec.stragglers.window: the rank is reported as a straggler."""
+
+
+class Progress(StatusModel):
+    """Training progress, reported by rank 0."""
+
+    epoch: Optional[int] = None
+    """Current epoch (from 0)."""
+    step: Optional[int] = None
+    """Global optimizer step."""
+    loss: Optional[float] = None
+    """Latest training loss."""
+    images_per_second: Optional[float] = None
+    """Training throughput over all ranks (warm-up excluded)."""
+    updated_at: Optional[str] = None
+    """When this was reported (RFC 3339)."""
+    step_times: Optional["StepTimes"] = None
+    """Every rank's step time at the latest comparison (spec.stragglers), and the slowest rank."""
+    stage: Optional[str] = None
+    """What rank 0 is doing: training, validating, checkpointing (writing a checkpoint), or exporting (the model is being exported to ONNX)."""
+    metrics: Optional[dict[str, float]] = None
+    """The latest value of val_loss, val_acc, each metric logged with prog_bar=True and each of spec.logging.metrics."""
+    validation: Optional[str] = None
+    """The first validation metric as name=value, e.g. val_loss=0.412 (the VAL column)."""
+    batches: Optional[int] = None
+    """Training and validation batches rank 0 has completed since its process started: only the training and validation loops advance it (runPolicy.progressDeadlineSeconds watches it)."""
+    batch_time: Optional[str] = None
+    """When rank 0 completed the latest of those batches (RFC 3339)."""
+
+
+class PreflightRank(StatusModel):
+    """Where one rank ran."""
+
+    rank: Optional[int] = None
+    """Global rank."""
+    pod: Optional[str] = None
+    """Its pod."""
+    node: Optional[str] = None
+    """Its Kubernetes node."""
+
+
+class Preflight(StatusModel):
+    """The pre-flight gang check of the current gang, reported by rank 0 before training (nccl.preflightTimeoutSeconds)."""
+
+    backend: Optional[str] = None
+    """gloo (CPU) or nccl (GPU)."""
+    world_size: Optional[int] = None
+    """Ranks that joined."""
+    seconds: Optional[float] = None
+    """What the whole check cost this start, in seconds."""
+    join_seconds: Optional[float] = None
+    """Until every rank had joined."""
+    all_reduce_bytes: Optional[int] = None
+    """Size of the timed all-reduce."""
+    all_reduce_ms: Optional[float] = None
+    """Median time of that all-reduce, in milliseconds."""
+    latency_ms: Optional[float] = None
+    """Median time of a one-element all-reduce, in milliseconds."""
+    bus_bandwidth_g_bps: Annotated[Optional[float], Field(alias="busBandwidthGBps")] = None
+    """Bus bandwidth of the all-reduce in GB/s, as nccl-tests reports it (2(n-1)/n times size / time)."""
+    versions: Optional[dict[str, Optional[str]]] = None
+    """torch, CUDA and NCCL versions, the same on every rank."""
+    ranks: Optional[list[PreflightRank]] = None
+    """Each rank's pod and node."""
+    time: Optional[str] = None
+    """When the check ran (RFC 3339)."""
+
+
+class CheckpointInfo(StatusModel):
+    """The newest checkpoint."""
+
+    step: Optional[int] = None
+    """Global step of the checkpoint."""
+    path: Optional[str] = None
+    """Path of the checkpoint file."""
+    time: Optional[str] = None
+    """When it was written (RFC 3339)."""
+
+
+class DistributedTrainingStatus(StatusModel):
+    """Observed state, computed by the operator (progress and lastCheckpoint by rank 0)."""
+
+    phase: Optional[Phase] = None
+    """Pending, Starting, Running, Restarting, Exporting, BuildingEngine, Succeeded, Failed or Suspended."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Conditions: Created, Running, Restarting, TrainingSucceeded, EngineBuilt, Succeeded, Failed, Suspended, ..."""
+    nodes: Optional[NodeCounts] = None
+    """Worker pods of the current gang by state."""
+    nodes_ready: Optional[str] = None
+    """Running worker pods out of all, e.g. 3/4 (the NODES column)."""
+    restarts: int = 0
+    """Gang restarts so far."""
+    start_time: Optional[str] = None
+    """When the job started (RFC 3339)."""
+    completion_time: Optional[str] = None
+    """When the job finished (RFC 3339)."""
+    progress: Optional[Progress] = None
+    """Training progress."""
+    last_checkpoint: Optional[CheckpointInfo] = None
+    """The newest checkpoint."""
+    preflight: Optional[Preflight] = None
+    """The pre-flight gang check of the latest gang start: all-reduce latency and bus bandwidth."""
+    artifacts: Optional[InitArgs] = None
+    """What training and the engine Job produced: ONNX file, parity error, engine, latency report."""
+    observed_generation: Optional[int] = None
+    """The spec generation this status describes."""
+    accepted_spec: Optional[InitArgs] = None
+    """The spec the job was created with (defaults filled in). The operator runs this spec; later changes to immutable fields are reported in the SpecImmutable condition, not applied."""
+
+

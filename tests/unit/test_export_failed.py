@@ -9,13 +9,9 @@ from typing import Any
 import pytest
 
 from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, contract, immutable_spec
-from dtrain_operator.controller.status import (
-    EXPORT_FAILED,
-    Observed,
-    PodObservation,
-    compute_status,
-    format_time,
-)
+from dtrain_operator.controller.status.compute import compute_status
+from dtrain_operator.controller.status.conditions import EXPORT_FAILED
+from dtrain_operator.core.observation import Observed, PodObservation, format_time
 
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 EARLIER = NOW - timedelta(minutes=10)

@@ -10,19 +10,10 @@ from typing import Any, Optional
 import pytest
 
 from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, contract, immutable_spec
-from dtrain_operator.controller.status import (
-    EngineJobObservation,
-    Observed,
-    PodObservation,
-    compute_status,
-    format_time,
-    invalid_status,
-    observe_engine_job,
-    observe_pod,
-    only_counts_changed,
-    status_events,
-    status_patch,
-)
+from dtrain_operator.controller.status.compute import compute_status, invalid_status
+from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
+from dtrain_operator.controller.status.observe import observe_engine_job, observe_pod
+from dtrain_operator.core.observation import EngineJobObservation, Observed, PodObservation, format_time
 from dtrain_operator.core.plan import plan_children
 
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc)

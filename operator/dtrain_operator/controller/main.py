@@ -22,7 +22,7 @@ from dtrain_operator.controller.kube import KubeClient, RateLimiter, load_config
 from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
 from dtrain_operator.controller.metrics import OperatorMetrics
 from dtrain_operator.controller.reconciler import Controller
-from dtrain_operator.controller.status import Limits
+from dtrain_operator.core.observation import Limits
 
 logger = logging.getLogger(__name__)
 

@@ -47,27 +47,14 @@ from dtrain_operator.controller.kube import (
 )
 from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
 from dtrain_operator.controller.metrics import OperatorMetrics
-from dtrain_operator.controller.status import (
-    EngineJobObservation,
-    JobEvent,
-    Limits,
-    Observed,
-    PodObservation,
-    accepted_job,
-    compute_status,
-    controller_uid,
-    current_gang,
-    invalid_status,
-    observe_engine_job,
-    observe_pod,
-    only_counts_changed,
-    status_events,
-    status_patch,
-    succeeded_ranks,
-    unreadable_status,
-)
+from dtrain_operator.controller.status.compute import compute_status, invalid_status, succeeded_ranks, unreadable_status
+from dtrain_operator.controller.status.events import JobEvent, only_counts_changed, status_events, status_patch
+from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
 from dtrain_operator.core import progress_deadline, render
+from dtrain_operator.core.accepted import accepted_job
+from dtrain_operator.core.gang import current_gang
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
+from dtrain_operator.core.observation import EngineJobObservation, Limits, Observed, PodObservation
 from dtrain_operator.core.plan import Plan, plan_children
 
 logger = logging.getLogger(__name__)

@@ -12,19 +12,15 @@ from datetime import datetime, timedelta
 from typing import Optional
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
-from dtrain_operator.controller.status import (
-    EngineJobObservation,
-    Limits,
-    Observed,
-    PodObservation,
+from dtrain_operator.core import progress_deadline
+from dtrain_operator.core.gang import (
     current_gang,
     engine_pod_awaited,
     image_pull_deadline,
-    parse_time,
     pulling_images,
     stuck_terminating,
 )
-from dtrain_operator.core import progress_deadline
+from dtrain_operator.core.observation import EngineJobObservation, Limits, Observed, PodObservation, parse_time
 from dtrain_operator.core.render import worker_pod_name
 
 # Phases in which the current gang's missing pods are created.

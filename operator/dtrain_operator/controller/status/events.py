@@ -1,0 +1,127 @@
+"""What the operator writes after computing a status: the patch of the fields it owns, and the Events
+that a phase change or a warning condition asks for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Optional
+
+from dtrain_operator.api import (
+    DistributedTrainingStatus,
+)
+from dtrain_operator.controller.status.conditions import (
+    ENGINE_BUILT,
+    FAILED,
+    IMAGE_PULL,
+    PODS_PENDING,
+    PODS_STUCK,
+    RESTARTING,
+    RUNNING,
+    SPEC_IMMUTABLE,
+    STATUS_UNREADABLE,
+    SUCCEEDED,
+    SUSPENDED,
+)
+from dtrain_operator.core import stragglers
+
+# The status fields the operator owns; progress and lastCheckpoint belong to the trainer.
+OWNED_FIELDS = (
+    "phase",
+    "conditions",
+    "nodes",
+    "nodesReady",
+    "restarts",
+    "startTime",
+    "completionTime",
+    "artifacts",
+    "observedGeneration",
+    "acceptedSpec",
+)
+
+
+def _owned(status: Optional[DistributedTrainingStatus]) -> dict[str, Any]:
+    if status is None:
+        return {}
+    wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return {k: wire[k] for k in OWNED_FIELDS if k in wire}
+
+
+def status_patch(
+    previous: Optional[DistributedTrainingStatus], new: DistributedTrainingStatus
+) -> Optional[dict[str, Any]]:
+    """The merge patch of `status` that turns `previous` into `new`, or None when nothing changed."""
+    before, after = _owned(previous), _owned(new)
+    patch: dict[str, Any] = {k: v for k, v in after.items() if before.get(k) != v}
+    patch.update({k: None for k in before if k not in after})
+    if "artifacts" in patch and isinstance(before.get("artifacts"), dict) and patch["artifacts"] is not None:
+        # A merge patch merges maps: keys that disappeared must be nulled explicitly.
+        patch["artifacts"] = {**{k: None for k in before["artifacts"] if k not in after["artifacts"]}, **after["artifacts"]}
+    return patch or None
+
+
+def only_counts_changed(patch: Mapping[str, Any]) -> bool:
+    """True when a status patch changes nothing but node counts (worth batching, not urgent)."""
+    return set(patch) <= {"nodes", "nodesReady"}
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A Kubernetes Event to post on the DistributedTraining."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+    series: bool = False
+    """Repeats of it are one Event with a count and a last-seen time (as Kubernetes' event series), not many."""
+
+
+# Conditions that need the user: a Warning Event each time one turns True or says something new.
+WARNING_CONDITIONS = (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL)
+
+
+_PHASE_CONDITION = {
+    "Running": RUNNING,
+    "Exporting": RUNNING,
+    "Restarting": RESTARTING,
+    "BuildingEngine": ENGINE_BUILT,
+    "Succeeded": SUCCEEDED,
+    "Failed": FAILED,
+    "Suspended": SUSPENDED,
+}
+
+
+def phase_message(status: DistributedTrainingStatus) -> str:
+    """One line that says what the phase means for this job right now."""
+    total = status.nodes.total if status.nodes else 0
+    pulling = next((c for c in status.conditions if c.type == IMAGE_PULL and c.status == "True"), None)
+    if status.phase in ("Pending", "Starting", "Restarting") and pulling is not None:
+        return pulling.message
+    if status.phase == "Pending":
+        return f"waiting for {total} worker pod(s) to be created and scheduled"
+    if status.phase == "Starting":
+        return f"all {total} worker pod(s) are scheduled; their containers are starting"
+    if status.phase == "Exporting":
+        return "rank 0 is exporting the model to ONNX"
+    condition_type = _PHASE_CONDITION.get(status.phase or "")
+    condition = next((c for c in status.conditions if c.type == condition_type), None)
+    return condition.message if condition is not None else ""
+
+
+def status_events(
+    previous: Optional[DistributedTrainingStatus], new: DistributedTrainingStatus
+) -> list[JobEvent]:
+    """Events for what changed: every phase change, and warnings that need the user."""
+    events: list[JobEvent] = []
+    old_phase = previous.phase if previous else None
+    if new.phase != old_phase and new.phase is not None:
+        kind: Literal["Normal", "Warning"] = "Warning" if new.phase in ("Failed", "Restarting") else "Normal"
+        events.append(JobEvent(kind, new.phase, phase_message(new)))
+    before = {c.type: c for c in (previous.conditions if previous else [])}
+    for condition in new.conditions:
+        if condition.type not in (*WARNING_CONDITIONS, stragglers.CONDITION) or condition.status != "True":
+            continue
+        old = before.get(condition.type)
+        if old is None or old.status != "True" or old.message != condition.message:
+            events.append(JobEvent("Warning", condition.type, condition.message, series=True))
+    return events

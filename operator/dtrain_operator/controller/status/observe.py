@@ -1,0 +1,157 @@
+"""A pod or an engine Job as the API server returns it, reduced to what the operator needs
+(core.observation), and the results a container leaves in its termination message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Optional, Sequence
+
+from dtrain_operator.api import (
+    contract,
+)
+from dtrain_operator.core.observation import EngineJobObservation, PodObservation, parse_time
+from dtrain_operator.core.render import ENGINE_CONTAINER, TRAINER_CONTAINER
+
+# Pod-level reasons of a pod that the node or the cluster took away (it did not exit by itself).
+_LOST_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Shutdown", "NodeShutdown", "Terminated"})
+
+
+def _int_label(labels: Mapping[str, str], key: str) -> Optional[int]:
+    try:
+        return int(labels[key])
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def _container_status(statuses: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:
+    for status in statuses:
+        if status.get("name") == name:
+            return status
+    return statuses[0] if statuses else {}
+
+
+def _pending_reason(status: Mapping[str, Any], container: Mapping[str, Any]) -> str:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return _join(condition.get("reason") or "Unschedulable", condition.get("message"))
+    waiting = (container.get("state") or {}).get("waiting")
+    if waiting:
+        return _join(waiting.get("reason") or "Waiting", waiting.get("message"))
+    return "ContainerCreating" if status.get("conditions") else "Unscheduled"
+
+
+def _join(reason: str, message: Optional[str]) -> str:
+    return f"{reason}: {message}" if message else reason
+
+
+def controller_uid(meta: Mapping[str, Any]) -> Optional[str]:
+    """The uid of the object's controlling owner (its ownerReference with controller: true)."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
+    """A pod as the API server returns it, reduced to a PodObservation."""
+    meta = raw.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = raw.get("status") or {}
+    role = labels.get(contract.LABEL_ROLE, "")
+    container = _container_status(
+        status.get("containerStatuses") or [], ENGINE_CONTAINER if role == contract.ROLE_ENGINE else TRAINER_CONTAINER
+    )
+    state = container.get("state") or {}
+    terminated = state.get("terminated") or {}
+    phase = status.get("phase") or "Pending"
+    conditions = status.get("conditions") or []
+    disruption = next(
+        (c for c in conditions if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), None
+    )
+    lost = status.get("reason") in _LOST_POD_REASONS or (phase == "Failed" and disruption is not None)
+    if lost:
+        reason = status.get("reason") or (disruption or {}).get("reason") or "Lost"
+        message = status.get("message") or (disruption or {}).get("message") or ""
+    else:
+        reason = terminated.get("reason") or status.get("reason") or ""
+        message = terminated.get("message") or status.get("message") or ""
+    scheduled = bool((raw.get("spec") or {}).get("nodeName")) or any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions
+    )
+    return PodObservation(
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        resource_version=str(meta.get("resourceVersion", "")),
+        role=role,
+        rank=_int_label(labels, contract.LABEL_NODE_RANK),
+        generation=_int_label(labels, contract.LABEL_GANG_GENERATION),
+        phase=phase,
+        deleting=bool(meta.get("deletionTimestamp")),
+        created_at=parse_time(meta.get("creationTimestamp")),
+        scheduled=scheduled,
+        pending_reason=_pending_reason(status, container) if phase == "Pending" else "",
+        exit_code=None if lost else terminated.get("exitCode"),
+        reason=reason,
+        message=message[-contract.TERMINATION_MESSAGE_MAX_BYTES :],
+        lost=lost,
+        owner_uid=controller_uid(meta),
+        finished_at=parse_time(terminated.get("finishedAt"))
+        or parse_time((disruption or {}).get("lastTransitionTime")),
+        deleted_at=parse_time(meta.get("deletionTimestamp")),
+        waiting_reason=str(((state.get("waiting") or {}).get("reason")) or ""),
+        scheduled_at=next(
+            (
+                parse_time(c.get("lastTransitionTime"))
+                for c in conditions
+                if c.get("type") == "PodScheduled" and c.get("status") == "True"
+            ),
+            None,
+        ),
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+    )
+
+
+def observe_engine_job(raw: Mapping[str, Any]) -> EngineJobObservation:
+    """A batch/v1 Job as the API server returns it, reduced to an EngineJobObservation."""
+    meta = raw.get("metadata") or {}
+    status = raw.get("status") or {}
+    succeeded = failed = False
+    reason = message = ""
+    finished_at = parse_time(status.get("completionTime"))
+    for condition in status.get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") in ("Complete", "SuccessCriteriaMet"):
+            succeeded = True
+        elif condition.get("type") in ("Failed", "FailureTarget"):
+            failed = True
+            reason = condition.get("reason") or "Failed"
+            message = condition.get("message") or ""
+        else:
+            continue
+        finished_at = finished_at or parse_time(condition.get("lastTransitionTime"))
+    return EngineJobObservation(
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        resource_version=str(meta.get("resourceVersion", "")),
+        succeeded=succeeded and not failed,
+        failed=failed,
+        reason=reason,
+        message=message,
+        deleting=bool(meta.get("deletionTimestamp")),
+        owner_uid=controller_uid(meta),
+        finished_at=finished_at,
+    )
+
+
+def termination_results(message: str) -> Optional[dict[str, Any]]:
+    """The JSON object a trainer or engine container left in its termination message, if it is one."""
+    text = message.strip()
+    if not text.startswith("{") or len(text.encode()) > contract.TERMINATION_MESSAGE_MAX_BYTES:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

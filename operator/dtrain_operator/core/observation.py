@@ -1,0 +1,91 @@
+"""What the operator observes of a job's children, as typed values: its pods, its engine Job, and the
+limits on how long it waits on the cluster. Made by controller.status.observe from the API server's objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """The little the operator needs to know about one of a job's pods (worker or engine)."""
+
+    name: str
+    uid: str
+    resource_version: str
+    role: str
+    rank: Optional[int]
+    generation: Optional[int]
+    phase: str
+    deleting: bool = False
+    created_at: Optional[datetime] = None
+    scheduled: bool = False
+    pending_reason: str = ""
+    exit_code: Optional[int] = None
+    reason: str = ""
+    message: str = ""
+    # True when the pod did not exit by itself: evicted, preempted, its node lost.
+    lost: bool = False
+    owner_uid: Optional[str] = None
+    finished_at: Optional[datetime] = None
+    deleted_at: Optional[datetime] = None
+    ready: bool = False
+    waiting_reason: str = ""
+    """The trainer container's waiting reason (ErrImagePull, ImagePullBackOff, ContainerCreating, ...)."""
+    scheduled_at: Optional[datetime] = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long the operator waits on the cluster before it says so and acts (the operator's flags)."""
+
+    stuck_terminating_seconds: float = 150.0
+    """A deleted pod still there this long after its deletion is stuck (its node may be gone)."""
+    image_pull_seconds: float = 300.0
+    """A worker pod that cannot pull its image this long after it was scheduled fails the job (ImagePullFailed)."""
+
+
+@dataclass(frozen=True)
+class EngineJobObservation:
+    """The engine Job: finished or not, and how."""
+
+    name: str
+    uid: str
+    resource_version: str
+    succeeded: bool = False
+    failed: bool = False
+    reason: str = ""
+    message: str = ""
+    deleting: bool = False
+    owner_uid: Optional[str] = None
+    finished_at: Optional[datetime] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.succeeded or self.failed
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything observed about one job's children."""
+
+    workers: tuple[PodObservation, ...] = ()
+    engine_pods: tuple[PodObservation, ...] = ()
+    engine_job: Optional[EngineJobObservation] = None
+
+
+def parse_time(value: Optional[str]) -> Optional[datetime]:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dtrain_operator.controller.kube import ApiError, _retry_after
-from dtrain_operator.controller.reconciler import RETRY_MAX_SECONDS, retry_delay
+from dtrain_operator.controller.workqueue import RETRY_MAX_SECONDS, retry_delay
 
 
 def test_the_backoff_starts_in_milliseconds_and_is_capped():

@@ -21,9 +21,9 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Generic, Hashable, Mapping, Optional, TypeVar, cast
+from typing import Any, Awaitable, Mapping, Optional, cast
 
 import kopf
 from pydantic import ValidationError
@@ -38,6 +38,7 @@ from dtrain_operator.api import (
 )
 from dtrain_operator.api.validation import validate_object
 from dtrain_operator.controller import refusals, trusted
+from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
 from dtrain_operator.controller.kube import (
     ApiError,
     KubeClient,
@@ -50,6 +51,7 @@ from dtrain_operator.controller.metrics import OperatorMetrics
 from dtrain_operator.controller.status.compute import compute_status, invalid_status, succeeded_ranks, unreadable_status
 from dtrain_operator.controller.status.events import JobEvent, only_counts_changed, status_events, status_patch
 from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
+from dtrain_operator.controller.workqueue import WorkQueue
 from dtrain_operator.core import progress_deadline, render
 from dtrain_operator.core.accepted import accepted_job
 from dtrain_operator.core.gang import current_gang
@@ -63,133 +65,10 @@ JobKey = tuple[str, str]
 
 POD_INDEX = "dtrain_pods"
 ENGINE_JOB_INDEX = "dtrain_engine_jobs"
-
-WORKERS = 32
-"""Jobs reconciled at once."""
-RETRY_BASE_SECONDS = 0.005
-RETRY_MAX_SECONDS = 30.0
-"""A failed reconcile is retried after 5 ms, 10 ms, 20 ms, ... up to 30 s (client-go's workqueue
-starts at 5 ms too), and never before the Retry-After the API server asked for."""
-EXPECTATION_TTL_SECONDS = 30.0
-"""How long a write is trusted over a watch that has not shown it (then the watch wins again)."""
 COUNTS_BATCH_SECONDS = 1.0
 EVENT_SERIES_SECONDS = 600.0
 """A Warning that repeats within this long (Kubernetes' event aggregation window) counts up one Event."""
 """A status change of node counts alone waits this long, so that pods starting together share one patch."""
-
-
-K = TypeVar("K", bound=Hashable)
-
-
-class WorkQueue(Generic[K]):
-    """Keys to process, each at most once at a time; a key added while in process runs again after."""
-
-    def __init__(
-        self,
-        process: Callable[[K], Awaitable[Optional[float]]],
-        on_error: Callable[[K, Exception], None],
-        workers: int = WORKERS,
-    ) -> None:
-        self._process = process
-        self._on_error = on_error
-        self._workers = workers
-        self._queue: asyncio.Queue[K] = asyncio.Queue()
-        self._queued: set[K] = set()
-        self._active: set[K] = set()
-        self._dirty: set[K] = set()
-        self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
-        self._failures: dict[K, int] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def __len__(self) -> int:
-        return len(self._queued) + len(self._active)
-
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._work(), name=f"reconciler-{i}") for i in range(self._workers)]
-
-    async def stop(self) -> None:
-        for _, handle in self._timers.values():
-            handle.cancel()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def add(self, key: K, delay: float = 0.0) -> None:
-        if delay > 0:
-            due = time.monotonic() + delay
-            scheduled = self._timers.get(key)
-            if scheduled is not None and scheduled[0] <= due:
-                return
-            if scheduled is not None:
-                scheduled[1].cancel()
-            handle = asyncio.get_running_loop().call_later(delay, self._fire, key)
-            self._timers[key] = (due, handle)
-            return
-        if key in self._active:
-            self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
-
-    def forget(self, key: K) -> None:
-        scheduled = self._timers.pop(key, None)
-        if scheduled is not None:
-            scheduled[1].cancel()
-        self._failures.pop(key, None)
-
-    def _fire(self, key: K) -> None:
-        self._timers.pop(key, None)
-        self.add(key)
-
-    async def _work(self) -> None:
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            self._active.add(key)
-            requeue: Optional[float]
-            try:
-                requeue = await self._process(key)
-                self._failures.pop(key, None)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the others
-                failures = self._failures.get(key, 0) + 1
-                self._failures[key] = failures
-                requeue = retry_delay(failures, exc)
-                self._on_error(key, exc)
-            finally:
-                self._active.discard(key)
-            if key in self._dirty:
-                self._dirty.discard(key)
-                self.add(key)
-            if requeue is not None:
-                self.add(key, requeue)
-
-
-def retry_delay(failures: int, exc: Exception) -> float:
-    """When a reconcile that failed `failures` times in a row runs again."""
-    backoff = min(RETRY_BASE_SECONDS * 2 ** min(failures - 1, 32), RETRY_MAX_SECONDS)
-    retry_after = exc.retry_after if isinstance(exc, ApiError) else None
-    return max(backoff, min(retry_after, RETRY_MAX_SECONDS)) if retry_after is not None else backoff
-
-
-@dataclass
-class _Expectations:
-    """One job's writes that the watch has not shown yet."""
-
-    uid: str
-    created_pods: dict[str, tuple[float, PodObservation]] = field(default_factory=dict)  # by uid
-    deleted_pods: dict[str, tuple[float, bool]] = field(default_factory=dict)  # uid -> (when, known gone)
-    forced_pods: dict[str, float] = field(default_factory=dict)  # uid -> when force-deleted
-    engine_job: Optional[tuple[float, EngineJobObservation]] = None
-    shared_children_for: Optional[int] = None  # gang generation whose Service/ConfigMap are known to exist
-    counts_pending_since: Optional[float] = None
-    conflict_reported: str = ""
-    refusal_reported: str = ""
-    # When the gang last made progress (runPolicy.progressDeadlineSeconds). Kept here, not in the
-    # status: a status write per progress report would double the API writes of every job; an
-    # operator that restarts watches afresh, so a hang is caught one deadline later at worst.
-    progress_watch: Optional[progress_deadline.ProgressWatch] = None
 
 
 class ChildConflict(Exception):
@@ -282,7 +161,7 @@ class Controller:
         self._limiter = RateLimiter(qps, burst)
         self._client: Optional[KubeClient] = None
         self._jobs: dict[JobKey, Mapping[str, Any]] = {}
-        self._expectations: dict[JobKey, _Expectations] = {}
+        self._expectations: dict[JobKey, Expectations] = {}
         self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
         self._event_tasks: dict[JobKey, asyncio.Task[None]] = {}
         # Event series: (job, uid, reason) -> (Event name, count, last seen, monotonic).
@@ -385,13 +264,13 @@ class Controller:
 
     # --- Observation -------------------------------------------------------------------------------
 
-    def _expect(self, key: JobKey, uid: str) -> _Expectations:
+    def _expect(self, key: JobKey, uid: str) -> Expectations:
         expectations = self._expectations.get(key)
         if expectations is None or expectations.uid != uid:
-            expectations = self._expectations[key] = _Expectations(uid=uid)
+            expectations = self._expectations[key] = Expectations(uid=uid)
         return expectations
 
-    def _observe(self, key: JobKey, expectations: _Expectations) -> tuple[Observed, frozenset[str]]:
+    def _observe(self, key: JobKey, expectations: Expectations) -> tuple[Observed, frozenset[str]]:
         """The job's children as the indexes show them, corrected by writes the watch has not shown yet.
 
         Returns the observation and the names of worker pods the job does not own (they block creation).
@@ -538,7 +417,7 @@ class Controller:
         body: Mapping[str, Any],
         previous: Optional[DistributedTrainingStatus],
         new: DistributedTrainingStatus,
-        expectations: _Expectations,
+        expectations: Expectations,
         decided_from: Optional[DistributedTrainingStatus] = None,
     ) -> Optional[float]:
         """Patch the status when it changed (node counts alone: batched), then post the Events.
@@ -632,7 +511,7 @@ class Controller:
             self._series[series_key] = (str((created.get("metadata") or {}).get("name", "")), 1, now)
 
     async def _report_conflict(
-        self, key: JobKey, body: Mapping[str, Any], message: str, expectations: _Expectations
+        self, key: JobKey, body: Mapping[str, Any], message: str, expectations: Expectations
     ) -> None:
         """A Warning Event, once per distinct conflict, so that `kubectl describe` says why nothing starts."""
         if expectations.conflict_reported == message or self._client is None:
@@ -649,7 +528,7 @@ class Controller:
         body: Mapping[str, Any],
         status: DistributedTrainingStatus,
         refusal: refusals.Refusal,
-        expectations: _Expectations,
+        expectations: Expectations,
         state: Optional[trusted.TrustedState],
         observed: Observed,
     ) -> Optional[float]:
@@ -678,7 +557,7 @@ class Controller:
         generation: int,
         plan: Plan,
         blocked: frozenset[str],
-        expectations: _Expectations,
+        expectations: Expectations,
     ) -> None:
         """Deletions first, then creations; every call is safe to repeat."""
         assert self._client is not None
@@ -723,7 +602,7 @@ class Controller:
             await self._delete(contract.API_VERSION, contract.KIND, namespace, name, expectations.uid, "Background")
 
     async def _ensure_shared_children(
-        self, body: Mapping[str, Any], job: DistributedTraining, generation: int, expectations: _Expectations
+        self, body: Mapping[str, Any], job: DistributedTraining, generation: int, expectations: Expectations
     ) -> None:
         """The Service, ConfigMap (and PodGroup) the pods need, known to be this job's before any pod
         is created: a ConfigMap of the same name left by someone else must never configure its trainers.
@@ -759,14 +638,14 @@ class Controller:
             )
         return existing, created
 
-    async def _create_pod(self, pod: dict[str, Any], expectations: _Expectations) -> None:
+    async def _create_pod(self, pod: dict[str, Any], expectations: Expectations) -> None:
         # A 409 then a 404 (the pod went between the two) fails this reconcile: it is retried.
         existing, _ = await self._create_owned(pod, expectations.uid)
         observation = observe_pod(existing)
         expectations.created_pods[observation.uid] = (time.monotonic(), observation)
 
     async def _delete_pod(
-        self, namespace: str, pod: PodObservation, expectations: _Expectations, grace_seconds: Optional[int] = None
+        self, namespace: str, pod: PodObservation, expectations: Expectations, grace_seconds: Optional[int] = None
     ) -> None:
         gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid, grace_seconds=grace_seconds)
         expectations.deleted_pods[pod.uid] = (time.monotonic(), gone)

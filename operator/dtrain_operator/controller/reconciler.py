@@ -21,22 +21,17 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Mapping, Optional, cast
 
 import kopf
-from pydantic import ValidationError
 
 from dtrain_operator.api import (
     DistributedTraining,
-    DistributedTrainingSpec,
     DistributedTrainingStatus,
-    EnvVar,
     contract,
-    with_env_values,
 )
-from dtrain_operator.api.validation import validate_object
 from dtrain_operator.controller import refusals, trusted
 from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
 from dtrain_operator.controller.kube import (
@@ -53,7 +48,7 @@ from dtrain_operator.controller.status.events import JobEvent, only_counts_chang
 from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
 from dtrain_operator.controller.workqueue import WorkQueue
 from dtrain_operator.core import progress_deadline, render
-from dtrain_operator.core.accepted import accepted_job
+from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
 from dtrain_operator.core.gang import current_gang
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
 from dtrain_operator.core.observation import EngineJobObservation, Limits, Observed, PodObservation
@@ -90,49 +85,6 @@ def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
 def _key(body: Mapping[str, Any]) -> JobKey:
     meta = body.get("metadata") or {}
     return meta.get("namespace") or "default", meta.get("name", "")
-
-
-@dataclass(frozen=True)
-class ParsedJob:
-    """A DistributedTraining as the operator can run it, or why it cannot."""
-
-    job: Optional[DistributedTraining]
-    errors: tuple[str, ...] = ()
-    """Validation errors: of the whole object when `job` is None, else of an edit to an accepted job."""
-
-
-def _readable_env(body: Mapping[str, Any]) -> list[EnvVar]:
-    """The env variables of an object whose spec does not validate as a whole, those that do."""
-    readable = []
-    for var in (body.get("spec") or {}).get("env") or []:
-        try:
-            readable.append(EnvVar.model_validate(var))
-        except ValidationError:
-            continue
-    return readable
-
-
-def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> ParsedJob:
-    """Validate the object (not its status). An accepted job whose spec became invalid keeps its accepted spec."""
-    document = {k: v for k, v in body.items() if k != "status"}
-    result = validate_object(document, "")
-    if result.job is not None:
-        return ParsedJob(result.job.model_copy(update={"status": previous}))
-    if previous.accepted_spec is None:
-        return ParsedJob(None, tuple(result.errors))
-    run_policy = dict(previous.accepted_spec.get("runPolicy") or {})
-    raw_policy = ((body.get("spec") or {}).get("runPolicy")) or {}
-    if isinstance(raw_policy.get("suspend"), bool):
-        run_policy["suspend"] = raw_policy["suspend"]
-    try:
-        spec = DistributedTrainingSpec.model_validate({**previous.accepted_spec, "runPolicy": run_policy})
-        spec = with_env_values(spec, _readable_env(body))
-        job = DistributedTraining.model_validate(
-            {"metadata": body.get("metadata") or {}, "spec": spec.to_wire()}
-        ).model_copy(update={"status": previous})
-    except ValidationError:
-        return ParsedJob(None, tuple(result.errors))
-    return ParsedJob(job, tuple(result.errors))
 
 
 class Controller:

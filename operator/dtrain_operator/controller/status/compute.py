@@ -9,8 +9,8 @@ Exporting phase) and never written.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequence
+from datetime import datetime
+from typing import Collection, Literal, Optional, Sequence
 
 from dtrain_operator.api import (
     FINISHED_PHASES,
@@ -19,15 +19,13 @@ from dtrain_operator.api import (
     contract,
     immutable_spec,
 )
+from dtrain_operator.controller.status.after_training import after_training
 from dtrain_operator.controller.status.conditions import (
     CREATED,
-    ENGINE_BUILT,
-    EXPORT_FAILED,
     FAILED,
     IMAGE_PULL,
     PODS_PENDING,
     PODS_STUCK,
-    REASON_ENGINE_BUILD_FAILED,
     REASON_IMAGE_PULL_FAILED,
     REASON_IMMUTABLE_FIELD_CHANGED,
     REASON_INVALID_SPEC,
@@ -38,17 +36,13 @@ from dtrain_operator.controller.status.conditions import (
     SPEC_IMMUTABLE,
     STATUS_UNREADABLE,
     SUSPENDED,
-    TRAINING_SUCCEEDED,
     Conditions,
 )
-from dtrain_operator.controller.status.observe import termination_results
 from dtrain_operator.core import policy, progress_deadline, stragglers
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
 from dtrain_operator.core.gang import (
     current_gang,
-    engine_pod_awaited,
     image_pull_deadline,
-    message_tail,
     node_counts,
     pods_pending_too_long,
     pulling_images,
@@ -56,26 +50,7 @@ from dtrain_operator.core.gang import (
     stuck_terminating,
     worker_failures,
 )
-from dtrain_operator.core.observation import Limits, Observed, PodObservation, format_time, parse_time
-from dtrain_operator.core.render import engine_job_name, worker_pod_name
-
-
-def _engine_message(observed: Observed) -> str:
-    finished = [p for p in observed.engine_pods if p.phase in ("Failed", "Succeeded")]
-    latest = max(finished, key=lambda p: p.created_at or datetime.min.replace(tzinfo=timezone.utc), default=None)
-    if latest is not None and latest.message.strip():
-        return message_tail(latest.message)
-    job = observed.engine_job
-    return job.message if job is not None and job.message else ""
-
-
-def _engine_results(observed: Observed) -> Optional[dict[str, Any]]:
-    for pod in sorted(observed.engine_pods, key=lambda p: p.created_at or datetime.min.replace(tzinfo=timezone.utc)):
-        if pod.phase == "Succeeded":
-            results = termination_results(pod.message)
-            if results is not None:
-                return results
-    return None
+from dtrain_operator.core.observation import Limits, Observed, format_time, parse_time
 
 
 def compute_status(
@@ -216,7 +191,7 @@ def compute_status(
         return finish("Failed", policy.REASON_DEADLINE, policy.deadline_message(spec.run_policy))
 
     if training_done:
-        return _after_training(running_job, status, conditions, gang, observed, finish, now)
+        return after_training(running_job, status, conditions, gang, observed, finish, now)
 
     failures = worker_failures(running_job, gang, gang_started=gang_started, succeeded_ranks=gone_succeeded)
     decision = policy.decide_on_failure(spec.run_policy, failures, status.restarts) if failures else None
@@ -309,50 +284,6 @@ def succeeded_ranks(
     return kept | {rank for rank in seen if rank is not None}
 
 
-def _after_training(
-    job: DistributedTraining,
-    status: DistributedTrainingStatus,
-    conditions: Conditions,
-    gang: Mapping[int, PodObservation],
-    observed: Observed,
-    finish: Callable[[Literal["Succeeded", "Failed"], str, str], DistributedTrainingStatus],
-    now: datetime,
-) -> DistributedTrainingStatus:
-    """Training succeeded (rank 0 exited 0): the engine Job, or success."""
-    spec = job.spec
-    if not conditions.is_true(TRAINING_SUCCEEDED):
-        results = termination_results(gang[0].message) if 0 in gang else None
-        if results:
-            status.artifacts = {**(status.artifacts or {}), **results}
-        conditions.set(TRAINING_SUCCEEDED, True, "TrainerSucceeded", f"{worker_pod_name(job, 0)} exited 0")
-        conditions.clear(PODS_PENDING, "TrainingSucceeded", "training is over")
-    conditions.set(RUNNING, False, "TrainingSucceeded", "training is over")
-    export_error = (status.artifacts or {}).get(contract.RESULTS_KEY_EXPORT_ERROR)
-    if export_error:
-        return _export_failed(job, conditions, str(export_error), finish)
-    if not spec.engine.enabled:
-        return finish("Succeeded", "TrainingSucceeded", "training succeeded (engine.enabled is false)")
-    engine = observed.engine_job
-    name = engine_job_name(job)
-    if engine_pod_awaited(observed, now) is not None:
-        engine = None
-    if engine is not None and engine.succeeded:
-        results = _engine_results(observed)
-        if results:
-            status.artifacts = {**(status.artifacts or {}), **results}
-        conditions.set(ENGINE_BUILT, True, "EngineJobSucceeded", f"Job {name} built the TensorRT engine")
-        return finish("Succeeded", "EngineBuilt", "training succeeded and the engine is built")
-    if engine is not None and engine.failed:
-        detail = _engine_message(observed) or engine.reason
-        message = f"Job {name} failed" + (f": {detail}" if detail else "")
-        conditions.set(ENGINE_BUILT, False, REASON_ENGINE_BUILD_FAILED, message)
-        return finish("Failed", REASON_ENGINE_BUILD_FAILED, message)
-    status.phase = "BuildingEngine"
-    conditions.set(ENGINE_BUILT, False, "EngineBuilding", f"Job {name} is building the TensorRT engine")
-    status.conditions = conditions.items()
-    return status
-
-
 def unreadable_status(
     read: DistributedTrainingStatus, problems: Sequence[str], now: datetime
 ) -> DistributedTrainingStatus:
@@ -372,23 +303,6 @@ def unreadable_status(
     )
     status.conditions = conditions.items()
     return status
-
-
-def _export_failed(
-    job: DistributedTraining,
-    conditions: Conditions,
-    error: str,
-    finish: Callable[[Literal["Succeeded", "Failed"], str, str], DistributedTrainingStatus],
-) -> DistributedTrainingStatus:
-    """Training succeeded and its checkpoints stay; model.onnx does not exist, so no engine can be built.
-
-    No gang restart: training again would end in the same export."""
-    conditions.set(EXPORT_FAILED, True, EXPORT_FAILED, error)
-    if job.spec.engine.enabled:
-        return finish(
-            "Failed", EXPORT_FAILED, f"training succeeded but the ONNX export failed, so no engine is built: {error}"
-        )
-    return finish("Succeeded", "TrainingSucceeded", f"training succeeded; the ONNX export failed: {error}")
 
 
 def invalid_status(

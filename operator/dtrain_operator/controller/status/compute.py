@@ -9,12 +9,14 @@ Exporting phase) and never written.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Collection, Literal, Optional, Sequence
+from typing import Callable, Collection, Literal, Optional, Sequence
 
 from dtrain_operator.api import (
     FINISHED_PHASES,
     DistributedTraining,
+    DistributedTrainingSpec,
     DistributedTrainingStatus,
     contract,
     immutable_spec,
@@ -50,7 +52,293 @@ from dtrain_operator.core.gang import (
     stuck_terminating,
     worker_failures,
 )
-from dtrain_operator.core.observation import Limits, Observed, format_time, parse_time
+from dtrain_operator.core.observation import Limits, Observed, PodObservation, format_time, parse_time
+from dtrain_operator.core.policy import WorkerFailure
+
+
+@dataclass
+class StatusComputation:
+    """What the steps of `compute_status` share: its inputs, the status being built, and what earlier
+    steps found. A step returns the finished status to end the computation, or None to go on."""
+
+    job: DistributedTraining
+    observed: Observed
+    now: datetime
+    spec_errors: Sequence[str]
+    succeeded_ranks: Collection[int]
+    limits: Limits
+    progress_watch: Optional[progress_deadline.ProgressWatch]
+    status: DistributedTrainingStatus
+    conditions: Conditions
+    running_job: DistributedTraining = field(init=False)
+    """The job with the spec it runs (core.accepted), set by the first step."""
+    gang: dict[int, PodObservation] = field(default_factory=dict)
+    previous_phase: str = ""
+    gang_started: bool = False
+    gone_succeeded: set[int] = field(default_factory=set)
+    """Ranks that exited 0 and whose pods are gone since: finished all the same."""
+    training_done: bool = False
+    failures: list[WorkerFailure] = field(default_factory=list)
+
+    @property
+    def spec(self) -> DistributedTrainingSpec:
+        return self.running_job.spec
+
+    @property
+    def total(self) -> int:
+        return self.spec.nodes
+
+    def done(self) -> DistributedTrainingStatus:
+        self.status.conditions = self.conditions.items()
+        return self.status
+
+    def finish(self, phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> DistributedTrainingStatus:
+        status, conditions = self.status, self.conditions
+        status.phase = phase
+        conditions.set(phase, True, reason, message)
+        conditions.clear(RUNNING, "JobFinished", f"the job {phase.lower()}")
+        conditions.clear(RESTARTING, "JobFinished", f"the job {phase.lower()}")
+        status.completion_time = format_time(self.now)
+        self.count_nodes(list(self.gang.values()), active=False)
+        return self.done()
+
+    def count_nodes(self, pods: Sequence[PodObservation], active: bool) -> None:
+        self.status.nodes = node_counts(self.total, pods, active=active, gone_succeeded=len(self.gone_succeeded))
+        self.status.nodes_ready = f"{self.status.nodes.running}/{self.total}"
+
+
+StatusStep = Callable[[StatusComputation], Optional[DistributedTrainingStatus]]
+
+
+def accept_spec(c: StatusComputation) -> None:
+    """Record the spec the job runs at its first status, and say when an edit is not applied."""
+    status = c.status
+    never_accepted = status.accepted_spec is None
+    if never_accepted:
+        status.accepted_spec = immutable_spec(c.job.spec)
+    if never_accepted and status.phase == "Failed":
+        # It failed validation before anything was created (a job the operator accepted always
+        # has an accepted spec); the spec has been fixed since.
+        c.status = status = DistributedTrainingStatus(accepted_spec=immutable_spec(c.job.spec), progress=status.progress)
+        c.conditions = Conditions([], c.now)
+    status.observed_generation = (c.job.metadata.model_extra or {}).get("generation")
+    changed = changed_immutable_fields(c.job.model_copy(update={"status": status}))
+    if changed and status.phase == "Suspended" and all(path.startswith(MUTABLE_WHEN_SUSPENDED) for path in changed):
+        # As for a suspended Kubernetes Job (and Kueue's admission): where its pods will run may change.
+        status.accepted_spec = immutable_spec(c.job.spec)
+        changed = []
+    c.running_job = accepted_job(c.job.model_copy(update={"status": status}))
+    if c.spec_errors:
+        c.conditions.set(
+            SPEC_IMMUTABLE,
+            True,
+            REASON_INVALID_SPEC_CHANGE,
+            f"the changed spec is invalid ({'; '.join(c.spec_errors)}): the job keeps running with the spec it "
+            "was created with. Fix or revert the change",
+        )
+    elif changed:
+        c.conditions.set(
+            SPEC_IMMUTABLE,
+            True,
+            REASON_IMMUTABLE_FIELD_CHANGED,
+            f"{', '.join(changed)} cannot change after the job is created: the job keeps running with the spec it "
+            "was created with. Revert the change, or delete the DistributedTraining and create it again",
+        )
+    else:
+        c.conditions.clear(SPEC_IMMUTABLE, "SpecUnchanged", "the spec matches the one the job was created with")
+    c.conditions.clear(STATUS_UNREADABLE, "StatusRead", "the operator reads the whole status")
+
+
+def keep_finished(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+    """Finished jobs keep their status."""
+    return c.done() if c.status.phase in FINISHED_PHASES else None
+
+
+def report_stuck_pods(c: StatusComputation) -> None:
+    stuck = stuck_terminating(c.observed.workers, c.now, c.limits)
+    if stuck:
+        names = ", ".join(p.name for p in stuck)
+        c.conditions.set(
+            PODS_STUCK,
+            True,
+            "TerminationTimeout",
+            f"{names}: deleted more than {c.limits.stuck_terminating_seconds:g} s ago and still terminating (is the "
+            "node gone?). A new pod cannot take the name of one still there, so the gang waits for them; the "
+            "operator force-deletes those whose node stopped reporting (Ready is not True)",
+        )
+    else:
+        c.conditions.clear(PODS_STUCK, "NoPodStuck", "no worker pod is stuck terminating")
+
+
+def read_gang(c: StatusComputation) -> None:
+    """The current gang's pods, and whether training is over."""
+    gang = current_gang(c.status, c.observed.workers)
+    c.previous_phase = c.status.phase
+    c.gang_started = c.previous_phase in ("Running", "Exporting")
+    if not c.gang_started:
+        # Until the whole gang runs, a pod on its way out is neither part of the gang nor a
+        # failure: the operator deleted it (suspend) or it was deleted before it ran. Its name
+        # is reused once it is gone; whatever it does while it terminates counts for nothing.
+        gang = {rank: p for rank, p in gang.items() if not p.deleting}
+    c.gang = gang
+    c.gone_succeeded = {rank for rank in c.succeeded_ranks if rank not in gang and rank < c.total}
+    # From the phase, not the TrainingSucceeded condition: conditions are shown, never trusted.
+    c.training_done = (
+        c.previous_phase == "BuildingEngine" or 0 in c.gone_succeeded or (0 in gang and gang[0].phase == "Succeeded")
+    )
+
+
+def record_creation(c: StatusComputation) -> None:
+    if c.status.start_time is None:
+        c.status.start_time = format_time(c.now)
+    if c.conditions.get(CREATED) is None:
+        c.conditions.set(
+            CREATED,
+            True,
+            "JobCreated",
+            f"the operator accepted the job and creates its Service, ConfigMap and {c.total} worker pod(s)",
+        )
+
+
+def suspend_or_resume(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+    if c.spec.run_policy.suspend and not c.training_done:
+        c.status.phase = "Suspended"
+        c.conditions.set(
+            SUSPENDED,
+            True,
+            "JobSuspended",
+            "runPolicy.suspend is true: the worker pods are deleted; set it to false to resume from the last checkpoint",
+        )
+        c.conditions.clear(RUNNING, "JobSuspended", "the job is suspended")
+        c.conditions.clear(PODS_PENDING, "JobSuspended", "the job is suspended")
+        c.status.nodes = node_counts(c.total, list(c.gang.values()), active=False)
+        c.status.nodes_ready = f"{c.status.nodes.running}/{c.total}"
+        return c.done()
+    if c.previous_phase == "Suspended":
+        # As for a Kubernetes Job, the deadline counts again from the resume.
+        c.status.start_time = format_time(c.now)
+        c.conditions.set(SUSPENDED, False, "JobResumed", "runPolicy.suspend is false: the gang starts again")
+    return None
+
+
+def enforce_active_deadline(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+    if policy.deadline_exceeded(c.spec.run_policy, parse_time(c.status.start_time), c.now):
+        return c.finish("Failed", policy.REASON_DEADLINE, policy.deadline_message(c.spec.run_policy))
+    return None
+
+
+def finish_training(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+    """Rank 0 exited 0: the export's outcome, then the engine Job."""
+    if not c.training_done:
+        return None
+    return after_training(c.running_job, c.status, c.conditions, c.gang, c.observed, c.finish, c.now)
+
+
+def restart_or_fail(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+    """A failed, lost or vanished worker, or a gang past its progress deadline: core.policy decides."""
+    c.failures = worker_failures(c.running_job, c.gang, gang_started=c.gang_started, succeeded_ranks=c.gone_succeeded)
+    status = c.status
+    decision = policy.decide_on_failure(c.spec.run_policy, c.failures, status.restarts) if c.failures else None
+    if decision is None and c.gang_started:
+        decision = progress_deadline.decide(c.spec.run_policy, c.progress_watch, c.now, status.restarts)
+    if decision is None:
+        return None
+    if not decision.restart:
+        return c.finish("Failed", decision.reason, decision.message)
+    status.restarts += 1
+    status.phase = "Restarting"
+    c.conditions.set(RESTARTING, True, decision.reason, decision.message)
+    c.conditions.set(
+        RUNNING,
+        False,
+        "GangRestarting",
+        "the gang is restarting after a worker failed"
+        if c.failures
+        else "the gang is restarting: it made no progress within runPolicy.progressDeadlineSeconds",
+    )
+    c.conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
+    status.nodes = node_counts(c.total, [], active=True)
+    status.nodes_ready = f"0/{c.total}"
+    return c.done()
+
+
+def watch_image_pulls(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+    pulling = pulling_images(c.gang)
+    if not pulling:
+        c.conditions.clear(IMAGE_PULL, "ImagesPulled", "no worker pod is waiting on an image it cannot pull")
+        return None
+    detail = "; ".join(f"{p.name}: {p.pending_reason}" for p in pulling)
+    deadline = image_pull_deadline(pulling, c.limits)
+    seconds = c.limits.image_pull_seconds
+    if deadline is not None and c.now >= deadline:
+        return c.finish(
+            "Failed", REASON_IMAGE_PULL_FAILED, f"worker pod(s) could not pull their image for {seconds:g} s: {detail}"
+        )
+    c.conditions.set(
+        IMAGE_PULL,
+        True,
+        "ImagePullBackOff",
+        f"ImagePullBackOff: {detail}. The job fails with {REASON_IMAGE_PULL_FAILED} if the image cannot be "
+        f"pulled within {seconds:g} s of scheduling",
+    )
+    return None
+
+
+def set_phase(c: StatusComputation) -> None:
+    """Pending, Starting, Running or Exporting, from the gang's pods."""
+    status, total = c.status, c.total
+    c.count_nodes(list(c.gang.values()), active=True)
+    all_running = status.nodes is not None and status.nodes.running == total
+    if all_running or c.previous_phase in ("Running", "Exporting"):
+        # Once the whole gang ran, ranks that finish early (exit 0) do not make it Starting again.
+        exporting = reported_stage(status.progress, c.gang) == contract.PROGRESS_STAGE_EXPORTING
+        status.phase = "Exporting" if exporting else "Running"
+        c.conditions.set(RUNNING, True, "AllWorkersRunning", f"all {total} worker pod(s) are running")
+        c.conditions.clear(RESTARTING, "GangRunning", f"the restarted gang is running (restart {status.restarts})")
+    elif c.previous_phase == "Restarting":
+        status.phase = "Restarting"
+    elif len(c.gang) == total and all(p.scheduled for p in c.gang.values()):
+        status.phase = "Starting"
+    else:
+        status.phase = "Pending"
+
+
+def report_stragglers(c: StatusComputation) -> None:
+    progress = c.status.progress
+    straggler = stragglers.straggler_message(progress.step_times if progress else None, c.spec.stragglers)
+    if straggler is not None:
+        c.conditions.set(stragglers.CONDITION, True, stragglers.REASON_DETECTED, straggler)
+    elif c.conditions.is_true(stragglers.CONDITION):
+        c.conditions.clear(stragglers.CONDITION, stragglers.REASON_NONE, "no rank is slower than the others now")
+
+
+def report_pending_pods(c: StatusComputation) -> None:
+    too_long = pods_pending_too_long(c.running_job, c.gang, c.now)
+    if too_long:
+        timeout = c.spec.scheduling.gang.schedule_timeout_seconds
+        details = "; ".join(f"{p.name}: {p.pending_reason}" for p in too_long)
+        c.conditions.set(PODS_PENDING, True, "PodsPendingTooLong", f"Pending for more than {timeout} s: {details}")
+    else:
+        c.conditions.clear(PODS_PENDING, "PodsStarted", "no worker pod is Pending beyond the schedule timeout")
+
+
+# The order is the decision: a finished job is kept before anything is looked at, a suspend wins
+# over a deadline, success after training over a late worker failure, a failure over pending pods.
+STATUS_STEPS: tuple[StatusStep, ...] = (
+    accept_spec,
+    keep_finished,
+    report_stuck_pods,
+    read_gang,
+    record_creation,
+    suspend_or_resume,
+    enforce_active_deadline,
+    finish_training,
+    restart_or_fail,
+    watch_image_pulls,
+    set_phase,
+    report_stragglers,
+    report_pending_pods,
+)
 
 
 def compute_status(
@@ -63,7 +351,7 @@ def compute_status(
     limits: Limits = Limits(),
     progress_watch: Optional[progress_deadline.ProgressWatch] = None,
 ) -> DistributedTrainingStatus:
-    """The whole status of a job, from what is observed now.
+    """The whole status of a job, from what is observed now: the STATUS_STEPS in order.
 
     `job` is the object as it is now (its spec may carry rejected changes); the job runs the
     spec recorded in `acceptedSpec` at its first status. `spec_errors` are the validation
@@ -74,199 +362,14 @@ def compute_status(
     Finished jobs keep their status.
     """
     status = (previous or DistributedTrainingStatus()).model_copy(deep=True)
-    conditions = Conditions(status.conditions, now)
-    never_accepted = status.accepted_spec is None
-    if never_accepted:
-        status.accepted_spec = immutable_spec(job.spec)
-    if never_accepted and status.phase == "Failed":
-        # It failed validation before anything was created (a job the operator accepted always
-        # has an accepted spec); the spec has been fixed since.
-        status = DistributedTrainingStatus(accepted_spec=immutable_spec(job.spec), progress=status.progress)
-        conditions = Conditions([], now)
-    status.observed_generation = (job.metadata.model_extra or {}).get("generation")
-    changed = changed_immutable_fields(job.model_copy(update={"status": status}))
-    if changed and status.phase == "Suspended" and all(path.startswith(MUTABLE_WHEN_SUSPENDED) for path in changed):
-        # As for a suspended Kubernetes Job (and Kueue's admission): where its pods will run may change.
-        status.accepted_spec = immutable_spec(job.spec)
-        changed = []
-    running_job = accepted_job(job.model_copy(update={"status": status}))
-    spec = running_job.spec
-
-    if spec_errors:
-        conditions.set(
-            SPEC_IMMUTABLE,
-            True,
-            REASON_INVALID_SPEC_CHANGE,
-            f"the changed spec is invalid ({'; '.join(spec_errors)}): the job keeps running with the spec it "
-            "was created with. Fix or revert the change",
-        )
-    elif changed:
-        conditions.set(
-            SPEC_IMMUTABLE,
-            True,
-            REASON_IMMUTABLE_FIELD_CHANGED,
-            f"{', '.join(changed)} cannot change after the job is created: the job keeps running with the spec it "
-            "was created with. Revert the change, or delete the DistributedTraining and create it again",
-        )
-    else:
-        conditions.clear(SPEC_IMMUTABLE, "SpecUnchanged", "the spec matches the one the job was created with")
-    conditions.clear(STATUS_UNREADABLE, "StatusRead", "the operator reads the whole status")
-
-    if status.phase in FINISHED_PHASES:
-        status.conditions = conditions.items()
-        return status
-
-    stuck = stuck_terminating(observed.workers, now, limits)
-    if stuck:
-        names = ", ".join(p.name for p in stuck)
-        conditions.set(
-            PODS_STUCK,
-            True,
-            "TerminationTimeout",
-            f"{names}: deleted more than {limits.stuck_terminating_seconds:g} s ago and still terminating (is the "
-            "node gone?). A new pod cannot take the name of one still there, so the gang waits for them; the "
-            "operator force-deletes those whose node stopped reporting (Ready is not True)",
-        )
-    else:
-        conditions.clear(PODS_STUCK, "NoPodStuck", "no worker pod is stuck terminating")
-
-    total = spec.nodes
-    gang = current_gang(status, observed.workers)
-    previous_phase = status.phase
-    gang_started = previous_phase in ("Running", "Exporting")
-    if not gang_started:
-        # Until the whole gang runs, a pod on its way out is neither part of the gang nor a
-        # failure: the operator deleted it (suspend) or it was deleted before it ran. Its name
-        # is reused once it is gone; whatever it does while it terminates counts for nothing.
-        gang = {rank: p for rank, p in gang.items() if not p.deleting}
-    # Ranks that exited 0 and whose pods are gone since: finished all the same.
-    gone_succeeded = {rank for rank in succeeded_ranks if rank not in gang and rank < total}
-    # From the phase, not the TrainingSucceeded condition: conditions are shown, never trusted.
-    training_done = (
-        previous_phase == "BuildingEngine" or 0 in gone_succeeded or (0 in gang and gang[0].phase == "Succeeded")
+    computation = StatusComputation(
+        job, observed, now, spec_errors, succeeded_ranks, limits, progress_watch, status, Conditions(status.conditions, now)
     )
-
-    def finish(phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> DistributedTrainingStatus:
-        status.phase = phase
-        conditions.set(phase, True, reason, message)
-        conditions.clear(RUNNING, "JobFinished", f"the job {phase.lower()}")
-        conditions.clear(RESTARTING, "JobFinished", f"the job {phase.lower()}")
-        status.completion_time = format_time(now)
-        status.nodes = node_counts(total, list(gang.values()), active=False, gone_succeeded=len(gone_succeeded))
-        status.nodes_ready = f"{status.nodes.running}/{total}"
-        status.conditions = conditions.items()
-        return status
-
-    if status.start_time is None:
-        status.start_time = format_time(now)
-    if conditions.get(CREATED) is None:
-        conditions.set(
-            CREATED,
-            True,
-            "JobCreated",
-            f"the operator accepted the job and creates its Service, ConfigMap and {total} worker pod(s)",
-        )
-
-    if spec.run_policy.suspend and not training_done:
-        status.phase = "Suspended"
-        conditions.set(
-            SUSPENDED,
-            True,
-            "JobSuspended",
-            "runPolicy.suspend is true: the worker pods are deleted; set it to false to resume from the last checkpoint",
-        )
-        conditions.clear(RUNNING, "JobSuspended", "the job is suspended")
-        conditions.clear(PODS_PENDING, "JobSuspended", "the job is suspended")
-        status.nodes = node_counts(total, list(gang.values()), active=False)
-        status.nodes_ready = f"{status.nodes.running}/{total}"
-        status.conditions = conditions.items()
-        return status
-    if previous_phase == "Suspended":
-        # As for a Kubernetes Job, the deadline counts again from the resume.
-        status.start_time = format_time(now)
-        conditions.set(SUSPENDED, False, "JobResumed", "runPolicy.suspend is false: the gang starts again")
-
-    started = parse_time(status.start_time)
-    if policy.deadline_exceeded(spec.run_policy, started, now):
-        return finish("Failed", policy.REASON_DEADLINE, policy.deadline_message(spec.run_policy))
-
-    if training_done:
-        return after_training(running_job, status, conditions, gang, observed, finish, now)
-
-    failures = worker_failures(running_job, gang, gang_started=gang_started, succeeded_ranks=gone_succeeded)
-    decision = policy.decide_on_failure(spec.run_policy, failures, status.restarts) if failures else None
-    if decision is None and gang_started:
-        decision = progress_deadline.decide(spec.run_policy, progress_watch, now, status.restarts)
-    if decision is not None:
-        if not decision.restart:
-            return finish("Failed", decision.reason, decision.message)
-        status.restarts += 1
-        status.phase = "Restarting"
-        conditions.set(RESTARTING, True, decision.reason, decision.message)
-        conditions.set(
-            RUNNING,
-            False,
-            "GangRestarting",
-            "the gang is restarting after a worker failed"
-            if failures
-            else "the gang is restarting: it made no progress within runPolicy.progressDeadlineSeconds",
-        )
-        conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
-        status.nodes = node_counts(total, [], active=True)
-        status.nodes_ready = f"0/{total}"
-        status.conditions = conditions.items()
-        return status
-
-    pulling = pulling_images(gang)
-    if pulling:
-        detail = "; ".join(f"{p.name}: {p.pending_reason}" for p in pulling)
-        deadline = image_pull_deadline(pulling, limits)
-        if deadline is not None and now >= deadline:
-            return finish(
-                "Failed",
-                REASON_IMAGE_PULL_FAILED,
-                f"worker pod(s) could not pull their image for {limits.image_pull_seconds:g} s: {detail}",
-            )
-        conditions.set(
-            IMAGE_PULL,
-            True,
-            "ImagePullBackOff",
-            f"ImagePullBackOff: {detail}. The job fails with {REASON_IMAGE_PULL_FAILED} if the image cannot be "
-            f"pulled within {limits.image_pull_seconds:g} s of scheduling",
-        )
-    else:
-        conditions.clear(IMAGE_PULL, "ImagesPulled", "no worker pod is waiting on an image it cannot pull")
-
-    status.nodes = node_counts(total, list(gang.values()), active=True, gone_succeeded=len(gone_succeeded))
-    status.nodes_ready = f"{status.nodes.running}/{total}"
-    all_running = status.nodes.running == total
-    if all_running or previous_phase in ("Running", "Exporting"):
-        # Once the whole gang ran, ranks that finish early (exit 0) do not make it Starting again.
-        exporting = reported_stage(status.progress, gang) == contract.PROGRESS_STAGE_EXPORTING
-        status.phase = "Exporting" if exporting else "Running"
-        conditions.set(RUNNING, True, "AllWorkersRunning", f"all {total} worker pod(s) are running")
-        conditions.clear(RESTARTING, "GangRunning", f"the restarted gang is running (restart {status.restarts})")
-    elif previous_phase == "Restarting":
-        status.phase = "Restarting"
-    elif len(gang) == total and all(p.scheduled for p in gang.values()):
-        status.phase = "Starting"
-    else:
-        status.phase = "Pending"
-
-    straggler = stragglers.straggler_message(status.progress.step_times if status.progress else None, spec.stragglers)
-    if straggler is not None:
-        conditions.set(stragglers.CONDITION, True, stragglers.REASON_DETECTED, straggler)
-    elif conditions.is_true(stragglers.CONDITION):
-        conditions.clear(stragglers.CONDITION, stragglers.REASON_NONE, "no rank is slower than the others now")
-    too_long = pods_pending_too_long(running_job, gang, now)
-    if too_long:
-        timeout = spec.scheduling.gang.schedule_timeout_seconds
-        details = "; ".join(f"{p.name}: {p.pending_reason}" for p in too_long)
-        conditions.set(PODS_PENDING, True, "PodsPendingTooLong", f"Pending for more than {timeout} s: {details}")
-    else:
-        conditions.clear(PODS_PENDING, "PodsStarted", "no worker pod is Pending beyond the schedule timeout")
-    status.conditions = conditions.items()
-    return status
+    for step in STATUS_STEPS:
+        finished = step(computation)
+        if finished is not None:
+            return finished
+    return computation.done()
 
 
 def succeeded_ranks(

@@ -1,5 +1,7 @@
 """Which spec a job runs: the spec accepted at its creation, with today's values of the fields that may
-change. The one place that decides it.
+change. The one place that decides it, for the reconciler (`parse_job`) and the status (`accepted_job`,
+`changed_immutable_fields`); which fields may change is the API's (api.MUTABLE_RUN_POLICY_FIELDS, also
+enforced by the CRD's rules), and what the accepted copy records is api.immutable_spec.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any, Mapping, Optional
 from pydantic import ValidationError
 
 from dtrain_operator.api import (
+    MUTABLE_RUN_POLICY_FIELDS,
     DistributedTraining,
     DistributedTrainingSpec,
     DistributedTrainingStatus,
@@ -23,23 +26,33 @@ from dtrain_operator.api.validation import validate_object
 MUTABLE_WHEN_SUSPENDED = ("spec.scheduling.",)
 
 
+def running_spec(
+    accepted: Mapping[str, Any], run_policy: Mapping[str, Any], env: list[EnvVar]
+) -> Optional[DistributedTrainingSpec]:
+    """The accepted spec with the mutable runPolicy fields taken from `run_policy` (wire names) and the
+    env values from `env`; None when the recorded spec no longer validates (e.g. after an operator
+    upgrade tightened a rule)."""
+    mutable = {key: value for key, value in run_policy.items() if key in MUTABLE_RUN_POLICY_FIELDS}
+    try:
+        spec = DistributedTrainingSpec.model_validate(
+            {**accepted, "runPolicy": {**(accepted.get("runPolicy") or {}), **mutable}}
+        )
+    except ValidationError:
+        return None
+    return with_env_values(spec, env)
+
+
 def accepted_job(job: DistributedTraining) -> DistributedTraining:
     """The job as the operator runs it: the spec accepted at creation, with today's mutable fields.
 
-    Before the first status is written (or when the recorded spec no longer validates, e.g.
-    after an operator upgrade tightened a rule), that is the object's own spec.
+    Before the first status is written (or when the recorded spec no longer validates), that is
+    the object's own spec.
     """
     accepted = job.status.accepted_spec if job.status else None
     if not accepted:
         return job
-    run_policy = dict(accepted.get("runPolicy") or {})
-    run_policy["suspend"] = job.spec.run_policy.suspend
-    run_policy["ttlSecondsAfterFinished"] = job.spec.run_policy.ttl_seconds_after_finished
-    try:
-        spec = DistributedTrainingSpec.model_validate({**accepted, "runPolicy": run_policy})
-    except ValidationError:
-        return job
-    return job.model_copy(update={"spec": with_env_values(spec, job.spec.env)})
+    spec = running_spec(accepted, job.spec.run_policy.model_dump(by_alias=True, mode="json"), job.spec.env)
+    return job if spec is None else job.model_copy(update={"spec": spec})
 
 
 def _changed_paths(old: Any, new: Any, prefix: str) -> list[str]:
@@ -87,16 +100,14 @@ def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> P
         return ParsedJob(result.job.model_copy(update={"status": previous}))
     if previous.accepted_spec is None:
         return ParsedJob(None, tuple(result.errors))
-    run_policy = dict(previous.accepted_spec.get("runPolicy") or {})
+    # Of an edit that does not validate, only a well-formed suspend is taken: it stops the job.
     raw_policy = ((body.get("spec") or {}).get("runPolicy")) or {}
-    if isinstance(raw_policy.get("suspend"), bool):
-        run_policy["suspend"] = raw_policy["suspend"]
+    suspend = {"suspend": raw_policy["suspend"]} if isinstance(raw_policy.get("suspend"), bool) else {}
+    spec = running_spec(previous.accepted_spec, suspend, _readable_env(body))
+    if spec is None:
+        return ParsedJob(None, tuple(result.errors))
     try:
-        spec = DistributedTrainingSpec.model_validate({**previous.accepted_spec, "runPolicy": run_policy})
-        spec = with_env_values(spec, _readable_env(body))
-        job = DistributedTraining.model_validate(
-            {"metadata": body.get("metadata") or {}, "spec": spec.to_wire()}
-        ).model_copy(update={"status": previous})
+        job = DistributedTraining.model_validate({"metadata": body.get("metadata") or {}, "spec": spec.to_wire()})
     except ValidationError:
         return ParsedJob(None, tuple(result.errors))
-    return ParsedJob(job, tuple(result.errors))
+    return ParsedJob(job.model_copy(update={"status": previous}), tuple(result.errors))

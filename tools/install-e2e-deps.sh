@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Install what `make e2e` needs from Debian's packages: ip (iproute2) for network namespaces,
-# veth pairs and the bridge; unshare, mount and umount (util-linux, mount) for each pod's PID,
-# mount and UTS namespaces; openssl for the test API server's certificate. Nothing is done when
+# veth pairs and the bridge, tc (iproute2) for a slowed link (netem); unshare, mount and umount
+# (util-linux, mount) for each pod's PID, mount and UTS namespaces; openssl for the test API server's certificate. Nothing is done when
 # every command is already there. Needs root (the e2e itself does too).
 set -euo pipefail
 
-declare -A PACKAGE=([ip]=iproute2 [unshare]=util-linux [mount]=mount [umount]=mount [openssl]=openssl)
+declare -A PACKAGE=([ip]=iproute2 [tc]=iproute2 [unshare]=util-linux [mount]=mount [umount]=mount [openssl]=openssl)
 missing=()
 for command in "${!PACKAGE[@]}"; do
   command -v "$command" >/dev/null 2>&1 || missing+=("${PACKAGE[$command]}")

@@ -70,6 +70,8 @@ LOG_TAIL_BYTES = 2048
 PODINIT = Path(__file__).with_name("podinit.py")
 SYNC_SECONDS = 0.1
 API_PORT = 6443
+# The one node this kubelet is: what the downward API gives for spec.nodeName.
+NODE_NAME = "e2e-node"
 # Graceful deletion, as the API server does it for pods: the emulator removes an object at once on
 # DELETE unless it has finalizers, so the kubelet puts this one on every pod it runs. A DELETE then
 # only sets deletionTimestamp; the pod stays, terminating, until its processes are gone and the
@@ -432,7 +434,7 @@ class Kubelet:
             "metadata.name": meta["name"],
             "metadata.namespace": meta["namespace"],
             "metadata.uid": meta["uid"],
-            "spec.nodeName": "e2e-node",
+            "spec.nodeName": NODE_NAME,
             "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
             "status.podIP": running.net.address if running.net else "",
             "status.hostIP": network.NODE_ADDRESS,

@@ -65,7 +65,7 @@ def probe() -> None:
     """Fail with what is missing when network namespaces, veth pairs or bridges do not work here."""
     if os.geteuid() != 0:
         raise NetworkError("the e2e needs root (network namespaces, bind mounts): run it as root, as CI does")
-    for tool in ("ip", "unshare", "mount"):
+    for tool in ("ip", "tc", "unshare", "mount"):
         if shutil.which(tool) is None:
             raise NetworkError(f"`{tool}` is not installed (apt-get install iproute2 util-linux mount)")
     name = f"{PREFIX}probe"
@@ -150,6 +150,18 @@ class PodNetwork:
     def link(self, up: bool) -> None:
         """The pod's link up or down (a cut cable, a dead switch port)."""
         ip("-n", self.netns, "link", "set", POD_INTERFACE, "up" if up else "down")
+
+    def throttle(self, megabits_per_second: int) -> None:
+        """The pod sends at most this fast (a NIC that came up at a lower speed): a token bucket (`tc tbf`)
+        on its eth0, with a queue long enough that the link is slow but loses nothing. (tbf, not netem's
+        delay: kernels built without sch_netem, as some VMs' are, still have tbf.)"""
+        result = subprocess.run(
+            ["ip", "netns", "exec", self.netns, "tc", "qdisc", "replace", "dev", POD_INTERFACE, "root", "tbf",
+             "rate", f"{megabits_per_second}mbit", "burst", "256kb", "limit", "16mb"],
+            capture_output=True, text=True, timeout=30)
+        if result.returncode != 0:
+            raise NetworkError(f"tc tbf on {self.netns}'s {POD_INTERFACE}: {result.stderr.strip()} "
+                               "(tc is in iproute2; tbf needs the kernel's sch_tbf)")
 
     def delete(self) -> None:
         ip("netns", "del", self.netns, check=False)  # the veth pair goes with it

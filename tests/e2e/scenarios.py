@@ -20,7 +20,7 @@ from dtrain_operator.api import contract
 
 from . import network
 from .bench import RELEASE_NAMESPACE, Bench
-from .kubelet import PODS
+from .kubelet import NODE_NAME, PODS
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
@@ -258,6 +258,46 @@ async def scenario_hang(bench: Bench, figures: Figures) -> None:
         figures.add("pre-flight per gang start (s)", float(preflight["seconds"]))
 
 
+async def scenario_straggler(bench: Bench, figures: Figures) -> None:
+    """One pod's link slowed (tc tbf on its eth0): the Straggler condition and Warning Event name that pod."""
+    name = "e2e-slow"
+    nodes, slowed_rank, rate_mbit = 3, 1, 1000
+    # Three ranks: a rank's link time is its two ring neighbours' fetches from it, so a slow one stands
+    # out from its neighbours (of two ranks, a link slow both ways cannot be told from its peer's).
+    job = small_job(name, nodes=nodes, stragglers={"everyNSteps": 2, "factor": 1.5, "window": 3})
+    slowed = f"{name}-{slowed_rank}"
+    async with bench.watching(NS, name):
+        await bench.cluster.apply(job)
+        # Four comparisons of healthy links first: none may name a straggler.
+        await until(lambda: progress_step(bench, name) >= 8, f"{name}: training", bench)
+        before = (status(bench, name).get("progress") or {}).get("stepTimes")
+        early = [e["message"] for e in bench.cluster.events(NS, name) if e["reason"] == "Straggler"]
+        assert not early, f"a straggler named before any link was slowed: {early}; stepTimes {before}"
+        bench.kubelet.running(NS, slowed).net.throttle(rate_mbit)
+        applied = time.monotonic()
+        reports: list[Any] = []
+
+        def straggler_event() -> Optional[dict[str, Any]]:
+            times = (status(bench, name).get("progress") or {}).get("stepTimes")
+            if times and times != (reports[-1] if reports else None):  # each comparison rank 0 reports, in the log
+                reports.append(times)
+                print(f"stepTimes: {json.dumps(times)}", flush=True)
+            return next((e for e in bench.cluster.events(NS, name) if e["reason"] == "Straggler"), None)
+
+        event = await until(straggler_event, f"{name}: a Straggler Warning Event", bench, 120)
+        detected = time.monotonic()
+        condition = bench.cluster.condition(NS, name, "Straggler") or {}
+        await bench.cluster.delete(f"/apis/{contract.API_VERSION}/namespaces/{NS}/{contract.PLURAL}/{name}")
+        await until(lambda: not bench.kubelet.processes(NS, f"{name}-"), f"{name}: every pod process stopped", bench, 60)
+    others = [f"{name}-{rank}" for rank in range(nodes) if rank != slowed_rank]
+    assert event["type"] == "Warning", event
+    assert f"(pod {slowed} on node {NODE_NAME})" in event["message"], event["message"]
+    assert not any(other in event["message"] for other in others), event["message"]
+    assert condition.get("status") == "True" and f"pod {slowed} " in condition.get("message", ""), condition
+    assert "its link time" in event["message"], event["message"]
+    figures.add(f"link slowed (to {rate_mbit} Mbit/s) → straggler Event (s)", detected - applied)
+
+
 async def scenario_wrong_interface(bench: Bench, figures: Figures) -> None:
     """nccl.socketIfname names an interface the pods lack: the job fails in pre-flight, not in a hang."""
     name = "e2e-iface"
@@ -371,6 +411,7 @@ SCENARIOS: list[tuple[str, str, Callable[[Bench, Figures], Awaitable[None]]]] = 
     ("worker-kill", "worker SIGKILL → gang restart → resume at the checkpoint", scenario_worker_killed),
     ("network-cut", "network cut → restart within the collective timeout", scenario_network_cut),
     ("hang", "a hang (link cut, long collective timeout) → progress deadline → gang restart", scenario_hang),
+    ("straggler", "one pod's link slowed (tc tbf) → the straggler Event names that pod", scenario_straggler),
     ("wrong-interface", "a wrong nccl.socketIfname → the job fails in pre-flight", scenario_wrong_interface),
     ("operator-kill", "operator SIGKILL and restart", scenario_operator_killed),
     ("suspend", "suspend and resume", scenario_suspend_resume),

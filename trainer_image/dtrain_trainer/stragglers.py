@@ -1,23 +1,35 @@
-"""Straggler detection: every few steps, each rank's step time is gathered and rank 0 names the slowest.
+"""Straggler detection: every few steps, each rank's step time and link time are gathered and rank 0 names the slowest.
 
 In DDP every rank waits for the slowest in the gradient all-reduce, so wall time per step is the
-same everywhere and says nothing about who is slow. What differs is the time a rank spends on a
-step *before* any collective: from `on_train_batch_start` (its batch loaded and on its device) to
-the start of its backward pass, the forward and the loss, measured here on every rank. (Loading the
-batch is not in it: Lightning broadcasts a SIGTERM flag from rank 0 before each fetch, a collective
-at which fast ranks wait for slow ones, and no hook lies between the two.) Every spec.stragglers.everyNSteps
-optimizer steps the ranks all-gather their mean of it (one number each: a few bytes on gloo or
-NCCL); rank 0 takes the median and the slowest rank, counts the comparisons in a row in which the
-same rank was slower than `factor` times the median, and marks it a straggler once that count
-reaches `window`. Rank 0 puts the result in its progress records (status.progress.stepTimes, with
-the slowest rank's pod and node from the downward API) and sends one at once when a straggler is
-first marked, so that the operator's Straggler condition and Warning Event follow within seconds.
-Nothing is restarted.
-"""
+same everywhere and says nothing about who is slow. Two things differ, and each is measured on
+every rank:
 
+- **step**: the time a rank spends on a step *before* any collective: from `on_train_batch_start`
+  (its batch loaded and on its device) to the start of its backward pass, the forward and the
+  loss. A slow GPU or CPU shows here. (Loading the batch is not in it: Lightning broadcasts a
+  SIGTERM flag from rank 0 before each fetch, a collective at which fast ranks wait for slow ones,
+  and no hook lies between the two.)
+- **link**: how fast a rank sends. A slow link slows every rank's all-reduce alike, so no time
+  inside a collective can name it; instead, at each comparison the ranks of each pair of ring
+  neighbours fetch `LINK_PROBE_BYTES` from each other (point-to-point, after a handshake that
+  waits for both to be there, the best of `LINK_PROBE_REPEATS`), and a rank's link time is the
+  faster of its two neighbours' fetches from it: only a rank whose own link is slow is slow in
+  both, a neighbour of it only in one. A link time under `LINK_SLOW_FLOOR_SECONDS` is never slow. With 2 ranks both fetches go over the same pair of links,
+  so a link that is slow in both directions cannot be told from its peer's; one slow to send can.
+
+Every spec.stragglers.everyNSteps optimizer steps the ranks probe their links and all-gather
+their mean step time and link times (three numbers each: a few bytes on gloo or NCCL); rank 0
+compares each measure on its own: the median and the slowest rank, the comparisons in a row in
+which the same rank was slower than `factor` times the median, a straggler once that count
+reaches `window`. Rank 0 puts the comparison that names a straggler (else the step times) in its
+progress records (status.progress.stepTimes, with the slowest rank's pod and node from the
+downward API) and sends one at once when a straggler is first marked, so that the operator's
+Straggler condition and Warning Event follow within seconds. Nothing is restarted.
+"""
 from __future__ import annotations
 
 import functools
+import math
 import os
 import socket
 import statistics
@@ -30,15 +42,26 @@ import torch
 import torch.distributed as dist
 
 from dtrain_operator.api import StragglerSettings, contract
+from dtrain_operator.core.stragglers import LINK_PROBE_BYTES
 from dtrain_trainer import flavor
 
+# The best of a few fetches: a process descheduled once on a busy machine only adds time.
+LINK_PROBE_REPEATS = 3
+# A link time under this is never slow, whatever its ratio to the median: LINK_PROBE_BYTES in 5 ms is
+# 13 Gb/s, and below it, on a busy machine, the time is the scheduler's more than the link's.
+LINK_SLOW_FLOOR_SECONDS = 0.005
+STEP, LINK = "step", "link"
 
-def compare(seconds: list[float], factor: float, previous: Mapping[str, Any] | None, window: int) -> dict[str, Any]:
-    """The comparison of one gathering (rank by rank seconds), continuing the count of `previous`."""
+
+def compare(
+    seconds: list[float], factor: float, previous: Mapping[str, Any] | None, window: int, floor: float = 0.0
+) -> dict[str, Any]:
+    """The comparison of one gathering (rank by rank seconds), continuing the count of `previous`; the
+    slowest rank is slow when over `factor` times the median and over `floor` seconds."""
     median = statistics.median(seconds)
     slowest = max(range(len(seconds)), key=lambda r: seconds[r])
     ratio = seconds[slowest] / median if median > 0 else 1.0
-    slow = ratio > factor
+    slow = ratio > factor and seconds[slowest] > floor
     earlier = previous or {}
     same = earlier.get("slowestRank") == slowest
     checks = (int(earlier.get("slowChecks") or 0) + 1 if same else 1) if slow else 0
@@ -52,8 +75,86 @@ def compare(seconds: list[float], factor: float, previous: Mapping[str, Any] | N
     }
 
 
+def ring_pairs(world_size: int) -> list[tuple[int, int, int]]:
+    """The ring's neighbour pairs (r, r+1) with the round each is probed in: within a round no rank is
+    in two pairs, so blocking point-to-point exchanges cannot deadlock (two rounds around an even
+    ring, three around an odd one). Two ranks are one pair."""
+    if world_size < 2:
+        return []
+    if world_size == 2:
+        return [(0, 1, 0)]
+    odd = world_size % 2 == 1
+    return [(r, (r + 1) % world_size, 2 if odd and r == world_size - 1 else r % 2) for r in range(world_size)]
+
+
+def link_seconds(fetched_from_left: list[float], fetched_from_right: list[float]) -> list[float]:
+    """Each rank's link time from what every rank measured: rank r fetched from its left neighbour in
+    `fetched_from_left[r]` seconds and from its right one in `fetched_from_right[r]` (NaN: not
+    measured). A rank's link time is the faster of its neighbours' fetches from it."""
+    world = len(fetched_from_left)
+    times = []
+    for rank in range(world):
+        of_rank = [fetched_from_right[(rank - 1) % world], fetched_from_left[(rank + 1) % world]]
+        measured = [t for t in of_rank if not math.isnan(t)]
+        times.append(min(measured) if measured else 0.0)
+    return times
+
+
+def reported(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """The comparison rank 0 reports: the one that names a straggler, else the one closest to naming
+    one; the step times on a tie."""
+    return max(results.values(), key=lambda r: (r["straggler"], r["slowChecks"], r["measure"] == STEP))
+
+
+def _received(tensor: torch.Tensor) -> None:
+    """Wait until a receive into `tensor` has landed: on NCCL, recv returns once queued on the stream."""
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+
+
+def _fetch_from(peer: int, token: torch.Tensor, payload: torch.Tensor) -> float:
+    """Seconds to fetch `payload` from `peer` (the best of LINK_PROBE_REPEATS); `peer` runs _serve_to."""
+    best = float("inf")
+    for _ in range(LINK_PROBE_REPEATS):
+        dist.send(token, peer)
+        dist.recv(token, peer)  # a handshake: both are here, and what the link still held has drained
+        _received(token)
+        start = time.perf_counter()
+        dist.send(token, peer)
+        dist.recv(payload, peer)
+        _received(payload)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _serve_to(peer: int, token: torch.Tensor, payload: torch.Tensor) -> None:
+    """The other side of _fetch_from: answer the handshake, then send `payload` when asked."""
+    for _ in range(LINK_PROBE_REPEATS):
+        dist.recv(token, peer)
+        dist.send(token, peer)
+        dist.recv(token, peer)
+        dist.send(payload, peer)
+
+
+def probe_links(rank: int, world_size: int, device: torch.device) -> tuple[float, float]:
+    """(seconds to fetch LINK_PROBE_BYTES from the left neighbour, from the right one; NaN where not
+    measured), exchanged with both ring neighbours on the default process group. Every rank calls it
+    at the same step."""
+    token = torch.zeros(1, dtype=torch.float32, device=device)
+    payload = torch.zeros(LINK_PROBE_BYTES // 4, dtype=torch.float32, device=device)
+    from_left = from_right = float("nan")
+    for _, low, high in sorted((round_, low, high) for low, high, round_ in ring_pairs(world_size)):
+        if rank == low:  # low fetches from high (its right neighbour), then high from low
+            from_right = _fetch_from(high, token, payload)
+            _serve_to(high, token, payload)
+        elif rank == high:
+            _serve_to(low, token, payload)
+            from_left = _fetch_from(low, token, payload)
+    return from_left, from_right
+
+
 class _StragglerBehaviour:
-    """Times each rank's step before its backward pass and compares the ranks every few steps."""
+    """Times each rank's step before its backward pass, probes its link, and compares the ranks every few steps."""
 
     def __init__(
         self,
@@ -68,6 +169,8 @@ class _StragglerBehaviour:
                          env.get(contract.ENV_NODE_NAME))
         self.identities: list[Any] = []
         self.latest: dict[str, Any] | None = None
+        # The latest comparison of each measure (step, link), whose counts the next one continues.
+        self._compared: dict[str, dict[str, Any]] = {}
         self._mark: float | None = None
         self._sum = 0.0
         self._count = 0
@@ -104,13 +207,21 @@ class _StragglerBehaviour:
         mine = self._sum / self._count if self._count else 0.0
         self._sum, self._count = 0.0, 0
         device = pl_module.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        local = torch.tensor([mine], dtype=torch.float64, device=device)
+        from_left, from_right = probe_links(trainer.global_rank, trainer.world_size, device)
+        local = torch.tensor([mine, from_left, from_right], dtype=torch.float64, device=device)
         parts = [torch.zeros_like(local) for _ in range(trainer.world_size)]
         dist.all_gather(parts, local)
         if not trainer.is_global_zero:
             return
-        seconds = [float(p.item()) for p in parts]
-        result = compare(seconds, self.settings.factor, self.latest, self.settings.window)
+        rows = [[float(x) for x in p.tolist()] for p in parts]
+        measures = {STEP: ([r[0] for r in rows], 0.0),
+                    LINK: (link_seconds([r[1] for r in rows], [r[2] for r in rows]), LINK_SLOW_FLOOR_SECONDS)}
+        self._compared = {
+            measure: {**compare(seconds, self.settings.factor, self._compared.get(measure), self.settings.window, floor),
+                      "measure": measure}
+            for measure, (seconds, floor) in measures.items()
+        }
+        result = reported(self._compared)
         pod, node = (self.identities[result["slowestRank"]] if self.identities else (None, None))
         result = {"step": step, **result, "slowestPod": pod, "slowestNode": node}
         newly = result["straggler"] and not (self.latest or {}).get("straggler")

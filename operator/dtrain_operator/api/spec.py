@@ -164,12 +164,12 @@ class NcclSettings(ApiModel):
 
 
 class StragglerSettings(ApiModel):
-    """Straggler detection: every rank's step time, compared every few steps (no restart)."""
+    """Straggler detection: every rank's step time and link speed, compared every few steps (no restart)."""
 
     every_n_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 50
-    """Gather every rank's step time every this many optimizer steps (a one-number all-gather per rank); 0 turns detection off."""
+    """Compare the ranks every this many optimizer steps (each rank fetches 8 MiB from each ring neighbour, best of 3, and all-gathers three numbers); 0 turns detection off."""
     factor: Annotated[float, Field(ge=1.05, le=100)] = 1.5
-    """A rank whose step time exceeds this many times the median of all ranks is slow."""
+    """A rank whose step time (forward and loss) or link time (8 MiB fetched from it; never under 5 ms) exceeds this many times the median of all ranks is slow."""
     window: Annotated[int, Field(ge=1, le=1000)] = 3
     """Consecutive comparisons a rank must be slow in before it is reported (a Warning Event and the Straggler condition, naming its pod and node)."""
 

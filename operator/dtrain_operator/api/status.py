@@ -46,10 +46,12 @@ class NodeCounts(StatusModel):
 
 
 class StepTimes(StatusModel):
-    """Step times of all ranks at one comparison: the time a rank spends on a step before the gradient all-reduce (forward and loss), which waiting for the other ranks does not inflate."""
+    """Step times of all ranks at one comparison: the time a rank spends on a step before the gradient all-reduce (forward and loss), which waiting for the other ranks does not inflate; or, where measure is link, the time its ring neighbours take to fetch 8 MiB from it (a slow link slows every rank's all-reduce alike, this names it)."""
 
     step: Optional[int] = None
     """Global step of the comparison."""
+    measure: Optional[Literal["step", "link"]] = None
+    """What the seconds time: step (forward and loss; also when absent) or link (the faster of its ring neighbours' fetches of 8 MiB from the rank)."""
     median_seconds: Optional[float] = None
     """Median over the ranks."""
     slowest_rank: Optional[int] = None

@@ -1,6 +1,6 @@
 """A straggler, as rank 0 reports it in status.progress.stepTimes: the words of its condition and warning.
 
-The trainer compares every rank's step time every spec.stragglers.everyNSteps steps
+The trainer compares every rank's step time and link time every spec.stragglers.everyNSteps steps
 (dtrain_trainer.stragglers) and marks the slowest rank `straggler` once it has been slower than
 `factor` times the median for `window` comparisons in a row. The operator turns that into the
 Straggler condition and a Warning Event, `dtrain run` into a warning; neither restarts anything.
@@ -12,6 +12,10 @@ from typing import Optional
 
 from dtrain_operator.api import StepTimes, StragglerSettings
 
+# What each rank fetches from each of its ring neighbours at a comparison (the trainer's link probe):
+# large enough that the time is the link's sending speed, not its latency or the machine's scheduling
+# (0.7 ms at 100 Gb/s, 67 ms at 1 Gb/s), small enough to cost nothing every few steps.
+LINK_PROBE_BYTES = 8 << 20
 CONDITION = "Straggler"
 REASON_DETECTED = "StragglerDetected"
 REASON_NONE = "NoStraggler"
@@ -23,9 +27,13 @@ def straggler_message(times: Optional[StepTimes], settings: StragglerSettings) -
     if times is None or not times.straggler or times.slowest_rank is None:
         return None
     where = f"pod {times.slowest_pod or '?'}" + (f" on node {times.slowest_node}" if times.slowest_node else "")
+    measured = (
+        f"its link time (its ring neighbours' fetch of {LINK_PROBE_BYTES >> 20} MiB from it; check its network "
+        "interface and link)"
+        if times.measure == "link" else "its step time (forward and loss, before the gradient all-reduce)"
+    )
     return (
-        f"rank {times.slowest_rank} ({where}) is a straggler: its step time (forward and loss, before the "
-        f"gradient all-reduce) exceeded {settings.factor:g} x the median of all ranks in "
-        f"{settings.window} comparisons in a row; every rank waits for it. See status.progress.stepTimes; "
-        "nothing is restarted"
+        f"rank {times.slowest_rank} ({where}) is a straggler: {measured} exceeded {settings.factor:g} x the "
+        f"median of all ranks in {settings.window} comparisons in a row; every rank waits for it. "
+        "See status.progress.stepTimes; nothing is restarted"
     )

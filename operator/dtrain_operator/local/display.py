@@ -302,8 +302,8 @@ def summary_table(s: RunSummary) -> Table:
         table.add_row(
             "slowest rank",
             escape(
-                f"{t.get('slowestRank')} ({t.get('slowestPod')}): {_value(t.get('ratio'), '{:.2f}')} x the median step "
-                f"time {_value(t.get('medianSeconds'), '{:.3g}')} s" + ("  STRAGGLER" if t.get("straggler") else "")
+                f"{t.get('slowestRank')} ({t.get('slowestPod')}): {_value(t.get('ratio'), '{:.2f}')} x the median "
+                f"{t.get('measure') or 'step'} time {_value(t.get('medianSeconds'), '{:.3g}')} s" + ("  STRAGGLER" if t.get("straggler") else "")
             ),
         )
     table.add_row("wall time", format_duration(s.wall_seconds))

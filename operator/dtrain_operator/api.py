@@ -41,6 +41,9 @@ Quantity = Annotated[
     Union[int, float, str],
     WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
 ]
+# One GPU's memory: a Kubernetes quantity with its unit (a bare number would be bytes, never meant).
+MEMORY_SIZE_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,3})?(Ki|Mi|Gi|Ti|K|M|G|T)$"
+MAX_MEMORY_SIZE_LENGTH = 16
 DNS1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # Pods are named `<name>-<rank>` and must be valid DNS labels (63 characters);
 # the engine Job's pods add `-engine-xxxxx`. 45 leaves room for both.
@@ -510,6 +513,8 @@ class DistributedTrainingSpec(ApiModel):
     """Training processes per pod: one per GPU with accelerator gpu."""
     accelerator: Literal["gpu", "cpu"] = "gpu"
     """gpu: each pod requests devicesPerNode nvidia.com/gpu and uses NCCL. cpu: processes use gloo."""
+    gpu_memory: Optional[Annotated[str, Field(max_length=MAX_MEMORY_SIZE_LENGTH, pattern=MEMORY_SIZE_PATTERN)]] = None
+    """Memory of one GPU of the nodes the job runs on, e.g. 32Gi or 80G (default: the nvidia.com/gpu.memory label, in MiB, where scheduling.nodeSelector names it). The operator compares it with the per-GPU memory estimate that `dtrain submit` records in the dtrain.dev/memory-estimate annotation: a batch that does not fit gets the GPUMemoryExceeded condition and a Warning Event at creation; nothing is refused."""
     resources: Optional[Resources] = None
     """CPU and memory of each worker container (GPUs come from devicesPerNode)."""
     env: Annotated[list[EnvVar], Field(max_length=256)] = Field(default_factory=list)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequence, Union
 
 from pydantic import ValidationError
 
-from . import contract, policy, progress_deadline, stragglers
+from . import contract, memory_check, policy, progress_deadline, stragglers
 from .api import (
     FINISHED_PHASES,
     Condition,
@@ -363,6 +363,9 @@ def _tail(text: str, limit: int = MAX_POD_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else "..." + text[-(limit - 3) :]
 
 
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
 class _Conditions:
     """Kubernetes condition semantics: lastTransitionTime moves only when the status flips."""
 
@@ -377,8 +380,8 @@ class _Conditions:
         condition = self.get(type_)
         return condition is not None and condition.status == "True"
 
-    def set(self, type_: str, status: bool, reason: str, message: str) -> None:
-        value: Literal["True", "False"] = "True" if status else "False"
+    def set(self, type_: str, status: Union[bool, ConditionStatus], reason: str, message: str) -> None:
+        value: ConditionStatus = status if isinstance(status, str) else "True" if status else "False"
         # Messages quote trainer logs and termination messages, and become Events that `view` can read.
         message = _truncate(redact_text(message))
         condition = self.get(type_)
@@ -560,6 +563,10 @@ def compute_status(
         # has an accepted spec); the spec has been fixed since.
         status = DistributedTrainingStatus(accepted_spec=immutable_spec(job.spec), progress=status.progress)
         conditions = _Conditions([], now)
+    if never_accepted:
+        memory = memory_check.verdict((job.metadata.model_extra or {}).get("annotations"), job.spec)
+        if memory is not None:
+            conditions.set(memory_check.CONDITION, memory.status, memory.reason, memory.message)
     status.observed_generation = (job.metadata.model_extra or {}).get("generation")
     changed = changed_immutable_fields(job.model_copy(update={"status": status}))
     if changed and status.phase == "Suspended" and all(path.startswith(MUTABLE_WHEN_SUSPENDED) for path in changed):
@@ -917,7 +924,7 @@ class JobEvent:
 
 
 # Conditions that need the user: a Warning Event each time one turns True or says something new.
-WARNING_CONDITIONS = (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL)
+WARNING_CONDITIONS = (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL, memory_check.CONDITION)
 
 
 _PHASE_CONDITION = {

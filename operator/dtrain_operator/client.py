@@ -421,13 +421,18 @@ class Client:
             raw = load_documents(Path(job).read_text())[0]  # type: ignore[arg-type]
         return results, raw
 
-    def submit(self, job: JobSource, namespace: Optional[str] = None) -> api.DistributedTraining:
-        """Validate the job (a file, a dict or the model) and create it; returns the created job."""
+    def submit(
+        self, job: JobSource, namespace: Optional[str] = None, annotations: Optional[Mapping[str, str]] = None
+    ) -> api.DistributedTraining:
+        """Validate the job (a file, a dict or the model) and create it, with `annotations` added to
+        its own; returns the created job."""
         results, raw = self._documents(job)
         model = results[0].job
         assert model is not None
         raw.pop("status", None)
         meta = raw.setdefault("metadata", {})
+        if annotations:
+            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
         wanted = namespace or (self.namespace if self._explicit_namespace else None)
         if meta.get("namespace") and wanted and meta["namespace"] != wanted:
             raise DtrainError(

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from dtrain_operator.api import DistributedTraining, memory_estimate
 from dtrain_operator.cli.cluster import GET_COLUMNS, age
+from dtrain_operator.controller.status import gpu_memory
 
 from ..operator.cluster import Cluster, a_job
 
@@ -46,7 +48,11 @@ async def test_submit_validates_then_creates(cluster: Cluster):
         "distributedtraining.dtrain.dev/quickstart created in namespace default: "
         "2 node(s) x 1 cpu process(es), global batch 64"
     )
-    assert cluster.job(NS, "quickstart") is not None
+    created = cluster.job(NS, "quickstart")
+    assert created is not None
+    # A CPU job has no GPU memory to estimate: nothing is built, nothing recorded.
+    assert memory_estimate.ANNOTATION not in (created["metadata"].get("annotations") or {})
+    assert "memory" not in result.out + result.err
 
     again = await dtrain(cluster, "submit", str(QUICKSTART))
     assert again.code == 1 and "already exists in namespace default" in again.err
@@ -61,6 +67,45 @@ async def test_submit_validates_then_creates(cluster: Cluster):
     other = await dtrain(cluster, "submit", str(QUICKSTART), "-n", "team-a", "-o", "json")
     assert other.code == 0, other.err
     assert json.loads(other.out)["metadata"]["namespace"] == "team-a"
+
+
+def gpu_quickstart(cluster: Cluster, name: str, gpu_memory: str, batch_size: int) -> Path:
+    job = yaml.safe_load(QUICKSTART.read_text())
+    job["metadata"]["name"] = name
+    job["spec"].update(accelerator="gpu", gpuMemory=gpu_memory)
+    job["spec"]["trainer"]["batchSize"] = batch_size
+    path = cluster.tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+async def test_submit_records_the_memory_estimate_the_operator_reads(cluster: Cluster):
+    # The quick start's ResNet-18 at batch 4096 on a 2 GiB GPU: submitted all the same, with a warning.
+    big = await dtrain(cluster, "submit", str(gpu_quickstart(cluster, "big", "2Gi", 4096)), timeout=300)
+    assert big.code == 0, big.err
+    assert "does NOT fit in 2.00 GiB (usable 972.80 MiB); fits instead: trainer.batchSize: " in big.err
+    assert "Submitted as it is (the job gets the GPUMemoryExceeded condition)" in big.err
+    stored = cluster.job(NS, "big")
+    assert stored is not None
+    annotations = stored["metadata"]["annotations"]
+    record = memory_estimate.decode(annotations[memory_estimate.ANNOTATION])
+    assert (record.fits, record.gpu_memory_bytes) == (False, 2 * 2**30) and record.peak_bytes > 2 * 2**30
+    assert record.suggestion and record.suggestion.startswith("trainer.batchSize: ")
+    # The object as the API server holds it (defaults filled in) is the spec the estimate is of.
+    verdict = gpu_memory.verdict(annotations, DistributedTraining.model_validate(stored).spec)
+    assert verdict is not None and (verdict.status, verdict.reason) == ("True", gpu_memory.REASON_EXCEEDS)
+    assert record.suggestion in verdict.message
+
+    fits = await dtrain(cluster, "submit", str(gpu_quickstart(cluster, "small", "16Gi", 32)), timeout=300)
+    assert fits.code == 0, fits.err
+    assert fits.out.splitlines()[1].startswith("memory: estimated peak ") and "fits in 16.00 GiB" in fits.out
+    small = cluster.job(NS, "small")
+    assert small is not None and memory_estimate.decode(small["metadata"]["annotations"][memory_estimate.ANNOTATION]).fits
+
+    skipped = await dtrain(cluster, "submit", "--no-estimate", str(gpu_quickstart(cluster, "skipped", "16Gi", 32)))
+    assert skipped.code == 0 and "memory" not in skipped.out + skipped.err
+    unestimated = cluster.job(NS, "skipped")
+    assert unestimated is not None and memory_estimate.ANNOTATION not in (unestimated["metadata"].get("annotations") or {})
 
 
 async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster):

@@ -20,12 +20,14 @@ estimate with `torch.cuda.max_memory_allocated` where a GPU exists.
 
 from __future__ import annotations
 
-import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+
+# The arithmetic the operator's check shares (it has no torch): one source, in the operator's package.
+from dtrain_operator.api.memory_estimate import format_bytes, parse_memory, spec_gpu_memory, usable_bytes
 
 # Bytes per element of the weights, and whether autocast keeps a half copy of them.
 _WEIGHT_BYTES = {"64-true": 8, "32-true": 4, "16-true": 2, "bf16-true": 2, "16-mixed": 4, "bf16-mixed": 4}
@@ -34,25 +36,8 @@ _ACTIVATION_DTYPE = {
     "16-mixed": torch.bfloat16, "bf16-mixed": torch.bfloat16,
 }
 MIXED = ("16-mixed", "bf16-mixed")
-# Not available to tensors: the CUDA context, cuDNN/cuBLAS handles and workspaces.
-RESERVED_BYTES = 1024**3
-# Headroom for the caching allocator's fragmentation.
-FRAGMENTATION_MARGIN = 0.05
 # Batch sizes the activations are measured at (2, not 1: BatchNorm after pooling needs two samples).
 MEASURED_BATCHES = (2, 4)
-# The label NVIDIA's GPU feature discovery puts on nodes: GPU memory in MiB.
-GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
-
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
-_UNITS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-
-
-def parse_memory(text: str) -> int:
-    """Bytes of a Kubernetes-style quantity: 32Gi, 80G, 40960Mi."""
-    match = _QUANTITY.match(str(text).strip())
-    if not match:
-        raise ValueError(f"{text!r} is not a memory size; write it like 32Gi or 80G")
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
 @dataclass(frozen=True)
@@ -139,11 +124,6 @@ class MemoryEstimate:
         return s.weights + s.gradients + s.optimizer + self.activations + self.backward_transient + self.autocast_weight_copies
 
 
-def usable_bytes(gpu_memory: int) -> int:
-    """What tensors can use of a GPU: less the CUDA context and workspaces, less fragmentation."""
-    return int((gpu_memory - RESERVED_BYTES) * (1 - FRAGMENTATION_MARGIN))
-
-
 @dataclass(frozen=True)
 class ActivationModel:
     """Activations and the largest saved storage as a fixed part plus a part per sample."""
@@ -218,13 +198,6 @@ def fit(
     return Fit(False, usable, suggestions)
 
 
-def format_bytes(count: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(count) >= size:
-            return f"{count / size:.2f} {unit}"
-    return f"{int(count)} B"
-
-
 def measure_activations(
     module: torch.nn.Module, make_forward: Callable[[int], Callable[[], Any]], precision: str, batches: tuple[int, int]
 ) -> ActivationModel:
@@ -279,11 +252,11 @@ class JobEstimate:
 
 
 def gpu_memory_of(spec: Any, flag: Optional[str]) -> Optional[int]:
-    """--gpu-memory, else the GPU-memory node label the job selects (GPU feature discovery, MiB)."""
+    """--gpu-memory, else what the spec says: gpuMemory, else the GPU-memory node label it selects
+    (GPU feature discovery, MiB), as the operator reads them."""
     if flag:
         return parse_memory(flag)
-    label = spec.scheduling.node_selector.get(GPU_MEMORY_LABEL)
-    return int(label) * 2**20 if label and str(label).isdigit() else None
+    return spec_gpu_memory(spec)
 
 
 def _optimizer_of(model: Any) -> tuple[Optional[torch.optim.Optimizer], list[str]]:

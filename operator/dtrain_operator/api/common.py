@@ -34,6 +34,9 @@ Quantity = Annotated[
     Union[int, float, str],
     WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
 ]
+# One GPU's memory: a Kubernetes quantity with its unit (a bare number would be bytes, never meant).
+MEMORY_SIZE_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,3})?(Ki|Mi|Gi|Ti|K|M|G|T)$"
+MAX_MEMORY_SIZE_LENGTH = 16
 DNS1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # Pods are named `<name>-<rank>` and must be valid DNS labels (63 characters);
 # the engine Job's pods add `-engine-xxxxx`. 45 leaves room for both.

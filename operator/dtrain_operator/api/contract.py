@@ -121,8 +121,15 @@ LABEL_GANG_GENERATION = f"{GROUP}/gang-generation"
 # On the DistributedTraining: the operator's own record of the job (trusted.py). Only the
 # operator writes it; a status patch cannot reach it.
 ANNOTATION_STATE = f"{GROUP}/state"
+# On the DistributedTraining: `dtrain submit`'s per-GPU memory estimate of its spec (api/memory_estimate.py),
+# which the operator, having no torch to build the model, turns into the GPUMemoryExceeded condition.
+ANNOTATION_MEMORY_ESTIMATE = f"{GROUP}/memory-estimate"
 ROLE_WORKER = "worker"
 ROLE_ENGINE = "engine"
+
+# The node label of NVIDIA's GPU feature discovery that carries one GPU's memory, in MiB: where a job's
+# scheduling.nodeSelector names it, that is the memory of the GPUs it runs on.
+LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"
 
 # Prefix for kopf's own bookkeeping (progress annotations, last-handled state, finalizer).
 KOPF_PREFIX = GROUP

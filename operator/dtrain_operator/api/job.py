@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional
+import hashlib
+import json
+from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import Field
 
@@ -138,3 +140,9 @@ def with_env_values(accepted: DistributedTrainingSpec, env: list[EnvVar]) -> Dis
         return accepted.model_copy(update={"env": list(env)})
     restored = [by_name[var.name] if var.value == ENV_VALUE_PLACEHOLDER else var for var in accepted.env]
     return accepted.model_copy(update={"env": restored})
+
+
+def spec_hash(spec: Mapping[str, Any]) -> str:
+    """The SHA-256 of a spec in canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()

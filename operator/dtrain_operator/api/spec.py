@@ -17,10 +17,12 @@ from dtrain_operator.api.common import (
     MAX_IMAGE_LENGTH,
     MAX_LABEL_VALUE_LENGTH,
     MAX_MAP_ENTRIES,
+    MAX_MEMORY_SIZE_LENGTH,
     MAX_OBJECT_NAME,
     MAX_PATH_LENGTH,
     MAX_SEED,
     MAX_TIMEOUT_SECONDS,
+    MEMORY_SIZE_PATTERN,
     ApiModel,
     EnvVar,
     InitArgs,
@@ -276,6 +278,8 @@ class DistributedTrainingSpec(ApiModel):
     """Training processes per pod: one per GPU with accelerator gpu."""
     accelerator: Literal["gpu", "cpu"] = "gpu"
     """gpu: each pod requests devicesPerNode nvidia.com/gpu and uses NCCL. cpu: processes use gloo."""
+    gpu_memory: Optional[Annotated[str, Field(max_length=MAX_MEMORY_SIZE_LENGTH, pattern=MEMORY_SIZE_PATTERN)]] = None
+    """Memory of one GPU of the nodes the job runs on, e.g. 32Gi or 80G (default: the nvidia.com/gpu.memory label, in MiB, where scheduling.nodeSelector names it). The operator compares it with the per-GPU memory estimate that `dtrain submit` records in the dtrain.dev/memory-estimate annotation: a batch that does not fit gets the GPUMemoryExceeded condition and a Warning Event at creation; nothing is refused."""
     resources: Optional[Resources] = None
     """CPU and memory of each worker container (GPUs come from devicesPerNode)."""
     env: Annotated[list[EnvVar], Field(max_length=256)] = Field(default_factory=list)

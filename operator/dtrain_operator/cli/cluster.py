@@ -199,23 +199,46 @@ def progress_record(update: ProgressUpdate) -> dict[str, Any]:
 # --- The commands ---------------------------------------------------------------------------------
 
 
+def memory_estimate(job: api.DistributedTraining) -> tuple[dict[str, str], str, bool]:
+    """The memory-estimate annotation for a GPU job, a line about it, and whether that line is for stderr.
+
+    The operator cannot build the model (no torch in its image), so the estimate is made here, where
+    the trainer extra is installed, and recorded on the object (api/memory_estimate.py)."""
+    if job.spec.accelerator != "gpu":
+        return {}, "", False
+    try:
+        from dtrain_trainer.memory_report import submit_annotation
+    except ImportError as exc:
+        return {}, (
+            f"note: no memory estimate recorded: {exc.name or 'the trainer extra'} is not installed here "
+            "(pip install 'dtrain[trainer]' for one; --no-estimate skips it)"
+        ), True
+    return submit_annotation(job)
+
+
 def submit(args: argparse.Namespace) -> int:
     try:
         job = Client.validate(args.file)
         client = _client(args)
         spec = job.spec
         batch = spec.trainer.batch_size * spec.world_size * spec.trainer.accumulate_grad_batches
-        created = client.submit(args.file)
+        annotations, memory_line, to_stderr = ({}, "", False) if args.no_estimate else memory_estimate(job)
+        created = client.submit(args.file, annotations=annotations)
     except DtrainError as error:
         return _fail(error)
+    # With -o, stdout carries only the object.
+    memory_out = sys.stderr if args.output or to_stderr else sys.stdout
     if args.output:
         _print_objects(stored(created), args.output)
-        return EXIT_OK
-    print(
-        f"distributedtraining.dtrain.dev/{created.name} created in namespace {created.namespace}: "
-        f"{spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es), global batch {batch}"
-    )
-    print(f"follow it with: dtrain watch {created.name} -n {created.namespace}")
+    else:
+        print(
+            f"distributedtraining.dtrain.dev/{created.name} created in namespace {created.namespace}: "
+            f"{spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es), global batch {batch}"
+        )
+    if memory_line:
+        print(memory_line, file=memory_out)
+    if not args.output:
+        print(f"follow it with: dtrain watch {created.name} -n {created.namespace}")
     return EXIT_OK
 
 

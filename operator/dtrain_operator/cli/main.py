@@ -69,9 +69,14 @@ def _add_cluster_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPars
         "submit",
         help="validate a job file and create the job on the cluster",
         description="Validate FILE as `dtrain validate` does, then create the DistributedTraining on the cluster "
-        "(kubeconfig or in-cluster credentials). Exit codes: 0 created, 1 refused, 2 invalid file.",
+        "(kubeconfig or in-cluster credentials). A GPU job's per-GPU memory estimate (`dtrain validate --estimate`, "
+        "where the trainer extra is installed) is recorded on it for the operator's GPUMemoryExceeded condition; "
+        "a job that does not fit is still created, with a warning. Exit codes: 0 created, 1 refused, 2 invalid file.",
     )
     p.add_argument("file", metavar="FILE")
+    p.add_argument(
+        "--no-estimate", action="store_true", help="do not estimate per-GPU memory (it builds the model on the CPU)"
+    )
     _cluster_options(p, output=True)
     p.set_defaults(func=_lazy(verbs, "submit"))
 

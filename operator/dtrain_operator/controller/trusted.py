@@ -21,7 +21,6 @@ trainer's fields (`progress`, `lastCheckpoint`) are size-capped as well.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -29,6 +28,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from pydantic import ValidationError
 
 from dtrain_operator.api import DistributedTrainingStatus, contract
+from dtrain_operator.api.job import spec_hash
 
 ANNOTATION = contract.ANNOTATION_STATE
 VERSION = 1
@@ -36,12 +36,6 @@ VERSION = 1
 MAX_TRAINER_FIELD_BYTES = 4096
 TRAINER_FIELDS = ("progress", "lastCheckpoint", "preflight")
 MAX_PROBLEM_CHARS = 200
-
-
-def spec_hash(spec: Mapping[str, Any]) -> str:
-    """The SHA-256 of a spec in canonical JSON (sorted keys, no spaces)."""
-    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dtrain_operator.api import (
     contract,
     immutable_spec,
 )
+from dtrain_operator.controller.status import gpu_memory
 from dtrain_operator.controller.status.after_training import after_training
 from dtrain_operator.controller.status.conditions import (
     CREATED,
@@ -147,6 +148,15 @@ def accept_spec(c: StatusComputation) -> None:
     else:
         c.conditions.clear(SPEC_IMMUTABLE, "SpecUnchanged", "the spec matches the one the job was created with")
     c.conditions.clear(STATUS_UNREADABLE, "StatusRead", "the operator reads the whole status")
+
+
+def check_gpu_memory(c: StatusComputation) -> None:
+    """At creation only: whether the recorded memory estimate fits the GPU (GPUMemoryExceeded)."""
+    if c.status.start_time is not None or c.conditions.get(gpu_memory.CONDITION) is not None:
+        return
+    verdict = gpu_memory.verdict((c.job.metadata.model_extra or {}).get("annotations"), c.spec)
+    if verdict is not None:
+        c.conditions.set(gpu_memory.CONDITION, verdict.status, verdict.reason, verdict.message)
 
 
 def keep_finished(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
@@ -326,6 +336,7 @@ def report_pending_pods(c: StatusComputation) -> None:
 # over a deadline, success after training over a late worker failure, a failure over pending pods.
 STATUS_STEPS: tuple[StatusStep, ...] = (
     accept_spec,
+    check_gpu_memory,
     keep_finished,
     report_stuck_pods,
     read_gang,

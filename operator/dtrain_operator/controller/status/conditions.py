@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal, Optional, Sequence
+from typing import Literal, Optional, Sequence, Union
 
 from dtrain_operator.api import (
     Condition,
@@ -43,6 +43,9 @@ def truncate_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
 class Conditions:
     """Kubernetes condition semantics: lastTransitionTime moves only when the status flips."""
 
@@ -57,8 +60,8 @@ class Conditions:
         condition = self.get(type_)
         return condition is not None and condition.status == "True"
 
-    def set(self, type_: str, status: bool, reason: str, message: str) -> None:
-        value: Literal["True", "False"] = "True" if status else "False"
+    def set(self, type_: str, status: Union[bool, ConditionStatus], reason: str, message: str) -> None:
+        value: ConditionStatus = status if isinstance(status, str) else "True" if status else "False"
         # Messages quote trainer logs and termination messages, and become Events that `view` can read.
         message = truncate_message(redact_text(message))
         condition = self.get(type_)

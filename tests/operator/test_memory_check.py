@@ -1,0 +1,65 @@
+"""The memory pre-flight at creation: the operator reads the estimate `dtrain submit` recorded, compares it
+with the spec's gpuMemory, and says so in the GPUMemoryExceeded condition and one Warning Event. It holds
+nothing back, and an annotation it cannot believe is named, not obeyed."""
+
+from __future__ import annotations
+
+from dtrain_operator.api import DistributedTrainingSpec
+from dtrain_operator.api.memory_estimate import ANNOTATION, EstimateRecord, estimated_spec_hash
+from dtrain_operator.controller.status import gpu_memory
+from dtrain_operator.controller.status.gpu_memory import CONDITION
+
+from .cluster import Cluster, a_job
+
+NS = "default"
+GiB = 2**30
+FIX = "trainer.batchSize: 64 with trainer.accumulateGradBatches: 4 (the same global batch of 256 per process; 9.1 GiB)"
+
+
+def with_estimate(job: dict, peak: int, **fields: object) -> dict:
+    record = EstimateRecord(peak, estimated_spec_hash(DistributedTrainingSpec.model_validate(job["spec"])), **fields)
+    job["metadata"]["annotations"] = {ANNOTATION: record.encode()}
+    return job
+
+
+async def test_a_batch_that_does_not_fit_is_said_once_and_the_job_runs(operated: Cluster):
+    job = a_job("big").gpus(1).with_spec("gpuMemory", "16Gi").build()
+    await operated.apply(with_estimate(job, 40 * GiB, gpu_memory_bytes=16 * GiB, fits=False, suggestion=FIX))
+    await operated.eventually(lambda: operated.condition(NS, "big", CONDITION) is not None, "the memory condition")
+    condition = operated.condition(NS, "big", CONDITION)
+    assert (condition["status"], condition["reason"]) == ("True", gpu_memory.REASON_EXCEEDS)
+    assert "estimated peak 40.00 GiB per GPU exceeds 16.00 GiB per GPU (usable 14.25 GiB)" in condition["message"]
+    assert FIX in condition["message"]
+    events = await operated.event_reasons(NS, "big", ["Pending", CONDITION])
+    assert (events[1]["type"], events[1]["message"]) == ("Warning", condition["message"])
+    # Not refused: the gang is created and runs; the warning is not repeated.
+    await operated.run_all(NS, "big", 2)
+    await operated.phase(NS, "big", "Running")
+    await operated.event_reasons(NS, "big", ["Pending", CONDITION, "Running"])
+    assert operated.condition(NS, "big", CONDITION) == condition
+
+
+async def test_a_fitting_a_stale_and_a_malformed_estimate(operated: Cluster):
+    fits = a_job("fits").gpus(1).with_spec("gpuMemory", "80Gi").build()
+    await operated.apply(with_estimate(fits, 40 * GiB))
+    # Estimated at batch 32, submitted at batch 512: not this spec's estimate.
+    stale = with_estimate(a_job("stale").gpus(1).with_spec("gpuMemory", "80Gi").build(), GiB)
+    stale["spec"]["trainer"] = {"batchSize": 512}
+    await operated.apply(stale)
+    malformed = a_job("malformed").gpus(1).with_spec("gpuMemory", "80Gi").build()
+    malformed["metadata"]["annotations"] = {ANNOTATION: '{"peakBytes": "a lot"}'}
+    await operated.apply(malformed)
+
+    expected = {
+        "fits": ("False", gpu_memory.REASON_FITS),
+        "stale": ("Unknown", gpu_memory.REASON_STALE),
+        "malformed": ("Unknown", gpu_memory.REASON_UNREADABLE),
+    }
+    for name, (status, reason) in expected.items():
+        await operated.eventually(lambda: operated.condition(NS, name, CONDITION) is not None, f"{name}'s condition")
+        condition = operated.condition(NS, name, CONDITION)
+        assert (condition["status"], condition["reason"]) == (status, reason), condition
+        # No warning: Events are posted in order, so none is still on its way once Running's is there.
+        await operated.run_all(NS, name, 2)
+        await operated.event_reasons(NS, name, ["Pending", "Running"])
+    assert "peakBytes must be a whole number" in operated.condition(NS, "malformed", CONDITION)["message"]

@@ -4,11 +4,12 @@ a pod just created is not created again, a pod just deleted is not counted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from dtrain_operator.api import contract
 from dtrain_operator.core import progress_deadline
-from dtrain_operator.core.observation import EngineJobObservation, PodObservation
+from dtrain_operator.core.observation import EngineJobObservation, Observed, PodObservation
 
 EXPECTATION_TTL_SECONDS = 30.0
 """How long a write is trusted over a watch that has not shown it (then the watch wins again)."""
@@ -31,3 +32,46 @@ class Expectations:
     # status: a status write per progress report would double the API writes of every job; an
     # operator that restarts watches afresh, so a hang is caught one deadline later at worst.
     progress_watch: Optional[progress_deadline.ProgressWatch] = None
+
+
+def observe_with_expectations(
+    pods: list[PodObservation], engine_jobs: list[EngineJobObservation], expectations: Expectations, now: float
+) -> tuple[Observed, frozenset[str]]:
+    """The job's children as the watch shows them, corrected by writes it has not shown yet (`now`: monotonic).
+
+    Returns the observation and the names of worker pods the job does not own (they block creation).
+    """
+    seen = {p.uid for p in pods}
+    for uid, (since, _) in list(expectations.created_pods.items()):
+        if uid in seen or now - since > EXPECTATION_TTL_SECONDS:
+            del expectations.created_pods[uid]
+    for uid, (since, _) in list(expectations.deleted_pods.items()):
+        if uid not in seen and now - since > EXPECTATION_TTL_SECONDS:
+            del expectations.deleted_pods[uid]
+
+    owned: list[PodObservation] = []
+    blocked: set[str] = set()
+    for pod in pods:
+        deleted = expectations.deleted_pods.get(pod.uid)
+        if deleted is not None and deleted[1]:
+            continue
+        if deleted is not None and not pod.deleting:
+            pod = replace(pod, deleting=True)
+        if pod.role == contract.ROLE_WORKER and pod.owner_uid != expectations.uid:
+            blocked.add(pod.name)
+            continue
+        owned.append(pod)
+    owned.extend(p for _, p in expectations.created_pods.values() if p.uid not in seen)
+
+    engine_job = next((j for j in engine_jobs if j.owner_uid == expectations.uid), None)
+    if expectations.engine_job is not None:
+        since, created = expectations.engine_job
+        if engine_job is not None or now - since > EXPECTATION_TTL_SECONDS:
+            expectations.engine_job = None
+        else:
+            engine_job = created
+    workers = tuple(p for p in owned if p.role == contract.ROLE_WORKER)
+    engine_pods = tuple(
+        p for p in owned if p.role == contract.ROLE_ENGINE and engine_job is not None and p.owner_uid == engine_job.uid
+    )
+    return Observed(workers=workers, engine_pods=engine_pods, engine_job=engine_job), frozenset(blocked)

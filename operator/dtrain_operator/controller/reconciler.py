@@ -21,9 +21,8 @@ import logging
 import os
 import socket
 import time
-from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Mapping, Optional, cast
+from typing import Any, Mapping, Optional
 
 import kopf
 
@@ -33,7 +32,9 @@ from dtrain_operator.api import (
     contract,
 )
 from dtrain_operator.controller import refusals, trusted
-from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
+from dtrain_operator.controller.children import ChildConflict, ChildWriter
+from dtrain_operator.controller.event_recorder import EventRecorder
+from dtrain_operator.controller.expectations import Expectations, observe_with_expectations
 from dtrain_operator.controller.kube import (
     ApiError,
     KubeClient,
@@ -44,15 +45,14 @@ from dtrain_operator.controller.kube import (
 from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
 from dtrain_operator.controller.metrics import OperatorMetrics
 from dtrain_operator.controller.status.compute import compute_status, invalid_status, succeeded_ranks, unreadable_status
-from dtrain_operator.controller.status.events import JobEvent, only_counts_changed, status_events, status_patch
-from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
+from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
 from dtrain_operator.controller.workqueue import WorkQueue
-from dtrain_operator.core import progress_deadline, render
+from dtrain_operator.core import progress_deadline
 from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
 from dtrain_operator.core.gang import current_gang
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
 from dtrain_operator.core.observation import EngineJobObservation, Limits, Observed, PodObservation
-from dtrain_operator.core.plan import Plan, plan_children
+from dtrain_operator.core.plan import plan_children
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +61,7 @@ JobKey = tuple[str, str]
 POD_INDEX = "dtrain_pods"
 ENGINE_JOB_INDEX = "dtrain_engine_jobs"
 COUNTS_BATCH_SECONDS = 1.0
-EVENT_SERIES_SECONDS = 600.0
-"""A Warning that repeats within this long (Kubernetes' event aggregation window) counts up one Event."""
 """A status change of node counts alone waits this long, so that pods starting together share one patch."""
-
-
-class ChildConflict(Exception):
-    """A child's name is taken by an object this job does not own."""
 
 
 def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
@@ -115,10 +109,10 @@ class Controller:
         self._jobs: dict[JobKey, Mapping[str, Any]] = {}
         self._expectations: dict[JobKey, Expectations] = {}
         self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
-        self._event_tasks: dict[JobKey, asyncio.Task[None]] = {}
-        # Event series: (job, uid, reason) -> (Event name, count, last seen, monotonic).
-        self._series: dict[tuple[JobKey, str, str], tuple[str, int, float]] = {}
         self._instance = os.environ.get("POD_ID") or socket.gethostname()
+        # With the client, at the first login:
+        self._events: Optional[EventRecorder] = None
+        self._children: Optional[ChildWriter] = None
 
     # --- kopf's side ---------------------------------------------------------------------------
 
@@ -127,6 +121,8 @@ class Controller:
         configuration = await load_configuration()
         if self._client is None:
             self._client = KubeClient(configuration, self._limiter, self._metrics)
+            self._events = EventRecorder(self._client, self._instance)
+            self._children = ChildWriter(self._client, self._network_policy)
         else:
             self._client.use_configuration(configuration)
         return await connection_info(configuration)
@@ -160,8 +156,8 @@ class Controller:
         if self._lease_client is not None:
             await self._lease_client.close()
         # main.py releases the Lease once kopf has stopped.
-        for task in list(self._event_tasks.values()):
-            task.cancel()
+        if self._events is not None:
+            await self._events.stop()
         if self._client is not None:
             await self._client.close()
 
@@ -207,8 +203,8 @@ class Controller:
         self._metrics.job_status(key, body.get("status") or {})
 
     def _forget(self, key: JobKey) -> None:
-        for series_key in [k for k in self._series if k[0] == key]:
-            del self._series[series_key]
+        if self._events is not None:
+            self._events.forget(key)
         self._jobs.pop(key, None)
         self._expectations.pop(key, None)
         self._queue.forget(key)
@@ -223,49 +219,9 @@ class Controller:
         return expectations
 
     def _observe(self, key: JobKey, expectations: Expectations) -> tuple[Observed, frozenset[str]]:
-        """The job's children as the indexes show them, corrected by writes the watch has not shown yet.
-
-        Returns the observation and the names of worker pods the job does not own (they block creation).
-        """
-        now = time.monotonic()
-        pods: list[PodObservation] = list(self._pod_index.get(key, ())) if self._pod_index is not None else []
-        engine_jobs: list[EngineJobObservation] = (
-            list(self._engine_job_index.get(key, ())) if self._engine_job_index is not None else []
-        )
-        seen = {p.uid for p in pods}
-        for uid, (since, _) in list(expectations.created_pods.items()):
-            if uid in seen or now - since > EXPECTATION_TTL_SECONDS:
-                del expectations.created_pods[uid]
-        for uid, (since, _) in list(expectations.deleted_pods.items()):
-            if uid not in seen and now - since > EXPECTATION_TTL_SECONDS:
-                del expectations.deleted_pods[uid]
-
-        owned: list[PodObservation] = []
-        blocked: set[str] = set()
-        for pod in pods:
-            deleted = expectations.deleted_pods.get(pod.uid)
-            if deleted is not None and deleted[1]:
-                continue
-            if deleted is not None and not pod.deleting:
-                pod = replace(pod, deleting=True)
-            if pod.role == contract.ROLE_WORKER and pod.owner_uid != expectations.uid:
-                blocked.add(pod.name)
-                continue
-            owned.append(pod)
-        owned.extend(p for _, p in expectations.created_pods.values() if p.uid not in seen)
-
-        engine_job = next((j for j in engine_jobs if j.owner_uid == expectations.uid), None)
-        if expectations.engine_job is not None:
-            since, created = expectations.engine_job
-            if engine_job is not None or now - since > EXPECTATION_TTL_SECONDS:
-                expectations.engine_job = None
-            else:
-                engine_job = created
-        workers = tuple(p for p in owned if p.role == contract.ROLE_WORKER)
-        engine_pods = tuple(
-            p for p in owned if p.role == contract.ROLE_ENGINE and engine_job is not None and p.owner_uid == engine_job.uid
-        )
-        return Observed(workers=workers, engine_pods=engine_pods, engine_job=engine_job), frozenset(blocked)
+        pods = list(self._pod_index.get(key, ())) if self._pod_index is not None else []
+        engine_jobs = list(self._engine_job_index.get(key, ())) if self._engine_job_index is not None else []
+        return observe_with_expectations(pods, engine_jobs, expectations, time.monotonic())
 
     # --- Reconcile ---------------------------------------------------------------------------------
 
@@ -337,7 +293,8 @@ class Controller:
             return requeue
         plan = plan_children(running, new, observed, now, self._limits)
         try:
-            await self._carry_out(key, body, running, new.restarts, plan, blocked, expectations)
+            assert self._children is not None
+            await self._children.carry_out(key, body, running, new.restarts, plan, blocked, expectations)
         except ChildConflict as exc:
             await self._report_conflict(key, body, str(exc), expectations)
             raise
@@ -404,7 +361,8 @@ class Controller:
             logger.info("%s/%s: %s -> %s", namespace, name, previous.phase if previous else None, new.phase)
         events = status_events(previous, new)
         if events:
-            self._post_events(key, body, events)
+            assert self._events is not None
+            self._events.post(key, body, events)
         return None
 
     async def _write_state(
@@ -423,56 +381,14 @@ class Controller:
         if updated:
             self._remember(key, updated)
 
-    def _post_events(self, key: JobKey, body: Mapping[str, Any], events: list[JobEvent]) -> None:
-        """Post Events in the background (children are not kept waiting), in order for each job."""
-        earlier = self._event_tasks.get(key)
-        task = asyncio.create_task(self._post_in_order(key, body, events, earlier))
-        self._event_tasks[key] = task
-        task.add_done_callback(lambda done: self._event_tasks.pop(key) if self._event_tasks.get(key) is done else None)
-
-    async def _post_in_order(
-        self, key: JobKey, body: Mapping[str, Any], events: list[JobEvent], earlier: Optional[asyncio.Task[None]]
-    ) -> None:
-        if earlier is not None:
-            await asyncio.wait([earlier])
-        assert self._client is not None
-        uid = (body.get("metadata") or {}).get("uid", "")
-        for event in events:
-            try:
-                await self._post_event(key, uid, body, event)
-            except ApiError as exc:
-                logger.warning("%s/%s: could not post the %s event: %s", *key, event.reason, exc)
-
-    async def _post_event(self, key: JobKey, uid: str, body: Mapping[str, Any], event: JobEvent) -> None:
-        """Post an Event; a repeat of a series within EVENT_SERIES_SECONDS counts up the Event posted first."""
-        assert self._client is not None
-        now = time.monotonic()
-        series_key = (key, uid, event.reason)
-        earlier = self._series.get(series_key) if event.series else None
-        if earlier is not None and now - earlier[2] <= EVENT_SERIES_SECONDS:
-            name, count, _ = earlier
-            try:
-                await self._client.repeat_event(key[0], name, count + 1, event.message)
-                self._series[series_key] = (name, count + 1, now)
-                return
-            except ApiError as exc:
-                if not exc.not_found:
-                    raise
-        created = await self._client.post_event(body, event.type, event.reason, event.message, self._instance)
-        if event.series:
-            self._series[series_key] = (str((created.get("metadata") or {}).get("name", "")), 1, now)
-
     async def _report_conflict(
         self, key: JobKey, body: Mapping[str, Any], message: str, expectations: Expectations
     ) -> None:
         """A Warning Event, once per distinct conflict, so that `kubectl describe` says why nothing starts."""
-        if expectations.conflict_reported == message or self._client is None:
+        if expectations.conflict_reported == message or self._events is None:
             return
         expectations.conflict_reported = message
-        try:
-            await self._client.post_event(body, "Warning", "ChildConflict", message, self._instance)
-        except ApiError as exc:
-            logger.warning("%s/%s: could not post the ChildConflict event: %s", *key, exc)
+        await self._events.warn(key, body, "ChildConflict", message)
 
     async def _report_refusal(
         self,
@@ -486,7 +402,7 @@ class Controller:
     ) -> Optional[float]:
         """A refused create (refusals.py decides): the condition, a Warning Event with the API server's
         message (once per distinct message), and the retry, or the failed job."""
-        assert self._client is not None
+        assert self._events is not None
         now = datetime.now(timezone.utc)
         refused = refusals.refused_status(status, refusal, now)
         await self._write_status(key, body, status, refused, expectations)
@@ -495,136 +411,8 @@ class Controller:
         if expectations.refusal_reported != refusal.message:
             expectations.refusal_reported = refusal.message
             logger.warning("%s/%s: %s", *key, refusal.message)
-            try:
-                await self._client.post_event(body, "Warning", refusal.reason, refusal.message, self._instance)
-            except ApiError as exc:
-                logger.warning("%s/%s: could not post the %s event: %s", *key, refusal.reason, exc)
+            await self._events.warn(key, body, refusal.reason, refusal.message)
         return None if refusal.fails_job else refusals.retry_after(refused, now)
-
-    async def _carry_out(
-        self,
-        key: JobKey,
-        body: Mapping[str, Any],
-        job: DistributedTraining,
-        generation: int,
-        plan: Plan,
-        blocked: frozenset[str],
-        expectations: Expectations,
-    ) -> None:
-        """Deletions first, then creations; every call is safe to repeat."""
-        assert self._client is not None
-        namespace, name = key
-        await _gather(
-            *(self._delete_pod(namespace, pod, expectations, plan.delete_grace_seconds) for pod in plan.delete_pods)
-        )
-        now = time.monotonic()
-        # Each stuck pod is force-deleted once per expectation TTL, not at every reconcile.
-        forced = [
-            p for p in plan.force_delete_pods if now - expectations.forced_pods.get(p.uid, -EXPECTATION_TTL_SECONDS) >= EXPECTATION_TTL_SECONDS
-        ]
-        for pod in forced:
-            logger.warning("%s/%s: %s is stuck terminating and its node stopped reporting; force-deleting it",
-                           namespace, name, pod.name)
-            expectations.forced_pods[pod.uid] = now
-        await _gather(*(self._delete_pod(namespace, pod, expectations, grace_seconds=0) for pod in forced))
-        if plan.delete_engine_job is not None:
-            await self._delete(
-                "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
-            )
-        ranks = [rank for rank in plan.create_ranks if render.worker_pod_name(job, rank) not in blocked]
-        if ranks:
-            pods = [render.render_worker_pod(job, rank, generation) for rank in ranks]
-            _adopt(pods, body)
-            await self._ensure_shared_children(body, job, generation, expectations)
-            await _gather(*(self._create_pod(pod, expectations) for pod in pods))
-            logger.info("%s/%s: created %d worker pod(s) of gang generation %d", namespace, name, len(pods), generation)
-        if len(ranks) < len(plan.create_ranks):
-            raise ChildConflict(
-                "worker pod names are taken by pods this job does not own (left by an earlier job of the same "
-                "name?); waiting for them to go"
-            )
-        if plan.create_engine_job:
-            engine_job = render.render_engine_job(job)
-            _adopt([engine_job], body)
-            created, _ = await self._create_owned(engine_job, expectations.uid)
-            expectations.engine_job = (time.monotonic(), observe_engine_job(created))
-            logger.info("%s/%s: created the engine Job %s", namespace, name, engine_job["metadata"]["name"])
-        if plan.delete_job:
-            logger.info("%s/%s: ttlSecondsAfterFinished has passed; deleting the job", namespace, name)
-            await self._delete(contract.API_VERSION, contract.KIND, namespace, name, expectations.uid, "Background")
-
-    async def _ensure_shared_children(
-        self, body: Mapping[str, Any], job: DistributedTraining, generation: int, expectations: Expectations
-    ) -> None:
-        """The Service, ConfigMap (and PodGroup) the pods need, known to be this job's before any pod
-        is created: a ConfigMap of the same name left by someone else must never configure its trainers.
-        Once per gang generation, so that one deleted by hand is back for the next gang."""
-        if expectations.shared_children_for == generation:
-            return
-        children = [render.render_service(job), render.render_config_map(job)]
-        pod_group = render.render_pod_group(job)
-        if pod_group is not None:
-            children.append(pod_group)
-        if self._network_policy:
-            children.append(render.render_network_policy(job))
-        _adopt(children, body)
-        await _gather(*(self._create_owned(child, expectations.uid) for child in children))
-        expectations.shared_children_for = generation
-
-    async def _create_owned(self, obj: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], bool]:
-        """Create a child; if it exists already it must be this job's (then it is adopted as is)."""
-        assert self._client is not None
-        try:
-            existing, created = await self._client.create_or_read(obj)
-        except ApiError as exc:
-            meta = obj["metadata"]
-            refusal = refusals.classify(obj["kind"], f"{meta['namespace']}/{meta['name']}", exc.status, exc.message)
-            if refusal is None:
-                raise
-            raise refusals.CreateRefused(refusal) from exc
-        if not created and controller_uid(existing.get("metadata") or {}) != owner_uid:
-            meta = obj["metadata"]
-            raise ChildConflict(
-                f"{obj['kind']} {meta['namespace']}/{meta['name']} exists and is not owned by this job; "
-                "delete it or rename the job"
-            )
-        return existing, created
-
-    async def _create_pod(self, pod: dict[str, Any], expectations: Expectations) -> None:
-        # A 409 then a 404 (the pod went between the two) fails this reconcile: it is retried.
-        existing, _ = await self._create_owned(pod, expectations.uid)
-        observation = observe_pod(existing)
-        expectations.created_pods[observation.uid] = (time.monotonic(), observation)
-
-    async def _delete_pod(
-        self, namespace: str, pod: PodObservation, expectations: Expectations, grace_seconds: Optional[int] = None
-    ) -> None:
-        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid, grace_seconds=grace_seconds)
-        expectations.deleted_pods[pod.uid] = (time.monotonic(), gone)
-
-    async def _delete(
-        self,
-        api_version: str,
-        kind: str,
-        namespace: str,
-        name: str,
-        uid: str,
-        propagation: Optional[str] = None,
-        grace_seconds: Optional[int] = None,
-    ) -> bool:
-        """Delete one incarnation of an object. Returns True when it is known to be gone already."""
-        assert self._client is not None
-        try:
-            await self._client.delete(
-                api_version, kind, namespace, name, uid=uid, propagation=propagation, grace_seconds=grace_seconds
-            )
-        except ApiError as exc:
-            # 404: gone. 409: the uid precondition failed, so that incarnation is gone too.
-            if exc.not_found or exc.conflict:
-                return True
-            raise
-        return False
-
 
 def _all_running(status: DistributedTrainingStatus, observed: Observed, nodes: int) -> bool:
     """Every worker of the current gang generation is Running (the progress deadline's clock runs)."""
@@ -632,15 +420,3 @@ def _all_running(status: DistributedTrainingStatus, observed: Observed, nodes: i
     return len(gang) == nodes and all(p.phase == "Running" and not p.deleting for p in gang.values())
 
 
-def _adopt(children: list[dict[str, Any]], body: Mapping[str, Any]) -> None:
-    """The one place where children get their owner reference to the DistributedTraining
-    (controller, blockOwnerDeletion): the garbage collector deletes them with it."""
-    kopf.append_owner_reference(children, owner=kopf.Body(cast(kopf.RawBody, body)))
-
-
-async def _gather(*calls: Awaitable[Any]) -> None:
-    """Run calls at once; when some fail, raise the first failure after all have finished."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result

@@ -1,0 +1,175 @@
+"""Carrying out a plan (core.plan): deletions first, then creations, every call safe to repeat.
+
+Each child gets its owner reference here (`adopt`), and a child whose name is taken by an object this
+job does not own is never adopted: it is a ChildConflict. What was written is remembered in the job's
+Expectations until the watch shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Mapping, Optional, cast
+
+import kopf
+
+from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.controller import refusals
+from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
+from dtrain_operator.controller.kube import ApiError, KubeClient
+from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
+from dtrain_operator.core import render
+from dtrain_operator.core.observation import PodObservation
+from dtrain_operator.core.plan import Plan
+
+logger = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+
+
+class ChildConflict(Exception):
+    """A child's name is taken by an object this job does not own."""
+
+
+class ChildWriter:
+    """Creates and deletes one operator's children through its client."""
+
+    def __init__(self, client: KubeClient, network_policy: bool) -> None:
+        self._client = client
+        self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
+
+    async def carry_out(
+        self,
+        key: JobKey,
+        body: Mapping[str, Any],
+        job: DistributedTraining,
+        generation: int,
+        plan: Plan,
+        blocked: frozenset[str],
+        expectations: Expectations,
+    ) -> None:
+        """Deletions first, then creations; every call is safe to repeat."""
+        namespace, name = key
+        await gather(
+            *(self._delete_pod(namespace, pod, expectations, plan.delete_grace_seconds) for pod in plan.delete_pods)
+        )
+        now = time.monotonic()
+        # Each stuck pod is force-deleted once per expectation TTL, not at every reconcile.
+        forced = [
+            p for p in plan.force_delete_pods if now - expectations.forced_pods.get(p.uid, -EXPECTATION_TTL_SECONDS) >= EXPECTATION_TTL_SECONDS
+        ]
+        for pod in forced:
+            logger.warning("%s/%s: %s is stuck terminating and its node stopped reporting; force-deleting it",
+                           namespace, name, pod.name)
+            expectations.forced_pods[pod.uid] = now
+        await gather(*(self._delete_pod(namespace, pod, expectations, grace_seconds=0) for pod in forced))
+        if plan.delete_engine_job is not None:
+            await self._delete(
+                "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
+            )
+        ranks = [rank for rank in plan.create_ranks if render.worker_pod_name(job, rank) not in blocked]
+        if ranks:
+            pods = [render.render_worker_pod(job, rank, generation) for rank in ranks]
+            adopt(pods, body)
+            await self._ensure_shared_children(body, job, generation, expectations)
+            await gather(*(self._create_pod(pod, expectations) for pod in pods))
+            logger.info("%s/%s: created %d worker pod(s) of gang generation %d", namespace, name, len(pods), generation)
+        if len(ranks) < len(plan.create_ranks):
+            raise ChildConflict(
+                "worker pod names are taken by pods this job does not own (left by an earlier job of the same "
+                "name?); waiting for them to go"
+            )
+        if plan.create_engine_job:
+            engine_job = render.render_engine_job(job)
+            adopt([engine_job], body)
+            created, _ = await self._create_owned(engine_job, expectations.uid)
+            expectations.engine_job = (time.monotonic(), observe_engine_job(created))
+            logger.info("%s/%s: created the engine Job %s", namespace, name, engine_job["metadata"]["name"])
+        if plan.delete_job:
+            logger.info("%s/%s: ttlSecondsAfterFinished has passed; deleting the job", namespace, name)
+            await self._delete(contract.API_VERSION, contract.KIND, namespace, name, expectations.uid, "Background")
+
+    async def _ensure_shared_children(
+        self, body: Mapping[str, Any], job: DistributedTraining, generation: int, expectations: Expectations
+    ) -> None:
+        """The Service, ConfigMap (and PodGroup) the pods need, known to be this job's before any pod
+        is created: a ConfigMap of the same name left by someone else must never configure its trainers.
+        Once per gang generation, so that one deleted by hand is back for the next gang."""
+        if expectations.shared_children_for == generation:
+            return
+        children = [render.render_service(job), render.render_config_map(job)]
+        pod_group = render.render_pod_group(job)
+        if pod_group is not None:
+            children.append(pod_group)
+        if self._network_policy:
+            children.append(render.render_network_policy(job))
+        adopt(children, body)
+        await gather(*(self._create_owned(child, expectations.uid) for child in children))
+        expectations.shared_children_for = generation
+
+    async def _create_owned(self, obj: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], bool]:
+        """Create a child; if it exists already it must be this job's (then it is adopted as is)."""
+        try:
+            existing, created = await self._client.create_or_read(obj)
+        except ApiError as exc:
+            meta = obj["metadata"]
+            refusal = refusals.classify(obj["kind"], f"{meta['namespace']}/{meta['name']}", exc.status, exc.message)
+            if refusal is None:
+                raise
+            raise refusals.CreateRefused(refusal) from exc
+        if not created and controller_uid(existing.get("metadata") or {}) != owner_uid:
+            meta = obj["metadata"]
+            raise ChildConflict(
+                f"{obj['kind']} {meta['namespace']}/{meta['name']} exists and is not owned by this job; "
+                "delete it or rename the job"
+            )
+        return existing, created
+
+    async def _create_pod(self, pod: dict[str, Any], expectations: Expectations) -> None:
+        # A 409 then a 404 (the pod went between the two) fails this reconcile: it is retried.
+        existing, _ = await self._create_owned(pod, expectations.uid)
+        observation = observe_pod(existing)
+        expectations.created_pods[observation.uid] = (time.monotonic(), observation)
+
+    async def _delete_pod(
+        self, namespace: str, pod: PodObservation, expectations: Expectations, grace_seconds: Optional[int] = None
+    ) -> None:
+        gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid, grace_seconds=grace_seconds)
+        expectations.deleted_pods[pod.uid] = (time.monotonic(), gone)
+
+    async def _delete(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        propagation: Optional[str] = None,
+        grace_seconds: Optional[int] = None,
+    ) -> bool:
+        """Delete one incarnation of an object. Returns True when it is known to be gone already."""
+        try:
+            await self._client.delete(
+                api_version, kind, namespace, name, uid=uid, propagation=propagation, grace_seconds=grace_seconds
+            )
+        except ApiError as exc:
+            # 404: gone. 409: the uid precondition failed, so that incarnation is gone too.
+            if exc.not_found or exc.conflict:
+                return True
+            raise
+        return False
+
+
+def adopt(children: list[dict[str, Any]], body: Mapping[str, Any]) -> None:
+    """The one place where children get their owner reference to the DistributedTraining
+    (controller, blockOwnerDeletion): the garbage collector deletes them with it."""
+    kopf.append_owner_reference(children, owner=kopf.Body(cast(kopf.RawBody, body)))
+
+
+async def gather(*calls: Awaitable[Any]) -> None:
+    """Run calls at once; when some fail, raise the first failure after all have finished."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

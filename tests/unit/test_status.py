@@ -10,8 +10,9 @@ from typing import Any, Optional
 import pytest
 
 from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, contract, immutable_spec
-from dtrain_operator.controller.status.compute import compute_status, invalid_status
+from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
+from dtrain_operator.controller.status.invalid import invalid_status
 from dtrain_operator.controller.status.observe import observe_engine_job, observe_pod
 from dtrain_operator.core.observation import EngineJobObservation, Observed, PodObservation, format_time
 from dtrain_operator.core.plan import plan_children

@@ -44,12 +44,13 @@ from dtrain_operator.controller.kube import (
 )
 from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
 from dtrain_operator.controller.metrics import OperatorMetrics
-from dtrain_operator.controller.status.compute import compute_status, invalid_status, succeeded_ranks, unreadable_status
+from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
+from dtrain_operator.controller.status.invalid import invalid_status, unreadable_status
 from dtrain_operator.controller.workqueue import WorkQueue
 from dtrain_operator.core import progress_deadline
 from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
-from dtrain_operator.core.gang import current_gang
+from dtrain_operator.core.gang import current_gang, succeeded_ranks
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
 from dtrain_operator.core.observation import EngineJobObservation, Limits, Observed, PodObservation
 from dtrain_operator.core.plan import plan_children

@@ -155,3 +155,18 @@ def pods_pending_too_long(
         for p in sorted(gang.values(), key=lambda p: p.rank or 0)
         if p.phase == "Pending" and p.created_at is not None and (now - p.created_at).total_seconds() > timeout
     ]
+
+
+def succeeded_ranks(
+    status: DistributedTrainingStatus, observed: Observed, earlier: Collection[int] = (), earlier_generation: Optional[int] = None
+) -> frozenset[int]:
+    """Ranks of the current gang that exited 0, for the operator's record: those seen Succeeded
+    while the gang ran, and those recorded earlier for the same generation. A suspend forgets
+    them (the resumed gang runs every rank again)."""
+    if status.phase == "Suspended":
+        return frozenset()
+    kept = frozenset(earlier) if earlier_generation == status.restarts else frozenset()
+    if status.phase not in ("Running", "Exporting", "BuildingEngine", "Succeeded"):
+        return kept
+    seen = {p.rank for p in current_gang(status, observed.workers).values() if p.phase == "Succeeded"}
+    return kept | {rank for rank in seen if rank is not None}

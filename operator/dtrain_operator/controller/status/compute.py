@@ -25,15 +25,12 @@ from dtrain_operator.controller.status import gpu_memory
 from dtrain_operator.controller.status.after_training import after_training
 from dtrain_operator.controller.status.conditions import (
     CREATED,
-    FAILED,
     IMAGE_PULL,
     PODS_PENDING,
     PODS_STUCK,
     REASON_IMAGE_PULL_FAILED,
     REASON_IMMUTABLE_FIELD_CHANGED,
-    REASON_INVALID_SPEC,
     REASON_INVALID_SPEC_CHANGE,
-    REASON_UNREADABLE_STATUS,
     RESTARTING,
     RUNNING,
     SPEC_IMMUTABLE,
@@ -381,59 +378,3 @@ def compute_status(
         if finished is not None:
             return finished
     return computation.done()
-
-
-def succeeded_ranks(
-    status: DistributedTrainingStatus, observed: Observed, earlier: Collection[int] = (), earlier_generation: Optional[int] = None
-) -> frozenset[int]:
-    """Ranks of the current gang that exited 0, for the operator's record: those seen Succeeded
-    while the gang ran, and those recorded earlier for the same generation. A suspend forgets
-    them (the resumed gang runs every rank again)."""
-    if status.phase == "Suspended":
-        return frozenset()
-    kept = frozenset(earlier) if earlier_generation == status.restarts else frozenset()
-    if status.phase not in ("Running", "Exporting", "BuildingEngine", "Succeeded"):
-        return kept
-    seen = {p.rank for p in current_gang(status, observed.workers).values() if p.phase == "Succeeded"}
-    return kept | {rank for rank in seen if rank is not None}
-
-
-def unreadable_status(
-    read: DistributedTrainingStatus, problems: Sequence[str], now: datetime
-) -> DistributedTrainingStatus:
-    """The status as read, with a StatusUnreadable condition naming what the operator could not read.
-
-    The operator does not act on a status it cannot read in full: it leaves the job's pods
-    alone, and its own record of the job (trusted.py) stays as it was.
-    """
-    status = read.model_copy(deep=True)
-    conditions = Conditions(status.conditions, now)
-    conditions.set(
-        STATUS_UNREADABLE,
-        True,
-        REASON_UNREADABLE_STATUS,
-        f"the operator cannot read {'; '.join(problems)}. It leaves the job's pods alone until it can: "
-        "fix or remove what it names (kubectl patch --subresource=status)",
-    )
-    status.conditions = conditions.items()
-    return status
-
-
-def invalid_status(
-    previous: Optional[DistributedTrainingStatus], errors: Sequence[str], generation: Optional[int], now: datetime
-) -> DistributedTrainingStatus:
-    """Failed/InvalidSpec with the validation messages, for an object that does not validate.
-
-    A job that was already accepted keeps running its accepted spec, so this applies only to
-    objects the operator never accepted.
-    """
-    status = (previous or DistributedTrainingStatus()).model_copy(deep=True)
-    conditions = Conditions(status.conditions, now)
-    message = "the spec is invalid: " + "; ".join(errors) + ". Fix the spec (see `dtrain validate`)"
-    conditions.set(FAILED, True, REASON_INVALID_SPEC, message)
-    status.phase = "Failed"
-    status.observed_generation = generation
-    if status.completion_time is None:
-        status.completion_time = format_time(now)
-    status.conditions = conditions.items()
-    return status

@@ -267,11 +267,7 @@ class Controller:
         previous = trusted.trusted_previous(
             read.status, state, [p.generation for p in observed.workers if p.generation is not None]
         )
-        parsed = parse_job(body, previous)
-        if parsed.job is not None and previous.accepted_spec is None and self._refuse_host_access:
-            refused = await self._host_access_refusals(parsed.job)
-            if refused:
-                parsed = ParsedJob(None, tuple(refused))
+        parsed = await self._parse(body, previous)
 
         if parsed.job is None:
             new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
@@ -308,6 +304,16 @@ class Controller:
         hang_check = progress_deadline.wake_after(running.spec.run_policy, expectations.progress_watch, now)
         delays = [d for d in (requeue, plan.requeue_after, hang_check) if d is not None]
         return min(delays) if delays else None
+
+    async def _parse(self, body: Mapping[str, Any], previous: DistributedTrainingStatus) -> ParsedJob:
+        """The job with the spec it runs (core.accepted); before it is accepted, refused when it asks for
+        host access its namespace does not allow."""
+        parsed = parse_job(body, previous)
+        if parsed.job is not None and previous.accepted_spec is None and self._refuse_host_access:
+            refused = await self._host_access_refusals(parsed.job)
+            if refused:
+                return ParsedJob(None, tuple(refused))
+        return parsed
 
     async def _host_access_refusals(self, job: DistributedTraining) -> list[str]:
         """Why the job may not reach the node (host_access.py decides); checked once, before it is accepted."""

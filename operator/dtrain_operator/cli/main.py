@@ -116,13 +116,8 @@ def _add_cluster_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPars
     p.set_defaults(func=_lazy(verbs, "delete"))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dtrain",
-        description="Multi-node PyTorch Lightning DDP training on Kubernetes, and a TensorRT engine at the end.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_file_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """crd and validate: the API, and job files checked against it."""
     p = sub.add_parser("crd", help="print the DistributedTraining CustomResourceDefinition (generated from the model)")
     p.set_defaults(func=_cmd_crd)
 
@@ -140,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_validate)
 
+
+def _add_operator_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """operator: the controller, with its flags (the chart passes them)."""
     p = sub.add_parser(
         "operator",
         help="run the operator (what the operator Deployment runs)",
@@ -254,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_lazy("dtrain_operator.controller.main"))
 
+
+def _add_run_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """run: a job file on this machine."""
     p = sub.add_parser(
         "run",
         help="run a job file on this machine: training, export and engine, end to end",
@@ -276,8 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_lazy("dtrain_operator.local.run"))
 
-    _add_cluster_commands(sub)
 
+def _add_engine_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """build-engine: the engine Job's command, also usable by hand."""
     p = sub.add_parser(
         "build-engine",
         help="build a TensorRT engine from an ONNX model, check it against references and time it",
@@ -356,6 +358,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the build plan as JSON and stop: no TensorRT or GPU needed, nothing written")
     p.add_argument("--tensorrt-version", metavar="X.Y", help="the TensorRT a --dry-run plans for (default: the one installed, else 10.13)")
     p.set_defaults(func=_lazy("dtrain_engine.main"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dtrain",
+        description="Multi-node PyTorch Lightning DDP training on Kubernetes, and a TensorRT engine at the end.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _add_file_commands(sub)
+    _add_operator_command(sub)
+    _add_run_command(sub)
+    _add_cluster_commands(sub)
+    _add_engine_command(sub)
     return parser
 
 

@@ -15,8 +15,8 @@ from onnx import numpy_helper
 from torch import nn
 
 from dtrain_common.accuracy import max_relative_error
+from dtrain_common.config import ConfigError
 from dtrain_operator.api import contract
-from dtrain_trainer.config import ConfigError
 from dtrain_trainer.export import (
     INPUT_NAME,
     PARITY_TOLERANCE,

@@ -15,6 +15,8 @@ from typing import Any, Literal, Optional, Union
 
 import numpy as np
 
+from dtrain_common.onnx_files import external_data_files
+
 EXIT_CHECK_FAILED = 1  # the build, the accuracy check or a runtime failed
 EXIT_USAGE = 2  # bad arguments or an input the command cannot use
 EXIT_UNAVAILABLE = 3  # TensorRT or a CUDA GPU is missing and no fallback was asked for
@@ -168,14 +170,6 @@ def _quantized_types(graph: Any, functions: Any) -> frozenset[str]:
         name = onnx.TensorProto.DataType.Name(element) if element is not None else "INT8"
         found.add(QUANTIZED_TYPE_NAMES.get(name, "INT8"))
     return frozenset(found)
-
-
-def external_data_files(model: Any, directory: str) -> tuple[str, ...]:
-    """The files the graph's external tensors live in (paths relative to the model's directory)."""
-    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
-
-    locations = {ExternalDataInfo(t).location for t in _get_all_tensors(model) if uses_external_data(t)}
-    return tuple(os.path.join(directory, location) for location in sorted(locations))
 
 
 def inspect_onnx(path: str) -> OnnxModelInfo:

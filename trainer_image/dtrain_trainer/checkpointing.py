@@ -25,9 +25,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import TorchCheckpointIO
 
+from dtrain_common.config import ConfigError
 from dtrain_operator.api import contract
 from dtrain_trainer import flavor
-from dtrain_trainer.config import ConfigError
 
 log = logging.getLogger("dtrain_trainer")
 

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from dtrain_common.accuracy import max_relative_error
+from dtrain_common.config import ConfigError
 from dtrain_operator.api import contract
-from dtrain_trainer.config import ConfigError
 from dtrain_trainer.progress import utc_now
 
 log = logging.getLogger("dtrain_trainer")
@@ -350,7 +350,7 @@ def _write_json_atomically(path: Path, document: Mapping[str, Any]) -> None:
 def _external_data_paths(graph: Path) -> tuple[str, ...]:
     import onnx
 
-    from dtrain_engine.onnx_model import external_data_files
+    from dtrain_common.onnx_files import external_data_files
 
     return external_data_files(onnx.load(str(graph), load_external_data=False), str(graph.parent))
 

@@ -1,6 +1,8 @@
-"""The trainer's inputs: the config file and torchrun's environment, checked before anything starts.
+"""The trainer's inputs: where its config file is and torchrun's environment, checked before anything starts.
 
-Everything here is a pure decision over values (a file's text, an environment mapping,
+The file itself is read by dtrain_common.config, which the engine builder shares.
+
+Everything here is a pure decision over values (a path, an environment mapping,
 a count of visible GPUs), so that a wrong setting fails in the first second with one
 line that names it, not an hour later inside a collective.
 """

@@ -1,9 +1,7 @@
-"""The model and the data module from `classPath` + `initArgs`, LightningCLI's shape.
+"""The Lightning package a job trains with, and its model and data classes on that package.
 
-A user's own LightningModule or LightningDataModule is anything importable in the image
-(or on PYTHONPATH locally). Every way of getting it wrong - a module that does not
-import, a name that is not there, a class of the wrong kind, arguments the class does
-not take - ends in one ConfigError line that names the field.
+Importing and building a class from `classPath` + `initArgs` is dtrain_common.loading,
+which the engine builder shares; this is the trainer's use of it.
 """
 
 from __future__ import annotations

@@ -40,7 +40,10 @@ class _StepCheckpointBehaviour:
 
     Two additions to Lightning's behaviour: it always saves at the end of training (Lightning
     saves only on the step grid), and it tells `on_saved(step, path)` on rank 0 about each
-    new checkpoint.
+    new checkpoint. Lightning has no public way to do either (Callback.on_save_checkpoint sees
+    no path, and no public method saves on demand), so both use ModelCheckpoint's private
+    members: pyproject.toml pins the Lightning minors that have them, and
+    tests/trainer/test_lightning_private_members.py names the one a newer Lightning changed.
     """
 
     def __init__(

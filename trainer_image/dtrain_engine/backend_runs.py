@@ -32,7 +32,7 @@ class PyTorchModel:
     info: dict[str, Any]
 
 
-def _load_pytorch(lookup: Optional[SourceLookup]) -> PyTorchModel:
+def load_pytorch(lookup: Optional[SourceLookup]) -> PyTorchModel:
     if lookup is None:
         return PyTorchModel(None, {"available": False, "reason": "--no-baseline"})
     if lookup.source is None:
@@ -73,7 +73,7 @@ def _check_and_time(
             run.pytorch_latency.append(TimedPoint(point, baseline.measure(batch, 0, point.batch_size, run.timing)))
 
 
-def _accuracy_failure(run: EngineRun) -> str:
+def accuracy_failure(run: EngineRun) -> str:
     if run.non_finite:
         return f"the outputs hold inf/nan: {', '.join(run.non_finite)}"
     failed = [c for c in run.comparisons if not c.passed]
@@ -87,7 +87,7 @@ def _accuracy_failure(run: EngineRun) -> str:
     )
 
 
-def _run_tensorrt(
+def run_tensorrt(
     model: OnnxModelInfo, run: EngineRun, pytorch: PyTorchModel, platform: Platform, plan: BuildPlan
 ) -> Optional[bytes]:
     """Build, check and time the engine; the serialized engine when it passed, else None.
@@ -135,7 +135,7 @@ def _run_tensorrt(
     return built.plan if run.accuracy_passed else None
 
 
-def _run_onnxruntime(
+def run_onnxruntime(
     model: OnnxModelInfo, run: EngineRun, pytorch: PyTorchModel, reasons: list[str], points: list[ShapePoint]
 ) -> None:
     run.notes.append(

@@ -22,7 +22,7 @@ from importlib import metadata
 from typing import Any, Optional
 
 from dtrain_engine.arguments import build_options, check_arguments, report_path
-from dtrain_engine.backend_runs import _accuracy_failure, _load_pytorch, _run_onnxruntime, _run_tensorrt
+from dtrain_engine.backend_runs import PyTorchModel, accuracy_failure, load_pytorch, run_onnxruntime, run_tensorrt
 from dtrain_engine.check import OnnxRuntimeCpu, TimingSettings
 from dtrain_engine.onnx_model import (
     EXIT_CHECK_FAILED,
@@ -33,7 +33,7 @@ from dtrain_engine.onnx_model import (
     inspect_onnx,
     usage_error,
 )
-from dtrain_engine.plan import BuildOptions, plan_build
+from dtrain_engine.plan import BuildOptions, BuildPlan, plan_build
 from dtrain_engine.probe import Platform, probe_platform, probe_tensorrt, unavailable_error
 from dtrain_engine.pytorch import find_pytorch_source
 from dtrain_engine.report import (
@@ -50,7 +50,7 @@ from dtrain_engine.report import (
 FALLBACK_ONNXRUNTIME = "onnxruntime"
 
 
-# --- Shared steps ---------------------------------------------------------------------------
+# --- What the report records of the inputs ----------------------------------------------
 
 
 def _sha256(path: str) -> str:
@@ -119,11 +119,36 @@ def _build_engine(args: argparse.Namespace, platform: Optional[Platform]) -> int
         print(f"dtrain build-engine: warning: {warning}", file=sys.stderr)
     external_data = _external_data_records(model)
 
-    pytorch = _load_pytorch(lookup)
+    pytorch = load_pytorch(lookup)
+    run = _new_run(args, model, external_data, plan, platform, pytorch)
+    exit_code = 0
+    if platform is not None:
+        exit_code = _build_check_and_write(args, model, run, pytorch, platform, plan)
+    else:
+        run_onnxruntime(model, run, pytorch, reasons, plan.points())
+        if os.path.exists(args.out):
+            run.notes.append(f"{args.out} exists from an earlier run; this run did not write it")
+
+    report = build_report(run)
+    path = report_path(args)
+    write_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
+    _write_termination_summary(termination_summary(report, path))
+    return _print_outcome(args, run, report, path, platform, exit_code)
+
+
+def _new_run(
+    args: argparse.Namespace,
+    model: OnnxModelInfo,
+    external_data: list[dict[str, Any]],
+    plan: BuildPlan,
+    platform: Optional[Platform],
+    pytorch: PyTorchModel,
+) -> EngineRun:
+    """The run's record before anything is built: what it checks, on what, in which precision."""
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     timing = TimingSettings(warmup=args.warmup, iterations=args.iterations, max_seconds=args.max_seconds)
     executed = plan.executed_precision if platform else model.exported_precision
-    run = EngineRun(
+    return EngineRun(
         backend="tensorrt" if platform else OnnxRuntimeCpu.name,
         onnx=model,
         onnx_sha256=_sha256(model.path),
@@ -140,30 +165,41 @@ def _build_engine(args: argparse.Namespace, platform: Optional[Platform]) -> int
         versions=_versions(platform.tensorrt_version if platform else None),
     )
 
-    exit_code = 0
-    if platform is not None:
-        try:
-            engine_plan = _run_tensorrt(model, run, pytorch, platform, plan)
-        except EngineError as error:
-            if error.exit_code == EXIT_USAGE:
-                raise
-            run.error, exit_code, engine_plan = str(error), error.exit_code, None
-        if engine_plan is not None:
-            write_atomic(args.out, engine_plan)
-            run.engine_path = os.path.abspath(args.out)
-            run.engine_bytes = len(engine_plan)
-        elif run.error is None:
-            run.notes.append(f"the engine failed the accuracy check and was not written to {args.out}")
+
+def _build_check_and_write(
+    args: argparse.Namespace,
+    model: OnnxModelInfo,
+    run: EngineRun,
+    pytorch: PyTorchModel,
+    platform: Platform,
+    plan: BuildPlan,
+) -> int:
+    """The TensorRT path: the engine is written only when it passed; the exit code of a failed build or run."""
+    try:
+        engine_plan = run_tensorrt(model, run, pytorch, platform, plan)
+    except EngineError as error:
+        if error.exit_code == EXIT_USAGE:
+            raise
+        run.error = str(error)
+        return error.exit_code
+    if engine_plan is not None:
+        write_atomic(args.out, engine_plan)
+        run.engine_path = os.path.abspath(args.out)
+        run.engine_bytes = len(engine_plan)
     else:
-        _run_onnxruntime(model, run, pytorch, reasons, plan.points())
-        if os.path.exists(args.out):
-            run.notes.append(f"{args.out} exists from an earlier run; this run did not write it")
+        run.notes.append(f"the engine failed the accuracy check and was not written to {args.out}")
+    return 0
 
-    report = build_report(run)
-    path = report_path(args)
-    write_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
-    _write_termination_summary(termination_summary(report, path))
 
+def _print_outcome(
+    args: argparse.Namespace,
+    run: EngineRun,
+    report: dict[str, Any],
+    path: str,
+    platform: Optional[Platform],
+    exit_code: int,
+) -> int:
+    """The notes, the table and where the files are, or the error; the command's exit code."""
     if run.error is not None:
         print(f"dtrain build-engine: error: {run.error}", file=sys.stderr)
         print(f"report: {path}")
@@ -175,7 +211,7 @@ def _build_engine(args: argparse.Namespace, platform: Optional[Platform]) -> int
         print(f"engine: {run.engine_path} ({run.engine_bytes} bytes, TensorRT {platform.tensorrt_version if platform else ''}, {args.precision})")
     print(f"report: {path}")
     if not run.accuracy_passed:
-        print(f"dtrain build-engine: error: accuracy check failed: {_accuracy_failure(run)}", file=sys.stderr)
+        print(f"dtrain build-engine: error: accuracy check failed: {accuracy_failure(run)}", file=sys.stderr)
         return EXIT_CHECK_FAILED
     return 0
 

@@ -272,8 +272,7 @@ class _Precision:
     reasons: list[str]
 
 
-def _plan_precision(version: tuple[int, int], options: BuildOptions, model: OnnxModelInfo) -> _Precision:
-    precision = options.precision
+def _plan_precision(version: tuple[int, int], precision: Precision, tf32: bool, model: OnnxModelInfo) -> _Precision:
     major = version[0]
     require_quantized_for_int8(precision, model)
     if model.quantized:
@@ -308,7 +307,7 @@ def _plan_precision(version: tuple[int, int], options: BuildOptions, model: Onnx
     executed: str = precision
     reasons = []
     if precision == "fp32":
-        if options.tf32:
+        if tf32:
             executed = "tf32"
             reasons.append("--tf32: fp32 layers may use TF32 (10-bit mantissa): judged against tf32's bound")
         else:
@@ -364,7 +363,7 @@ def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Op
     if version[0] not in SUPPORTED_TENSORRT_MAJORS:
         raise EngineError(f"TensorRT {version[0]} is not supported: dtrain builds with TensorRT 10 or 11", EXIT_UNAVAILABLE)
     profiles = plan_profiles(model, options)
-    precision = _plan_precision(version, options, model)
+    precision = _plan_precision(version, options.precision, options.tf32, model)
     flags, cleared, reasons = precision.flags, precision.cleared, precision.reasons
     executed = precision.executed
 

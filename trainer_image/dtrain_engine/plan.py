@@ -25,7 +25,7 @@ from dtrain_engine.onnx_model import (
     resolve_batch_sizes,
     usage_error,
 )
-from dtrain_engine.precision_plan import _plan_precision
+from dtrain_engine.precision_plan import plan_precision
 
 # What a dry run plans for when no TensorRT is installed: the API tensorrt-stubs describes.
 DEFAULT_TENSORRT_VERSION = "10.13"
@@ -288,7 +288,7 @@ def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Op
     if version[0] not in SUPPORTED_TENSORRT_MAJORS:
         raise EngineError(f"TensorRT {version[0]} is not supported: dtrain builds with TensorRT 10 or 11", EXIT_UNAVAILABLE)
     profiles = plan_profiles(model, options)
-    precision = _plan_precision(version, options.precision, options.tf32, model)
+    precision = plan_precision(version, options.precision, options.tf32, model)
     flags, cleared, reasons = precision.flags, precision.cleared, precision.reasons
     executed = precision.executed
 

@@ -25,7 +25,9 @@ WEAK_PRECISION_FLAGS: dict[str, str] = {"fp16": "FP16", "bf16": "BF16", "int8": 
 
 
 @dataclass
-class _Precision:
+class PrecisionPlan:
+    """The typing, the builder flags to set and clear, the precision executed, any ONNX conversion, and why."""
+
     strongly_typed: bool
     flags: list[str]
     cleared: list[str]
@@ -34,7 +36,8 @@ class _Precision:
     reasons: list[str]
 
 
-def _plan_precision(version: tuple[int, int], precision: Precision, tf32: bool, model: OnnxModelInfo) -> _Precision:
+def plan_precision(version: tuple[int, int], precision: Precision, tf32: bool, model: OnnxModelInfo) -> PrecisionPlan:
+    """How TensorRT `version` builds `model` for the requested `precision`."""
     major = version[0]
     require_quantized_for_int8(precision, model)
     if model.quantized:
@@ -55,7 +58,7 @@ def _plan_precision(version: tuple[int, int], precision: Precision, tf32: bool, 
                     f"{precision.upper()} flag, and dtrain never runs the fp16 converter over a Q/DQ graph "
                     "(ONNX Runtime rejects its result)"
                 )
-            return _Precision(True, [], [], quantized, None, reasons)
+            return PrecisionPlan(True, [], [], quantized, None, reasons)
         flags = [WEAK_PRECISION_FLAGS[precision]] if precision in ("fp16", "bf16") else []
         flags += types
         reasons.append(
@@ -63,7 +66,7 @@ def _plan_precision(version: tuple[int, int], precision: Precision, tf32: bool, 
             "Q/DQ layers' types (without them the build fails)"
             + (f" and {precision} kernels elsewhere" if precision in ("fp16", "bf16") else "")
         )
-        return _Precision(False, flags, [], quantized, None, reasons)
+        return PrecisionPlan(False, flags, [], quantized, None, reasons)
 
     cleared = []
     executed: str = precision
@@ -79,11 +82,11 @@ def _plan_precision(version: tuple[int, int], precision: Precision, tf32: bool, 
         flags = [WEAK_PRECISION_FLAGS[precision]] if precision in WEAK_PRECISION_FLAGS else []
         reasons.insert(0, f"TensorRT {version[0]}.{version[1]}, weakly typed: "
                        + (f"builder flag {flags[0]} lets TensorRT choose {precision} kernels" if flags else "fp32 kernels"))
-        return _Precision(False, flags, cleared, executed, None, reasons)
+        return PrecisionPlan(False, flags, cleared, executed, None, reasons)
     if precision == "fp16" and "float16" not in model.weight_types:
         reasons.insert(0, "TensorRT 11, strongly typed: fp32 weights and tensors converted to fp16 before parsing "
                        "(onnxruntime.transformers.float16, inputs and outputs kept fp32)")
-        return _Precision(True, [], cleared, executed, "float16", reasons)
+        return PrecisionPlan(True, [], cleared, executed, "float16", reasons)
     if precision == "bf16" and "bfloat16" not in model.weight_types:
         raise usage_error(
             "--precision bf16 on TensorRT 11 needs a bf16 ONNX model (TensorRT 11 has no BF16 builder flag): "
@@ -91,4 +94,4 @@ def _plan_precision(version: tuple[int, int], precision: Precision, tf32: bool, 
             "or use fp16"
         )
     reasons.insert(0, "TensorRT 11, strongly typed: the ONNX model's own types are built as they are")
-    return _Precision(True, [], cleared, executed, None, reasons)
+    return PrecisionPlan(True, [], cleared, executed, None, reasons)

@@ -25,7 +25,7 @@ from dtrain_engine.onnx_model import (
     resolve_batch_sizes,
     usage_error,
 )
-from dtrain_engine.precision_plan import plan_precision
+from dtrain_engine.precision_plan import PrecisionPlan, plan_precision
 
 # What a dry run plans for when no TensorRT is installed: the API tensorrt-stubs describes.
 DEFAULT_TENSORRT_VERSION = "10.13"
@@ -280,19 +280,14 @@ def check_options(options: BuildOptions) -> None:
             raise usage_error(f"--plugin-library {library}: no such file")
 
 
-def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Optional[str] = None) -> BuildPlan:
-    """The whole build plan for `model` on TensorRT `tensorrt_version` (None: DEFAULT_TENSORRT_VERSION, assumed)."""
-    check_options(options)
-    assumed = tensorrt_version is None
-    version = _version(tensorrt_version or DEFAULT_TENSORRT_VERSION)
-    if version[0] not in SUPPORTED_TENSORRT_MAJORS:
-        raise EngineError(f"TensorRT {version[0]} is not supported: dtrain builds with TensorRT 10 or 11", EXIT_UNAVAILABLE)
-    profiles = plan_profiles(model, options)
-    precision = plan_precision(version, options.precision, options.tf32, model)
-    flags, cleared, reasons = precision.flags, precision.cleared, precision.reasons
-    executed = precision.executed
+def _plan_layer_precisions(
+    options: BuildOptions, precision: PrecisionPlan, version: tuple[int, int], model: OnnxModelInfo
+) -> tuple[list[tuple[str, str]], str]:
+    """--layer-precisions as (pattern, DataType member), and the precision the engine is judged by with them.
 
-    layer_precisions = []
+    The builder flags they need, and the reason, are added to `precision`'s."""
+    flags, reasons, executed = precision.flags, precision.reasons, precision.executed
+    layer_precisions: list[tuple[str, str]] = []
     if options.layer_precisions:
         if precision.strongly_typed:
             raise usage_error(
@@ -315,8 +310,13 @@ def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Op
         )
     elif options.precision_constraints != "none":
         flags.append(PRECISION_CONSTRAINT_FLAGS[options.precision_constraints])
+    return layer_precisions, executed
 
-    notes = []
+
+def _plan_runtime(options: BuildOptions, model: OnnxModelInfo) -> tuple[list[str], list[str], bool]:
+    """The builder flags for version compatibility, refit and stripped weights, the notes on them, and the CUDA graph."""
+    flags: list[str] = []
+    notes: list[str] = []
     if options.version_compatible:
         flags.append("VERSION_COMPATIBLE")
         notes.append("version compatible: the engine carries a lean runtime, so the runtime must allow host code")
@@ -331,6 +331,22 @@ def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Op
     if cuda_graph and data_dependent:
         cuda_graph = False
         notes.append(f"no CUDA graph: outputs {list(data_dependent)} have data-dependent shapes, which a graph cannot capture")
+    return flags, notes, cuda_graph
+
+
+def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Optional[str] = None) -> BuildPlan:
+    """The whole build plan for `model` on TensorRT `tensorrt_version` (None: DEFAULT_TENSORRT_VERSION, assumed)."""
+    check_options(options)
+    assumed = tensorrt_version is None
+    version = _version(tensorrt_version or DEFAULT_TENSORRT_VERSION)
+    if version[0] not in SUPPORTED_TENSORRT_MAJORS:
+        raise EngineError(f"TensorRT {version[0]} is not supported: dtrain builds with TensorRT 10 or 11", EXIT_UNAVAILABLE)
+    profiles = plan_profiles(model, options)
+    precision = plan_precision(version, options.precision, options.tf32, model)
+    layer_precisions, executed = _plan_layer_precisions(options, precision, version, model)
+    runtime_flags, notes, cuda_graph = _plan_runtime(options, model)
+    flags, cleared, reasons = precision.flags + runtime_flags, precision.cleared, precision.reasons
+    data_dependent = model.data_dependent_outputs
 
     return BuildPlan(
         tensorrt_version=f"{version[0]}.{version[1]}" if assumed else str(tensorrt_version),

@@ -11,7 +11,7 @@ import torch
 from dtrain_common.config import ConfigError
 from dtrain_common.loading import instantiate
 from dtrain_operator import api
-from dtrain_trainer.export import resolve_example
+from dtrain_trainer.example_inputs import resolve_example
 from dtrain_trainer.loading import instantiate_data, job_classes
 from dtrain_trainer.memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, gpu_memory_of
 

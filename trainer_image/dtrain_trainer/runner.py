@@ -51,13 +51,8 @@ from dtrain_trainer.config import (
     progress_interval,
     resolve_precision,
 )
-from dtrain_trainer.export import (
-    ExampleInputs,
-    ExportError,
-    export_artifacts,
-    resolve_example,
-    write_termination_log,
-)
+from dtrain_trainer.example_inputs import ExampleInputs, resolve_example
+from dtrain_trainer.export import ExportError, export_artifacts, write_termination_log
 from dtrain_trainer.loading import instantiate_data, job_classes
 from dtrain_trainer.logs import build_logger, continue_log
 from dtrain_trainer.progress import (

@@ -242,6 +242,52 @@ def _file_record(path: Path) -> dict[str, Any]:
     return {"path": str(path), "sha256": sha256_file(path), "sizeBytes": path.stat().st_size}
 
 
+def _export_checked(
+    model: torch.nn.Module, inputs: ExampleInputs, opset: int, dynamic_batch: bool, artifacts_dir: Path
+) -> tuple[OnnxFile, float, int, list[Path]]:
+    """artifacts_dir/model.onnx (and its data files), written only once ONNX Runtime agrees with PyTorch.
+
+    Returns the file, the parity check's error and batch size, and the data files relative to artifacts_dir."""
+    # Exported under its final name in a scratch directory: the external data files of a large
+    # model are named, and referenced by the graph, as they will be in artifacts_dir. Data files
+    # move first, the graph last; a failure leaves nothing behind.
+    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=artifacts_dir))
+    candidate = scratch / contract.ONNX_FILE_NAME
+    try:
+        exported = export_onnx_inputs(model, inputs, candidate, opset, dynamic_batch)
+        parity_batch = inputs.batch(PARITY_BATCH_DYNAMIC if dynamic_batch else 1, torch.Generator().manual_seed(1))
+        error = check_onnx_parity(model, candidate, parity_batch)
+        if not error <= PARITY_TOLERANCE:
+            raise ExportError(
+                f"ONNX Runtime disagrees with PyTorch on a random batch: max relative error {error:.3g} "
+                f"> {PARITY_TOLERANCE:g}"
+            )
+        data_files = [Path(path).relative_to(scratch) for path in _external_data_paths(candidate)]
+        for relative in data_files:
+            (artifacts_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(scratch / relative, artifacts_dir / relative)
+        os.replace(candidate, artifacts_dir / contract.ONNX_FILE_NAME)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return exported, error, int(parity_batch[0].shape[0]), data_files
+
+
+def _onnx_record(exported: OnnxFile, artifacts_dir: Path, data_files: list[Path]) -> dict[str, Any]:
+    return {
+        **_file_record(artifacts_dir / contract.ONNX_FILE_NAME),
+        # The weights of a model over EXTERNAL_DATA_BYTES, each file hashed as the graph is.
+        "externalData": [_file_record(artifacts_dir / relative) for relative in data_files],
+        "opset": exported.opset,
+        "exporter": exported.exporter,
+        "dynamicBatch": exported.dynamic_batch,
+        # The first input's name and shape (what a one-input engine build reads); every input in "inputs".
+        "inputName": exported.inputs.names[0],
+        "outputName": OUTPUT_NAME,
+        "inputShape": list(exported.input_shape),
+        "inputs": exported.inputs.describe(),
+    }
+
+
 def export_artifacts(
     model: torch.nn.Module,
     inputs: ExampleInputs | Sequence[int],
@@ -264,50 +310,17 @@ def export_artifacts(
         raise ExportError(f"artifacts.dir {artifacts_dir}: cannot create it ({exc.strerror})") from exc
     inputs = (inputs if isinstance(inputs, ExampleInputs) else single_input(inputs)).with_float32()
     model = model.to("cpu").float().eval()
-    onnx_path = artifacts_dir / contract.ONNX_FILE_NAME
-    # Exported under its final name in a scratch directory: the external data files of a large
-    # model are named, and referenced by the graph, as they will be in artifacts_dir. Data files
-    # move first, the graph last; a failure leaves nothing behind.
-    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=artifacts_dir))
-    candidate = scratch / contract.ONNX_FILE_NAME
-    try:
-        exported = export_onnx_inputs(model, inputs, candidate, opset, dynamic_batch)
-        parity_batch = inputs.batch(PARITY_BATCH_DYNAMIC if dynamic_batch else 1, torch.Generator().manual_seed(1))
-        error = check_onnx_parity(model, candidate, parity_batch)
-        if not error <= PARITY_TOLERANCE:
-            raise ExportError(
-                f"ONNX Runtime disagrees with PyTorch on a random batch: max relative error {error:.3g} "
-                f"> {PARITY_TOLERANCE:g}"
-            )
-        data_files = [Path(path).relative_to(scratch) for path in _external_data_paths(candidate)]
-        for relative in data_files:
-            (artifacts_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(scratch / relative, artifacts_dir / relative)
-        os.replace(candidate, onnx_path)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    exported, error, parity_batch_size, data_files = _export_checked(model, inputs, opset, dynamic_batch, artifacts_dir)
     import onnxruntime as ort
 
     record: dict[str, Any] = {
         "jobName": job_name,
         "createdAt": utc_now(),
-        "onnx": {
-            **_file_record(onnx_path),
-            # The weights of a model over EXTERNAL_DATA_BYTES, each file hashed as the graph is.
-            "externalData": [_file_record(artifacts_dir / relative) for relative in data_files],
-            "opset": exported.opset,
-            "exporter": exported.exporter,
-            "dynamicBatch": dynamic_batch,
-            # The first input's name and shape (what a one-input engine build reads); every input in "inputs".
-            "inputName": inputs.names[0],
-            "outputName": OUTPUT_NAME,
-            "inputShape": list(exported.input_shape),
-            "inputs": inputs.describe(),
-        },
+        "onnx": _onnx_record(exported, artifacts_dir, data_files),
         "parity": {
             "maxRelativeError": error,
             "tolerance": PARITY_TOLERANCE,
-            "batchSize": int(parity_batch[0].shape[0]),
+            "batchSize": parity_batch_size,
             "runtime": f"onnxruntime {ort.__version__} CPUExecutionProvider",
             "ok": True,
         },

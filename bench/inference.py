@@ -27,6 +27,7 @@ import torch
 import torchvision
 
 from dtrain_trainer import export as dtrain_export
+from dtrain_trainer.example_inputs import INPUT_NAME
 
 from .common import machine, markdown_table, percentile, write_results
 
@@ -201,7 +202,7 @@ def gpu_rows(case: ModelCase, batches: list[int], budget: Budget, workdir: Path)
         host_inputs = torch.randn(batch, 3, case.image_size, case.image_size)
         inputs = host_inputs.to(device)
         half_inputs = inputs.half()
-        feed = {dtrain_export.INPUT_NAME: host_inputs.numpy()}
+        feed = {INPUT_NAME: host_inputs.numpy()}
         [actual] = engine.infer(feed).values()
         run_engine = engine.prepare_timed_run(feed)
         with torch.inference_mode():

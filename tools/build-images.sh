@@ -89,9 +89,13 @@ if [[ -n "$cert" && -f "$cert" && "$tool" != docker ]]; then
   pip_args+=(--build-arg PIP_CERT=/run/dtrain-build/ca.pem)
 fi
 
-# What goes into the dtrain wheel: a layer that installs it from a mounted stage is rebuilt when this changes.
-source_digest="$(find pyproject.toml README.md operator/dtrain_operator trainer_image/dtrain_trainer trainer_image/dtrain_engine trainer_image/dtrain_common -type f \
-  -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
+# What goes into an image's dtrain wheel, the paths its .dockerignore lets into the build context:
+# a layer that installs the wheel from a mounted stage is rebuilt when this changes.
+source_digest() {
+  local paths
+  mapfile -t paths < <(sed -n 's|^!\(.*[^/]\)/*$|\1|p' "$1.dockerignore")
+  find "${paths[@]}" -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
+}
 
 build_one() {
   local name="$1" file base tag
@@ -105,7 +109,7 @@ build_one() {
       args+=(--build-arg "DTRAIN_EXTRA=${ENGINE_EXTRA:-tensorrt}" --build-arg "REQUIRE_TENSORRT=${REQUIRE_TENSORRT:-1}") ;;
   esac
   [[ -z "$base" ]] || args+=(--build-arg "BASE_IMAGE=$base")
-  args+=(--build-arg "DTRAIN_SOURCE_DIGEST=$source_digest")
+  args+=(--build-arg "DTRAIN_SOURCE_DIGEST=$(source_digest "$file")")
   [[ "$name" == operator || -z "${TORCH_PACKAGES:-}" ]] || args+=(--build-arg "TORCH_PACKAGES=$TORCH_PACKAGES")
   echo "build-images: $tool: $tag from $file${base:+ on $base}"
   case "$tool" in

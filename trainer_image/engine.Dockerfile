@@ -27,10 +27,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY operator/dtrain_operator operator/dtrain_operator
-COPY trainer_image/dtrain_trainer trainer_image/dtrain_trainer
+# Only what the engine Job runs: the API layer, the `dtrain` command (the Job runs `dtrain build-engine`,
+# rendered by dtrain_operator.core.render.engine_command), the engine and what it shares with the
+# trainer. The trainer comes too, not for its code but for the built-in model classes
+# (dtrain_trainer.models) that the PyTorch baseline builds from artifacts.json's classPath.
+COPY operator/dtrain_operator/__init__.py operator/dtrain_operator/py.typed operator/dtrain_operator/
+COPY operator/dtrain_operator/api operator/dtrain_operator/api
+COPY operator/dtrain_operator/cli operator/dtrain_operator/cli
 COPY trainer_image/dtrain_engine trainer_image/dtrain_engine
 COPY trainer_image/dtrain_common trainer_image/dtrain_common
+COPY trainer_image/dtrain_trainer trainer_image/dtrain_trainer
 # Keep the base image's torch, torchvision and TensorRT: pin what is installed so that pip
 # never replaces them with PyPI builds (NVIDIA's own constraints, if any, still apply).
 RUN if [ -n "$TORCH_PACKAGES" ]; then pip install --no-cache-dir $TORCH_PACKAGES; fi \

@@ -13,7 +13,7 @@ import pytest
 from repaired_tensorrt_stubs import installed_stub_root, write_repaired_stubs
 
 from bench.engine_cases import fp32_mlp, qdq_int8
-from dtrain_engine import main as engine
+from dtrain_engine import probe
 from dtrain_engine.onnx_model import (
     EXIT_UNAVAILABLE,
     EngineError,
@@ -25,7 +25,7 @@ from dtrain_engine.onnx_model import (
 )
 from dtrain_engine.plan import HARDWARE_COMPATIBILITY, BuildOptions, plan_build
 
-ENGINE_TENSORRT = Path(engine.__file__).with_name("tensorrt_runtime.py")
+ENGINE_TENSORRT = Path(probe.__file__).with_name("tensorrt_runtime.py")
 
 
 def _tensorrt_api() -> dict[str, tuple[int, ...]]:
@@ -38,7 +38,7 @@ def _tensorrt_api() -> dict[str, tuple[int, ...]]:
 
 
 def _usable_tensorrt():
-    version, reason = engine.probe_tensorrt()
+    version, reason = probe.probe_tensorrt()
     if version is None:
         pytest.skip(f"TensorRT is not importable here: {reason}")
     return importlib.import_module("tensorrt")
@@ -160,8 +160,8 @@ def test_every_builder_flag_a_plan_names_is_in_the_tensorrt_api_for_its_major(tm
 
 
 def test_missing_tensorrt_or_gpu_is_named_and_nothing_is_written(build_engine, artifacts_copy: Path) -> None:
-    tensorrt_version, tensorrt_missing = engine.probe_tensorrt()
-    cuda_missing = engine.probe_cuda()
+    tensorrt_version, tensorrt_missing = probe.probe_tensorrt()
+    cuda_missing = probe.probe_cuda()
     if tensorrt_version is not None and cuda_missing is None:
         pytest.skip("TensorRT and a CUDA GPU are both here: the engine is built instead")
 
@@ -178,7 +178,7 @@ def test_missing_tensorrt_or_gpu_is_named_and_nothing_is_written(build_engine, a
 
 
 def test_unavailable_message_names_each_missing_part() -> None:
-    error = engine.unavailable_error(["TensorRT is not installed (x)", "no CUDA GPU is visible (y)"])
+    error = probe.unavailable_error(["TensorRT is not installed (x)", "no CUDA GPU is visible (y)"])
     assert error.exit_code == EXIT_UNAVAILABLE
     assert "TensorRT is not installed (x); and no CUDA GPU is visible (y)" in str(error)
     assert "\n" not in str(error)
@@ -192,7 +192,7 @@ def test_stubs_alone_are_not_mistaken_for_tensorrt() -> None:
         pytest.skip("no `tensorrt` module at all here")
     if hasattr(tensorrt, "Builder"):
         pytest.skip("the real TensorRT is installed here")
-    version, reason = engine.probe_tensorrt()
+    version, reason = probe.probe_tensorrt()
     assert version is None
     assert reason is not None and "only type stubs" in reason
 

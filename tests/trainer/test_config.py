@@ -6,13 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from dtrain_common.config import ConfigError, load_config, parse_config
 from dtrain_operator.api import TrainerConfig, contract
 from dtrain_trainer.config import (
-    ConfigError,
     check_launch_environment,
     config_path,
-    load_config,
-    parse_config,
     progress_interval,
     resolve_precision,
 )

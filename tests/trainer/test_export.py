@@ -15,16 +15,15 @@ from onnx import numpy_helper
 from torch import nn
 
 from dtrain_common.accuracy import max_relative_error
+from dtrain_common.config import ConfigError
 from dtrain_operator.api import contract
-from dtrain_trainer.config import ConfigError
+from dtrain_trainer.example_inputs import INPUT_NAME, resolve_example
 from dtrain_trainer.export import (
-    INPUT_NAME,
     PARITY_TOLERANCE,
     ExportError,
     check_onnx_parity,
     export_artifacts,
     export_onnx,
-    resolve_example,
     termination_summary,
     write_termination_log,
 )

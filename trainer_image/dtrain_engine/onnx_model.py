@@ -15,6 +15,8 @@ from typing import Any, Literal, Optional, Union
 
 import numpy as np
 
+from dtrain_common.onnx_files import external_data_files
+
 EXIT_CHECK_FAILED = 1  # the build, the accuracy check or a runtime failed
 EXIT_USAGE = 2  # bad arguments or an input the command cannot use
 EXIT_UNAVAILABLE = 3  # TensorRT or a CUDA GPU is missing and no fallback was asked for
@@ -170,19 +172,8 @@ def _quantized_types(graph: Any, functions: Any) -> frozenset[str]:
     return frozenset(found)
 
 
-def external_data_files(model: Any, directory: str) -> tuple[str, ...]:
-    """The files the graph's external tensors live in (paths relative to the model's directory)."""
-    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
-
-    locations = {ExternalDataInfo(t).location for t in _get_all_tensors(model) if uses_external_data(t)}
-    return tuple(os.path.join(directory, location) for location in sorted(locations))
-
-
-def inspect_onnx(path: str) -> OnnxModelInfo:
-    """The model's inputs, outputs and batch axis; a usage EngineError for a file that is not a usable ONNX model.
-
-    The weights are never loaded: a model over 2 GB keeps them in external data files, which
-    the checker reads by path as TensorRT's parser does."""
+def _load_checked(path: str) -> Any:
+    """The model's graph (without its weights), once the ONNX checker passes it."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -201,16 +192,11 @@ def inspect_onnx(path: str) -> OnnxModelInfo:
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise usage_error(f"--onnx {path} is not a valid ONNX model: {first_line}")
+    return model
 
-    initializer_names = {init.name for init in model.graph.initializer}
-    inputs = tuple(
-        TensorInfo(vi.name, _numpy_dtype_name(vi.type.tensor_type.elem_type), _dims(vi))
-        for vi in model.graph.input
-        if vi.name not in initializer_names
-    )
-    outputs = tuple(
-        TensorInfo(vi.name, _numpy_dtype_name(vi.type.tensor_type.elem_type), _dims(vi)) for vi in model.graph.output
-    )
+
+def _static_batch(path: str, inputs: tuple[TensorInfo, ...]) -> Optional[int]:
+    """The inputs are float batches that agree on their batch size: that size when fixed, None when dynamic."""
     if not inputs:
         raise usage_error(f"--onnx {path} has no inputs: build-engine needs a model that takes a batch")
     for tensor in inputs:
@@ -233,6 +219,27 @@ def inspect_onnx(path: str) -> OnnxModelInfo:
         raise usage_error(f"--onnx {path}: some inputs have a fixed batch axis and others a dynamic one")
     if len(fixed) > 1:
         raise usage_error(f"--onnx {path}: inputs disagree on the batch size: {sorted(fixed)}")
+    return next(iter(fixed)) if fixed else None
+
+
+def inspect_onnx(path: str) -> OnnxModelInfo:
+    """The model's inputs, outputs and batch axis; a usage EngineError for a file that is not a usable ONNX model.
+
+    The weights are never loaded: a model over 2 GB keeps them in external data files, which
+    the checker reads by path as TensorRT's parser does."""
+    import onnx
+
+    model = _load_checked(path)
+    initializer_names = {init.name for init in model.graph.initializer}
+    inputs = tuple(
+        TensorInfo(vi.name, _numpy_dtype_name(vi.type.tensor_type.elem_type), _dims(vi))
+        for vi in model.graph.input
+        if vi.name not in initializer_names
+    )
+    outputs = tuple(
+        TensorInfo(vi.name, _numpy_dtype_name(vi.type.tensor_type.elem_type), _dims(vi)) for vi in model.graph.output
+    )
+    static_batch = _static_batch(path, inputs)
 
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     float_types = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
@@ -244,7 +251,7 @@ def inspect_onnx(path: str) -> OnnxModelInfo:
         inputs=inputs,
         outputs=outputs,
         opset=opset,
-        static_batch=next(iter(fixed)) if fixed else None,
+        static_batch=static_batch,
         quantized_types=_quantized_types(model.graph, model.functions),
         weight_types=weight_types,
         external_data=external_data_files(model, os.path.dirname(path)),

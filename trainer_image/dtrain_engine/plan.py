@@ -22,17 +22,13 @@ from dtrain_engine.onnx_model import (
     OnnxModelInfo,
     Precision,
     Shape,
-    quantized_precision,
-    require_quantized_for_int8,
     resolve_batch_sizes,
     usage_error,
 )
+from dtrain_engine.precision_plan import PrecisionPlan, plan_precision
 
 # What a dry run plans for when no TensorRT is installed: the API tensorrt-stubs describes.
 DEFAULT_TENSORRT_VERSION = "10.13"
-# NVIDIA deprecated weak typing in 10.12 and builds explicitly quantized models strongly typed
-# since; before it, a weakly typed network needs the INT8 (FP8, INT4, FP4) flag for Q/DQ layers.
-STRONGLY_TYPED_QDQ_SINCE = (10, 12)
 DEFAULT_BUILDER_OPTIMIZATION_LEVEL = 3  # TensorRT's and trtexec's default
 MAX_BUILDER_OPTIMIZATION_LEVEL = 5
 # trtexec's spelling -> TensorRT's HardwareCompatibilityLevel member.
@@ -40,7 +36,6 @@ HARDWARE_COMPATIBILITY = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-comput
 PRECISION_CONSTRAINT_FLAGS = {"prefer": "PREFER_PRECISION_CONSTRAINTS", "obey": "OBEY_PRECISION_CONSTRAINTS"}
 # A layer precision -> (TensorRT DataType member, the builder flag a weakly typed build needs for it).
 LAYER_PRECISIONS: dict[str, tuple[str, Optional[str]]] = {"fp32": ("FLOAT", None), "fp16": ("HALF", "FP16"), "bf16": ("BF16", "BF16")}
-WEAK_PRECISION_FLAGS: dict[str, str] = {"fp16": "FP16", "bf16": "BF16", "int8": "INT8"}
 
 
 @dataclass(frozen=True)
@@ -262,77 +257,6 @@ def _version(text: str) -> tuple[int, int]:
         raise usage_error(f"TensorRT version {text!r}: expected MAJOR.MINOR, e.g. 10.13") from None
 
 
-@dataclass
-class _Precision:
-    strongly_typed: bool
-    flags: list[str]
-    cleared: list[str]
-    executed: str
-    conversion: Optional[str]
-    reasons: list[str]
-
-
-def _plan_precision(version: tuple[int, int], options: BuildOptions, model: OnnxModelInfo) -> _Precision:
-    precision = options.precision
-    major = version[0]
-    require_quantized_for_int8(precision, model)
-    if model.quantized:
-        types = sorted(model.quantized_types)
-        quantized = quantized_precision(model.quantized_types)
-        reasons = [
-            f"Q/DQ nodes quantize to {', '.join(types)}: the engine is judged against {quantized}'s bound "
-            f"({ACCURACY_BOUNDS[quantized]:g}), whatever --precision asks ({precision})"
-        ]
-        if major >= 11 or version >= STRONGLY_TYPED_QDQ_SINCE:
-            reasons.append(
-                f"TensorRT {version[0]}.{version[1]}: explicitly quantized models are built strongly typed "
-                "(NVIDIA's guidance; the precision builder flags are deprecated from 10.12): the ONNX types decide"
-            )
-            if precision in ("fp16", "bf16") and "float16" not in model.weight_types:
-                reasons.append(
-                    f"the layers outside Q/DQ stay in the model's own types: strongly typed builds take no "
-                    f"{precision.upper()} flag, and dtrain never runs the fp16 converter over a Q/DQ graph "
-                    "(ONNX Runtime rejects its result)"
-                )
-            return _Precision(True, [], [], quantized, None, reasons)
-        flags = [WEAK_PRECISION_FLAGS[precision]] if precision in ("fp16", "bf16") else []
-        flags += types
-        reasons.append(
-            f"TensorRT {version[0]}.{version[1]} builds weakly typed: builder flag(s) {', '.join(flags)} enable the "
-            "Q/DQ layers' types (without them the build fails)"
-            + (f" and {precision} kernels elsewhere" if precision in ("fp16", "bf16") else "")
-        )
-        return _Precision(False, flags, [], quantized, None, reasons)
-
-    cleared = []
-    executed: str = precision
-    reasons = []
-    if precision == "fp32":
-        if options.tf32:
-            executed = "tf32"
-            reasons.append("--tf32: fp32 layers may use TF32 (10-bit mantissa): judged against tf32's bound")
-        else:
-            cleared.append("TF32")
-            reasons.append("fp32 without TF32 (cleared, as polygraphy does; trtexec --noTF32), so the 1e-3 bound is fair")
-    if major == 10:
-        flags = [WEAK_PRECISION_FLAGS[precision]] if precision in WEAK_PRECISION_FLAGS else []
-        reasons.insert(0, f"TensorRT {version[0]}.{version[1]}, weakly typed: "
-                       + (f"builder flag {flags[0]} lets TensorRT choose {precision} kernels" if flags else "fp32 kernels"))
-        return _Precision(False, flags, cleared, executed, None, reasons)
-    if precision == "fp16" and "float16" not in model.weight_types:
-        reasons.insert(0, "TensorRT 11, strongly typed: fp32 weights and tensors converted to fp16 before parsing "
-                       "(onnxruntime.transformers.float16, inputs and outputs kept fp32)")
-        return _Precision(True, [], cleared, executed, "float16", reasons)
-    if precision == "bf16" and "bfloat16" not in model.weight_types:
-        raise usage_error(
-            "--precision bf16 on TensorRT 11 needs a bf16 ONNX model (TensorRT 11 has no BF16 builder flag): "
-            "convert it with NVIDIA ModelOpt AutoCast (python -m modelopt.onnx.autocast --low_precision_type bf16), "
-            "or use fp16"
-        )
-    reasons.insert(0, "TensorRT 11, strongly typed: the ONNX model's own types are built as they are")
-    return _Precision(True, [], cleared, executed, None, reasons)
-
-
 def _loosest(*precisions: str) -> str:
     return max(precisions, key=lambda name: ACCURACY_BOUNDS[name])
 
@@ -356,19 +280,14 @@ def check_options(options: BuildOptions) -> None:
             raise usage_error(f"--plugin-library {library}: no such file")
 
 
-def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Optional[str] = None) -> BuildPlan:
-    """The whole build plan for `model` on TensorRT `tensorrt_version` (None: DEFAULT_TENSORRT_VERSION, assumed)."""
-    check_options(options)
-    assumed = tensorrt_version is None
-    version = _version(tensorrt_version or DEFAULT_TENSORRT_VERSION)
-    if version[0] not in SUPPORTED_TENSORRT_MAJORS:
-        raise EngineError(f"TensorRT {version[0]} is not supported: dtrain builds with TensorRT 10 or 11", EXIT_UNAVAILABLE)
-    profiles = plan_profiles(model, options)
-    precision = _plan_precision(version, options, model)
-    flags, cleared, reasons = precision.flags, precision.cleared, precision.reasons
-    executed = precision.executed
+def _plan_layer_precisions(
+    options: BuildOptions, precision: PrecisionPlan, version: tuple[int, int], model: OnnxModelInfo
+) -> tuple[list[tuple[str, str]], str]:
+    """--layer-precisions as (pattern, DataType member), and the precision the engine is judged by with them.
 
-    layer_precisions = []
+    The builder flags they need, and the reason, are added to `precision`'s."""
+    flags, reasons, executed = precision.flags, precision.reasons, precision.executed
+    layer_precisions: list[tuple[str, str]] = []
     if options.layer_precisions:
         if precision.strongly_typed:
             raise usage_error(
@@ -391,8 +310,13 @@ def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Op
         )
     elif options.precision_constraints != "none":
         flags.append(PRECISION_CONSTRAINT_FLAGS[options.precision_constraints])
+    return layer_precisions, executed
 
-    notes = []
+
+def _plan_runtime(options: BuildOptions, model: OnnxModelInfo) -> tuple[list[str], list[str], bool]:
+    """The builder flags for version compatibility, refit and stripped weights, the notes on them, and the CUDA graph."""
+    flags: list[str] = []
+    notes: list[str] = []
     if options.version_compatible:
         flags.append("VERSION_COMPATIBLE")
         notes.append("version compatible: the engine carries a lean runtime, so the runtime must allow host code")
@@ -407,6 +331,22 @@ def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Op
     if cuda_graph and data_dependent:
         cuda_graph = False
         notes.append(f"no CUDA graph: outputs {list(data_dependent)} have data-dependent shapes, which a graph cannot capture")
+    return flags, notes, cuda_graph
+
+
+def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Optional[str] = None) -> BuildPlan:
+    """The whole build plan for `model` on TensorRT `tensorrt_version` (None: DEFAULT_TENSORRT_VERSION, assumed)."""
+    check_options(options)
+    assumed = tensorrt_version is None
+    version = _version(tensorrt_version or DEFAULT_TENSORRT_VERSION)
+    if version[0] not in SUPPORTED_TENSORRT_MAJORS:
+        raise EngineError(f"TensorRT {version[0]} is not supported: dtrain builds with TensorRT 10 or 11", EXIT_UNAVAILABLE)
+    profiles = plan_profiles(model, options)
+    precision = plan_precision(version, options.precision, options.tf32, model)
+    layer_precisions, executed = _plan_layer_precisions(options, precision, version, model)
+    runtime_flags, notes, cuda_graph = _plan_runtime(options, model)
+    flags, cleared, reasons = precision.flags + runtime_flags, precision.cleared, precision.reasons
+    data_dependent = model.data_dependent_outputs
 
     return BuildPlan(
         tensorrt_version=f"{version[0]}.{version[1]}" if assumed else str(tensorrt_version),

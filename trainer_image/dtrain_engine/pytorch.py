@@ -45,8 +45,8 @@ def _model_from_config_file(path: str) -> api.ClassSpec:
     import yaml
     from pydantic import ValidationError
 
+    from dtrain_common.config import ConfigError, parse_config
     from dtrain_operator.api.validation import format_validation_error
-    from dtrain_trainer.config import ConfigError, parse_config
 
     try:
         text = Path(path).read_text()
@@ -139,8 +139,8 @@ def load_pytorch_model(source: PyTorchSource) -> Any:
     """
     import torch
 
-    from dtrain_trainer.config import ConfigError
-    from dtrain_trainer.loading import instantiate
+    from dtrain_common.config import ConfigError
+    from dtrain_common.loading import instantiate
 
     try:
         model = instantiate(source.model, "model", torch.nn.Module)

@@ -100,8 +100,8 @@ def _key(timed: TimedPoint) -> tuple[int, str]:
     return timed.point.profile, timed.point.label
 
 
-def build_report(run: EngineRun, created_at: Optional[datetime] = None) -> dict[str, Any]:
-    created = (created_at or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _latency_rows(run: EngineRun) -> list[dict[str, Any]]:
+    """Each shape point's timing, next to PyTorch eager's at the same point and the speedup over it."""
     baseline = {_key(timed): timed.timing.primary for timed in run.pytorch_latency}
     latency = []
     for timed in run.latency:
@@ -113,6 +113,12 @@ def build_report(run: EngineRun, created_at: Optional[datetime] = None) -> dict[
         speedup = reference.median_ms / stats.median_ms if reference and stats.median_ms else None
         row["speedup_vs_pytorch"] = round(speedup, 3) if speedup is not None else None
         latency.append(row)
+    return latency
+
+
+def build_report(run: EngineRun, created_at: Optional[datetime] = None) -> dict[str, Any]:
+    created = (created_at or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    latency = _latency_rows(run)
     first_input = run.plan.profiles[0][run.onnx.inputs[0].name]
     return {
         "schema": REPORT_SCHEMA,

@@ -1,3 +1,9 @@
+# layout: one module over 400 lines on purpose. It is the whole TensorRT surface and the only
+# module that imports tensorrt: TENSORRT_API (about 100 lines) lists every member used, and
+# tests/engine checks that table against the real module and the stubs, type-checks this file
+# by path with mypy, and re-imports it with the TensorRT double in place. Split in two, the
+# surface would be two files for each of those checks to keep in step; the build and run halves
+# are each under 200 lines and each function is short.
 """Everything that touches TensorRT: carry out a BuildPlan (parse, configure, build), then run
 the engine on a Device.
 

@@ -25,9 +25,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import TorchCheckpointIO
 
+from dtrain_common.config import ConfigError
 from dtrain_operator.api import contract
 from dtrain_trainer import flavor
-from dtrain_trainer.config import ConfigError
 
 log = logging.getLogger("dtrain_trainer")
 
@@ -40,7 +40,10 @@ class _StepCheckpointBehaviour:
 
     Two additions to Lightning's behaviour: it always saves at the end of training (Lightning
     saves only on the step grid), and it tells `on_saved(step, path)` on rank 0 about each
-    new checkpoint.
+    new checkpoint. Lightning has no public way to do either (Callback.on_save_checkpoint sees
+    no path, and no public method saves on demand), so both use ModelCheckpoint's private
+    members: pyproject.toml pins the Lightning minors that have them, and
+    tests/trainer/test_lightning_private_members.py names the one a newer Lightning changed.
     """
 
     def __init__(

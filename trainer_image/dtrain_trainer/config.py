@@ -1,6 +1,8 @@
-"""The trainer's inputs: the config file and torchrun's environment, checked before anything starts.
+"""The trainer's inputs: where its config file is and torchrun's environment, checked before anything starts.
 
-Everything here is a pure decision over values (a file's text, an environment mapping,
+The file itself is read by dtrain_common.config, which the engine builder shares.
+
+Everything here is a pure decision over values (a path, an environment mapping,
 a count of visible GPUs), so that a wrong setting fails in the first second with one
 line that names it, not an hour later inside a collective.
 """
@@ -10,15 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
-
+from dtrain_common.config import ConfigError
 from dtrain_operator.api import TrainerConfig, contract
-from dtrain_operator.api.validation import format_validation_error
-
-
-class ConfigError(Exception):
-    """A setting the trainer cannot run with. The message names the setting and the fix."""
 
 
 def config_path(cli_path: str | None, env: Mapping[str, str]) -> Path:
@@ -27,34 +22,6 @@ def config_path(cli_path: str | None, env: Mapping[str, str]) -> Path:
     if not path:
         raise ConfigError(f"no config: pass --config FILE or set {contract.ENV_CONFIG}")
     return Path(path)
-
-
-def parse_config(text: str, source: str) -> TrainerConfig:
-    """A TrainerConfig from YAML (wire format, camelCase), or a ConfigError naming each bad field."""
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
-    if not isinstance(document, dict):
-        raise ConfigError(f"{source}: expected a mapping of trainer settings, got {type(document).__name__}")
-    try:
-        return TrainerConfig.model_validate(document)
-    except ValidationError as exc:
-        lines = format_validation_error(exc, TrainerConfig)
-        raise ConfigError("; ".join(f"{source}: {line}" for line in lines)) from None
-
-
-def load_config(path: Path) -> TrainerConfig:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: the config is not a text (UTF-8) file") from None
-    return parse_config(text, str(path))
 
 
 def _int_var(env: Mapping[str, str], name: str) -> int | None:

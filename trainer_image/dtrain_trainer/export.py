@@ -15,7 +15,6 @@ cannot trace the model. artifacts.json records which one wrote the file.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -34,12 +33,11 @@ import torch
 
 from dtrain_common.accuracy import max_relative_error
 from dtrain_operator.api import contract
-from dtrain_trainer.config import ConfigError
+from dtrain_trainer.example_inputs import ExampleInputs, single_input
 from dtrain_trainer.progress import utc_now
 
 log = logging.getLogger("dtrain_trainer")
 
-INPUT_NAME = "input"
 OUTPUT_NAME = "output"
 # Largest max|onnx - torch| / max|torch| accepted for an fp32 model.
 PARITY_TOLERANCE = 1e-3
@@ -63,121 +61,6 @@ class OnnxFile:
     dynamic_batch: bool
     input_shape: tuple[int, ...]  # the first input's
     inputs: ExampleInputs
-
-
-# export.onnx.inputDtype names -> torch dtypes.
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "bool": torch.bool,
-}
-
-
-@dataclass(frozen=True)
-class ExampleInputs:
-    """The model's inputs, by name, as example tensors with a batch axis (dtypes as the model takes them)."""
-
-    names: tuple[str, ...]
-    tensors: tuple[torch.Tensor, ...]
-
-    @property
-    def shapes(self) -> tuple[tuple[int, ...], ...]:
-        """Each input's shape without the batch axis."""
-        return tuple(tuple(int(d) for d in t.shape[1:]) for t in self.tensors)
-
-    def batch(self, size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
-        """Random inputs of batch `size` like the examples: normal floats, integers within the examples' range."""
-        batch: list[torch.Tensor] = []
-        for example in self.tensors:
-            shape = (size, *example.shape[1:])
-            if example.dtype == torch.bool:
-                batch.append(torch.randint(0, 2, shape, generator=generator).bool())
-            elif example.dtype.is_floating_point:
-                batch.append(torch.randn(shape, generator=generator).to(example.dtype))
-            else:  # integer ids (an embedding's vocabulary): stay within what the example holds
-                low = int(example.min()) if example.numel() else 0
-                high = int(example.max()) if example.numel() else 1
-                batch.append(torch.randint(low, max(high, low) + 1, shape, generator=generator, dtype=example.dtype))
-        return tuple(batch)
-
-    def with_float32(self) -> "ExampleInputs":
-        """The same inputs for the model in fp32 (as it is exported): floating inputs become float32."""
-        return ExampleInputs(
-            self.names, tuple(t.float() if t.dtype.is_floating_point else t for t in self.tensors)
-        )
-
-    def describe(self) -> list[dict[str, Any]]:
-        return [
-            {"name": n, "shape": list(shape), "dtype": str(t.dtype).removeprefix("torch.")}
-            for n, shape, t in zip(self.names, self.shapes, self.tensors)
-        ]
-
-
-def single_input(input_shape: Sequence[int], dtype: torch.dtype = torch.float32) -> ExampleInputs:
-    """One input, `input`, of shape (batch, *input_shape)."""
-    return ExampleInputs((INPUT_NAME,), (torch.zeros((1, *(int(d) for d in input_shape)), dtype=dtype),))
-
-
-def _forward_parameters(model: Any) -> list[str]:
-    try:
-        parameters = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError, AttributeError):
-        return []
-    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-
-def _from_example_input_array(example: Any, model: Any) -> ExampleInputs:
-    where = f"{type(model).__name__}.example_input_array"
-    forward = _forward_parameters(model)
-    if isinstance(example, torch.Tensor):
-        names, tensors = (INPUT_NAME,), (example,)
-    elif isinstance(example, (tuple, list)) and example:
-        tensors = tuple(example)
-        names = tuple(forward) if len(forward) == len(tensors) else tuple(f"input_{i}" for i in range(len(tensors)))
-    elif isinstance(example, Mapping) and example:
-        unknown = [k for k in example if k not in forward]
-        if unknown:
-            raise ConfigError(
-                f"export.onnx: {where} has keys {unknown} that forward() does not take as positional arguments "
-                f"({', '.join(forward) or 'none'})"
-            )
-        names = tuple(n for n in forward if n in example)
-        tensors = tuple(example[n] for n in names)
-    else:
-        raise ConfigError(
-            f"export.onnx: {where} is a {type(example).__name__}; make it a tensor, a tuple of tensors "
-            "or a dict of tensors (with a batch axis), or set export.onnx.inputShape"
-        )
-    for name, tensor in zip(names, tensors):
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() < 1:
-            raise ConfigError(
-                f"export.onnx: {where}: input {name!r} is not a tensor with a batch axis "
-                f"(got {type(tensor).__name__}); give every input one"
-            )
-    return ExampleInputs(names, tuple(t.detach().cpu() for t in tensors))
-
-
-def resolve_example(
-    configured_shape: Sequence[int] | None, configured_dtype: str, datamodule: Any, model: Any
-) -> ExampleInputs:
-    """The model's inputs for the export: its example_input_array (a tensor, tuple or dict, dtypes kept),
-    else export.onnx.inputShape with inputDtype, else the data module's sample_shape."""
-    example = getattr(model, "example_input_array", None)
-    if example is not None:
-        return _from_example_input_array(example, model)
-    if configured_shape:
-        return single_input(configured_shape, DTYPES[configured_dtype])
-    shape = getattr(datamodule, "sample_shape", None)
-    if shape:
-        return single_input(shape)
-    raise ConfigError(
-        "export.onnx.inputShape: the model has no example_input_array and the data module no sample_shape, "
-        "so the model's input is unknown; set the model's example_input_array (a tensor, tuple or dict), "
-        "or export.onnx.inputShape (e.g. [3, 224, 224]) and inputDtype, or export.onnx.enabled: false"
-    )
 
 
 def _file_opset(path: Path) -> int:
@@ -350,13 +233,59 @@ def _write_json_atomically(path: Path, document: Mapping[str, Any]) -> None:
 def _external_data_paths(graph: Path) -> tuple[str, ...]:
     import onnx
 
-    from dtrain_engine.onnx_model import external_data_files
+    from dtrain_common.onnx_files import external_data_files
 
     return external_data_files(onnx.load(str(graph), load_external_data=False), str(graph.parent))
 
 
 def _file_record(path: Path) -> dict[str, Any]:
     return {"path": str(path), "sha256": sha256_file(path), "sizeBytes": path.stat().st_size}
+
+
+def _export_checked(
+    model: torch.nn.Module, inputs: ExampleInputs, opset: int, dynamic_batch: bool, artifacts_dir: Path
+) -> tuple[OnnxFile, float, int, list[Path]]:
+    """artifacts_dir/model.onnx (and its data files), written only once ONNX Runtime agrees with PyTorch.
+
+    Returns the file, the parity check's error and batch size, and the data files relative to artifacts_dir."""
+    # Exported under its final name in a scratch directory: the external data files of a large
+    # model are named, and referenced by the graph, as they will be in artifacts_dir. Data files
+    # move first, the graph last; a failure leaves nothing behind.
+    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=artifacts_dir))
+    candidate = scratch / contract.ONNX_FILE_NAME
+    try:
+        exported = export_onnx_inputs(model, inputs, candidate, opset, dynamic_batch)
+        parity_batch = inputs.batch(PARITY_BATCH_DYNAMIC if dynamic_batch else 1, torch.Generator().manual_seed(1))
+        error = check_onnx_parity(model, candidate, parity_batch)
+        if not error <= PARITY_TOLERANCE:
+            raise ExportError(
+                f"ONNX Runtime disagrees with PyTorch on a random batch: max relative error {error:.3g} "
+                f"> {PARITY_TOLERANCE:g}"
+            )
+        data_files = [Path(path).relative_to(scratch) for path in _external_data_paths(candidate)]
+        for relative in data_files:
+            (artifacts_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(scratch / relative, artifacts_dir / relative)
+        os.replace(candidate, artifacts_dir / contract.ONNX_FILE_NAME)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return exported, error, int(parity_batch[0].shape[0]), data_files
+
+
+def _onnx_record(exported: OnnxFile, artifacts_dir: Path, data_files: list[Path]) -> dict[str, Any]:
+    return {
+        **_file_record(artifacts_dir / contract.ONNX_FILE_NAME),
+        # The weights of a model over EXTERNAL_DATA_BYTES, each file hashed as the graph is.
+        "externalData": [_file_record(artifacts_dir / relative) for relative in data_files],
+        "opset": exported.opset,
+        "exporter": exported.exporter,
+        "dynamicBatch": exported.dynamic_batch,
+        # The first input's name and shape (what a one-input engine build reads); every input in "inputs".
+        "inputName": exported.inputs.names[0],
+        "outputName": OUTPUT_NAME,
+        "inputShape": list(exported.input_shape),
+        "inputs": exported.inputs.describe(),
+    }
 
 
 def export_artifacts(
@@ -381,50 +310,17 @@ def export_artifacts(
         raise ExportError(f"artifacts.dir {artifacts_dir}: cannot create it ({exc.strerror})") from exc
     inputs = (inputs if isinstance(inputs, ExampleInputs) else single_input(inputs)).with_float32()
     model = model.to("cpu").float().eval()
-    onnx_path = artifacts_dir / contract.ONNX_FILE_NAME
-    # Exported under its final name in a scratch directory: the external data files of a large
-    # model are named, and referenced by the graph, as they will be in artifacts_dir. Data files
-    # move first, the graph last; a failure leaves nothing behind.
-    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=artifacts_dir))
-    candidate = scratch / contract.ONNX_FILE_NAME
-    try:
-        exported = export_onnx_inputs(model, inputs, candidate, opset, dynamic_batch)
-        parity_batch = inputs.batch(PARITY_BATCH_DYNAMIC if dynamic_batch else 1, torch.Generator().manual_seed(1))
-        error = check_onnx_parity(model, candidate, parity_batch)
-        if not error <= PARITY_TOLERANCE:
-            raise ExportError(
-                f"ONNX Runtime disagrees with PyTorch on a random batch: max relative error {error:.3g} "
-                f"> {PARITY_TOLERANCE:g}"
-            )
-        data_files = [Path(path).relative_to(scratch) for path in _external_data_paths(candidate)]
-        for relative in data_files:
-            (artifacts_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(scratch / relative, artifacts_dir / relative)
-        os.replace(candidate, onnx_path)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    exported, error, parity_batch_size, data_files = _export_checked(model, inputs, opset, dynamic_batch, artifacts_dir)
     import onnxruntime as ort
 
     record: dict[str, Any] = {
         "jobName": job_name,
         "createdAt": utc_now(),
-        "onnx": {
-            **_file_record(onnx_path),
-            # The weights of a model over EXTERNAL_DATA_BYTES, each file hashed as the graph is.
-            "externalData": [_file_record(artifacts_dir / relative) for relative in data_files],
-            "opset": exported.opset,
-            "exporter": exported.exporter,
-            "dynamicBatch": dynamic_batch,
-            # The first input's name and shape (what a one-input engine build reads); every input in "inputs".
-            "inputName": inputs.names[0],
-            "outputName": OUTPUT_NAME,
-            "inputShape": list(exported.input_shape),
-            "inputs": inputs.describe(),
-        },
+        "onnx": _onnx_record(exported, artifacts_dir, data_files),
         "parity": {
             "maxRelativeError": error,
             "tolerance": PARITY_TOLERANCE,
-            "batchSize": int(parity_batch[0].shape[0]),
+            "batchSize": parity_batch_size,
             "runtime": f"onnxruntime {ort.__version__} CPUExecutionProvider",
             "ok": True,
         },

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dtrain_common.config import ConfigError
 from dtrain_operator.api import TrainerConfig
-from dtrain_trainer.config import ConfigError
 from dtrain_trainer.flavor import Flavor
 
 LOG_NAME = "logs"

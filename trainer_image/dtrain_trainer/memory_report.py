@@ -9,12 +9,13 @@ from typing import Optional
 
 import torch
 
+from dtrain_common.config import ConfigError
+from dtrain_common.loading import instantiate
 from dtrain_operator import api
 from dtrain_operator.api.contract import LABEL_GPU_MEMORY
 from dtrain_operator.api.memory_estimate import ANNOTATION, MAX_SUGGESTION_CHARS, EstimateRecord, estimated_spec_hash
-from dtrain_trainer.config import ConfigError
-from dtrain_trainer.export import resolve_example
-from dtrain_trainer.loading import instantiate, instantiate_data, job_classes
+from dtrain_trainer.example_inputs import resolve_example
+from dtrain_trainer.loading import instantiate_data, job_classes
 from dtrain_trainer.memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, format_bytes, gpu_memory_of
 
 

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dtrain_common.config import ConfigError
 from dtrain_operator.api import contract
-from dtrain_trainer.config import ConfigError
 
 log = logging.getLogger("dtrain_trainer")
 

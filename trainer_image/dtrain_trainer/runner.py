@@ -32,6 +32,8 @@ from typing import Any
 import lightning as L
 import torch
 
+from dtrain_common.config import ConfigError, load_config
+from dtrain_common.loading import instantiate
 from dtrain_operator.api import TrainerConfig, contract
 from dtrain_trainer import flavor, preflight
 from dtrain_trainer.checkpointing import (
@@ -42,23 +44,16 @@ from dtrain_trainer.checkpointing import (
     step_checkpoint_class,
 )
 from dtrain_trainer.config import (
-    ConfigError,
     check_launch_environment,
     config_path,
     global_rank,
     is_first_process_of_node,
-    load_config,
     progress_interval,
     resolve_precision,
 )
-from dtrain_trainer.export import (
-    ExampleInputs,
-    ExportError,
-    export_artifacts,
-    resolve_example,
-    write_termination_log,
-)
-from dtrain_trainer.loading import instantiate, instantiate_data, job_classes
+from dtrain_trainer.example_inputs import ExampleInputs, resolve_example
+from dtrain_trainer.export import ExportError, export_artifacts, write_termination_log
+from dtrain_trainer.loading import instantiate_data, job_classes
 from dtrain_trainer.logs import build_logger, continue_log
 from dtrain_trainer.progress import (
     EVENT_CHECKPOINT,

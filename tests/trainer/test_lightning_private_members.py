@@ -1,0 +1,60 @@
+"""The private members of Lightning's ModelCheckpoint that StepCheckpoint relies on are there, as it uses them.
+
+Lightning's public API has no way to save the current step on demand (at the end of training,
+or when asked) nor to be told the path of each file saved, so StepCheckpoint
+(dtrain_trainer.checkpointing) calls and overrides these. They may change in any minor
+release: pyproject.toml pins lightning and pytorch-lightning to the minors checked here, and
+this test names the member that a newer Lightning changed, before a job finds out.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from dtrain_trainer import flavor
+
+# member -> the parameters (after self) that StepCheckpoint passes or receives
+PRIVATE_METHODS = {
+    "_save_checkpoint": ("trainer", "filepath"),  # overridden: every file written goes through it
+    "_monitor_candidates": ("trainer",),  # called by save_now
+    "_save_topk_checkpoint": ("trainer", "monitor_candidates"),  # called by save_now: the step file
+    "_save_last_checkpoint": ("trainer", "monitor_candidates"),  # called by save_now: last.ckpt
+}
+# Set at train start to the resumed step, read by save_now; Lightning's own skip checks read it too.
+LAST_SAVED_STEP = "_last_global_step_saved"
+
+
+@pytest.fixture(params=flavor.PACKAGES)
+def model_checkpoint(request: pytest.FixtureRequest) -> type:
+    return flavor.flavor(request.param).callbacks.ModelCheckpoint
+
+
+@pytest.mark.parametrize("member", sorted(PRIVATE_METHODS))
+def test_the_private_methods_step_checkpoint_uses_take_what_it_passes(model_checkpoint: type, member: str) -> None:
+    where = f"{model_checkpoint.__module__}.{model_checkpoint.__qualname__}"
+    method = getattr(model_checkpoint, member, None)
+    assert callable(method), (
+        f"{where} has no method {member}, which dtrain_trainer.checkpointing.StepCheckpoint uses: "
+        "this Lightning is newer than the range pinned in pyproject.toml; adapt StepCheckpoint"
+    )
+    parameters = tuple(inspect.signature(method).parameters)[1:]
+    assert parameters == PRIVATE_METHODS[member], (
+        f"{where}.{member} takes {parameters}, StepCheckpoint passes {PRIVATE_METHODS[member]}: "
+        "this Lightning is newer than the range pinned in pyproject.toml; adapt StepCheckpoint"
+    )
+
+
+def test_the_last_saved_step_is_an_attribute_lightnings_skip_check_reads(model_checkpoint: type, tmp_path: Path) -> None:
+    where = f"{model_checkpoint.__module__}.{model_checkpoint.__qualname__}"
+    assert isinstance(getattr(model_checkpoint(dirpath=str(tmp_path)), LAST_SAVED_STEP, None), int), (
+        f"{where} has no int attribute {LAST_SAVED_STEP}, which StepCheckpoint sets and reads: "
+        "this Lightning is newer than the range pinned in pyproject.toml; adapt StepCheckpoint"
+    )
+    skip_check = inspect.getsource(model_checkpoint._should_skip_saving_checkpoint)
+    assert LAST_SAVED_STEP in skip_check, (
+        f"{where}._should_skip_saving_checkpoint no longer reads {LAST_SAVED_STEP}: setting it at train start "
+        "would not stop a resumed run rewriting its own checkpoint; adapt StepCheckpoint"
+    )

@@ -250,7 +250,7 @@ async def test_a_job_from_a_newer_operator_is_a_clear_error(cluster: Cluster):
 def test_in_a_pod_the_service_account_and_its_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from kubernetes.config import incluster_config
 
-    from dtrain_operator import client as client_module
+    from dtrain_operator.client import credentials as client_module
 
     account = tmp_path / "serviceaccount"
     account.mkdir()

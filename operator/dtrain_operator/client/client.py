@@ -1,46 +1,35 @@
-"""A Python client for DistributedTrainings on a cluster: what `dtrain submit/get/watch/logs/delete` use.
-
-    from dtrain_operator.client import Client
-
-    dtr = Client(namespace="team-a")                  # kubeconfig (current context) or in-cluster
-    job = dtr.submit("examples/quickstart.yaml")      # validated first, as `dtrain validate` does
-    for update in dtr.progress(job.name):             # each change of status.progress, until it ends
-        print(update.line())
-    job = dtr.wait(job.name, timeout=3600)            # Succeeded or Failed (raises WaitTimeout)
-    print(dtr.logs(job.name, rank=0, tail_lines=20))
-
-Jobs come back as the typed API model (`api.DistributedTraining`, status included). Credentials:
-an explicit kubeconfig or context, else $KUBECONFIG or ~/.kube/config when present, else the pod's
-service account. Every failure is a `DtrainError` whose message says what to do: `NoCrdError` (the
-operator is not installed), `PermissionDenied` (which verb on what, and the `kubectl auth can-i`
-line to check it), `NotFound`, `AlreadyExists`, `InvalidJob` (the `dtrain validate` lines),
-`WaitTimeout`, `ConnectionFailed`.
-
-Requests use the official client's REST layer (its kubeconfig loading, auth plugins and TLS)
-with plain JSON in and out. Progress is read by polling the job (every `interval` seconds):
-the trainer reports at most every 15 s, so a watch would buy nothing but reconnect logic.
-"""
+"""The Client: jobs on a cluster through the Kubernetes API (the package docstring shows its use)."""
 
 from __future__ import annotations
 
 import builtins
 import json
-import os
 import time
 import urllib.parse
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 from dtrain_operator import api
 from dtrain_operator.api import contract
 from dtrain_operator.api.validation import DocumentResult, validate_file, validate_object
+from dtrain_operator.client.credentials import load_configuration
+from dtrain_operator.client.errors import (
+    AlreadyExists,
+    ApiRequestError,
+    ConnectionFailed,
+    DtrainError,
+    InvalidJob,
+    NoCrdError,
+    NotFound,
+    PermissionDenied,
+    WaitTimeout,
+)
+from dtrain_operator.client.progress import ProgressUpdate
 
 JobSource = Union[str, Path, Mapping[str, Any], api.DistributedTraining]
 
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 30.0
 DEFAULT_POLL_SECONDS = 2.0
-SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 USER_AGENT = "dtrain-client/0.1.0"
 TRAINER_CONTAINER = "trainer"
 CRD_NAME = f"{contract.PLURAL}.{contract.GROUP}"
@@ -48,186 +37,6 @@ INSTALL_HINT = (
     "install the operator (helm install dtrain helm/dtrain-operator -n dtrain-system --create-namespace, "
     "or kubectl apply -k manifests/), or pick the cluster that has it with --context"
 )
-
-
-# --- Errors ----------------------------------------------------------------------------------------
-
-
-class DtrainError(Exception):
-    """A request dtrain could not do; the message says what to do about it."""
-
-
-class NoCrdError(DtrainError):
-    """The cluster does not serve dtrain.dev/v1alpha1: the CRD (and so the operator) is not installed."""
-
-
-class PermissionDenied(DtrainError):
-    """The API server refused the request (401 or 403)."""
-
-
-class NotFound(DtrainError):
-    """The job (or its pod) does not exist."""
-
-
-class AlreadyExists(DtrainError):
-    """A job of that name exists already in the namespace."""
-
-
-class InvalidJob(DtrainError):
-    """The job file or dict does not validate; `errors` are the lines `dtrain validate` prints."""
-
-    def __init__(self, errors: Sequence[str]) -> None:
-        super().__init__("\n".join(errors))
-        self.errors = list(errors)
-
-
-class WaitTimeout(DtrainError):
-    """wait() ran out of time; `job` is the job as last seen."""
-
-    def __init__(self, message: str, job: Optional[api.DistributedTraining]) -> None:
-        super().__init__(message)
-        self.job = job
-
-
-class ConnectionFailed(DtrainError):
-    """No answer from the API server, or no credentials to ask it with."""
-
-
-class ApiRequestError(DtrainError):
-    """Any other refusal by the API server: its HTTP status, reason and message."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"the API server answered {status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-
-
-# --- Progress --------------------------------------------------------------------------------------
-
-
-def _number(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-@dataclass(frozen=True)
-class ProgressUpdate:
-    """One observed state of a job: its phase and rank 0's latest progress report."""
-
-    job: api.DistributedTraining
-    phase: Optional[str]
-    epoch: Optional[int] = None
-    step: Optional[int] = None
-    total_steps: Optional[int] = None
-    loss: Optional[float] = None
-    images_per_second: Optional[float] = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    stage: Optional[str] = None
-    restarts: int = 0
-    updated_at: Optional[str] = None
-
-    @classmethod
-    def of(cls, job: api.DistributedTraining) -> "ProgressUpdate":
-        status = job.status or api.DistributedTrainingStatus()
-        progress = status.progress or api.Progress()
-        extra = progress.model_extra or {}
-        # status.progress.metrics (val_acc, ...) and totalSteps where the trainer reports them, whether
-        # the model names them as fields or keeps them as extra ones; numbers only.
-        raw_metrics = getattr(progress, "metrics", None) or extra.get("metrics")
-        raw_metrics = raw_metrics if isinstance(raw_metrics, dict) else {}
-        metrics = {str(k): float(v) for k, v in raw_metrics.items() if _number(v) is not None}
-        total = getattr(progress, "total_steps", None) or extra.get("totalSteps")
-        return cls(
-            job=job,
-            phase=status.phase,
-            epoch=progress.epoch,
-            step=progress.step,
-            total_steps=total if isinstance(total, int) and not isinstance(total, bool) else None,
-            loss=progress.loss,
-            images_per_second=progress.images_per_second,
-            metrics=metrics,
-            stage=progress.stage,
-            restarts=status.restarts,
-            updated_at=progress.updated_at,
-        )
-
-    @property
-    def finished(self) -> bool:
-        return self.phase in api.FINISHED_PHASES
-
-    def key(self) -> tuple[Any, ...]:
-        """What makes two updates different (the job's resourceVersion aside)."""
-        return (
-            self.phase, self.epoch, self.step, self.loss, self.images_per_second,
-            tuple(sorted(self.metrics.items())), self.stage, self.restarts, self.updated_at,
-        )
-
-    def line(self) -> str:
-        """The update as one line, e.g. `Running  epoch 2  step 40  loss 0.31  250 img/s  val_acc 0.95`."""
-        parts = [self.phase or "Pending"]
-        if self.epoch is not None:
-            parts.append(f"epoch {self.epoch + 1}")
-        if self.step is not None:
-            parts.append(f"step {self.step}" + (f"/{self.total_steps}" if self.total_steps else ""))
-        if self.loss is not None:
-            parts.append(f"loss {self.loss:.4g}")
-        if self.images_per_second is not None:
-            parts.append(f"{self.images_per_second:,.0f} img/s")
-        parts.extend(f"{name} {value:.4g}" for name, value in self.metrics.items())
-        if self.restarts:
-            parts.append(f"restarts {self.restarts}")
-        return "  ".join(parts)
-
-
-# --- Credentials -----------------------------------------------------------------------------------
-
-
-def _kubeconfig_path(explicit: Optional[str]) -> Optional[str]:
-    if explicit:
-        return explicit
-    env = os.environ.get("KUBECONFIG")
-    if env:
-        return env.split(os.pathsep)[0]
-    default = Path.home() / ".kube" / "config"
-    return str(default) if default.is_file() else None
-
-
-def _in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_NAMESPACE_FILE.parent.is_dir()
-
-
-def _load_configuration(kubeconfig: Optional[str], context: Optional[str]) -> tuple[Any, Optional[str], str]:
-    """(kubernetes Configuration, the namespace the credentials name, where they came from)."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    path = _kubeconfig_path(kubeconfig)
-    if path is None and context is None and _in_cluster():
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException as exc:
-            raise ConnectionFailed(f"in a pod, but its service account is unusable ({exc})") from exc
-        try:
-            namespace: Optional[str] = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or None
-        except OSError:
-            namespace = None
-        return configuration, namespace, "the pod's service account"
-    if path is None:
-        raise ConnectionFailed(
-            "no Kubernetes credentials: no kubeconfig ($KUBECONFIG or ~/.kube/config) and not in a pod; "
-            "point KUBECONFIG at your cluster's kubeconfig or pass kubeconfig=/--kubeconfig"
-        )
-    try:
-        config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
-        contexts, current = config.list_kube_config_contexts(config_file=path)
-    except (config.ConfigException, OSError, ValueError) as exc:
-        where = f"context {context!r} of " if context else ""
-        raise ConnectionFailed(f"cannot use {where}the kubeconfig {path}: {exc}") from exc
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
-    namespace = ((chosen or {}).get("context") or {}).get("namespace")
-    return configuration, namespace, f"kubeconfig {path}, context {(chosen or {}).get('name')}"
-
-
-# --- The client ------------------------------------------------------------------------------------
 
 
 def _worker_rank(pod: Mapping[str, Any]) -> Optional[int]:
@@ -263,7 +72,7 @@ class Client:
             raise DtrainError(
                 "the dtrain client needs the kubernetes package: pip install 'dtrain[client]'"
             ) from exc
-        configuration, credential_namespace, self.credentials = _load_configuration(
+        configuration, credential_namespace, self.credentials = load_configuration(
             str(kubeconfig) if kubeconfig else None, context
         )
         self.namespace = namespace or credential_namespace or "default"

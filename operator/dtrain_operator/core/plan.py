@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Optional
+from typing import Mapping, Optional
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
 from dtrain_operator.core import progress_deadline
@@ -90,53 +90,35 @@ def _stuck(
     return force, min(waiting, default=None)
 
 
-def plan_children(
-    job: DistributedTraining,
-    status: DistributedTrainingStatus,
-    observed: Observed,
-    now: datetime,
-    limits: Limits = Limits(),
+def _finished_plan(
+    job: DistributedTraining, status: DistributedTrainingStatus, workers: tuple[PodObservation, ...],
+    older: tuple[PodObservation, ...], observed: Observed, now: datetime,
 ) -> Plan:
-    """The children to create and delete for `job` (the spec it runs) in `status` (just computed)."""
-    spec = job.spec
-    workers = tuple(p for p in observed.workers if p.role == contract.ROLE_WORKER)
-    force, stuck_check = _stuck(workers, now, limits)
-    gang = current_gang(status, workers)
-    older = tuple(p for p in workers if p.generation != status.restarts and not p.deleting)
-    phase = status.phase
+    """A finished job: runPolicy.cleanPodPolicy's deletions, and the job itself after its TTL."""
+    if status.accepted_spec is None:
+        deletions: tuple[PodObservation, ...] = ()
+        engine_deletion = None
+    else:
+        deletions, engine_deletion = _finished_cleanup(job, workers, observed)
+        deletions = tuple({p.uid: p for p in older + deletions}.values())
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    completed = parse_time(status.completion_time)
+    expiry = completed + timedelta(seconds=ttl) if ttl is not None and completed is not None else None
+    expired = expiry is not None and expiry <= now
+    return Plan(
+        delete_pods=deletions,
+        delete_engine_job=engine_deletion,
+        delete_job=expired,
+        requeue_after=None if expiry is None or expired else _seconds_until(expiry, now),
+    )
 
-    if phase in FINISHED_PHASES:
-        if status.accepted_spec is None:
-            deletions: tuple[PodObservation, ...] = ()
-            engine_deletion = None
-        else:
-            deletions, engine_deletion = _finished_cleanup(job, workers, observed)
-            deletions = tuple({p.uid: p for p in older + deletions}.values())
-        ttl = spec.run_policy.ttl_seconds_after_finished
-        completed = parse_time(status.completion_time)
-        expiry = completed + timedelta(seconds=ttl) if ttl is not None and completed is not None else None
-        expired = expiry is not None and expiry <= now
-        return Plan(
-            delete_pods=deletions,
-            delete_engine_job=engine_deletion,
-            delete_job=expired,
-            requeue_after=None if expiry is None or expired else _seconds_until(expiry, now),
-        )
 
-    if phase == "Suspended":
-        return Plan(
-            delete_pods=tuple(p for p in workers if not p.deleting), force_delete_pods=force, requeue_after=stuck_check
-        )
-
-    occupied = {p.name for p in workers}
-    create: tuple[int, ...] = ()
-    if phase in CREATING_PHASES:
-        create = tuple(
-            rank for rank in range(spec.nodes) if rank not in gang and worker_pod_name(job, rank) not in occupied
-        )
-    engine = observed.engine_job
-    create_engine = phase == "BuildingEngine" and engine is None
-
+def _next_look(
+    job: DistributedTraining, status: DistributedTrainingStatus, gang: Mapping[int, PodObservation],
+    observed: Observed, now: datetime, limits: Limits,
+) -> Optional[float]:
+    """Seconds until the active deadline, a pending timeout, an image pull deadline or an awaited engine pod."""
+    spec, phase = job.spec, status.phase
     deadline = None
     started = parse_time(status.start_time)
     if spec.run_policy.active_deadline_seconds is not None and started is not None and phase in ACTIVE_PHASES:
@@ -149,6 +131,39 @@ def plan_children(
     ]
     awaited = engine_pod_awaited(observed, now)
     pull_deadline = image_pull_deadline(pulling_images(gang), limits) if phase in CREATING_PHASES else None
+    return _earliest(
+        deadline,
+        None if pull_deadline is None else _seconds_until(pull_deadline, now),
+        min(pending_checks, default=None),
+        None if awaited is None else awaited + REQUEUE_MARGIN_SECONDS,
+    )
+
+
+def plan_children(
+    job: DistributedTraining,
+    status: DistributedTrainingStatus,
+    observed: Observed,
+    now: datetime,
+    limits: Limits = Limits(),
+) -> Plan:
+    """The children to create and delete for `job` (the spec it runs) in `status` (just computed)."""
+    workers = tuple(p for p in observed.workers if p.role == contract.ROLE_WORKER)
+    force, stuck_check = _stuck(workers, now, limits)
+    gang = current_gang(status, workers)
+    older = tuple(p for p in workers if p.generation != status.restarts and not p.deleting)
+    phase = status.phase
+    if phase in FINISHED_PHASES:
+        return _finished_plan(job, status, workers, older, observed, now)
+    if phase == "Suspended":
+        return Plan(
+            delete_pods=tuple(p for p in workers if not p.deleting), force_delete_pods=force, requeue_after=stuck_check
+        )
+    occupied = {p.name for p in workers}
+    create: tuple[int, ...] = ()
+    if phase in CREATING_PHASES:
+        create = tuple(
+            rank for rank in range(job.spec.nodes) if rank not in gang and worker_pod_name(job, rank) not in occupied
+        )
     restarting = next((c for c in status.conditions if c.type == "Restarting" and c.status == "True"), None)
     hung = restarting is not None and restarting.reason == progress_deadline.REASON_PROGRESS_DEADLINE
     return Plan(
@@ -156,12 +171,6 @@ def plan_children(
         delete_pods=older,
         force_delete_pods=force,
         delete_grace_seconds=progress_deadline.HUNG_GANG_GRACE_SECONDS if hung and older else None,
-        create_engine_job=create_engine,
-        requeue_after=_earliest(
-            deadline,
-            stuck_check,
-            None if pull_deadline is None else _seconds_until(pull_deadline, now),
-            min(pending_checks, default=None),
-            None if awaited is None else awaited + REQUEUE_MARGIN_SECONDS,
-        ),
+        create_engine_job=phase == "BuildingEngine" and observed.engine_job is None,
+        requeue_after=_earliest(stuck_check, _next_look(job, status, gang, observed, now, limits)),
     )

@@ -136,6 +136,7 @@ def _add_file_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(func=_cmd_validate)
 
 
+# layout: one flat list of the command's flags, in the order --help shows them, reads best as one list.
 def _add_operator_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """operator: the controller, with its flags (the chart passes them)."""
     p = sub.add_parser(
@@ -278,6 +279,7 @@ def _add_run_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]")
     p.set_defaults(func=_lazy("dtrain_operator.local.run"))
 
 
+# layout: one flat list of the command's flags, in the order --help shows them, reads best as one list.
 def _add_engine_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """build-engine: the engine Job's command, also usable by hand."""
     p = sub.add_parser(

@@ -24,6 +24,9 @@ REASON_NON_RETRYABLE_EXIT = "NonRetryableExitCode"
 REASON_RESTART_POLICY_NEVER = "RestartPolicyNever"
 REASON_WORKER_FAILED = "WorkerFailed"
 REASON_DEADLINE = "DeadlineExceeded"
+# Training succeeded but what comes after did not: the operator and `dtrain run` both end a job so.
+REASON_EXPORT_FAILED = "ExportFailed"
+REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
 # The trainer exited with contract.TRAINER_EXIT_INVALID_CONFIG: its settings are wrong.
 REASON_INVALID_TRAINER_CONFIG = "InvalidTrainerConfig"
 

@@ -1,7 +1,7 @@
 """Pure renderers: a DistributedTraining in, the Kubernetes objects it stands for out.
 
 No I/O, no clock, no globals. The operator creates what these return (adding owner
-references in one place, `kopf.adopt`); `dtrain run` runs the worker pods' commands
+references in one place, controller.children.adopt); `dtrain run` runs the worker pods' commands
 and environments as local processes. This is where a pod's environment is decided.
 """
 

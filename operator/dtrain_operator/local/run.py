@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import yaml
 
@@ -55,11 +55,12 @@ TREE_WALK_SECONDS = 1.0
 STOP_GRACE_SECONDS = 10.0
 FAILURE_LOG_LINES = 30
 
-PHASE_SUCCEEDED = "Succeeded"
-PHASE_FAILED = "Failed"
-PHASE_STOPPED = "Stopped"
-REASON_ENGINE_FAILED = "EngineBuildFailed"
-REASON_EXPORT_FAILED = "ExportFailed"
+# How a run ends. Succeeded and Failed are api.Phase's; Stopped is dtrain run's own (the user stopped it,
+# Ctrl-C or a signal), which a cluster job has no counterpart of: a deleted job is gone.
+RunPhase = Literal["Running", "Succeeded", "Failed", "Stopped"]
+PHASE_SUCCEEDED: RunPhase = "Succeeded"
+PHASE_FAILED: RunPhase = "Failed"
+PHASE_STOPPED: RunPhase = "Stopped"
 REASON_STOPPED = "Stopped"
 
 
@@ -107,7 +108,7 @@ class StepOutcome:
 class RunState:
     """What the run has done so far: the summary's inputs."""
 
-    phase: str = "Running"
+    phase: RunPhase = "Running"
     reason: str = ""
     message: str = ""
     restarts: int = 0
@@ -324,9 +325,9 @@ class LocalRun:
             error = None
         if not error:
             return False
-        self.state.reason, self.state.message = REASON_EXPORT_FAILED, f"the ONNX export failed: {error}"
+        self.state.reason, self.state.message = policy.REASON_EXPORT_FAILED, f"the ONNX export failed: {error}"
         if engine_asked:
-            self._failed(REASON_EXPORT_FAILED, f"training succeeded but the ONNX export failed, so no engine: {error}")
+            self._failed(policy.REASON_EXPORT_FAILED, f"training succeeded but the ONNX export failed, so no engine: {error}")
             return True
         self.display.warn(self.state.message)
         return False
@@ -358,7 +359,7 @@ class LocalRun:
         node = build.nodes[0]
         excerpt = failure_excerpt(node.log_since_start(), FAILURE_LOG_LINES)
         self.display.log_tail("engine build", node.log_path, excerpt)
-        return self._failed(REASON_ENGINE_FAILED, f"dtrain build-engine exited with code {node.popen.returncode}")
+        return self._failed(policy.REASON_ENGINE_BUILD_FAILED, f"dtrain build-engine exited with code {node.popen.returncode}")
 
     def summary(self, engine_asked: bool) -> RunSummary:
         return collect_summary(
@@ -424,5 +425,5 @@ def main(args: argparse.Namespace) -> int:
     display.summary(summary)
     if run.state.phase == PHASE_STOPPED:
         display.stopped_hint(summary.checkpoint, args.file)
-        return 128 + (stop.signum or signal.SIGINT)
+        return policy.SIGNAL_EXIT_CODE_BASE + (stop.signum or signal.SIGINT)
     return 0 if run.state.phase == PHASE_SUCCEEDED else EXIT_FAILED

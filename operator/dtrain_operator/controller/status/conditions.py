@@ -10,6 +10,7 @@ from dtrain_operator.api import (
     Condition,
 )
 from dtrain_operator.api.redaction import redact_text
+from dtrain_operator.core import policy
 from dtrain_operator.core.observation import format_time
 
 # Condition types.
@@ -27,10 +28,10 @@ STATUS_UNREADABLE = "StatusUnreadable"
 PODS_STUCK = "PodsStuckTerminating"
 IMAGE_PULL = "ImagePullFailing"
 # Training succeeded but rank 0 could not export model.onnx (the trainer's results say why).
-EXPORT_FAILED = "ExportFailed"
+EXPORT_FAILED = policy.REASON_EXPORT_FAILED
 
 REASON_INVALID_SPEC = "InvalidSpec"
-REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
+REASON_ENGINE_BUILD_FAILED = policy.REASON_ENGINE_BUILD_FAILED
 REASON_IMMUTABLE_FIELD_CHANGED = "ImmutableFieldChanged"
 REASON_INVALID_SPEC_CHANGE = "InvalidSpecChange"
 REASON_UNREADABLE_STATUS = "UnreadableStatus"

@@ -13,17 +13,14 @@ import pytest
 
 from dtrain_operator.api import contract
 from dtrain_trainer.config import ConfigError
-from dtrain_trainer.progress import (
-    EVENT_CHECKPOINT,
-    EVENT_PROGRESS,
+from dtrain_trainer.progress import EVENT_CHECKPOINT, EVENT_PROGRESS, ProgressReporter
+from dtrain_trainer.progress_callback import ThroughputMeter, batch_size_of
+from dtrain_trainer.progress_sinks import (
     JsonlSink,
     KubernetesStatusSink,
     NullSink,
-    ProgressReporter,
     StdoutSink,
     TeeSink,
-    ThroughputMeter,
-    batch_size_of,
     human_line,
     sink_from_env,
     status_patch,

@@ -69,12 +69,10 @@ from dtrain_trainer.progress import (
     EVENT_START,
     EVENT_STOPPED,
     EVENT_WARNING,
-    NullSink,
     ProgressReporter,
-    _ProgressBehaviour,
-    progress_callback_class,
-    sink_from_env,
 )
+from dtrain_trainer.progress_callback import _ProgressBehaviour, progress_callback_class
+from dtrain_trainer.progress_sinks import NullSink, sink_from_env
 from dtrain_trainer.resumable import resumable
 from dtrain_trainer.stopping import (
     STOP_SIGNAL,

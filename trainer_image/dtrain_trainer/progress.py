@@ -15,50 +15,8 @@ Progress records are rate-limited to one per DTRAIN_PROGRESS_INTERVAL_SECONDS (d
 15) plus one at each epoch end and at the end of training; events are always sent.
 A sink that raises is reported once as a warning and then ignored.
 
-JSONL record format (every record has `event` and `time`, an RFC 3339 UTC timestamp;
-fields that are not known yet are null; consumers must ignore fields they do not know):
-
-    {"event": "start", "time": ..., "jobName": "quickstart", "worldSize": 2, "nodes": 2,
-     "devicesPerNode": 1, "accelerator": "cpu", "precision": "32-true",
-     "clusterEnvironment": "TorchElasticEnvironment", "maxSteps": -1, "maxEpochs": 2,
-     "resumeFrom": "/ckpt/last.ckpt" | null,
-     "lightning": "lightning.pytorch" | "pytorch_lightning"}   (the package the job trains with)
-    {"event": "warning", "time": ..., "message": "precision 16-mixed needs a CUDA GPU ..."}
-    {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
-    {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
-     "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false,
-     "stage": "training" | "validating" | "checkpointing" | "exporting",
-     "metrics": {"val_loss": 0.41, "val_acc": 0.87, ...}, "validation": "val_loss=0.41" | null,
-     "batches": 512, "batchTime": ...,
-     "stepTimes": {"step": 150, "medianSeconds": 0.09, "slowestRank": 1, "slowestSeconds": 0.31,
-                   "slowestPod": "job-1", "slowestNode": "node-b", "ratio": 3.4, "slowChecks": 3,
-                   "straggler": true} | null}   (metrics: val_loss, val_acc, prog_bar and spec.logging.metrics;
-     stepTimes: see stragglers.py)   (the last progress record, before the export, says exporting)
-    {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt"}
-    {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
-     "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
-    {"event": "finished", "time": ..., "ok": true, "step": 128, "epoch": 1, "loss": 0.41,
-     "imagesPerSecond": 815.0, "exportError": "torch.onnx.export failed ..." (only when the export failed)}
-    {"event": "stopped", "time": ..., "signal": "SIGTERM", "checkpoint": "/ckpt/last.ckpt", "step": 57,
-     "epoch": 0, "loss": 0.9, "imagesPerSecond": 810.2}   (SIGTERM: every rank stopped after this step)
-    {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}
-    {"event": "preflight", "time": ..., "backend": "gloo", "worldSize": 2, "seconds": 0.12,
-     "joinSeconds": 0.01, "allReduceBytes": 4194304, "allReduceMs": 9.4, "latencyMs": 0.09,
-     "busBandwidthGBps": 0.45, "versions": {...}, "ranks": [...]}   (see preflight.py)
-
-`batches` counts the training and validation batches rank 0 has completed in this process, and
-`batchTime` is when the latest completed: only the training and validation loops advance them (the
-operator's progress deadline watches them, see dtrain_operator.progress_deadline). A record with
-stage `checkpointing` is sent when a checkpoint starts to be written (the deadline holds meanwhile),
-one with stage `validating` during validation, at the same rate as training's.
-
-`step` is Lightning's global step (optimizer steps; with gradient accumulation one step
-is several batches). `totalSteps` is the number of optimizer steps the run will take
-when that is known. `loss` is rank 0's training loss as the model computed it (what it
-logs as train_loss), averaged over the batches of the latest optimizer step (all
-accumulateGradBatches of them), not Lightning's loss divided by accumulateGradBatches. `imagesPerSecond` counts
-the images of all ranks (the batch of each rank times the world size), excluding the
-first WARMUP_BATCHES batches of each process and the time between epochs (validation).
+Each record is built from its typed model in dtrain_operator.api.records, which documents
+the record format and how readers read it.
 """
 
 from __future__ import annotations
@@ -69,19 +27,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from dtrain_operator.api.records import Event, build_record
+
 log = logging.getLogger("dtrain_trainer")
-
-EVENT_START = "start"
-EVENT_WARNING = "warning"
-EVENT_RESUMED = "resumed"
-EVENT_PROGRESS = "progress"
-EVENT_CHECKPOINT = "checkpoint"
-EVENT_EXPORT = "export"
-EVENT_FINISHED = "finished"
-EVENT_STOPPED = "stopped"
-EVENT_ERROR = "error"
-EVENT_PREFLIGHT = "preflight"
-
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -129,15 +77,16 @@ class ProgressReporter:
                 describe_failure(exc),
             )
 
-    def event(self, event: str, **fields: Any) -> None:
-        self._send({"event": event, "time": utc_now(), **fields})
+    def event(self, event: Event, **fields: Any) -> None:
+        """Send the record of `event`; a field it does not have, or a value of the wrong type, raises."""
+        self._send(build_record(event, time=utc_now(), **fields).to_wire())
 
     def progress_due(self) -> bool:
         return self._last_progress is None or self.clock() - self._last_progress >= self.interval
 
     def progress(self, **fields: Any) -> None:
         self._last_progress = self.clock()
-        self.event(EVENT_PROGRESS, **fields)
+        self.event(Event.PROGRESS, **fields)
 
     def close(self) -> None:
         try:

@@ -13,8 +13,9 @@ import lightning as L
 import torch
 
 from dtrain_operator.api import contract
+from dtrain_operator.api.records import Event
 from dtrain_trainer import flavor
-from dtrain_trainer.progress import EVENT_RESUMED, ProgressReporter, utc_now
+from dtrain_trainer.progress import ProgressReporter, utc_now
 
 log = logging.getLogger("dtrain_trainer")
 
@@ -117,7 +118,7 @@ class _ProgressBehaviour:
         step = checkpoint.get("global_step")
         log.info("resumed from %s at step %s", trainer.ckpt_path, step)
         if trainer.is_global_zero:
-            self.reporter.event(EVENT_RESUMED, path=str(trainer.ckpt_path), step=step, epoch=checkpoint.get("epoch"))
+            self.reporter.event(Event.RESUMED, path=str(trainer.ckpt_path), step=step, epoch=checkpoint.get("epoch"))
 
     def note_step_times(self, times: dict[str, Any], now: bool) -> None:
         """The stragglers callback's latest comparison; `now`: a straggler appeared or went, report at once."""

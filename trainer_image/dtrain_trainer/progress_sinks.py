@@ -12,21 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from dtrain_operator.api import contract
+from dtrain_operator.api.records import Event, status_patch
 from dtrain_trainer.config import ConfigError
-from dtrain_trainer.progress import (
-    EVENT_CHECKPOINT,
-    EVENT_ERROR,
-    EVENT_EXPORT,
-    EVENT_FINISHED,
-    EVENT_PREFLIGHT,
-    EVENT_PROGRESS,
-    EVENT_RESUMED,
-    EVENT_START,
-    EVENT_STOPPED,
-    EVENT_WARNING,
-    Sink,
-    describe_failure,
-)
+from dtrain_trainer.progress import Sink, describe_failure
 
 log = logging.getLogger("dtrain_trainer")
 
@@ -59,7 +47,7 @@ def metrics_text(metrics: Any) -> str:
 def human_line(record: Mapping[str, Any]) -> str:
     """One record as a line for a person reading the log."""
     event = record.get("event")
-    if event == EVENT_PROGRESS:
+    if event == Event.PROGRESS:
         total = record.get("totalSteps")
         step = f"{record.get('step')}/{total}" if total else str(record.get("step"))
         rate = record.get("imagesPerSecond")
@@ -68,34 +56,34 @@ def human_line(record: Mapping[str, Any]) -> str:
             f"epoch {record.get('epoch')}  step {step}  loss {_number(record.get('loss'))}{rate_text}"
             + metrics_text(record.get("metrics"))
         )
-    if event == EVENT_START:
+    if event == Event.START:
         return (
             f"training {record.get('jobName')}: {record.get('nodes')} node(s) x {record.get('devicesPerNode')} "
             f"{record.get('accelerator')} process(es), precision {record.get('precision')}"
             + (f", {record['lightning']}" if record.get("lightning") else "")
         )
-    if event == EVENT_CHECKPOINT:
+    if event == Event.CHECKPOINT:
         return f"checkpoint at step {record.get('step')}: {record.get('path')}"
-    if event == EVENT_RESUMED:
+    if event == Event.RESUMED:
         return f"resumed from {record.get('path')} at step {record.get('step')}"
-    if event == EVENT_EXPORT:
+    if event == Event.EXPORT:
         if record.get("ok"):
             error = _number(record.get("parityError"), 3)
             return f"exported {record.get('onnx')} (ONNX Runtime parity: max relative error {error})"
         return f"export failed: {record.get('error')}"
-    if event == EVENT_FINISHED:
+    if event == Event.FINISHED:
         loss = _number(record.get("loss"))
         return f"finished at step {record.get('step')} (epoch {record.get('epoch')}, loss {loss}){metrics_text(record.get('metrics'))}"
-    if event == EVENT_STOPPED:
+    if event == Event.STOPPED:
         return f"stopped by {record.get('signal')} at step {record.get('step')}; checkpoint {record.get('checkpoint')}"
-    if event == EVENT_PREFLIGHT:
+    if event == Event.PREFLIGHT:
         return (
             f"pre-flight: {record.get('worldSize')} ranks joined, {record.get('backend')} all-reduce of "
             f"{record.get('allReduceBytes')} bytes {_number(record.get('allReduceMs'))} ms (bus "
             f"{_number(record.get('busBandwidthGBps'))} GB/s), latency {_number(record.get('latencyMs'))} ms; "
             f"{_number(record.get('seconds'))} s in all"
         )
-    if event in (EVENT_WARNING, EVENT_ERROR):
+    if event in (Event.WARNING, Event.ERROR):
         return f"{event}: {record.get('message')}"
     return json.dumps(dict(record))
 
@@ -133,34 +121,6 @@ class TeeSink:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
-
-
-def status_patch(record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The part of DistributedTraining.status a record updates (merge-patch shape), if any."""
-    if record.get("event") == EVENT_PROGRESS:
-        fields = {
-            "epoch": record.get("epoch"),
-            "step": record.get("step"),
-            # Lets `dtrain get` and `dtrain watch` show an ETA.
-            "totalSteps": record.get("totalSteps"),
-            "loss": record.get("loss"),
-            "imagesPerSecond": record.get("imagesPerSecond"),
-            "stage": record.get("stage"),
-            "metrics": record.get("metrics") or None,
-            "validation": record.get("validation"),
-            "batches": record.get("batches"),
-            "batchTime": record.get("batchTime"),
-            "stepTimes": record.get("stepTimes"),
-            "updatedAt": record.get("time"),
-        }
-        # null in a merge patch deletes a field: leave out what is not known yet instead.
-        return {"progress": {k: v for k, v in fields.items() if v is not None}}
-    if record.get("event") == EVENT_PREFLIGHT:
-        return {"preflight": {k: v for k, v in record.items() if k != "event" and v is not None}}
-    if record.get("event") == EVENT_CHECKPOINT:
-        return {"lastCheckpoint": {"step": record.get("step"), "path": record.get("path"), "time": record.get("time")}}
-    return None
-
 
 
 class KubernetesStatusSink:

@@ -33,6 +33,7 @@ import lightning as L
 import torch
 
 from dtrain_operator.api import TrainerConfig, contract
+from dtrain_operator.api.records import Event
 from dtrain_trainer import flavor, preflight
 from dtrain_trainer.checkpointing import (
     LAST_CHECKPOINT,
@@ -60,17 +61,7 @@ from dtrain_trainer.export import (
 )
 from dtrain_trainer.loading import instantiate, instantiate_data, job_classes
 from dtrain_trainer.logs import build_logger, continue_log
-from dtrain_trainer.progress import (
-    EVENT_CHECKPOINT,
-    EVENT_ERROR,
-    EVENT_EXPORT,
-    EVENT_FINISHED,
-    EVENT_PREFLIGHT,
-    EVENT_START,
-    EVENT_STOPPED,
-    EVENT_WARNING,
-    ProgressReporter,
-)
+from dtrain_trainer.progress import ProgressReporter
 from dtrain_trainer.progress_callback import _ProgressBehaviour, progress_callback_class
 from dtrain_trainer.progress_sinks import NullSink, sink_from_env
 from dtrain_trainer.resumable import resumable
@@ -105,7 +96,7 @@ def build_trainer(
     precision, warning = resolve_precision(settings.precision, config.accelerator)
     if warning:
         log.warning(warning)
-        reporter.event(EVENT_WARNING, message=warning)
+        reporter.event(Event.WARNING, message=warning)
     strategy = pl.strategies.DDPStrategy(
         find_unused_parameters=settings.find_unused_parameters,
         timeout=timedelta(seconds=config.nccl.timeout_seconds),
@@ -119,7 +110,7 @@ def build_trainer(
         dirpath=config.checkpoint.dir,
         every_n_steps=config.checkpoint.every_n_steps,
         keep_last=config.checkpoint.keep_last,
-        on_saved=lambda step, path: reporter.event(EVENT_CHECKPOINT, step=step, path=path),
+        on_saved=lambda step, path: reporter.event(Event.CHECKPOINT, step=step, path=path),
     )
     checkpoint_io = atomic_checkpoint_io_class(package)()
     checkpoint_io.on_writing = progress.checkpoint_writing
@@ -197,7 +188,7 @@ def _export_on_rank_zero(
                 "artifacts": str(artifacts / contract.ARTIFACTS_FILE_NAME),
             }
             reporter.event(
-                EVENT_EXPORT, ok=True, tolerance=record["parity"]["tolerance"], error=None, **outcome
+                Event.EXPORT, ok=True, tolerance=record["parity"]["tolerance"], error=None, **outcome
             )
         except Exception as exc:  # other ranks wait in the broadcast below: never leave them hanging
             if isinstance(exc, ExportError):
@@ -206,7 +197,7 @@ def _export_on_rank_zero(
                 log.exception("the export failed")
                 message = f"the export failed: {type(exc).__name__}: {exc}"
             log.error(message)
-            reporter.event(EVENT_EXPORT, ok=False, error=message)
+            reporter.event(Event.EXPORT, ok=False, error=message)
             ok, outcome = False, {contract.RESULTS_KEY_EXPORT_ERROR: message}
     ok = bool(trainer.strategy.broadcast(ok, src=0))
     return ok, outcome
@@ -222,13 +213,13 @@ def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
         # Before the model is built: a broken network fails here, at once, not as a hang.
         checked = preflight.run(env, config.accelerator, config.devices_per_node, config.nccl.preflight_timeout_seconds)
         if checked is not None:
-            reporter.event(EVENT_PREFLIGHT, **checked)
+            reporter.event(Event.PREFLIGHT, **checked)
         return _train_and_export(config, env, reporter)
     except ConfigError as exc:
-        reporter.event(EVENT_ERROR, message=str(exc))
+        reporter.event(Event.ERROR, message=str(exc))
         raise
     except Exception as exc:
-        reporter.event(EVENT_ERROR, message=f"{type(exc).__name__}: {exc}")
+        reporter.event(Event.ERROR, message=f"{type(exc).__name__}: {exc}")
         raise
     finally:
         reporter.close()
@@ -255,7 +246,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         continue_log(trainer.logger, config)
     resume = find_resume_checkpoint(Path(config.checkpoint.dir))
     reporter.event(
-        EVENT_START,
+        Event.START,
         jobName=config.job_name,
         worldSize=config.nodes * config.devices_per_node,
         nodes=config.nodes,
@@ -287,7 +278,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         _, outcome = _export_on_rank_zero(trainer, config, model, inputs, metrics, reporter)
     if trainer.is_global_zero:
         export_error = outcome.get(contract.RESULTS_KEY_EXPORT_ERROR)
-        reporter.event(EVENT_FINISHED, ok=True, **metrics, **({"exportError": export_error} if export_error else {}))
+        reporter.event(Event.FINISHED, ok=True, **metrics, **({"exportError": export_error} if export_error else {}))
         write_termination_log({"ok": True, **metrics, **outcome}, env)
     _leave_process_group()
     return EXIT_OK
@@ -314,7 +305,7 @@ def _stopped(
     """SIGTERM stopped training (the pod is going away): its checkpoint is saved; no export, exit 143."""
     if trainer.is_global_zero:
         checkpoint = str(Path(config.checkpoint.dir) / LAST_CHECKPOINT)
-        reporter.event(EVENT_STOPPED, signal=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics)
+        reporter.event(Event.STOPPED, signal=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics)
         write_termination_log(
             {"ok": False, "stopped": STOP_SIGNAL.name, "checkpoint": checkpoint, **metrics}, env
         )

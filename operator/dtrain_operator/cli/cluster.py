@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from dtrain_operator import api
+from dtrain_operator.api import records
 from dtrain_operator.client import Client, DtrainError, InvalidJob, ProgressUpdate
 
 EXIT_OK = 0
@@ -185,15 +186,14 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
 
 def progress_record(update: ProgressUpdate) -> dict[str, Any]:
     """A status observation as the trainer's progress record, the input of local_display."""
-    return {
-        "event": "progress",
-        "epoch": update.epoch,
-        "step": update.step,
-        "totalSteps": update.total_steps,
-        "loss": update.loss,
-        "imagesPerSecond": update.images_per_second,
-        "epochEnd": False,
-    }
+    return records.ProgressRecord(
+        epoch=update.epoch,
+        step=update.step,
+        total_steps=update.total_steps,
+        loss=update.loss,
+        images_per_second=update.images_per_second,
+        epoch_end=False,
+    ).to_wire()
 
 
 # --- The commands ---------------------------------------------------------------------------------

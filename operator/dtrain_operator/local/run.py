@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from dtrain_operator.api import DistributedTraining, StepTimes, contract
+from dtrain_operator.api import DistributedTraining, StepTimes, contract, records
 from dtrain_operator.api.validation import load_job
 from dtrain_operator.core import policy, progress_deadline, render, stragglers
 from dtrain_operator.local.display import Display
@@ -282,20 +282,17 @@ class LocalRun:
             time.sleep(POLL_SECONDS)
 
     def _drain_progress(self) -> None:
-        for record in self.progress.read_new():
-            if record.get("event") == "progress":
-                self._progress = progress_deadline.progress_from_record(record)
-                self._note_straggler(record.get("stepTimes"))
-            self.display.progress(record, self.state.restarts)
+        for raw in self.progress.read_new():
+            record = records.read_record(raw)
+            if isinstance(record, records.ProgressRecord):
+                self._progress = progress_deadline.progress_from_record(raw)
+                self._note_straggler(record.step_times)
+            self.display.progress(raw, self.state.restarts)
         self.display.tick()
 
-    def _note_straggler(self, times: Any) -> None:
+    def _note_straggler(self, times: Optional[StepTimes]) -> None:
         """Warn once per straggler, as the operator posts one Warning Event."""
-        try:
-            parsed = StepTimes.model_validate(times) if isinstance(times, dict) else None
-        except ValueError:
-            parsed = None
-        message = stragglers.straggler_message(parsed, self.job.spec.stragglers)
+        message = stragglers.straggler_message(times, self.job.spec.stragglers)
         if message is not None and message != self._straggler_warned:
             self.display.warn(message)
         self._straggler_warned = message

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from dtrain_operator.api import DistributedTraining
+from dtrain_operator.api import DistributedTraining, records
 from dtrain_operator.local.plan import Workdir
 from dtrain_operator.local.progress import JsonlTail
 
@@ -126,29 +126,24 @@ def _number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _add_progress(summary: RunSummary, records: list[dict[str, Any]]) -> None:
+def _add_progress(summary: RunSummary, raw_records: list[dict[str, Any]]) -> None:
     """Steps, loss and throughput from the trainer's last progress or finished record; ONNX from its export record."""
-    for record in records:
-        event = record.get("event")
-        if event in ("progress", "finished"):
-            if isinstance(record.get("step"), int):
-                summary.steps = record["step"]
-            if isinstance(record.get("epoch"), int):
-                summary.epoch = record["epoch"]
-            summary.final_loss = _number(record.get("loss")) if record.get("loss") is not None else summary.final_loss
-            rate = _number(record.get("imagesPerSecond"))
-            summary.images_per_second = rate if rate is not None else summary.images_per_second
-            if isinstance(record.get("stepTimes"), dict):
-                summary.stragglers = record["stepTimes"]
-            if isinstance(record.get("metrics"), dict):
-                summary.metrics.update(
-                    {str(k): float(v) for k, v in record["metrics"].items() if _number(v) is not None}
-                )
-        elif event == "preflight":
-            summary.preflight = {k: v for k, v in record.items() if k not in ("event",)}
-        elif event == "export" and record.get("ok"):
-            summary.onnx = record.get("onnx") or summary.onnx
-            summary.onnx_parity_error = _number(record.get("parityError"))
+    for record in map(records.read_record, raw_records):
+        if isinstance(record, (records.ProgressRecord, records.FinishedRecord)):
+            summary.steps = record.step if record.step is not None else summary.steps
+            summary.epoch = record.epoch if record.epoch is not None else summary.epoch
+            summary.final_loss = record.loss if record.loss is not None else summary.final_loss
+            summary.images_per_second = (
+                record.images_per_second if record.images_per_second is not None else summary.images_per_second
+            )
+            if isinstance(record, records.ProgressRecord) and record.step_times is not None:
+                summary.stragglers = record.step_times.model_dump(by_alias=True, exclude_unset=True, mode="json")
+            summary.metrics.update(record.metrics or {})
+        elif isinstance(record, records.PreflightRecord):
+            summary.preflight = {k: v for k, v in record.to_wire().items() if k != "event"}
+        elif isinstance(record, records.ExportRecord) and record.ok:
+            summary.onnx = record.onnx or summary.onnx
+            summary.onnx_parity_error = record.parity_error
 
 
 def _add_artifacts(summary: RunSummary, workdir: Workdir) -> None:

@@ -31,6 +31,7 @@ from dtrain_operator.api.records import Event, build_record
 
 log = logging.getLogger("dtrain_trainer")
 
+
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 

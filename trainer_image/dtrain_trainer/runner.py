@@ -34,6 +34,7 @@ import torch
 
 from dtrain_operator.api import TrainerConfig, contract
 from dtrain_operator.api.records import Event
+from dtrain_operator.api.results import TrainerResults
 from dtrain_trainer import flavor, preflight
 from dtrain_trainer.checkpointing import (
     LAST_CHECKPOINT,
@@ -279,7 +280,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     if trainer.is_global_zero:
         export_error = outcome.get(contract.RESULTS_KEY_EXPORT_ERROR)
         reporter.event(Event.FINISHED, ok=True, **metrics, **({"exportError": export_error} if export_error else {}))
-        write_termination_log({"ok": True, **metrics, **outcome}, env)
+        write_termination_log(TrainerResults(ok=True, **metrics, **outcome).to_wire(), env)
     _leave_process_group()
     return EXIT_OK
 
@@ -307,7 +308,7 @@ def _stopped(
         checkpoint = str(Path(config.checkpoint.dir) / LAST_CHECKPOINT)
         reporter.event(Event.STOPPED, signal=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics)
         write_termination_log(
-            {"ok": False, "stopped": STOP_SIGNAL.name, "checkpoint": checkpoint, **metrics}, env
+            TrainerResults(ok=False, stopped=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics).to_wire(), env
         )
     _leave_process_group()
     return STOPPED_EXIT_CODE

@@ -49,7 +49,7 @@ when that is known. `loss` is rank 0's training loss as the model computed it (w
 logs as train_loss), averaged over the batches of the latest optimizer step (all
 accumulateGradBatches of them), not Lightning's loss divided by accumulateGradBatches. `imagesPerSecond` counts
 the images of all ranks (the batch of each rank times the world size), excluding the
-first WARMUP_BATCHES batches of each process and the time between epochs (validation).
+first WARMUP_BATCHES (dtrain_trainer.progress_callback) batches of each process and the time between epochs (validation).
 
 Reading is tolerant, as it always was: a line that is no JSON object, or names no event this
 module knows, is skipped; fields a record does not have are ignored; a field of the wrong type
@@ -60,9 +60,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import Enum
-from typing import Annotated, Any, ClassVar, Optional, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Optional, TypeVar, Union, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 
 from dtrain_operator.api import PreflightRank, StepTimes
@@ -98,26 +98,35 @@ class WireRecord(BaseModel):
 
     def to_wire(self) -> dict[str, Any]:
         """The fields the writer set, by their wire names (null where it set None)."""
-        return self.model_dump(by_alias=True, exclude_unset=True, mode="json")
+        return self.model_dump(by_alias=True, exclude_unset=True)
 
     @classmethod
     def read(cls: type[RecordT], data: Any) -> Optional[RecordT]:
-        """`data` as this record: unknown fields ignored, a field of the wrong type read as absent; None
-        when it is no JSON object or a field the record needs is missing."""
+        """`data` as this record: unknown fields ignored (in nested parts too), a field of the wrong type read
+        as absent (a list or object holding one, the whole of it); None when it is no JSON object."""
         if not isinstance(data, Mapping):
             return None
-        known = {field.alias or name for name, field in cls.model_fields.items()}
-        fields = {key: value for key, value in data.items() if key in known}
         try:
-            return cls.model_validate(fields)
+            return cls.model_validate(data, context=_READING)
         except ValidationError as error:
             wrong = {problem["loc"][0] for problem in error.errors() if problem["loc"]}
         try:
-            return cls.model_validate({key: value for key, value in fields.items() if key not in wrong})
+            return cls.model_validate({k: v for k, v in data.items() if k not in wrong}, context=_READING)
         except ValidationError:
             return None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_unknown_fields_when_reading(cls, data: Any, info: ValidationInfo) -> Any:
+        if not (info.context or {}).get(READING) or not isinstance(data, Mapping):
+            return data
+        known = {field.alias or name for name, field in cls.model_fields.items()}
+        return {key: value for key, value in data.items() if key in known}
 
+
+# The key of the validation context of a reader (WireRecord.read): writers validate without it.
+READING = "reading"
+_READING = {READING: True}
 RecordT = TypeVar("RecordT", bound=WireRecord)
 
 
@@ -256,13 +265,7 @@ AnyTrainerRecord = Union[
     StartRecord, WarningRecord, ErrorRecord, ResumedRecord, CheckpointRecord, ExportRecord,
     ProgressRecord, FinishedRecord, StoppedRecord, PreflightRecord,
 ]
-RECORD_TYPES: dict[Event, type[TrainerRecord]] = {
-    record.EVENT: record
-    for record in (
-        StartRecord, WarningRecord, ErrorRecord, ResumedRecord, CheckpointRecord, ExportRecord,
-        ProgressRecord, FinishedRecord, StoppedRecord, PreflightRecord,
-    )
-}
+RECORD_TYPES: dict[Event, type[TrainerRecord]] = {record.EVENT: record for record in get_args(AnyTrainerRecord)}
 
 
 def build_record(event: Event, **fields: Any) -> TrainerRecord:

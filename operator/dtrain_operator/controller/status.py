@@ -9,7 +9,6 @@ Exporting phase) and never written.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Collection, Literal, Mapping, Optional, Sequence
@@ -29,6 +28,7 @@ from dtrain_operator.api import (
     with_env_values,
 )
 from dtrain_operator.api.redaction import redact_text
+from dtrain_operator.api.results import read_termination_message
 from dtrain_operator.core import policy, progress_deadline, stragglers
 from dtrain_operator.core.policy import WorkerFailure
 from dtrain_operator.core.render import ENGINE_CONTAINER, TRAINER_CONTAINER, engine_job_name, worker_pod_name
@@ -303,14 +303,7 @@ def engine_pod_awaited(observed: Observed, now: datetime) -> Optional[float]:
 
 def termination_results(message: str) -> Optional[dict[str, Any]]:
     """The JSON object a trainer or engine container left in its termination message, if it is one."""
-    text = message.strip()
-    if not text.startswith("{") or len(text.encode()) > contract.TERMINATION_MESSAGE_MAX_BYTES:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    return read_termination_message(message)
 
 
 # --- The spec the job runs ---------------------------------------------------------------------

@@ -10,7 +10,6 @@ engine Job would, and a summary closes the run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -26,6 +25,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from dtrain_operator.api import DistributedTraining, StepTimes, contract, records
+from dtrain_operator.api.results import TrainerResults, read_termination_message
 from dtrain_operator.api.validation import load_job
 from dtrain_operator.core import policy, progress_deadline, render, stragglers
 from dtrain_operator.local.display import Display
@@ -314,11 +314,8 @@ class LocalRun:
         As in the operator (status.py), the training succeeded and the checkpoints stay; the
         run fails only when the engine was asked for, since it is built from model.onnx.
         """
-        results = self._trainer_message(0)
-        try:
-            error = json.loads(results).get(contract.RESULTS_KEY_EXPORT_ERROR) if results.strip() else None
-        except (ValueError, AttributeError):
-            error = None
+        results = TrainerResults.read(read_termination_message(self._trainer_message(0)))
+        error = results.export_error if results is not None else None
         if not error:
             return False
         self.state.reason, self.state.message = REASON_EXPORT_FAILED, f"the ONNX export failed: {error}"

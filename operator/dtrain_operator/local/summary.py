@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dtrain_operator.api import DistributedTraining, records
+from dtrain_operator.api.engine_report import EngineReport
 from dtrain_operator.local.plan import Workdir
 from dtrain_operator.local.progress import JsonlTail
 
@@ -166,26 +167,25 @@ def _add_artifacts(summary: RunSummary, workdir: Workdir) -> None:
 
 
 def _add_engine_report(summary: RunSummary, workdir: Workdir) -> None:
-    """The engine report of `dtrain build-engine` (schema dtrain.dev/engine-report/v2)."""
+    """The engine report of `dtrain build-engine` (dtrain_operator.api.engine_report)."""
     if not summary.engine_asked:
         return
-    report = _read_json(workdir.engine_report)
+    report = EngineReport.read(_read_json(workdir.engine_report))
     if report is None:
         return
     summary.engine_report = str(workdir.engine_report)
-    summary.engine_backend = report.get("backend")
-    summary.engine_path = report.get("engine")
-    notes = report.get("notes") or []
-    if report.get("error"):
-        summary.engine_note = str(report["error"])
+    summary.engine_backend = report.backend
+    summary.engine_path = report.engine
+    notes = report.notes or []
+    if report.error:
+        summary.engine_note = report.error
     elif summary.engine_path is None and notes:
-        summary.engine_note = str(notes[0])
-    for row in report.get("latency") or []:
-        pytorch = row.get("pytorch") or {}
+        summary.engine_note = notes[0]
+    for row in report.latency or []:
         summary.latency.append(
             LatencyRow(
-                batch=int(row.get("batch_size", 0)),
-                latency_ms=_number(row.get("median_ms")),
-                eager_ms=_number(pytorch.get("median_ms")),
+                batch=row.batch_size or 0,
+                latency_ms=row.median_ms,
+                eager_ms=row.pytorch.median_ms if row.pytorch is not None else None,
             )
         )

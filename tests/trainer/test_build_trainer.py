@@ -11,7 +11,8 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from dtrain_operator.api import TrainerConfig
 from dtrain_trainer.checkpointing import StepCheckpoint
-from dtrain_trainer.progress import ProgressCallback, ProgressReporter
+from dtrain_trainer.progress import ProgressReporter
+from dtrain_trainer.progress_callback import ProgressCallback
 from dtrain_trainer.runner import build_trainer
 
 from .conftest import ListSink, trainer_config

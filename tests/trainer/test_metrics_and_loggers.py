@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from dtrain_operator.api.records import status_patch
 from dtrain_operator.local.display import ProgressView, summary_table
 from dtrain_operator.local.summary import RunSummary
-from dtrain_trainer.progress import human_line, status_patch
+from dtrain_trainer.progress_sinks import human_line
 
 from .conftest import read_jsonl, run_trainer, trainer_config, write_config
 from .user_code.dtrain_test_user import CRASH_EXIT_CODE

@@ -12,21 +12,18 @@ from typing import Any
 import pytest
 
 from dtrain_operator.api import contract
+from dtrain_operator.api.records import Event, status_patch
 from dtrain_trainer.config import ConfigError
-from dtrain_trainer.progress import (
-    EVENT_CHECKPOINT,
-    EVENT_PROGRESS,
+from dtrain_trainer.progress import ProgressReporter
+from dtrain_trainer.progress_callback import ThroughputMeter, batch_size_of
+from dtrain_trainer.progress_sinks import (
     JsonlSink,
     KubernetesStatusSink,
     NullSink,
-    ProgressReporter,
     StdoutSink,
     TeeSink,
-    ThroughputMeter,
-    batch_size_of,
     human_line,
     sink_from_env,
-    status_patch,
 )
 
 from .conftest import FakeApiServer, ListSink
@@ -87,9 +84,9 @@ def test_progress_is_rate_limited_and_events_are_not() -> None:
         if reporter.progress_due():
             reporter.progress(step=second)
             sent += 1
-        reporter.event(EVENT_CHECKPOINT, step=second, path="p")
-    assert [r["step"] for r in sink.records if r["event"] == EVENT_PROGRESS] == [0, 15, 30]
-    assert sum(r["event"] == EVENT_CHECKPOINT for r in sink.records) == 40
+        reporter.event(Event.CHECKPOINT, step=second, path="p")
+    assert [r["step"] for r in sink.records if r["event"] == Event.PROGRESS] == [0, 15, 30]
+    assert sum(r["event"] == Event.CHECKPOINT for r in sink.records) == 40
     assert all(r["time"].endswith("Z") for r in sink.records)
 
 
@@ -111,7 +108,7 @@ def test_jsonl_sink_appends_one_object_per_line(tmp_path: Path) -> None:
     path.write_text('{"event": "start"}\n')  # a previous process's records stay
     reporter = ProgressReporter(JsonlSink(path), interval_seconds=0.0)
     reporter.progress(epoch=0, step=3, totalSteps=10, loss=0.5, imagesPerSecond=None, epochEnd=False)
-    reporter.event(EVENT_CHECKPOINT, step=3, path="/c/step=00000003.ckpt")
+    reporter.event(Event.CHECKPOINT, step=3, path="/c/step=00000003.ckpt")
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["event"] for line in lines] == ["start", "progress", "checkpoint"]
     assert lines[1]["imagesPerSecond"] is None and lines[1]["totalSteps"] == 10
@@ -176,7 +173,7 @@ def test_kubernetes_sink_merge_patches_the_status_off_the_training_thread(
     wait_until(lambda: len(api_server.requests) == 1)
     for step in range(2, 6):
         reporter.progress(epoch=0, step=step, loss=1.0 / step, imagesPerSecond=100.0 * step)
-    reporter.event(EVENT_CHECKPOINT, step=4, path="/c/step=00000004.ckpt")
+    reporter.event(Event.CHECKPOINT, step=4, path="/c/step=00000004.ckpt")
     api_server.release.set()
     reporter.close()
 

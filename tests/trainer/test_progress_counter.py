@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import torch
 
 from dtrain_operator.api import contract
-from dtrain_trainer.progress import ProgressCallback, ProgressReporter, status_patch
+from dtrain_operator.api.records import status_patch
+from dtrain_trainer.progress import ProgressReporter
+from dtrain_trainer.progress_callback import ProgressCallback
 
 from .conftest import ListSink
 

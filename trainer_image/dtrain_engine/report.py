@@ -1,5 +1,6 @@
-"""The engine report: one JSON document next to the engine, a short summary for the
-termination log (what the operator copies into status.artifacts), and a table for people."""
+"""The engine report: one JSON document next to the engine (dtrain_operator.api.engine_report), a short
+summary for the termination log (what the operator copies into status.artifacts, api.results), and a
+table for people."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from dtrain_engine.check import Comparison, Timing, TimingSettings
 from dtrain_engine.onnx_model import OnnxModelInfo
 from dtrain_engine.plan import BuildPlan, ShapePoint
 from dtrain_operator.api import contract
+from dtrain_operator.api.engine_report import REPORT_SCHEMA, EngineReport
+from dtrain_operator.api.results import EngineResults
 
-REPORT_SCHEMA = "dtrain.dev/engine-report/v2"
 MAX_REPORTED_LAYERS = 500
 ACCURACY_METRIC = (
     "max|y - y_ref| / max|y_ref| over the float outputs of a batch; integer and boolean outputs must be equal"
@@ -120,7 +122,8 @@ def build_report(run: EngineRun, created_at: Optional[datetime] = None) -> dict[
     created = (created_at or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
     latency = _latency_rows(run)
     first_input = run.plan.profiles[0][run.onnx.inputs[0].name]
-    return {
+    # Built as the typed report (a field it does not have, or a value of the wrong type, raises), written as JSON.
+    return EngineReport.model_validate({
         "schema": REPORT_SCHEMA,
         "created_at": created,
         "passed": run.accuracy_passed,
@@ -166,31 +169,32 @@ def build_report(run: EngineRun, created_at: Optional[datetime] = None) -> dict[
         },
         "notes": run.notes,
         "versions": run.versions,
-    }
+    }).to_wire()
 
 
 def termination_summary(report: dict[str, Any], report_path: str) -> str:
     """A compact JSON summary that fits Kubernetes' termination message limit (4 KiB)."""
     errors = [c["max_relative_error"] for c in report["accuracy"]["comparisons"] if c["max_relative_error"] is not None]
-    summary: dict[str, Any] = {
-        "kind": "engine",
-        "passed": report["passed"],
-        "backend": report["backend"],
-        "engine": report["engine"],
-        "report": report_path,
-        "precision": report["precision"]["requested"],
-        "maxRelativeError": max(errors) if errors else None,
-        "bound": report["accuracy"]["bound"],
-        # [batch, median ms, p99 ms, images/s, speed-up over PyTorch]
-        "latency": [
+    message = None
+    if report["error"] is not None:
+        message = report["error"]
+    elif report["engine"] is None:
+        message = report["notes"][0] if report["notes"] else NO_ENGINE_MESSAGE
+    summary = EngineResults(
+        kind="engine",
+        passed=report["passed"],
+        backend=report["backend"],
+        engine=report["engine"],
+        report=report_path,
+        precision=report["precision"]["requested"],
+        max_relative_error=max(errors) if errors else None,
+        bound=report["accuracy"]["bound"],
+        latency=[
             [row["batch_size"], row["median_ms"], row["p99_ms"], row["images_per_second"], row["speedup_vs_pytorch"]]
             for row in report["latency"]
         ],
-    }
-    if report["error"] is not None:
-        summary["message"] = report["error"]
-    elif report["engine"] is None:
-        summary["message"] = report["notes"][0] if report["notes"] else NO_ENGINE_MESSAGE
+        **({"message": message} if message is not None else {}),
+    ).to_wire()
     text = json.dumps(summary, separators=(",", ":"))
     limit = contract.TERMINATION_MESSAGE_MAX_BYTES
     if len(text.encode()) > limit:

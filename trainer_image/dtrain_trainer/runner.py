@@ -35,6 +35,8 @@ import torch
 from dtrain_common.config import ConfigError, load_config
 from dtrain_common.loading import instantiate
 from dtrain_operator.api import TrainerConfig, contract
+from dtrain_operator.api.records import Event
+from dtrain_operator.api.results import TrainerResults
 from dtrain_trainer import flavor, preflight
 from dtrain_trainer.checkpointing import (
     LAST_CHECKPOINT,
@@ -55,21 +57,9 @@ from dtrain_trainer.example_inputs import ExampleInputs, resolve_example
 from dtrain_trainer.export import ExportError, export_artifacts, write_termination_log
 from dtrain_trainer.loading import instantiate_data, job_classes
 from dtrain_trainer.logs import build_logger, continue_log
-from dtrain_trainer.progress import (
-    EVENT_CHECKPOINT,
-    EVENT_ERROR,
-    EVENT_EXPORT,
-    EVENT_FINISHED,
-    EVENT_PREFLIGHT,
-    EVENT_START,
-    EVENT_STOPPED,
-    EVENT_WARNING,
-    NullSink,
-    ProgressReporter,
-    _ProgressBehaviour,
-    progress_callback_class,
-    sink_from_env,
-)
+from dtrain_trainer.progress import ProgressReporter
+from dtrain_trainer.progress_callback import _ProgressBehaviour, progress_callback_class
+from dtrain_trainer.progress_sinks import NullSink, sink_from_env
 from dtrain_trainer.resumable import resumable
 from dtrain_trainer.stopping import (
     STOP_SIGNAL,
@@ -102,7 +92,7 @@ def build_trainer(
     precision, warning = resolve_precision(settings.precision, config.accelerator)
     if warning:
         log.warning(warning)
-        reporter.event(EVENT_WARNING, message=warning)
+        reporter.event(Event.WARNING, message=warning)
     strategy = pl.strategies.DDPStrategy(
         find_unused_parameters=settings.find_unused_parameters,
         timeout=timedelta(seconds=config.nccl.timeout_seconds),
@@ -116,7 +106,7 @@ def build_trainer(
         dirpath=config.checkpoint.dir,
         every_n_steps=config.checkpoint.every_n_steps,
         keep_last=config.checkpoint.keep_last,
-        on_saved=lambda step, path: reporter.event(EVENT_CHECKPOINT, step=step, path=path),
+        on_saved=lambda step, path: reporter.event(Event.CHECKPOINT, step=step, path=path),
     )
     checkpoint_io = atomic_checkpoint_io_class(package)()
     checkpoint_io.on_writing = progress.checkpoint_writing
@@ -194,7 +184,7 @@ def _export_on_rank_zero(
                 "artifacts": str(artifacts / contract.ARTIFACTS_FILE_NAME),
             }
             reporter.event(
-                EVENT_EXPORT, ok=True, tolerance=record["parity"]["tolerance"], error=None, **outcome
+                Event.EXPORT, ok=True, tolerance=record["parity"]["tolerance"], error=None, **outcome
             )
         except Exception as exc:  # other ranks wait in the broadcast below: never leave them hanging
             if isinstance(exc, ExportError):
@@ -203,7 +193,7 @@ def _export_on_rank_zero(
                 log.exception("the export failed")
                 message = f"the export failed: {type(exc).__name__}: {exc}"
             log.error(message)
-            reporter.event(EVENT_EXPORT, ok=False, error=message)
+            reporter.event(Event.EXPORT, ok=False, error=message)
             ok, outcome = False, {contract.RESULTS_KEY_EXPORT_ERROR: message}
     ok = bool(trainer.strategy.broadcast(ok, src=0))
     return ok, outcome
@@ -219,13 +209,13 @@ def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
         # Before the model is built: a broken network fails here, at once, not as a hang.
         checked = preflight.run(env, config.accelerator, config.devices_per_node, config.nccl.preflight_timeout_seconds)
         if checked is not None:
-            reporter.event(EVENT_PREFLIGHT, **checked)
+            reporter.event(Event.PREFLIGHT, **checked)
         return _train_and_export(config, env, reporter)
     except ConfigError as exc:
-        reporter.event(EVENT_ERROR, message=str(exc))
+        reporter.event(Event.ERROR, message=str(exc))
         raise
     except Exception as exc:
-        reporter.event(EVENT_ERROR, message=f"{type(exc).__name__}: {exc}")
+        reporter.event(Event.ERROR, message=f"{type(exc).__name__}: {exc}")
         raise
     finally:
         reporter.close()
@@ -252,7 +242,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         continue_log(trainer.logger, config)
     resume = find_resume_checkpoint(Path(config.checkpoint.dir))
     reporter.event(
-        EVENT_START,
+        Event.START,
         jobName=config.job_name,
         worldSize=config.nodes * config.devices_per_node,
         nodes=config.nodes,
@@ -284,8 +274,8 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         _, outcome = _export_on_rank_zero(trainer, config, model, inputs, metrics, reporter)
     if trainer.is_global_zero:
         export_error = outcome.get(contract.RESULTS_KEY_EXPORT_ERROR)
-        reporter.event(EVENT_FINISHED, ok=True, **metrics, **({"exportError": export_error} if export_error else {}))
-        write_termination_log({"ok": True, **metrics, **outcome}, env)
+        reporter.event(Event.FINISHED, ok=True, **metrics, **({"exportError": export_error} if export_error else {}))
+        write_termination_log(TrainerResults(ok=True, **metrics, **outcome).to_wire(), env)
     _leave_process_group()
     return EXIT_OK
 
@@ -311,9 +301,9 @@ def _stopped(
     """SIGTERM stopped training (the pod is going away): its checkpoint is saved; no export, exit 143."""
     if trainer.is_global_zero:
         checkpoint = str(Path(config.checkpoint.dir) / LAST_CHECKPOINT)
-        reporter.event(EVENT_STOPPED, signal=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics)
+        reporter.event(Event.STOPPED, signal=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics)
         write_termination_log(
-            {"ok": False, "stopped": STOP_SIGNAL.name, "checkpoint": checkpoint, **metrics}, env
+            TrainerResults(ok=False, stopped=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics).to_wire(), env
         )
     _leave_process_group()
     return STOPPED_EXIT_CODE

@@ -21,6 +21,8 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from dtrain_operator import api
+from dtrain_operator.api import records
+from dtrain_operator.api.results import EngineResults, TrainerResults
 from dtrain_operator.client import Client, DtrainError, InvalidJob, ProgressUpdate
 
 EXIT_OK = 0
@@ -133,10 +135,6 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 # --- The summary, from the status -------------------------------------------------------------------
 
 
-def _number(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def summary_from_status(job: api.DistributedTraining) -> Any:
     """The summary table's content (local_summary.RunSummary) from what the status holds."""
     from dtrain_operator.local.summary import LatencyRow, RunSummary
@@ -146,7 +144,9 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
     finished = next((c for c in status.conditions if c.type == status.phase and c.status == "True"), None)
     start, end = _parse_time(status.start_time), _parse_time(status.completion_time)
     wall = ((end or datetime.now(timezone.utc)) - start).total_seconds() if start else 0.0
-    artifacts = status.artifacts or {}
+    # status.artifacts merges the trainer's and the engine's termination results.
+    trainer = TrainerResults.read(status.artifacts or {}) or TrainerResults()
+    engine = EngineResults.read(status.artifacts or {})
     spec = job.spec
     summary = RunSummary(
         job_name=job.name,
@@ -159,25 +159,25 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
         restarts=status.restarts,
         wall_seconds=wall,
         workdir="",
-        steps=update.step if update.step is not None else artifacts.get("step"),
+        steps=update.step if update.step is not None else trainer.step,
         epoch=update.epoch,
-        final_loss=_number(artifacts.get("loss")) if _number(artifacts.get("loss")) is not None else update.loss,
-        images_per_second=_number(artifacts.get("imagesPerSecond")) or update.images_per_second,
+        final_loss=trainer.loss if trainer.loss is not None else update.loss,
+        images_per_second=trainer.images_per_second or update.images_per_second,
         checkpoint=status.last_checkpoint.path if status.last_checkpoint else None,
-        onnx=artifacts.get("onnx") if isinstance(artifacts.get("onnx"), str) else None,
-        onnx_parity_error=_number(artifacts.get("parityError")),
+        onnx=trainer.onnx,
+        onnx_parity_error=trainer.parity_error,
         engine_asked=spec.engine.enabled,
-        engine_backend=artifacts.get("backend") if artifacts.get("kind") == "engine" else None,
-        engine_path=artifacts.get("engine") if isinstance(artifacts.get("engine"), str) else None,
-        engine_note=artifacts.get("message") if artifacts.get("kind") == "engine" else None,
-        engine_report=artifacts.get("report") if isinstance(artifacts.get("report"), str) else None,
+        engine_backend=engine.backend if engine else None,
+        engine_path=engine.engine if engine else None,
+        engine_note=engine.message if engine else None,
+        engine_report=engine.report if engine else None,
         metrics=dict(update.metrics),
         command="dtrain watch",
     )
-    for row in artifacts.get("latency") or []:
+    for row in (engine.latency if engine else None) or []:
         # [batch, median ms, p99 ms, images/s, speed-up over PyTorch]
-        if isinstance(row, list) and len(row) >= 5 and isinstance(row[0], int):
-            median, speedup = _number(row[1]), _number(row[4])
+        if len(row) >= 5 and isinstance(row[0], int):
+            median, speedup = row[1], row[4]
             eager = median * speedup if median is not None and speedup is not None else None
             summary.latency.append(LatencyRow(batch=row[0], latency_ms=median, eager_ms=eager))
     return summary
@@ -185,15 +185,14 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
 
 def progress_record(update: ProgressUpdate) -> dict[str, Any]:
     """A status observation as the trainer's progress record, the input of local_display."""
-    return {
-        "event": "progress",
-        "epoch": update.epoch,
-        "step": update.step,
-        "totalSteps": update.total_steps,
-        "loss": update.loss,
-        "imagesPerSecond": update.images_per_second,
-        "epochEnd": False,
-    }
+    return records.ProgressRecord(
+        epoch=update.epoch,
+        step=update.step,
+        total_steps=update.total_steps,
+        loss=update.loss,
+        images_per_second=update.images_per_second,
+        epoch_end=False,
+    ).to_wire()
 
 
 # --- The commands ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any, Mapping, Optional
 
 from dtrain_operator.api import Progress, RunPolicy, contract
+from dtrain_operator.api.records import ProgressRecord, read_record
 from dtrain_operator.core.policy import REASON_BACKOFF_LIMIT, FailureDecision
 
 REASON_PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
@@ -65,17 +66,18 @@ def mark_of(progress: Optional[Progress]) -> Mark:
 
 
 def progress_from_record(record: Mapping[str, Any]) -> Optional[Progress]:
-    """status.progress as a JSONL progress record of the trainer would set it (for `dtrain run`)."""
-    try:
-        return Progress(
-            epoch=record.get("epoch"),
-            step=record.get("step"),
-            stage=record.get("stage"),
-            batches=record.get("batches"),
-            batch_time=record.get("batchTime"),
-        )
-    except ValueError:
+    """status.progress as a JSONL progress record of the trainer would set it (for `dtrain run`); None for
+    another record."""
+    progress = read_record(record)
+    if not isinstance(progress, ProgressRecord):
         return None
+    return Progress(
+        epoch=progress.epoch,
+        step=progress.step,
+        stage=progress.stage,
+        batches=progress.batches,
+        batch_time=progress.batch_time,
+    )
 
 
 def observe(

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Optional, TextIO, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
+from dtrain_operator.api import records
 from dtrain_operator.local.summary import RunSummary
 
 # Plain (non-terminal) output prints a progress line at most this often, and at every epoch or checkpoint.
@@ -21,12 +23,12 @@ PLAIN_WIDTH = 120
 RATE_WINDOW_SECONDS = 60.0
 
 
-def _int(value: Any, default: Optional[int] = None) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+T = TypeVar("T")
 
 
-def _float(value: Any, default: Optional[float] = None) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+def _newer(value: Optional[T], previous: Optional[T]) -> Optional[T]:
+    """A record's value, or the one shown before when the record does not know it."""
+    return previous if value is None else value
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -38,29 +40,27 @@ def format_duration(seconds: Optional[float]) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
-def event_line(record: dict[str, Any]) -> str:
-    """One line for a trainer event that is not progress (start, resumed, export)."""
-    event = record.get("event")
-    if event == "start":
+def event_line(record: records.AnyTrainerRecord) -> str:
+    """One line for a trainer event that is not progress (start, resumed, export, preflight)."""
+    if isinstance(record, records.StartRecord):
         return (
-            f"training started: world size {record.get('worldSize')}, precision {record.get('precision')}"
-            + (f", resuming from {record['resumeFrom']}" if record.get("resumeFrom") else "")
+            f"training started: world size {record.world_size}, precision {record.precision}"
+            + (f", resuming from {record.resume_from}" if record.resume_from else "")
         )
-    if event == "resumed":
-        return f"resumed from {record.get('path')} at step {record.get('step')}"
-    if event == "export":
-        if record.get("ok"):
-            error = _float(record.get("parityError"))
-            parity = "-" if error is None else f"{error:.2e}"
-            return f"exported {record.get('onnx')} (ONNX Runtime parity: max relative error {parity})"
-        return f"ONNX export failed: {record.get('error')}"
-    if event == "preflight":
+    if isinstance(record, records.ResumedRecord):
+        return f"resumed from {record.path} at step {record.step}"
+    if isinstance(record, records.ExportRecord):
+        if record.ok:
+            parity = "-" if record.parity_error is None else f"{record.parity_error:.2e}"
+            return f"exported {record.onnx} (ONNX Runtime parity: max relative error {parity})"
+        return f"ONNX export failed: {record.error}"
+    if isinstance(record, records.PreflightRecord):
         return (
-            f"pre-flight: {record.get('worldSize')} ranks joined; {record.get('backend')} all-reduce latency "
-            f"{_value(record.get('latencyMs'), '{:.3g}')} ms, bus bandwidth "
-            f"{_value(record.get('busBandwidthGBps'), '{:.3g}')} GB/s ({_value(record.get('seconds'), '{:.2f}')} s)"
+            f"pre-flight: {record.world_size} ranks joined; {record.backend} all-reduce latency "
+            f"{_value(record.latency_ms, '{:.3g}')} ms, bus bandwidth "
+            f"{_value(record.bus_bandwidth_g_bps, '{:.3g}')} GB/s ({_value(record.seconds, '{:.2f}')} s)"
         )
-    return str(record)
+    return str(record.to_wire())
 
 
 @dataclass
@@ -80,39 +80,43 @@ class ProgressView:
     restarts: int = 0
     _rate_points: tuple[tuple[float, int], ...] = ()
 
-    def apply(self, record: dict[str, Any], now: float, restarts: int) -> str:
-        """Take one trainer record in (format: dtrain_trainer.progress); return what it was.
+    def apply(self, record: Mapping[str, Any], now: float, restarts: int) -> str:
+        """Take one trainer record in, as written (read with dtrain_operator.api.records); return what it was.
 
         "epoch" for a progress record that ends an epoch, "end" for the end of training,
-        otherwise the record's event ("progress", "checkpoint", "warning", ...).
+        otherwise the record's event ("progress", "checkpoint", "warning", ...); "" for a record
+        that is none.
         """
+        return self.take(records.read_record(record), now, restarts)
+
+    def take(self, record: Optional[records.AnyTrainerRecord], now: float, restarts: int) -> str:
+        """`apply` for a record already read."""
         restarted = restarts != self.restarts
         self.restarts = restarts
-        event = str(record.get("event", ""))
-        if event == "start":
-            self.max_epochs = _int(record.get("maxEpochs"))
-        elif event == "resumed":
-            self.step, self.epoch = _int(record.get("step")), _int(record.get("epoch"))
+        if isinstance(record, records.StartRecord):
+            self.max_epochs = record.max_epochs
+        elif isinstance(record, records.ResumedRecord):
+            self.step, self.epoch = record.step, record.epoch
             self._rate_points = ()
-        elif event in ("progress", "finished"):
-            if event == "progress":
+        elif isinstance(record, (records.ProgressRecord, records.FinishedRecord)):
+            if isinstance(record, records.ProgressRecord):
                 # Lightning's epoch counter has already moved past the last epoch when training finishes.
-                self.epoch = _int(record.get("epoch"), self.epoch)
-            self.step = _int(record.get("step"), self.step)
-            self.total_steps = _int(record.get("totalSteps"), self.total_steps)
-            self.loss = _float(record.get("loss"), self.loss)
-            self.images_per_second = _float(record.get("imagesPerSecond"), self.images_per_second)
-            if isinstance(record.get("metrics"), dict):
-                self.metrics.update({k: v for k, v in record["metrics"].items() if _float(v) is not None})
+                self.epoch = _newer(record.epoch, self.epoch)
+            self.step = _newer(record.step, self.step)
+            if isinstance(record, records.ProgressRecord):
+                self.total_steps = _newer(record.total_steps, self.total_steps)
+            self.loss = _newer(record.loss, self.loss)
+            self.images_per_second = _newer(record.images_per_second, self.images_per_second)
+            self.metrics.update(record.metrics or {})
             if self.step is not None:
                 self._note_step(self.step, now, restarted)
-            if event == "finished":
+            if isinstance(record, records.FinishedRecord):
                 return "end"
-            if record.get("epochEnd"):
+            if record.epoch_end:
                 return "epoch"
-        elif event == "checkpoint":
-            self.checkpoint_step = _int(record.get("step"))
-        return event
+        elif isinstance(record, records.CheckpointRecord):
+            self.checkpoint_step = record.step
+        return record.EVENT.value if record is not None else ""
 
     def _note_step(self, step: int, now: float, restarted: bool) -> None:
         points = () if restarted else self._rate_points
@@ -202,18 +206,20 @@ class Display:
 
     # --- progress ---------------------------------------------------------------------------
 
-    def progress(self, record: dict[str, Any], restarts: int) -> None:
+    def progress(self, raw: Mapping[str, Any], restarts: int) -> None:
+        """Show one trainer record, as written (see dtrain_operator.api.records)."""
         now = time.monotonic()
-        kind = self.view.apply(record, now, restarts)
-        if kind in ("warning", "error"):
-            style = "bold yellow" if kind == "warning" else "bold red"
-            self.console.print(f"[{style}]trainer {kind}:[/] {escape(str(record.get('message')))}")
+        record = records.read_record(raw)
+        kind = self.view.take(record, now, restarts)
+        if isinstance(record, (records.WarningRecord, records.ErrorRecord)):
+            style = "bold yellow" if isinstance(record, records.WarningRecord) else "bold red"
+            self.console.print(f"[{style}]trainer {kind}:[/] {escape(str(record.message))}")
             return
-        if kind in ("start", "resumed", "export", "preflight"):
+        if isinstance(record, (records.StartRecord, records.ResumedRecord, records.ExportRecord, records.PreflightRecord)):
             self.console.print(escape(event_line(record)), highlight=False)
             return
-        if kind == "checkpoint":
-            self.console.print(escape(f"checkpoint at step {record.get('step')}: {record.get('path')}"))
+        if isinstance(record, records.CheckpointRecord):
+            self.console.print(escape(f"checkpoint at step {record.step}: {record.path}"))
             return
         if self.live:
             self._update_bar(now)

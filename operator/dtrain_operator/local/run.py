@@ -10,7 +10,6 @@ engine Job would, and a summary closes the run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -25,7 +24,8 @@ from typing import Any, Callable, Literal, Optional
 
 import yaml
 
-from dtrain_operator.api import DistributedTraining, StepTimes, contract
+from dtrain_operator.api import DistributedTraining, StepTimes, contract, records
+from dtrain_operator.api.results import TrainerResults, read_termination_message
 from dtrain_operator.api.validation import load_job
 from dtrain_operator.core import policy, progress_deadline, render, stragglers
 from dtrain_operator.local.display import Display
@@ -283,20 +283,17 @@ class LocalRun:
             time.sleep(POLL_SECONDS)
 
     def _drain_progress(self) -> None:
-        for record in self.progress.read_new():
-            if record.get("event") == "progress":
-                self._progress = progress_deadline.progress_from_record(record)
-                self._note_straggler(record.get("stepTimes"))
-            self.display.progress(record, self.state.restarts)
+        for raw in self.progress.read_new():
+            record = records.read_record(raw)
+            if isinstance(record, records.ProgressRecord):
+                self._progress = progress_deadline.progress_from_record(raw)
+                self._note_straggler(record.step_times)
+            self.display.progress(raw, self.state.restarts)
         self.display.tick()
 
-    def _note_straggler(self, times: Any) -> None:
+    def _note_straggler(self, times: Optional[StepTimes]) -> None:
         """Warn once per straggler, as the operator posts one Warning Event."""
-        try:
-            parsed = StepTimes.model_validate(times) if isinstance(times, dict) else None
-        except ValueError:
-            parsed = None
-        message = stragglers.straggler_message(parsed, self.job.spec.stragglers)
+        message = stragglers.straggler_message(times, self.job.spec.stragglers)
         if message is not None and message != self._straggler_warned:
             self.display.warn(message)
         self._straggler_warned = message
@@ -318,11 +315,8 @@ class LocalRun:
         As in the operator (status.py), the training succeeded and the checkpoints stay; the
         run fails only when the engine was asked for, since it is built from model.onnx.
         """
-        results = self._trainer_message(0)
-        try:
-            error = json.loads(results).get(contract.RESULTS_KEY_EXPORT_ERROR) if results.strip() else None
-        except (ValueError, AttributeError):
-            error = None
+        results = TrainerResults.read(read_termination_message(self._trainer_message(0)))
+        error = results.export_error if results is not None else None
         if not error:
             return False
         self.state.reason, self.state.message = policy.REASON_EXPORT_FAILED, f"the ONNX export failed: {error}"

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from dtrain_operator.api import DistributedTraining
+from dtrain_operator.api import DistributedTraining, records
+from dtrain_operator.api.engine_report import EngineReport
 from dtrain_operator.local.plan import Workdir
 from dtrain_operator.local.progress import JsonlTail
 
@@ -126,29 +127,24 @@ def _number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _add_progress(summary: RunSummary, records: list[dict[str, Any]]) -> None:
+def _add_progress(summary: RunSummary, raw_records: list[dict[str, Any]]) -> None:
     """Steps, loss and throughput from the trainer's last progress or finished record; ONNX from its export record."""
-    for record in records:
-        event = record.get("event")
-        if event in ("progress", "finished"):
-            if isinstance(record.get("step"), int):
-                summary.steps = record["step"]
-            if isinstance(record.get("epoch"), int):
-                summary.epoch = record["epoch"]
-            summary.final_loss = _number(record.get("loss")) if record.get("loss") is not None else summary.final_loss
-            rate = _number(record.get("imagesPerSecond"))
-            summary.images_per_second = rate if rate is not None else summary.images_per_second
-            if isinstance(record.get("stepTimes"), dict):
-                summary.stragglers = record["stepTimes"]
-            if isinstance(record.get("metrics"), dict):
-                summary.metrics.update(
-                    {str(k): float(v) for k, v in record["metrics"].items() if _number(v) is not None}
-                )
-        elif event == "preflight":
-            summary.preflight = {k: v for k, v in record.items() if k not in ("event",)}
-        elif event == "export" and record.get("ok"):
-            summary.onnx = record.get("onnx") or summary.onnx
-            summary.onnx_parity_error = _number(record.get("parityError"))
+    for record in map(records.read_record, raw_records):
+        if isinstance(record, (records.ProgressRecord, records.FinishedRecord)):
+            summary.steps = record.step if record.step is not None else summary.steps
+            summary.epoch = record.epoch if record.epoch is not None else summary.epoch
+            summary.final_loss = record.loss if record.loss is not None else summary.final_loss
+            summary.images_per_second = (
+                record.images_per_second if record.images_per_second is not None else summary.images_per_second
+            )
+            if isinstance(record, records.ProgressRecord) and record.step_times is not None:
+                summary.stragglers = record.step_times.model_dump(by_alias=True, exclude_unset=True, mode="json")
+            summary.metrics.update(record.metrics or {})
+        elif isinstance(record, records.PreflightRecord):
+            summary.preflight = {k: v for k, v in record.to_wire().items() if k != "event"}
+        elif isinstance(record, records.ExportRecord) and record.ok:
+            summary.onnx = record.onnx or summary.onnx
+            summary.onnx_parity_error = record.parity_error
 
 
 def _add_artifacts(summary: RunSummary, workdir: Workdir) -> None:
@@ -171,26 +167,25 @@ def _add_artifacts(summary: RunSummary, workdir: Workdir) -> None:
 
 
 def _add_engine_report(summary: RunSummary, workdir: Workdir) -> None:
-    """The engine report of `dtrain build-engine` (schema dtrain.dev/engine-report/v2)."""
+    """The engine report of `dtrain build-engine` (dtrain_operator.api.engine_report)."""
     if not summary.engine_asked:
         return
-    report = _read_json(workdir.engine_report)
+    report = EngineReport.read(_read_json(workdir.engine_report))
     if report is None:
         return
     summary.engine_report = str(workdir.engine_report)
-    summary.engine_backend = report.get("backend")
-    summary.engine_path = report.get("engine")
-    notes = report.get("notes") or []
-    if report.get("error"):
-        summary.engine_note = str(report["error"])
+    summary.engine_backend = report.backend
+    summary.engine_path = report.engine
+    notes = report.notes or []
+    if report.error:
+        summary.engine_note = report.error
     elif summary.engine_path is None and notes:
-        summary.engine_note = str(notes[0])
-    for row in report.get("latency") or []:
-        pytorch = row.get("pytorch") or {}
+        summary.engine_note = notes[0]
+    for row in report.latency or []:
         summary.latency.append(
             LatencyRow(
-                batch=int(row.get("batch_size", 0)),
-                latency_ms=_number(row.get("median_ms")),
-                eager_ms=_number(pytorch.get("median_ms")),
+                batch=row.batch_size or 0,
+                latency_ms=row.median_ms,
+                eager_ms=row.pytorch.median_ms if row.pytorch is not None else None,
             )
         )

@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, Optional, Sequence
 
 from dtrain_operator.api import (
     contract,
 )
+from dtrain_operator.api.results import read_termination_message
 from dtrain_operator.core.observation import EngineJobObservation, PodObservation, parse_time
 from dtrain_operator.core.render import ENGINE_CONTAINER, TRAINER_CONTAINER
 
@@ -147,11 +147,4 @@ def observe_engine_job(raw: Mapping[str, Any]) -> EngineJobObservation:
 
 def termination_results(message: str) -> Optional[dict[str, Any]]:
     """The JSON object a trainer or engine container left in its termination message, if it is one."""
-    text = message.strip()
-    if not text.startswith("{") or len(text.encode()) > contract.TERMINATION_MESSAGE_MAX_BYTES:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    return read_termination_message(message)

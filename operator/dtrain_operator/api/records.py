@@ -1,0 +1,315 @@
+"""The progress records rank 0's trainer writes and the operator and `dtrain run` read, typed.
+
+The trainer's ProgressReporter (dtrain_trainer.progress) builds each record from its model here
+(strict: a field the record does not have, or a value of the wrong type, is refused) and hands
+its wire form to the sink: one JSON object per line for `jsonl:<path>`, the status patch of
+`status_patch` for `kubernetes`. Readers (`dtrain run`'s display, summary and progress deadline)
+read records with `read_record`, which is tolerant.
+
+JSONL record format (every record has `event` and `time`, an RFC 3339 UTC timestamp;
+fields that are not known yet are null; consumers must ignore fields they do not know):
+
+    {"event": "start", "time": ..., "jobName": "quickstart", "worldSize": 2, "nodes": 2,
+     "devicesPerNode": 1, "accelerator": "cpu", "precision": "32-true",
+     "clusterEnvironment": "TorchElasticEnvironment", "maxSteps": -1, "maxEpochs": 2,
+     "resumeFrom": "/ckpt/last.ckpt" | null,
+     "lightning": "lightning.pytorch" | "pytorch_lightning"}   (the package the job trains with)
+    {"event": "warning", "time": ..., "message": "precision 16-mixed needs a CUDA GPU ..."}
+    {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
+    {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
+     "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false,
+     "stage": "training" | "validating" | "checkpointing" | "exporting",
+     "metrics": {"val_loss": 0.41, "val_acc": 0.87, ...}, "validation": "val_loss=0.41" | null,
+     "batches": 512, "batchTime": ...,
+     "stepTimes": {"step": 150, "medianSeconds": 0.09, "slowestRank": 1, "slowestSeconds": 0.31,
+                   "slowestPod": "job-1", "slowestNode": "node-b", "ratio": 3.4, "slowChecks": 3,
+                   "straggler": true} | null}   (metrics: val_loss, val_acc, prog_bar and spec.logging.metrics;
+     stepTimes: see dtrain_trainer.stragglers)   (the last progress record, before the export, says exporting)
+    {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt"}
+    {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
+     "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
+    {"event": "finished", "time": ..., "ok": true, "step": 128, "epoch": 1, "loss": 0.41,
+     "imagesPerSecond": 815.0, "exportError": "torch.onnx.export failed ..." (only when the export failed)}
+    {"event": "stopped", "time": ..., "signal": "SIGTERM", "checkpoint": "/ckpt/last.ckpt", "step": 57,
+     "epoch": 0, "loss": 0.9, "imagesPerSecond": 810.2}   (SIGTERM: every rank stopped after this step)
+    {"event": "error", "time": ..., "message": "model.classPath: cannot import 'mypkg' ..."}
+    {"event": "preflight", "time": ..., "backend": "gloo", "worldSize": 2, "seconds": 0.12,
+     "joinSeconds": 0.01, "allReduceBytes": 4194304, "allReduceMs": 9.4, "latencyMs": 0.09,
+     "busBandwidthGBps": 0.45, "versions": {...}, "ranks": [...]}   (see dtrain_trainer.preflight)
+
+`batches` counts the training and validation batches rank 0 has completed in this process, and
+`batchTime` is when the latest completed: only the training and validation loops advance them (the
+operator's progress deadline watches them, see dtrain_operator.core.progress_deadline). A record with
+stage `checkpointing` is sent when a checkpoint starts to be written (the deadline holds meanwhile),
+one with stage `validating` during validation, at the same rate as training's.
+
+`step` is Lightning's global step (optimizer steps; with gradient accumulation one step
+is several batches). `totalSteps` is the number of optimizer steps the run will take
+when that is known. `loss` is rank 0's training loss as the model computed it (what it
+logs as train_loss), averaged over the batches of the latest optimizer step (all
+accumulateGradBatches of them), not Lightning's loss divided by accumulateGradBatches. `imagesPerSecond` counts
+the images of all ranks (the batch of each rank times the world size), excluding the
+first WARMUP_BATCHES (dtrain_trainer.progress_callback) batches of each process and the time between epochs (validation).
+
+Reading is tolerant, as it always was: a line that is no JSON object, or names no event this
+module knows, is skipped; fields a record does not have are ignored; a field of the wrong type
+is read as absent, the rest of the record stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+from typing import Annotated, Any, ClassVar, Optional, TypeVar, Union, get_args
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic.alias_generators import to_camel
+
+from dtrain_operator.api import PreflightRank, StepTimes
+
+
+class Event(str, Enum):
+    """The `event` of a progress record: the one place its strings are spelled."""
+
+    START = "start"
+    WARNING = "warning"
+    RESUMED = "resumed"
+    PROGRESS = "progress"
+    CHECKPOINT = "checkpoint"
+    EXPORT = "export"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    ERROR = "error"
+    PREFLIGHT = "preflight"
+
+
+class WireRecord(BaseModel):
+    """A JSON object one process writes and another reads: strict when built, tolerant when read (`read`)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        # int is not bool and str is not int, as the readers' isinstance checks always held.
+        strict=True,
+        # JSON has no infinity or NaN.
+        allow_inf_nan=False,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The fields the writer set, by their wire names (null where it set None)."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+    @classmethod
+    def read(cls: type[RecordT], data: Any) -> Optional[RecordT]:
+        """`data` as this record: unknown fields ignored (in nested parts too), a field of the wrong type read
+        as absent (a list or object holding one, the whole of it); None when it is no JSON object."""
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            return cls.model_validate(data, context=_READING)
+        except ValidationError as error:
+            wrong = {problem["loc"][0] for problem in error.errors() if problem["loc"]}
+        try:
+            return cls.model_validate({k: v for k, v in data.items() if k not in wrong}, context=_READING)
+        except ValidationError:
+            return None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_unknown_fields_when_reading(cls, data: Any, info: ValidationInfo) -> Any:
+        if not (info.context or {}).get(READING) or not isinstance(data, Mapping):
+            return data
+        known = {field.alias or name for name, field in cls.model_fields.items()}
+        return {key: value for key, value in data.items() if key in known}
+
+
+# The key of the validation context of a reader (WireRecord.read): writers validate without it.
+READING = "reading"
+_READING = {READING: True}
+RecordT = TypeVar("RecordT", bound=WireRecord)
+
+
+def _numbers_only(value: Any) -> Any:
+    """Reported metrics are numbers; an entry that is not one is left out (a reader never fails on it)."""
+    if not isinstance(value, Mapping):
+        return value
+    return {name: number for name, number in value.items()
+            if isinstance(number, (int, float)) and not isinstance(number, bool)}
+
+
+Metrics = Annotated[dict[str, float], BeforeValidator(_numbers_only)]
+
+
+class TrainerRecord(WireRecord):
+    """What every progress record has: its event (a class attribute, written first) and when it was sent."""
+
+    EVENT: ClassVar[Event]
+
+    time: Optional[str] = None
+    """RFC 3339 UTC; the trainer always sets it."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"event": self.EVENT.value, **super().to_wire()}
+
+
+class StartRecord(TrainerRecord):
+    EVENT = Event.START
+
+    job_name: Optional[str] = None
+    world_size: Optional[int] = None
+    nodes: Optional[int] = None
+    devices_per_node: Optional[int] = None
+    accelerator: Optional[str] = None
+    precision: Optional[str] = None
+    cluster_environment: Optional[str] = None
+    max_steps: Optional[int] = None
+    max_epochs: Optional[int] = None
+    resume_from: Optional[str] = None
+    lightning: Optional[str] = None
+
+
+class WarningRecord(TrainerRecord):
+    EVENT = Event.WARNING
+
+    message: Optional[str] = None
+
+
+class ErrorRecord(TrainerRecord):
+    EVENT = Event.ERROR
+
+    message: Optional[str] = None
+
+
+class ResumedRecord(TrainerRecord):
+    EVENT = Event.RESUMED
+
+    path: Optional[str] = None
+    step: Optional[int] = None
+    epoch: Optional[int] = None
+
+
+class CheckpointRecord(TrainerRecord):
+    EVENT = Event.CHECKPOINT
+
+    step: Optional[int] = None
+    path: Optional[str] = None
+
+
+class ExportRecord(TrainerRecord):
+    EVENT = Event.EXPORT
+
+    ok: Optional[bool] = None
+    onnx: Optional[str] = None
+    sha256: Optional[str] = None
+    parity_error: Optional[float] = None
+    tolerance: Optional[float] = None
+    artifacts: Optional[str] = None
+    error: Optional[str] = None
+
+
+class TrainingState(TrainerRecord):
+    """Where training stands: what progress, finished and stopped records share."""
+
+    epoch: Optional[int] = None
+    step: Optional[int] = None
+    loss: Optional[float] = None
+    images_per_second: Optional[float] = None
+    metrics: Optional[Metrics] = None
+    validation: Optional[str] = None
+
+
+class ProgressRecord(TrainingState):
+    EVENT = Event.PROGRESS
+
+    total_steps: Optional[int] = None
+    epoch_end: Optional[bool] = None
+    stage: Optional[str] = None
+    batches: Optional[int] = None
+    batch_time: Optional[str] = None
+    step_times: Optional[StepTimes] = None
+
+
+class FinishedRecord(TrainingState):
+    EVENT = Event.FINISHED
+
+    ok: Optional[bool] = None
+    export_error: Optional[str] = None
+
+
+class StoppedRecord(TrainingState):
+    EVENT = Event.STOPPED
+
+    signal: Optional[str] = None
+    checkpoint: Optional[str] = None
+
+
+class PreflightRecord(TrainerRecord):
+    """The pre-flight gang check (dtrain_trainer.preflight); status.preflight holds the same fields."""
+
+    EVENT = Event.PREFLIGHT
+
+    backend: Optional[str] = None
+    world_size: Optional[int] = None
+    seconds: Optional[float] = None
+    join_seconds: Optional[float] = None
+    all_reduce_bytes: Optional[int] = None
+    all_reduce_ms: Optional[float] = None
+    latency_ms: Optional[float] = None
+    bus_bandwidth_g_bps: Annotated[Optional[float], Field(alias="busBandwidthGBps")] = None
+    versions: Optional[dict[str, Optional[str]]] = None
+    ranks: Optional[list[PreflightRank]] = None
+
+
+AnyTrainerRecord = Union[
+    StartRecord, WarningRecord, ErrorRecord, ResumedRecord, CheckpointRecord, ExportRecord,
+    ProgressRecord, FinishedRecord, StoppedRecord, PreflightRecord,
+]
+RECORD_TYPES: dict[Event, type[TrainerRecord]] = {record.EVENT: record for record in get_args(AnyTrainerRecord)}
+
+
+def build_record(event: Event, **fields: Any) -> TrainerRecord:
+    """The record of `event` with `fields` (wire or Python names), strictly: an unknown field or a value of the
+    wrong type raises pydantic's ValidationError, naming it."""
+    return RECORD_TYPES[event](**fields)
+
+
+def read_record(data: Any) -> Optional[AnyTrainerRecord]:
+    """One JSON object of the trainer's as its record; None when it is none (no object, an unknown event)."""
+    if not isinstance(data, Mapping):
+        return None
+    try:
+        record_type = RECORD_TYPES[Event(data.get("event"))]
+    except ValueError:
+        return None
+    return record_type.read(data)  # type: ignore[return-value]
+
+
+def status_patch(data: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """The part of DistributedTraining.status a record updates (merge-patch shape), if any."""
+    record = read_record(data)
+    if isinstance(record, ProgressRecord):
+        fields = {
+            "epoch": record.epoch,
+            "step": record.step,
+            # Lets `dtrain get` and `dtrain watch` show an ETA.
+            "totalSteps": record.total_steps,
+            "loss": record.loss,
+            "imagesPerSecond": record.images_per_second,
+            "stage": record.stage,
+            "metrics": record.metrics or None,
+            "validation": record.validation,
+            "batches": record.batches,
+            "batchTime": record.batch_time,
+            # As sent: a null in it clears that field of the status.
+            "stepTimes": record.step_times.model_dump(by_alias=True, exclude_unset=True, mode="json")
+            if record.step_times is not None else None,
+            "updatedAt": record.time,
+        }
+        # null in a merge patch deletes a field: leave out what is not known yet instead.
+        return {"progress": {k: v for k, v in fields.items() if v is not None}}
+    if isinstance(record, PreflightRecord):
+        return {"preflight": {k: v for k, v in record.to_wire().items() if k != "event" and v is not None}}
+    if isinstance(record, CheckpointRecord):
+        return {"lastCheckpoint": {"step": record.step, "path": record.path, "time": record.time}}
+    return None

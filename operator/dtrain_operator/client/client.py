@@ -1,5 +1,8 @@
 """The Client: jobs on a cluster through the Kubernetes API (the package docstring shows its use)."""
 
+# layout: the Client's public methods are the client's API, one class (a little over 400 lines); its errors,
+# progress and credentials are modules of their own.
+
 from __future__ import annotations
 
 import builtins

@@ -14,6 +14,9 @@ again, a pod just deleted is not counted, a status just patched is the one the n
 starts from.
 """
 
+# layout: the Controller's caches, its reconcile and the status writes share one job's state, so they
+# stay together (a little over 400 lines); children, Events, expectations and the work queue are modules of their own.
+
 from __future__ import annotations
 
 import asyncio
@@ -241,6 +244,7 @@ class Controller:
         finally:
             self._metrics.reconcile_seconds.observe(time.monotonic() - started)
 
+    # layout: the reconcile reads top to bottom as the module docstring tells it (a little over 60 lines).
     async def reconcile(self, key: JobKey) -> Optional[float]:
         """Bring one job's status and children in line with what is observed. Returns a requeue delay."""
         body = self._jobs.get(key)

@@ -5,6 +5,9 @@ references in one place, controller.children.adopt); `dtrain run` runs the worke
 and environments as local processes. This is where a pod's environment is decided.
 """
 
+# layout: every object a job stands for in one module (a little over 400 lines): the pods, the engine Job,
+# the Service and the ConfigMap share the pod-spec parts, which would otherwise cross modules as private names.
+
 from __future__ import annotations
 
 from typing import Any

@@ -7,6 +7,9 @@ whether it restarts from the last checkpoint; then the engine step runs as the
 engine Job would, and a summary closes the run.
 """
 
+# layout: one run's state machine (train, restart, export, engine, stop) reads best in one class (a little
+# over 400 lines); the plan, the gang, the display and the summary are modules of their own.
+
 from __future__ import annotations
 
 import argparse

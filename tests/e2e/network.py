@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 PREFIX = "dtrain-e2e-"
 NODE_NETNS = f"{PREFIX}node"
@@ -48,7 +48,7 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def current_netns() -> Optional[str]:
+def current_netns() -> str | None:
     """The name of the network namespace this process is in, or None (the machine's own)."""
     own = os.stat("/proc/self/ns/net")
     for path in Path("/run/netns").glob("*") if Path("/run/netns").is_dir() else []:

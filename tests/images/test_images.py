@@ -14,7 +14,6 @@ own non-root user with its real entrypoint (tools/run-in-rootfs.sh; no container
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess

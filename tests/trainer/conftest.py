@@ -143,7 +143,7 @@ def api_server() -> Iterator[FakeApiServer]:
     server_state: dict[str, FakeApiServer] = {}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_PATCH(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_PATCH(self) -> None:
             state = server_state["server"]
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")

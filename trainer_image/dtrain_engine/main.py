@@ -21,7 +21,7 @@ import secrets
 import sys
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -102,7 +102,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise usage_error("--tensorrt-version plans a --dry-run; a build uses the TensorRT installed here")
 
 
-def _layer_precisions(values: Optional[list[str]]) -> tuple[tuple[str, str], ...]:
+def _layer_precisions(values: list[str] | None) -> tuple[tuple[str, str], ...]:
     pairs = []
     for item in (part.strip() for value in values or [] for part in value.split(",") if part.strip()):
         pattern, _, precision = item.rpartition(":")
@@ -151,7 +151,7 @@ class Platform:
     device: Device
 
 
-def probe_tensorrt() -> tuple[Optional[str], Optional[str]]:
+def probe_tensorrt() -> tuple[str | None, str | None]:
     """(TensorRT's version, None) when it can build here, else (None, what is wrong)."""
     try:
         import tensorrt as trt
@@ -169,7 +169,7 @@ def probe_tensorrt() -> tuple[Optional[str], Optional[str]]:
     return version, None
 
 
-def probe_cuda() -> Optional[str]:
+def probe_cuda() -> str | None:
     """None when a CUDA GPU is usable, else why not."""
     try:
         import torch
@@ -180,7 +180,7 @@ def probe_cuda() -> Optional[str]:
     return None
 
 
-def probe_platform() -> tuple[Optional[Platform], list[str]]:
+def probe_platform() -> tuple[Platform | None, list[str]]:
     """This machine's TensorRT and GPU, or every reason there is none."""
     tensorrt_version, tensorrt_missing = probe_tensorrt()
     cuda_missing = probe_cuda()
@@ -220,7 +220,7 @@ def _external_data_records(model: OnnxModelInfo) -> list[dict[str, Any]]:
     return [{"path": path, "sha256": _sha256(path), "bytes": os.path.getsize(path)} for path in model.external_data]
 
 
-def _versions(tensorrt_version: Optional[str]) -> dict[str, str]:
+def _versions(tensorrt_version: str | None) -> dict[str, str]:
     versions = {}
     for package in ("dtrain", "onnx", "onnxruntime", "numpy", "torch"):
         try:
@@ -240,7 +240,7 @@ class PyTorchModel:
     info: dict[str, Any]
 
 
-def _load_pytorch(lookup: Optional[SourceLookup]) -> PyTorchModel:
+def _load_pytorch(lookup: SourceLookup | None) -> PyTorchModel:
     if lookup is None:
         return PyTorchModel(None, {"available": False, "reason": "--no-baseline"})
     if lookup.source is None:
@@ -261,7 +261,7 @@ def _check_and_time(
     points: list[ShapePoint],
     under_test: Backend,
     references: list[Backend],
-    baseline: Optional[Backend],
+    baseline: Backend | None,
 ) -> None:
     """Fresh random inputs at each profile's shapes: compare with every reference, then time."""
     rng = np.random.default_rng(run.seed)
@@ -300,7 +300,7 @@ def _accuracy_failure(run: EngineRun) -> str:
 
 def _run_tensorrt(
     model: OnnxModelInfo, run: EngineRun, pytorch: PyTorchModel, platform: Platform, plan: BuildPlan
-) -> Optional[bytes]:
+) -> bytes | None:
     """Build, check and time the engine; the serialized engine when it passed, else None.
 
     Whatever TensorRT or the device raises ends here as one EngineError quoting TensorRT's
@@ -328,7 +328,7 @@ def _run_tensorrt(
                 "layers": layer_summary(engine.layer_information()),
             })
             references: list[Backend] = [OnnxRuntimeCpu(model.path)]
-            baseline: Optional[PyTorchEager] = None
+            baseline: PyTorchEager | None = None
             if pytorch.model is not None:
                 references.append(PyTorchEager(pytorch.model, model, "cpu"))
                 autocast = {"fp16": "float16", "bf16": "bfloat16"}.get(plan.requested_precision)
@@ -359,7 +359,7 @@ def _run_onnxruntime(
             f"exported precision ({run.executed_precision}) and is checked against that precision's bound"
         )
     references: list[Backend] = []
-    baseline: Optional[Backend] = None
+    baseline: Backend | None = None
     if pytorch.model is not None:
         eager = PyTorchEager(pytorch.model, model, "cpu")
         references.append(eager)
@@ -376,7 +376,7 @@ def _run_onnxruntime(
 # --- The command --------------------------------------------------------------------------------
 
 
-def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: BuildOptions, platform: Optional[Platform]) -> int:
+def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: BuildOptions, platform: Platform | None) -> int:
     version = args.tensorrt_version or (platform.tensorrt_version if platform else probe_tensorrt()[0])
     plan = plan_build(model, options, version)
     document = {
@@ -392,7 +392,7 @@ def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: BuildOptio
     return 0
 
 
-def _build_engine(args: argparse.Namespace, platform: Optional[Platform]) -> int:
+def _build_engine(args: argparse.Namespace, platform: Platform | None) -> int:
     check_arguments(args)
     options = build_options(args)
     model = inspect_onnx(args.onnx)
@@ -483,7 +483,7 @@ def _write_termination_summary(summary: str) -> None:
         print(f"dtrain build-engine: warning: cannot write the summary to {path}: {error.strerror}", file=sys.stderr)
 
 
-def run(args: argparse.Namespace, platform: Optional[Platform] = None) -> int:
+def run(args: argparse.Namespace, platform: Platform | None = None) -> int:
     """`dtrain build-engine` on `platform` (default: the TensorRT and GPU this machine has)."""
     try:
         return _build_engine(args, platform)

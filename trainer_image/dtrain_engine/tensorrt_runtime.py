@@ -17,8 +17,9 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, cast
+from typing import Any, cast
 
 import numpy as np
 import tensorrt as trt
@@ -184,7 +185,7 @@ class TensorRTLog(trt.ILogger):
 class BuildResult:
     plan: bytes
     seconds: float
-    timing_cache: Optional[str]  # what happened to the timing cache, for the report
+    timing_cache: str | None  # what happened to the timing cache, for the report
 
 
 # --- Build ----------------------------------------------------------------------------------
@@ -258,7 +259,7 @@ def _load_timing_cache(config: trt.IBuilderConfig, path: str) -> str:
             data = handle.read()
         state = f"read {len(data)} bytes from {path}"
     try:
-        cache: Optional[trt.ITimingCache] = config.create_timing_cache(data)
+        cache: trt.ITimingCache | None = config.create_timing_cache(data)
     except Exception:  # the bindings raise their own types for bytes they cannot read
         cache = None
     if cache is None:
@@ -309,7 +310,7 @@ def build_engine(onnx_path: str, plan: BuildPlan, log: TensorRTLog) -> BuildResu
     cache_state = _load_timing_cache(config, plan.timing_cache) if plan.timing_cache is not None else None
 
     start = time.perf_counter()
-    serialized: Optional[trt.IHostMemory] = builder.build_serialized_network(network, config)
+    serialized: trt.IHostMemory | None = builder.build_serialized_network(network, config)
     seconds = time.perf_counter() - start
     if serialized is None:
         raise EngineError(log.failure("build the engine"))
@@ -362,13 +363,13 @@ class TensorRTEngine:
         if plan.engine_host_code_allowed:
             # A version-compatible engine carries its lean runtime: host code TensorRT must be allowed to run.
             self._runtime.engine_host_code_allowed = True
-        engine: Optional[trt.ICudaEngine] = self._runtime.deserialize_cuda_engine(serialized)
+        engine: trt.ICudaEngine | None = self._runtime.deserialize_cuda_engine(serialized)
         if engine is None:
             raise EngineError(log.failure("load the engine it has just built"))
         self._engine = engine
         if plan.refit_from_onnx:
             self._refit(onnx_path)
-        context: Optional[trt.IExecutionContext] = engine.create_execution_context()
+        context: trt.IExecutionContext | None = engine.create_execution_context()
         if context is None:
             raise EngineError(log.failure("create an execution context (is the GPU out of memory?)"))
         self._context = context
@@ -377,7 +378,7 @@ class TensorRTEngine:
         self._inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self._outputs = [n for n in names if n not in self._inputs]
         self._bound: dict[str, DeviceBuffer] = {}
-        self._allocator: Optional[_OutputAllocator] = None
+        self._allocator: _OutputAllocator | None = None
         self.device_memory_bytes = int(engine.device_memory_size_v2)
         self._dtypes: dict[trt.DataType, np.dtype[Any]] = {
             trt.DataType.FLOAT: np.dtype(np.float32),
@@ -428,7 +429,7 @@ class TensorRTEngine:
             if not self._context.set_input_shape(name, tuple(array.shape)):
                 raise EngineError(self._log.failure(f"take input '{name}' with shape {list(array.shape)} in profile {profile}", since))
             bound[name] = self._device.upload(array, self._stream)
-        allocator: Optional[_OutputAllocator] = None
+        allocator: _OutputAllocator | None = None
         for name in self._outputs:
             shape = self._shape(name)
             if any(d < 0 for d in shape):

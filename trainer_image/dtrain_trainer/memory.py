@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -65,7 +66,7 @@ class StateBytes:
     optimizer_note: str
 
 
-def optimizer_slots(optimizer: Optional[torch.optim.Optimizer]) -> tuple[int, str]:
+def optimizer_slots(optimizer: torch.optim.Optimizer | None) -> tuple[int, str]:
     """How many parameter-sized buffers the optimizer keeps, and their names."""
     if optimizer is None:
         return 0, "none"
@@ -245,7 +246,7 @@ def measure_activations(
     return ActivationModel(fixed, per_sample, largest)
 
 
-def describe(estimate: MemoryEstimate, result: Optional[Fit], gpu_memory: Optional[int]) -> list[tuple[str, str]]:
+def describe(estimate: MemoryEstimate, result: Fit | None, gpu_memory: int | None) -> list[tuple[str, str]]:
     """The rows of the estimate table."""
     s = estimate.state
     small, large = estimate.measured_batches
@@ -274,11 +275,11 @@ def describe(estimate: MemoryEstimate, result: Optional[Fit], gpu_memory: Option
 @dataclass
 class JobEstimate:
     estimate: MemoryEstimate
-    fit: Optional[Fit]
-    gpu_memory: Optional[int]
+    fit: Fit | None
+    gpu_memory: int | None
 
 
-def gpu_memory_of(spec: Any, flag: Optional[str]) -> Optional[int]:
+def gpu_memory_of(spec: Any, flag: str | None) -> int | None:
     """--gpu-memory, else the GPU-memory node label the job selects (GPU feature discovery, MiB)."""
     if flag:
         return parse_memory(flag)
@@ -286,7 +287,7 @@ def gpu_memory_of(spec: Any, flag: Optional[str]) -> Optional[int]:
     return int(label) * 2**20 if label and str(label).isdigit() else None
 
 
-def _optimizer_of(model: Any) -> tuple[Optional[torch.optim.Optimizer], list[str]]:
+def _optimizer_of(model: Any) -> tuple[torch.optim.Optimizer | None, list[str]]:
     try:
         configured = model.configure_optimizers()
     except Exception as exc:  # e.g. a schedule that needs the Trainer: assume Adam and say so
@@ -333,7 +334,7 @@ def _slice(batch: Any, size: int) -> Any:
     return batch
 
 
-def estimate_job(model: Any, data: Any, sample_shape: tuple[int, ...], settings: Any, gpu_memory: Optional[int],
+def estimate_job(model: Any, data: Any, sample_shape: tuple[int, ...], settings: Any, gpu_memory: int | None,
                  batches: tuple[int, int] = MEASURED_BATCHES) -> JobEstimate:
     """Estimate for a model and data module already built from the job's spec."""
     precision = settings.precision

@@ -4,7 +4,6 @@ per-GPU memory (memory.py) and print it as a table with a verdict."""
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import torch
 
@@ -15,7 +14,7 @@ from dtrain_trainer.loading import instantiate, instantiate_data, job_classes
 from dtrain_trainer.memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, gpu_memory_of
 
 
-def estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> JobEstimate:
+def estimate(job: api.DistributedTraining, gpu_memory_flag: str | None) -> JobEstimate:
     """Raises ConfigError (a bad class or arguments) or ValueError (a bad --gpu-memory)."""
     spec = job.spec
     gpu_memory = gpu_memory_of(spec, gpu_memory_flag)
@@ -35,7 +34,7 @@ def estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> Jo
     return result
 
 
-def print_estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> int:
+def print_estimate(job: api.DistributedTraining, gpu_memory_flag: str | None) -> int:
     """The table on stdout; 0 when it fits or no GPU memory is known, 3 when it does not fit."""
     try:
         result = estimate(job, gpu_memory_flag)

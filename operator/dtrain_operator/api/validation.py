@@ -98,8 +98,7 @@ def format_error(error: dict[str, Any], root: type[BaseModel] = api.DistributedT
         expected = error.get("ctx", {}).get("expected", "")
         return f"{path}: {echo(value)} is not allowed; use one of {expected}"
     message = redact_text(error["msg"])
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
+    message = message.removeprefix("Value error, ")
     if kind in ("model_type", "dict_type", "list_type") or value is None or isinstance(value, (dict, list)):
         return f"{path}: {message}"
     return f"{path}: {message} (got {echo(value)})"

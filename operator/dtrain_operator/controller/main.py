@@ -10,7 +10,6 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Optional
 
 import aiohttp.web
 import kopf
@@ -150,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
     limits = Limits(
         stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout
     )
-    election: Optional[LeaderElectionConfig] = None
+    election: LeaderElectionConfig | None = None
     if args.leader_elect:
         election = election_config(args)
         problem = election.check()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Optional
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
 from dtrain_operator.controller.status import (
@@ -44,12 +43,12 @@ class Plan:
     force_delete_pods: tuple[PodObservation, ...] = ()
     """Pods stuck terminating on a node that stopped reporting: deleted with no grace period."""
     create_engine_job: bool = False
-    delete_engine_job: Optional[EngineJobObservation] = None
+    delete_engine_job: EngineJobObservation | None = None
     delete_job: bool = False
     """ttlSecondsAfterFinished has passed: delete the DistributedTraining itself."""
-    requeue_after: Optional[float] = None
+    requeue_after: float | None = None
     """Seconds until a deadline, timeout or TTL needs another look."""
-    delete_grace_seconds: Optional[int] = None
+    delete_grace_seconds: int | None = None
     """Grace period of the deletions (None: each pod's own): short for a gang restarted for a hang."""
 
 
@@ -61,14 +60,14 @@ def _seconds_until(moment: datetime, now: datetime) -> float:
     return max((moment - now).total_seconds(), 0.0) + REQUEUE_MARGIN_SECONDS
 
 
-def _earliest(*delays: Optional[float]) -> Optional[float]:
+def _earliest(*delays: float | None) -> float | None:
     present = [d for d in delays if d is not None]
     return min(present) if present else None
 
 
 def _finished_cleanup(
     job: DistributedTraining, workers: tuple[PodObservation, ...], observed: Observed
-) -> tuple[tuple[PodObservation, ...], Optional[EngineJobObservation]]:
+) -> tuple[tuple[PodObservation, ...], EngineJobObservation | None]:
     policy = job.spec.run_policy.clean_pod_policy
     engine = observed.engine_job
     live_engine = engine if engine is not None and not engine.deleting else None
@@ -82,7 +81,7 @@ def _finished_cleanup(
 
 def _stuck(
     workers: tuple[PodObservation, ...], now: datetime, limits: Limits
-) -> tuple[tuple[PodObservation, ...], Optional[float]]:
+) -> tuple[tuple[PodObservation, ...], float | None]:
     """Stuck pods to force-delete (their node stopped reporting), and when the next one will be stuck."""
     stuck = stuck_terminating(workers, now, limits)
     force = tuple(p for p in stuck if not p.ready)

@@ -8,8 +8,6 @@ Straggler condition and a Warning Event, `dtrain run` into a warning; neither re
 
 from __future__ import annotations
 
-from typing import Optional
-
 from dtrain_operator.api import StepTimes, StragglerSettings
 
 CONDITION = "Straggler"
@@ -17,7 +15,7 @@ REASON_DETECTED = "StragglerDetected"
 REASON_NONE = "NoStraggler"
 
 
-def straggler_message(times: Optional[StepTimes], settings: StragglerSettings) -> Optional[str]:
+def straggler_message(times: StepTimes | None, settings: StragglerSettings) -> str | None:
     """What to say about the reported straggler (None: there is none). Stable while the same rank stays slow,
     so that one Event is posted per straggler, not one per report."""
     if times is None or not times.straggler or times.slowest_rank is None:

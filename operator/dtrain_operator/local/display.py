@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,15 +21,15 @@ PLAIN_WIDTH = 120
 RATE_WINDOW_SECONDS = 60.0
 
 
-def _int(value: Any, default: Optional[int] = None) -> Optional[int]:
+def _int(value: Any, default: int | None = None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _float(value: Any, default: Optional[float] = None) -> Optional[float]:
+def _float(value: Any, default: float | None = None) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def format_duration(seconds: Optional[float]) -> str:
+def format_duration(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
         return "--:--"
     seconds = int(round(seconds))
@@ -68,13 +68,13 @@ class ProgressView:
     """The progress line's values, updated from the trainer's progress records (pure: the clock is passed in)."""
 
     started: float
-    epoch: Optional[int] = None
-    max_epochs: Optional[int] = None
-    step: Optional[int] = None
-    total_steps: Optional[int] = None
-    loss: Optional[float] = None
-    images_per_second: Optional[float] = None
-    checkpoint_step: Optional[int] = None
+    epoch: int | None = None
+    max_epochs: int | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    images_per_second: float | None = None
+    checkpoint_step: int | None = None
     # The trainer's reported metrics (val_loss, val_acc, prog_bar ones), newest values.
     metrics: dict[str, float] = field(default_factory=dict)
     restarts: int = 0
@@ -119,7 +119,7 @@ class ProgressView:
         points = tuple(p for p in points if now - p[0] <= RATE_WINDOW_SECONDS and p[1] <= step)
         self._rate_points = (*points, (now, step))
 
-    def eta_seconds(self) -> Optional[float]:
+    def eta_seconds(self) -> float | None:
         if self.step is None or not self.total_steps or len(self._rate_points) < 2:
             return None
         (t0, s0), (t1, s1) = self._rate_points[0], self._rate_points[-1]
@@ -160,12 +160,12 @@ class Display:
         self.console = console
         self.live = console.is_terminal
         self.view = ProgressView(started=time.monotonic())
-        self._progress: Optional[Progress] = None
-        self._task: Optional[TaskID] = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._last_line = 0.0
 
     @classmethod
-    def for_stream(cls, stream: TextIO) -> "Display":
+    def for_stream(cls, stream: TextIO) -> Display:
         console = Console(file=stream, highlight=False, soft_wrap=True)
         if not console.is_terminal:
             # Logs and CI: wide enough that the summary's paths stay on one line.
@@ -193,7 +193,7 @@ class Display:
         self.console.print(f"[bold]last lines of {escape(who)}'s log[/] ({escape(str(path))}):")
         self.console.print(tail or "(empty)", markup=False, highlight=False)
 
-    def stopped_hint(self, checkpoint: Optional[str], job_file: str) -> None:
+    def stopped_hint(self, checkpoint: str | None, job_file: str) -> None:
         if checkpoint:
             self.console.print(escape(f"the last checkpoint is {checkpoint}"))
             self.console.print(escape(f"continue from it with: dtrain run {job_file} --resume"))
@@ -265,7 +265,7 @@ class Display:
             self.console.print(latency_table(summary))
 
 
-def _value(value: Optional[object], fmt: str = "{}") -> str:
+def _value(value: object | None, fmt: str = "{}") -> str:
     return "-" if value is None else fmt.format(value)
 
 

@@ -17,11 +17,12 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Optional
+from typing import Any
 
 import yaml
 
@@ -67,10 +68,10 @@ class StopRequest:
     """SIGINT, SIGTERM and SIGHUP ask the run to stop; the run stops its processes itself, in order."""
 
     def __init__(self) -> None:
-        self.signum: Optional[int] = None
+        self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -79,7 +80,7 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
 
     @property
@@ -100,7 +101,7 @@ class StepOutcome:
     stopped: bool = False
     deadline: bool = False
     # The gang ran past runPolicy.progressDeadlineSeconds: what progress_deadline.decide said.
-    hang: Optional[policy.FailureDecision] = None
+    hang: policy.FailureDecision | None = None
 
 
 @dataclass
@@ -175,9 +176,9 @@ class LocalRun:
         self.state = RunState()
         self.progress = JsonlTail(workdir.progress)
         # The latest progress record of the running gang, and the watch on it (progressDeadlineSeconds).
-        self._progress: Optional[Any] = None
-        self._progress_watch: Optional[progress_deadline.ProgressWatch] = None
-        self._straggler_warned: Optional[str] = None
+        self._progress: Any | None = None
+        self._progress_watch: progress_deadline.ProgressWatch | None = None
+        self._straggler_warned: str | None = None
         self.cores = available_cores()
 
     # --- training ---------------------------------------------------------------------
@@ -229,7 +230,7 @@ class LocalRun:
             self.state.restarts += 1
             self.display.warn(decision.message)
 
-    def _node_failures(self, gang: Gang) -> Optional[StepOutcome]:
+    def _node_failures(self, gang: Gang) -> StepOutcome | None:
         """The gang's end, once it is decided: all nodes done, or the first failures."""
         exited = gang.exited()
         failures = []
@@ -252,7 +253,7 @@ class LocalRun:
             return ""
 
     def _watch(
-        self, gang: Gang, on_exit: Callable[[Gang], Optional[StepOutcome]], watch_progress: bool = False
+        self, gang: Gang, on_exit: Callable[[Gang], StepOutcome | None], watch_progress: bool = False
     ) -> StepOutcome:
         run_policy = self.job.spec.run_policy
         last_walk = 0.0
@@ -373,7 +374,7 @@ class LocalRun:
         )
 
 
-def _engine_end(build: Gang) -> Optional[StepOutcome]:
+def _engine_end(build: Gang) -> StepOutcome | None:
     code = build.exited().get(0)
     return None if code is None else StepOutcome(succeeded=code == 0)
 

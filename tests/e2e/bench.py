@@ -9,7 +9,7 @@ import contextlib
 import functools
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import aiohttp.test_utils
@@ -24,6 +24,9 @@ from tests.operator.cluster import Cluster, OperatorProcess
 from . import network
 from .kubelet import API_PORT, JobController, Kubelet
 from .tls import Certificates
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 RELEASE_NAMESPACE = "dtrain-system"
 RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
@@ -77,7 +80,7 @@ class Bench:
         self.printers: dict[str, list[tuple[float, list[str]]]] = {}
         self.quiet = False
 
-    async def __aenter__(self) -> Bench:
+    async def __aenter__(self) -> Self:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.certs = Certificates(self.folder / "pki", network.NODE_ADDRESS)
         chart = helm_template(namespace=RELEASE_NAMESPACE)

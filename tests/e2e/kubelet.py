@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kmock
 
@@ -58,6 +58,9 @@ from tests.operator.apiserver import now_rfc3339
 from tests.operator.cluster import container_status
 
 from . import network
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger("e2e.kubelet")
 
@@ -156,7 +159,7 @@ class Kubelet:
 
     # --- Life cycle --------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Kubelet:
+    async def __aenter__(self) -> Self:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._task = asyncio.create_task(self._loop())
         return self
@@ -531,7 +534,7 @@ class JobController:
         self._task: asyncio.Task | None = None
         self._seen: dict[str, dict[str, Any]] = {}
 
-    async def __aenter__(self) -> JobController:
+    async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self._loop())
         return self
 

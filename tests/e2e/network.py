@@ -42,7 +42,7 @@ class NetworkError(RuntimeError):
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
     if check and result.returncode != 0:
         raise NetworkError(f"ip {' '.join(args)}: {result.stderr.strip() or result.stdout.strip()}")
     return result
@@ -79,8 +79,11 @@ def probe() -> None:
         raise NetworkError(f"network namespaces with veth pairs and a bridge do not work on this machine: {exc}") from exc
     finally:
         ip("netns", "del", name, check=False)
-    result = subprocess.run(["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation",
-                             "private", "mount", "-t", "tmpfs", "tmpfs", "/mnt"], capture_output=True, text=True)
+    result = subprocess.run(
+        ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+         "mount", "-t", "tmpfs", "tmpfs", "/mnt"],
+        capture_output=True, text=True, check=False,
+    )
     if result.returncode != 0:
         raise NetworkError(f"PID, mount and UTS namespaces (unshare) do not work on this machine: {result.stderr.strip()}")
 

@@ -53,10 +53,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __version__ = "10.13.0"
 DEVICE_NAME = "TensorRT double (host memory)"
@@ -165,7 +168,7 @@ _NUMPY = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: 
 
 
 class Dims(tuple):
-    def __new__(cls, shape: Any = ()) -> Dims:
+    def __new__(cls, shape: Any = ()) -> Self:
         return super().__new__(cls, (int(d) for d in shape))
 
 

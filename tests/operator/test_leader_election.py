@@ -65,7 +65,7 @@ async def test_one_of_two_replicas_reconciles_and_the_other_takes_over_when_it_d
 
 
 async def test_a_replica_that_stops_hands_the_lease_over_at_once(cluster: Cluster):
-    leader, second = await leader_and_standby(cluster)
+    leader, _standby = await leader_and_standby(cluster)
     await cluster.apply(a_job("handover").nodes(1).build())
     await cluster.run_all(NS, "handover", 1)
     await cluster.phase(NS, "handover", "Running")

@@ -85,7 +85,7 @@ def run_trainer(config_path: Path, timeout: float = RUN_TIMEOUT_SECONDS, **env: 
         env=process_env(**env),
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=timeout, check=False,
     )
     return Run(done.returncode, done.stdout, done.stderr)
 

@@ -242,7 +242,7 @@ class OnnxRuntimeCpu:
         options.log_severity_level = 3
         try:
             self._session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
-        except Exception as error:  # ORT raises its own exception types for models it cannot load
+        except Exception as error:  # noqa: BLE001 - ORT raises its own exception types for models it cannot load
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise EngineError(f"ONNX Runtime cannot load {onnx_path}: {first_line}") from None
         self._output_names = [output.name for output in self._session.get_outputs()]

@@ -157,7 +157,7 @@ def probe_tensorrt() -> tuple[str | None, str | None]:
         import tensorrt as trt
     except ImportError as error:
         return None, f"TensorRT is not installed (import tensorrt: {error})"
-    except Exception as error:  # e.g. an OSError from a missing libnvinfer
+    except Exception as error:  # noqa: BLE001 - e.g. an OSError from a missing libnvinfer
         return None, f"TensorRT does not load ({type(error).__name__}: {str(error).strip().splitlines()[0]})"
     version = getattr(trt, "__version__", None)
     if not isinstance(version, str) or not hasattr(trt, "Builder"):

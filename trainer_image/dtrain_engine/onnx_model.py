@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import os
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def usage_error(message: str) -> EngineError:
 # --- The ONNX model -------------------------------------------------------------------
 
 
-Dim = Union[int, str]  # a fixed size, or the name of a symbolic (dynamic) dimension
+Dim = int | str  # a fixed size, or the name of a symbolic (dynamic) dimension
 Shape = tuple[int, ...]
 
 

@@ -282,7 +282,7 @@ def _plan_precision(version: tuple[int, int], options: BuildOptions, model: Onnx
         quantized = quantized_precision(model.quantized_types)
         reasons = [
             f"Q/DQ nodes quantize to {', '.join(types)}: the engine is judged against {quantized}'s bound "
-            f"({ACCURACY_BOUNDS[quantized]:g}), whatever --precision asks ({precision})"
+            + f"({ACCURACY_BOUNDS[quantized]:g}), whatever --precision asks ({precision})"
         ]
         if major >= 11 or version >= STRONGLY_TYPED_QDQ_SINCE:
             reasons.append(

@@ -149,7 +149,7 @@ def load_pytorch_model(source: PyTorchSource) -> Any:
         raise usage_error(f"cannot build the PyTorch model for the baseline: {error}") from None
     try:
         checkpoint = torch.load(source.checkpoint, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises pickle and runtime errors of many kinds for a bad file
+    except Exception as error:  # noqa: BLE001 - torch raises pickle and runtime errors of many kinds for a bad file
         raise usage_error(f"cannot read the checkpoint {source.checkpoint}: {type(error).__name__}: {error}") from None
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

@@ -229,8 +229,10 @@ def _number(value: float | None, digits: int = 2) -> str:
 def format_table(report: dict[str, Any]) -> str:
     """The latency table and the accuracy verdict, for the log."""
     lines = [
-        f"{'profile':>7} {'point':<11} {'batch':>5}  {'backend':<16} {'median ms':>10} {'p99 ms':>9} {'images/s':>10}   "
-        f"{'pytorch ms':>10} {'speed-up':>8}  {'max rel err':>11}",
+        (
+            f"{'profile':>7} {'point':<11} {'batch':>5}  {'backend':<16} {'median ms':>10} {'p99 ms':>9} {'images/s':>10}   "
+            f"{'pytorch ms':>10} {'speed-up':>8}  {'max rel err':>11}"
+        ),
     ]
     errors: dict[tuple[int, str], float] = {}
     for comparison in report["accuracy"]["comparisons"]:

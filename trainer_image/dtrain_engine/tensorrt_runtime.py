@@ -260,7 +260,7 @@ def _load_timing_cache(config: trt.IBuilderConfig, path: str) -> str:
         state = f"read {len(data)} bytes from {path}"
     try:
         cache: trt.ITimingCache | None = config.create_timing_cache(data)
-    except Exception:  # the bindings raise their own types for bytes they cannot read
+    except Exception:  # noqa: BLE001 - the bindings raise their own types for bytes they cannot read
         cache = None
     if cache is None:
         cache = config.create_timing_cache(b"")
@@ -509,7 +509,7 @@ class TensorRTEngine:
         if self._plan.cuda_graph:
             try:
                 graph = self._device.capture(stream, self._launch)
-            except Exception as error:  # trtexec, too, runs without a graph when capture fails
+            except Exception as error:  # noqa: BLE001 - trtexec, too, runs without a graph when capture fails
                 self.notes.append(f"CUDA graph capture failed ({type(error).__name__}: {error}); timed without one")
             else:
                 others.append(measure_samples(on_events(lambda: graph.replay(stream)), batch_size, settings, label=GRAPH_CLOCK))

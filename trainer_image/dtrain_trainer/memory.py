@@ -255,8 +255,13 @@ def describe(estimate: MemoryEstimate, result: Fit | None, gpu_memory: int | Non
         ("weights", format_bytes(s.weights) + (" (fp32 master weights)" if estimate.precision in MIXED else "")),
         ("gradients", format_bytes(s.gradients)),
         ("optimizer state", f"{format_bytes(s.optimizer)} ({s.optimizer_note})"),
-        ("activations", f"{format_bytes(estimate.activations)} (saved tensors at batch {small} and {large} on the CPU, "
-                        f"scaled to {estimate.batch_size})"),
+        (
+            "activations",
+            (
+                f"{format_bytes(estimate.activations)} (saved tensors at batch {small} and {large} on the CPU, "
+                f"scaled to {estimate.batch_size})"
+            ),
+        ),
         ("backward transient", format_bytes(estimate.backward_transient)),
     ]
     if estimate.autocast_weight_copies:
@@ -290,7 +295,7 @@ def gpu_memory_of(spec: Any, flag: str | None) -> int | None:
 def _optimizer_of(model: Any) -> tuple[torch.optim.Optimizer | None, list[str]]:
     try:
         configured = model.configure_optimizers()
-    except Exception as exc:  # e.g. a schedule that needs the Trainer: assume Adam and say so
+    except Exception as exc:  # noqa: BLE001 - e.g. a schedule that needs the Trainer: assume Adam and say so
         return None, [f"configure_optimizers() needs a Trainer ({type(exc).__name__}); assumed Adam"]
     if isinstance(configured, dict):
         configured = configured.get("optimizer")
@@ -313,7 +318,7 @@ def _batch_maker(model: Any, data: Any, sample_shape: tuple[int, ...]) -> tuple[
 
         _slice(real, 2)
         return from_data, "a batch of the job's own data"
-    except Exception:
+    except Exception:  # noqa: BLE001 - a data module that cannot give a batch: estimate on synthetic data
         classes = int(getattr(model, "num_classes", None) or getattr(data, "num_classes", None) or 10)
 
         def synthetic(batch: int) -> Any:

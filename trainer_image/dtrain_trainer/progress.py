@@ -315,7 +315,7 @@ class KubernetesStatusSink:
                     _request_timeout=self.request_timeout,
                     _content_type="application/merge-patch+json",
                 )
-            except Exception as exc:  # the API server's trouble must never become the training's
+            except Exception as exc:  # noqa: BLE001 - the API server's trouble must never become the training's
                 self._failed(exc)
 
     def _failed(self, exc: BaseException) -> None:
@@ -380,7 +380,7 @@ def sink_from_env(env: Mapping[str, str], job_name: str) -> Sink:
             return StdoutSink()
         try:
             api = _kubernetes_api(env)
-        except Exception as exc:  # no service account and no kubeconfig: train anyway
+        except Exception as exc:  # noqa: BLE001 - no service account and no kubeconfig: train anyway
             log.warning(
                 "cannot reach the Kubernetes API (%s): progress is not reported to the job's status",
                 describe_failure(exc),
@@ -412,7 +412,7 @@ class ProgressReporter:
             return
         try:
             self.sink.send(record)
-        except Exception as exc:  # a full disk or a closed pipe must not stop training
+        except Exception as exc:  # noqa: BLE001 - a full disk or a closed pipe must not stop training
             self._broken = True
             log.warning(
                 "progress sink %s failed (%s); progress is no longer reported",
@@ -433,7 +433,7 @@ class ProgressReporter:
     def close(self) -> None:
         try:
             self.sink.close()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a sink failing to close must not stop training either
             if not self._broken:
                 log.warning(
                     "progress sink %s failed while closing (%s)", type(self.sink).__name__, describe_failure(exc)

@@ -86,7 +86,7 @@ class LeaderElector:
         transitions = int(earlier.get("leaseTransitions") or 0)
         return {
             "holderIdentity": self.config.identity,
-            "leaseDurationSeconds": max(int(round(self.config.lease_duration)), 1),
+            "leaseDurationSeconds": max(round(self.config.lease_duration), 1),
             "acquireTime": earlier.get("acquireTime") if mine and earlier.get("acquireTime") else _micro_time(now),
             "renewTime": _micro_time(now),
             "leaseTransitions": transitions if mine or not earlier else transitions + 1,

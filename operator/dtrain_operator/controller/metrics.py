@@ -10,6 +10,7 @@ labels would overwrite). A job's series go when the job does. The chart's Grafan
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, get_args
 
@@ -125,7 +126,9 @@ class OperatorMetrics:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and not math.isnan(value))
 
 
 def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:

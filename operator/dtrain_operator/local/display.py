@@ -32,7 +32,7 @@ def _float(value: Any, default: float | None = None) -> float | None:
 def format_duration(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
         return "--:--"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -46,6 +46,9 @@ from dtrain_operator.local.plan import (
 )
 from dtrain_operator.local.progress import JsonlTail
 from dtrain_operator.local.summary import RunSummary, collect_summary
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -71,7 +74,7 @@ class StopRequest:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> StopRequest:
+    def __enter__(self) -> Self:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self

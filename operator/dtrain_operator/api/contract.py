@@ -8,11 +8,13 @@ the operator's dependencies.
 
 from __future__ import annotations
 
+from typing import Final
+
 # --- The API ------------------------------------------------------------------
-GROUP = "dtrain.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "DistributedTraining"
+# Literals (Final), so that their types are the ones the model's apiVersion and kind fields accept.
+API_VERSION: Final = "dtrain.dev/v1alpha1"
+KIND: Final = "DistributedTraining"
+GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "distributedtrainings"
 SINGULAR = "distributedtraining"
 SHORT_NAME = "dtr"

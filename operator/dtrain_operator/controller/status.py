@@ -497,8 +497,8 @@ def pulling_images(gang: Mapping[int, PodObservation]) -> list[PodObservation]:
 
 def image_pull_deadline(pods: Sequence[PodObservation], limits: Limits) -> Optional[datetime]:
     """When pods that cannot pull their image fail the job: the bound after the first was scheduled."""
-    since = [p.scheduled_at or p.created_at for p in pods if (p.scheduled_at or p.created_at) is not None]
-    return min(since) + timedelta(seconds=limits.image_pull_seconds) if since else None  # type: ignore[operator]
+    since = [at for p in pods if (at := p.scheduled_at or p.created_at) is not None]
+    return min(since) + timedelta(seconds=limits.image_pull_seconds) if since else None
 
 
 def pods_pending_too_long(

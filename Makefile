@@ -1,6 +1,7 @@
 # The two commands of the README's quick start, on a fresh machine:
 #   make demo   installs what is missing, then runs examples/quickstart.yaml end to end
-#   make test   installs what is missing, then runs the whole test suite
+#   make test   installs what is missing, then runs the gates (make lint) and the whole test suite
+#   make lint   the gates alone, fastest first: ruff, the layering contracts, mypy, module and function sizes
 #   make e2e    the operator, a local kubelet and real training pods, scenario by scenario (root)
 #   make e2e JOB=path/to/job.yaml   one job file through the same path
 # Images (docker, podman or buildah, whichever is here; see tools/build-images.sh):
@@ -21,7 +22,7 @@ TOOLS := .tools/bin/helm .tools/bin/kubectl
 REGISTRY ?= localhost/dtrain
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 
-.PHONY: install tools test e2e demo crd manifests clean images push
+.PHONY: install tools lint test e2e demo crd manifests clean images push
 
 install: $(INSTALLED)
 
@@ -41,7 +42,16 @@ tools: $(TOOLS)
 $(TOOLS): tools/install-k8s-tools.sh | $(INSTALLED)
 	PIP="$(PIP)" bash tools/install-k8s-tools.sh
 
-test: $(INSTALLED) $(TOOLS)
+# The gates read this checkout's sources (not whichever one the environment's editable install names).
+THIS_CHECKOUT := PYTHONPATH=operator:trainer_image
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check operator trainer_image tests bench tools
+	$(THIS_CHECKOUT) $(VENV)/bin/lint-imports
+	$(PY) -m mypy
+	$(PY) tools/check_layout.py operator trainer_image
+
+test: lint $(TOOLS)
 	OMP_NUM_THREADS=1 $(PY) -m pytest
 
 # Root and network namespaces (ip netns, veth, bridge): see the README's "End to end" section.
@@ -66,4 +76,4 @@ push:
 	REGISTRY="$(REGISTRY)" VERSION="$(VERSION)" bash tools/build-images.sh --push
 
 clean:
-	rm -rf dtrain-runs .pytest_cache .mypy_cache
+	rm -rf dtrain-runs .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -11,9 +11,9 @@ a GPU. Models are written with onnx.helper, so no torch is needed and every case
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnx

@@ -14,13 +14,15 @@ with eager's on the same input, so a row that timed a wrong model shows it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -136,7 +138,7 @@ def cpu_rows(case: ModelCase, batches: list[int], threads: int, budget: Budget, 
             expected = model(inputs).numpy()
             actual = session.run(None, feed)[0]
             eager_latencies, ort_latencies = time_interleaved(
-                [lambda: model(inputs), lambda: session.run(None, feed)], budget
+                [functools.partial(model, inputs), functools.partial(session.run, None, feed)], budget
             )
         eager_median = percentile(eager_latencies, 50)
         device = f"CPU x{threads} threads"
@@ -208,7 +210,8 @@ def gpu_rows(case: ModelCase, batches: list[int], budget: Budget, workdir: Path)
         with torch.inference_mode():
             expected = model(inputs).float().cpu().numpy()
             eager32, eager16, tensorrt = time_interleaved(
-                [lambda: model(inputs), lambda: half_model(half_inputs), run_engine], budget, torch.cuda.synchronize
+                [functools.partial(model, inputs), functools.partial(half_model, half_inputs), run_engine], budget,
+                torch.cuda.synchronize,
             )
         eager_median = percentile(eager32, 50)
         eager32_row = fill(Row(case.label, shape, batch, "PyTorch eager fp32", name), eager32, eager_median)

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
-from bench.common import markdown_table  # noqa: E402
+from bench.common import markdown_table
 from dtrain_trainer.memory import estimate_job, format_bytes
 from dtrain_trainer.models import ImageClassifier
 

@@ -37,9 +37,10 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import attrs
 import kmock
@@ -63,8 +64,8 @@ SHIPPED_DEFAULTS = ("--log-level=INFO", "--qps=500", "--burst=1000", "--watch-ti
 class TimedApiServer(ApiServer):
     """The test API server, noting when each object was first stored and each job first reached a phase."""
 
-    added_at: dict[tuple[str, Optional[str], str], float] = attrs.field(factory=dict, init=False)
-    phase_at: dict[tuple[Optional[str], str, str], float] = attrs.field(factory=dict, init=False)
+    added_at: dict[tuple[str, str | None, str], float] = attrs.field(factory=dict, init=False)
+    phase_at: dict[tuple[str | None, str, str], float] = attrs.field(factory=dict, init=False)
 
     def _emit(self, event_type: str, resource: Any, raw: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -160,7 +161,7 @@ async def play_kubelet(
     cluster: Cluster,
     jobs: list[JobRef],
     nodes: int,
-    pods_done_at: Callable[[JobRef], Optional[float]],
+    pods_done_at: Callable[[JobRef], float | None],
     all_running_at: dict[str, float],
 ) -> None:
     """Mark every pod of a job Running once all of them exist; note when the last one was marked."""
@@ -211,7 +212,7 @@ async def measure(
     # Generous: at the operator's request rate limit every job needs about nodes + 4 requests.
     timeout = 120.0 + 3.0 * scenario.jobs * (nodes + 4) / operator_qps(scenario.operator_args)
 
-    def pods_done_at(job: JobRef) -> Optional[float]:
+    def pods_done_at(job: JobRef) -> float | None:
         times = [api.added_at.get(("pods", job.namespace, name)) for name in job.pod_names(nodes)]
         return None if None in times else max(t for t in times if t is not None)
 

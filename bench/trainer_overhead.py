@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import yaml
@@ -42,6 +42,9 @@ from dtrain_operator.core import render
 
 from .common import REPO_ROOT, free_port, machine, markdown_table, spread, write_results
 from .step_clock import ENV_CLOCK_DIR, median_batch_images_per_second, steady_images_per_second
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
 TIMED_MODEL = "bench.timed_model.TimedImageClassifier"
@@ -159,7 +162,7 @@ class PeakRss:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -36,7 +36,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from cel_expr_python import cel
 
@@ -72,14 +73,14 @@ class Rule:
     schema: dict[str, Any]  # the schema node the rule is on (its `self`)
     rule: str
     message: str
-    cardinality: Optional[int]  # most evaluations per object; None: unbounded
+    cardinality: int | None  # most evaluations per object; None: unbounded
 
     @property
     def transition(self) -> bool:
         return "oldSelf" in self.rule
 
 
-def _bound(schema: dict[str, Any]) -> Optional[int]:
+def _bound(schema: dict[str, Any]) -> int | None:
     if schema.get("type") == "array":
         return schema.get("maxItems")
     return schema.get("maxProperties")
@@ -93,7 +94,7 @@ def with_object_meta(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "properties": {**schema.get("properties", {}), "metadata": meta}}
 
 
-def rules(schema: dict[str, Any], path: str = "", cardinality: Optional[int] = 1) -> Iterator[Rule]:
+def rules(schema: dict[str, Any], path: str = "", cardinality: int | None = 1) -> Iterator[Rule]:
     """Every rule under `schema` with the number of times it may run for one object."""
     if not path:
         schema = with_object_meta(schema)
@@ -112,12 +113,12 @@ def rules(schema: dict[str, Any], path: str = "", cardinality: Optional[int] = 1
 # --- Running the rules ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _env() -> Any:
     return cel.NewEnv(variables={"self": cel.Type.DYN, "oldSelf": cel.Type.DYN})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compile_rule(rule: str) -> Any:
     """Parse and type-check a rule (raises on a syntax or type error)."""
     return _env().compile(rule)
@@ -184,8 +185,8 @@ class Node:
     kind: str
     name: str = ""  # ident name, selected field, function name
     test_only: bool = False
-    target: Optional["Node"] = None
-    args: list["Node"] = dataclasses.field(default_factory=list)
+    target: Node | None = None
+    args: list[Node] = dataclasses.field(default_factory=list)
     literal: Any = None
     comp: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -311,8 +312,8 @@ def max_elements(schema: dict[str, Any]) -> int:
 _STRING_KEY = {"type": "string", "x-dtrain-map-key": True}  # the shared StringType: MaxElements 0
 
 
-def schema_at(root: dict[str, Any], path: list[str]) -> Optional[dict[str, Any]]:
-    node: Optional[dict[str, Any]] = root
+def schema_at(root: dict[str, Any], path: list[str]) -> dict[str, Any] | None:
+    node: dict[str, Any] | None = root
     for name in path:
         if node is None:
             return None
@@ -326,7 +327,7 @@ def schema_at(root: dict[str, Any], path: list[str]) -> Optional[dict[str, Any]]
     return node
 
 
-def _size_of_schema(schema: Optional[dict[str, Any]]) -> int:
+def _size_of_schema(schema: dict[str, Any] | None) -> int:
     if schema is None:
         return UNBOUNDED
     if schema is _STRING_KEY:
@@ -347,11 +348,11 @@ class CostEstimator:
 
     def __init__(self, self_schema: dict[str, Any]) -> None:
         self.self_schema = self_schema
-        self.locals: dict[str, list[Optional[list[str]]]] = {}
+        self.locals: dict[str, list[list[str] | None]] = {}
 
-    def path(self, node: Node) -> Optional[list[str]]:
+    def path(self, node: Node) -> list[str] | None:
         if node.kind == "ident":
-            if node.name in self.locals and self.locals[node.name]:
+            if self.locals.get(node.name):
                 return self.locals[node.name][-1]
             return [] if node.name in ("self", "oldSelf") else None
         if node.kind == "select" and not node.test_only:

@@ -56,7 +56,7 @@ def render_operator(chart_dir: Path = CHART_DIR) -> str:
             "crds.install=false",
         ],
         capture_output=True,
-        text=True,
+        text=True, check=False,
     )
     if result.returncode != 0:
         raise SystemExit(f"helm template failed:\n{result.stderr}")

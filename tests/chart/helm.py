@@ -15,8 +15,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pytest
 import yaml
@@ -49,7 +50,7 @@ def _run_helm(args: list[str], values: dict[str, Any] | None) -> str:
             values_file = Path(tmp) / "values.yaml"
             values_file.write_text(json.dumps(values))  # JSON is YAML
             command += ["--values", str(values_file)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     if result.returncode != 0:
         raise HelmError(result.stderr.strip() or result.stdout.strip())
     return result.stdout

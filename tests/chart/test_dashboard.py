@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families

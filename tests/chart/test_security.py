@@ -7,10 +7,10 @@ worker and engine pods must too, except for the host network a job asks for expl
 from __future__ import annotations
 
 import re
-import tomllib
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 
 from dtrain_operator.api import contract

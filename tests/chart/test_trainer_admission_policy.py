@@ -17,7 +17,7 @@ import pytest
 
 cel = pytest.importorskip("cel_expr_python.cel", reason="cel-expr-python is in the dev extra")
 
-from tests.chart.helm import helm_template  # noqa: E402
+from tests.chart.helm import helm_template
 
 NAMESPACE = "team-a"
 TRAINER = f"system:serviceaccount:{NAMESPACE}:dtrain-trainer"

@@ -148,7 +148,7 @@ def test_age_as_kubectl_prints_it():
     from datetime import datetime, timedelta, timezone
 
     now = datetime(2026, 1, 10, tzinfo=timezone.utc)
-    ago = lambda **kw: (now - timedelta(**kw)).isoformat().replace("+00:00", "Z")  # noqa: E731
+    ago = lambda **kw: (now - timedelta(**kw)).isoformat().replace("+00:00", "Z")
     assert [age(ago(seconds=45), now), age(ago(minutes=5, seconds=3), now), age(ago(minutes=42), now),
             age(ago(hours=3, minutes=20), now), age(ago(days=2, hours=4), now)] == ["45s", "5m3s", "42m", "3h20m", "2d4h"]
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
@@ -150,7 +151,7 @@ async def test_progress_streams_each_change_until_the_job_ends(cluster: Cluster)
 
     def consume() -> None:
         for update in client.progress("prog", interval=0.03, timeout=60):
-            updates.append(update)
+            updates.append(update)  # noqa: PERF402 - one at a time: the test reads them as they arrive
 
     consumer = asyncio.ensure_future(call(consume))
 

@@ -9,7 +9,7 @@ import contextlib
 import functools
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import aiohttp.test_utils
@@ -24,6 +24,9 @@ from tests.operator.cluster import Cluster, OperatorProcess
 from . import network
 from .kubelet import API_PORT, JobController, Kubelet
 from .tls import Certificates
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 RELEASE_NAMESPACE = "dtrain-system"
 RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
@@ -77,7 +80,7 @@ class Bench:
         self.printers: dict[str, list[tuple[float, list[str]]]] = {}
         self.quiet = False
 
-    async def __aenter__(self) -> "Bench":
+    async def __aenter__(self) -> Self:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.certs = Certificates(self.folder / "pki", network.NODE_ADDRESS)
         chart = helm_template(namespace=RELEASE_NAMESPACE)
@@ -114,7 +117,7 @@ class Bench:
         await self.stack.enter_async_context(JobController(self.api, self.cluster._request))
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         for process in self.cluster.operators:
             if process.running:
                 process.stop()
@@ -144,7 +147,7 @@ class Bench:
 
     # --- kubectl get dtr -------------------------------------------------------------------------------
 
-    def get_dtr_row(self, namespace: str, name: str) -> Optional[list[str]]:
+    def get_dtr_row(self, namespace: str, name: str) -> list[str] | None:
         job = self.cluster.job(namespace, name)
         if job is None:
             return None
@@ -194,7 +197,7 @@ class Bench:
     def worker_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return self.cluster.pods(namespace, name)
 
-    def all_running(self, namespace: str, name: str, nodes: int, generation: Optional[int] = None) -> bool:
+    def all_running(self, namespace: str, name: str, nodes: int, generation: int | None = None) -> bool:
         pods = self.worker_pods(namespace, name)
         if generation is not None:
             pods = [p for p in pods if p["metadata"]["labels"].get(contract.LABEL_GANG_GENERATION) == str(generation)]

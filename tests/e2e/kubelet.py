@@ -47,9 +47,10 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 import kmock
 
@@ -57,6 +58,9 @@ from tests.operator.apiserver import now_rfc3339
 from tests.operator.cluster import container_status
 
 from . import network
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger("e2e.kubelet")
 
@@ -99,19 +103,19 @@ class RunningPod:
     name: str
     pod: dict[str, Any]
     folder: Path
-    net: Optional[network.PodNetwork] = None
-    process: Optional[asyncio.subprocess.Process] = None
+    net: network.PodNetwork | None = None
+    process: asyncio.subprocess.Process | None = None
     started_at: str = ""
     started_monotonic: float = 0.0
     finished: bool = False
-    deleted_at: Optional[float] = None
-    task: Optional[asyncio.Task] = None
-    exit_code: Optional[int] = None
+    deleted_at: float | None = None
+    task: asyncio.Task | None = None
+    exit_code: int | None = None
     released: bool = False
     events: list[tuple[float, str]] = field(default_factory=list)
 
     @property
-    def container_pid(self) -> Optional[int]:
+    def container_pid(self) -> int | None:
         """The host PID of the container's main process (PID 1 of the pod's PID namespace)."""
         if self.process is None or self.process.returncode is not None:
             return None
@@ -152,17 +156,17 @@ class Kubelet:
         self.pods: dict[str, RunningPod] = {}
         self.ledger = folder / "created-mountpoints"
         self._free = list(range(10, 250))
-        self._task: Optional[asyncio.Task] = None
+        self._task: asyncio.Task | None = None
         self.storage = folder / "storage"
 
     # --- Life cycle --------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> "Kubelet":
+    async def __aenter__(self) -> Self:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._task = asyncio.create_task(self._loop())
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -340,7 +344,7 @@ class Kubelet:
 
     # --- Sandbox, volumes, environment -----------------------------------------------------------
 
-    def _configmap(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    def _configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         key = (CONFIGMAPS, namespace, name)
         if key not in self.api.objects or self.api.objects[key].deleted:
             return None
@@ -487,7 +491,7 @@ class Kubelet:
 
     # --- Deletion ---------------------------------------------------------------------------------
 
-    async def _terminate(self, running: RunningPod, given: Optional[int] = None) -> None:
+    async def _terminate(self, running: RunningPod, given: int | None = None) -> None:
         """SIGTERM to the container's main process; SIGKILL to the pod after its grace period."""
         grace = given if given is not None else running.pod["spec"].get("terminationGracePeriodSeconds")
         grace = DEFAULT_GRACE_SECONDS if grace is None else int(grace)
@@ -510,7 +514,7 @@ class Kubelet:
 
     # --- What the scenarios use ------------------------------------------------------------------
 
-    def running(self, namespace: str, name: str) -> Optional[RunningPod]:
+    def running(self, namespace: str, name: str) -> RunningPod | None:
         """The live incarnation of a pod, by name."""
         for pod in self.pods.values():
             if pod.namespace == namespace and pod.name == name and not pod.finished and pod.process is not None:
@@ -529,14 +533,14 @@ class JobController:
     def __init__(self, api: Any, request: Callable[..., Any]) -> None:
         self.api = api
         self.request = request
-        self._task: Optional[asyncio.Task] = None
+        self._task: asyncio.Task | None = None
         self._seen: dict[str, dict[str, Any]] = {}
 
-    async def __aenter__(self) -> "JobController":
+    async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self._loop())
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 PREFIX = "dtrain-e2e-"
 NODE_NETNS = f"{PREFIX}node"
@@ -42,13 +42,13 @@ class NetworkError(RuntimeError):
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
     if check and result.returncode != 0:
         raise NetworkError(f"ip {' '.join(args)}: {result.stderr.strip() or result.stdout.strip()}")
     return result
 
 
-def current_netns() -> Optional[str]:
+def current_netns() -> str | None:
     """The name of the network namespace this process is in, or None (the machine's own)."""
     own = os.stat("/proc/self/ns/net")
     for path in Path("/run/netns").glob("*") if Path("/run/netns").is_dir() else []:
@@ -79,8 +79,11 @@ def probe() -> None:
         raise NetworkError(f"network namespaces with veth pairs and a bridge do not work on this machine: {exc}") from exc
     finally:
         ip("netns", "del", name, check=False)
-    result = subprocess.run(["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation",
-                             "private", "mount", "-t", "tmpfs", "tmpfs", "/mnt"], capture_output=True, text=True)
+    result = subprocess.run(
+        ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+         "mount", "-t", "tmpfs", "tmpfs", "/mnt"],
+        capture_output=True, text=True, check=False,
+    )
     if result.returncode != 0:
         raise NetworkError(f"PID, mount and UTS namespaces (unshare) do not work on this machine: {result.stderr.strip()}")
 
@@ -158,7 +161,7 @@ class PodNetwork:
         result = subprocess.run(
             ["ip", "netns", "exec", self.netns, "tc", "qdisc", "replace", "dev", POD_INTERFACE, "root", "tbf",
              "rate", f"{megabits_per_second}mbit", "burst", "256kb", "limit", "16mb"],
-            capture_output=True, text=True, timeout=30)
+            capture_output=True, text=True, timeout=30, check=False)
         if result.returncode != 0:
             raise NetworkError(f"tc tbf on {self.netns}'s {POD_INTERFACE}: {result.stderr.strip()} "
                                "(tc is in iproute2; tbf needs the kernel's sch_tbf)")

@@ -9,10 +9,10 @@ import json
 import os
 import re
 import signal
-import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any
 
 import yaml
 
@@ -116,7 +116,7 @@ def quickstart_file(folder: Path) -> Path:
     return path
 
 
-async def run_job(bench: Bench, job: dict[str, Any], figures: Optional[Figures] = None) -> dict[str, Any]:
+async def run_job(bench: Bench, job: dict[str, Any], figures: Figures | None = None) -> dict[str, Any]:
     """Apply a job, follow it to its end, and take the figures of a run that nothing disturbs."""
     name, nodes = job["metadata"]["name"], job["spec"].get("nodes", 1)
     start = time.monotonic()
@@ -277,7 +277,7 @@ async def scenario_straggler(bench: Bench, figures: Figures) -> None:
         applied = time.monotonic()
         reports: list[Any] = []
 
-        def straggler_event() -> Optional[dict[str, Any]]:
+        def straggler_event() -> dict[str, Any] | None:
             times = (status(bench, name).get("progress") or {}).get("stepTimes")
             if times and times != (reports[-1] if reports else None):  # each comparison rank 0 reports, in the log
                 reports.append(times)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def _openssl(*args: str) -> None:
-    result = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"openssl {args[0]}: {result.stderr.strip()}")
 

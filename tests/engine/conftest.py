@@ -12,7 +12,7 @@ import pytest
 # engine_test_models must be importable by its classPath, whatever pytest's import mode.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_test_models import make_model, write_training_artifacts  # noqa: E402
+from engine_test_models import make_model, write_training_artifacts
 
 from dtrain_operator.api import contract
 from dtrain_operator.cli import main as cli

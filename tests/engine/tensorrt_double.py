@@ -51,11 +51,15 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __version__ = "10.13.0"
 DEVICE_NAME = "TensorRT double (host memory)"
@@ -68,10 +72,10 @@ CACHE_MAGIC = b"TRT-DOUBLE-CACHE\n"
 BUILDS: list[dict[str, Any]] = []  # what each successful build was configured with
 LOADED_LIBRARIES: list[str] = []
 FAIL_CONTEXTS = False
-EXECUTE_RAISES: Optional[Exception] = None  # what execute_async_v3 raises, as the bindings can
+EXECUTE_RAISES: Exception | None = None  # what execute_async_v3 raises, as the bindings can
 _state: dict[str, Any] = {}
 _memory: dict[int, np.ndarray] = {}  # address -> bytes
-_streams: dict[int, "HostStream"] = {}
+_streams: dict[int, HostStream] = {}
 _addresses = itertools.count(0x7F0000000000, 1 << 20)
 
 
@@ -164,7 +168,7 @@ _NUMPY = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: 
 
 
 class Dims(tuple):
-    def __new__(cls, shape: Any = ()) -> "Dims":
+    def __new__(cls, shape: Any = ()) -> Self:
         return super().__new__(cls, (int(d) for d in shape))
 
 
@@ -179,7 +183,7 @@ class ILogger:
     def __init__(self) -> None:
         pass
 
-    def log(self, severity: "ILogger.Severity", msg: str) -> None:
+    def log(self, severity: ILogger.Severity, msg: str) -> None:
         raise NotImplementedError
 
 
@@ -202,7 +206,7 @@ def init_libnvinfer_plugins(logger: Any, namespace: str) -> bool:
 
 
 class IPluginRegistry:
-    def load_library(self, plugin_path: str) -> Optional[object]:
+    def load_library(self, plugin_path: str) -> object | None:
         if not os.path.isfile(plugin_path):
             return None
         LOADED_LIBRARIES.append(plugin_path)
@@ -240,7 +244,7 @@ class ILayer:
 class INetworkDefinition:
     def __init__(self, flags: int):
         self.strongly_typed = bool(flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED)))
-        self.model: Optional[onnx.ModelProto] = None
+        self.model: onnx.ModelProto | None = None
         self.inputs: list[ITensor] = []
         self.outputs: list[ITensor] = []
         self.layers: list[ILayer] = []
@@ -354,12 +358,12 @@ class IHostMemory:
 
 
 class IBuilderConfig:
-    def __init__(self, network_holder: "Builder"):
+    def __init__(self, network_holder: Builder):
         self._builder = network_holder
         self.flags: set[BuilderFlag] = {BuilderFlag.TF32}
         self.pools: dict[MemoryPoolType, int] = {}
         self.profiles: list[IOptimizationProfile] = []
-        self.timing_cache: Optional[ITimingCache] = None
+        self.timing_cache: ITimingCache | None = None
         self.builder_optimization_level = 3
         self.hardware_compatibility_level = HardwareCompatibilityLevel.NONE
         self.profiling_verbosity = ProfilingVerbosity.LAYER_NAMES_ONLY
@@ -391,7 +395,7 @@ class IBuilderConfig:
         self.profiles.append(profile)
         return len(self.profiles) - 1
 
-    def create_timing_cache(self, serialized_timing_cache: bytes) -> Optional[ITimingCache]:
+    def create_timing_cache(self, serialized_timing_cache: bytes) -> ITimingCache | None:
         data = bytes(serialized_timing_cache)
         if not data:
             return ITimingCache(DEVICE_NAME)
@@ -414,7 +418,7 @@ class IBuilderConfig:
 class Builder:
     def __init__(self, logger: ILogger):
         self.logger = logger
-        self.last_network: Optional[INetworkDefinition] = None
+        self.last_network: INetworkDefinition | None = None
 
     def create_network(self, flags: int = 0) -> INetworkDefinition:
         self.last_network = INetworkDefinition(flags)
@@ -426,7 +430,7 @@ class Builder:
     def create_optimization_profile(self) -> IOptimizationProfile:
         return IOptimizationProfile()
 
-    def _refusal(self, network: INetworkDefinition, config: IBuilderConfig) -> Optional[str]:
+    def _refusal(self, network: INetworkDefinition, config: IBuilderConfig) -> str | None:
         if network.model is None:
             return "the network is empty (nothing was parsed)"
         if _major() >= 11 and not network.strongly_typed:
@@ -451,7 +455,7 @@ class Builder:
                 return f"layer {layer.name}: precision {layer.precision.name} set, but {needs.name} is not enabled"
         return None
 
-    def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig) -> Optional[IHostMemory]:
+    def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig) -> IHostMemory | None:
         refusal = self._refusal(network, config)
         if refusal is not None:
             _error(self.logger, f"IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error ({refusal})")
@@ -483,7 +487,7 @@ class Runtime:
         self.logger = logger
         self.engine_host_code_allowed = False
 
-    def deserialize_cuda_engine(self, serialized_engine: bytes) -> Optional["ICudaEngine"]:
+    def deserialize_cuda_engine(self, serialized_engine: bytes) -> ICudaEngine | None:
         data = bytes(serialized_engine)
         if not data.startswith(PLAN_MAGIC):
             _error(self.logger, "IRuntime::deserializeCudaEngine: Error Code 1: Serialization (magic tag does not match)")
@@ -532,20 +536,20 @@ class ICudaEngine:
     def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[Dims]:
         return [Dims(d) for d in self.header["profiles"][profile_index][name]]
 
-    def create_execution_context(self) -> Optional["IExecutionContext"]:
+    def create_execution_context(self) -> IExecutionContext | None:
         if FAIL_CONTEXTS:
             _error(self.logger, "ICudaEngine::createExecutionContext: Error Code 2: OutOfMemory (device memory)")
             return None
         return IExecutionContext(self)
 
-    def create_engine_inspector(self) -> "EngineInspector":
+    def create_engine_inspector(self) -> EngineInspector:
         return EngineInspector(self)
 
 
 class EngineInspector:
     def __init__(self, engine: ICudaEngine):
         self._engine = engine
-        self.execution_context: Optional[IExecutionContext] = None
+        self.execution_context: IExecutionContext | None = None
 
     def get_engine_information(self, format: LayerInformationFormat) -> str:
         header = self._engine.header
@@ -560,7 +564,7 @@ class EngineInspector:
 class Refitter:
     def __init__(self, engine: ICudaEngine, logger: ILogger):
         self.engine, self.logger = engine, logger
-        self.weights_from: Optional[str] = None
+        self.weights_from: str | None = None
 
     def refit_cuda_engine(self) -> bool:
         if self.weights_from is None:
@@ -694,7 +698,7 @@ class IExecutionContext:
             self._run(handle)
         return True
 
-    def _precondition(self) -> Optional[str]:
+    def _precondition(self) -> str | None:
         if self.engine.stripped and not self.engine.refitted:
             return "the engine is weight-stripped and was not refitted"
         unset = [n for n in self._inputs() if n not in self.input_shapes]
@@ -743,7 +747,7 @@ class IExecutionContext:
 class HostStream:
     def __init__(self) -> None:
         self.handle = next(_addresses)
-        self.capturing: Optional[list[Callable[[], None]]] = None
+        self.capturing: list[Callable[[], None]] | None = None
         _streams[self.handle] = self
 
     def synchronize(self) -> None:
@@ -763,7 +767,7 @@ class HostBuffer:
 
 class HostEvent:
     def __init__(self) -> None:
-        self.time: Optional[float] = None
+        self.time: float | None = None
 
     def record(self, stream: HostStream) -> None:
         self.time = time.perf_counter()
@@ -771,7 +775,7 @@ class HostEvent:
     def synchronize(self) -> None:
         pass
 
-    def elapsed_ms(self, end: "HostEvent") -> float:
+    def elapsed_ms(self, end: HostEvent) -> float:
         assert self.time is not None and end.time is not None, "elapsed time of an event that was never recorded"
         return (end.time - self.time) * 1000.0
 

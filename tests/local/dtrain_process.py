@@ -9,8 +9,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import psutil
 import yaml
@@ -148,7 +149,7 @@ class DtrainRun:
         self.popen.wait(timeout=10)
 
 
-def torchrun_of_node(run: DtrainRun, rank: int) -> Optional[psutil.Process]:
+def torchrun_of_node(run: DtrainRun, rank: int) -> psutil.Process | None:
     """The torchrun process that runs node `rank`."""
 
     def is_node(proc: psutil.Process) -> bool:

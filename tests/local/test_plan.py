@@ -77,8 +77,10 @@ def test_volume_mounts_are_named_as_unmounted() -> None:
         volumeMounts=[{"name": "data", "mountPath": "/data/imagenet"}],
     )
     assert localize(job, Overrides(), WORKDIR, []).warnings == [
-        "volumeMount data at /data/imagenet is not mounted outside a cluster: the trainer reads that path on this "
-        "machine as it is"
+        (
+            "volumeMount data at /data/imagenet is not mounted outside a cluster: the trainer reads that path on this "
+            "machine as it is"
+        )
     ]
 
 

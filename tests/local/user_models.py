@@ -43,11 +43,11 @@ class HangingClassifier(ImageClassifier):
         import os
         import time
 
-        if where == self.hang_in and self.global_step == self.hang_at_step and self.global_rank == self.hang_on_rank:
-            if not os.path.exists(self.marker):
-                with open(self.marker, "w") as file:
-                    file.write(f"hung at step {self.global_step} in {where}\n")
-                time.sleep(3600)
+        hang_here = where == self.hang_in and self.global_step == self.hang_at_step and self.global_rank == self.hang_on_rank
+        if hang_here and not os.path.exists(self.marker):
+            with open(self.marker, "w") as file:
+                file.write(f"hung at step {self.global_step} in {where}\n")
+            time.sleep(3600)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self._maybe_hang("step")

@@ -37,7 +37,8 @@ import datetime
 import re
 import secrets
 import uuid
-from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Optional
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
 
 import aiohttp.web
 import attrs
@@ -184,9 +185,9 @@ class _Failure:
     matches: Callable[[rendering.Request], bool]
     status: int
     reason: str
-    times: Optional[int]
-    until: Optional[float]
-    retry_after: Optional[int] = None
+    times: int | None
+    until: float | None
+    retry_after: int | None = None
 
 
 class Faults:
@@ -204,9 +205,9 @@ class Faults:
         matches: Callable[[rendering.Request], bool],
         status: int = 500,
         reason: str = "InternalError",
-        times: Optional[int] = None,
-        seconds: Optional[float] = None,
-        retry_after: Optional[int] = None,
+        times: int | None = None,
+        seconds: float | None = None,
+        retry_after: int | None = None,
     ) -> None:
         """Answer matching requests with `status`, `times` times or for `seconds` (or until cleared);
         with `retry_after`, the answer says when to retry (429 TooManyRequests, say)."""
@@ -263,7 +264,7 @@ class _Event:
     rv: int
     type: str
     resource: Any
-    namespace: Optional[str]
+    namespace: str | None
     raw: dict[str, Any]
 
 
@@ -277,13 +278,13 @@ class ApiServer(kmock.KubernetesEmulator):
     deletion_graces: dict = attrs.field(factory=dict, init=False)
     _rv: int = attrs.field(default=0, init=False)
     _events: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=EVENT_LOG_SIZE), init=False)
-    _wakeup: Optional[asyncio.Event] = attrs.field(default=None, init=False)
+    _wakeup: asyncio.Event | None = attrs.field(default=None, init=False)
     _status_resources: set = attrs.field(factory=set, init=False)
     _kinds: dict = attrs.field(factory=dict, init=False)
     # Called on create and update as hook(request, new, old) -> the object to store (or raise KubernetesError).
     admission: list[Callable[..., dict[str, Any]]] = attrs.field(factory=list, init=False)
 
-    def admit(self, request: rendering.Request, new: dict[str, Any], old: Optional[dict[str, Any]]) -> dict[str, Any]:
+    def admit(self, request: rendering.Request, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         for hook in self.admission:
             new = hook(request, new, old)
         return new
@@ -372,13 +373,13 @@ class ApiServer(kmock.KubernetesEmulator):
             self._wakeup.set()
         self._wakeup = asyncio.Event()
 
-    def _current(self, key: tuple[Any, Optional[str], str]) -> Optional[dict[str, Any]]:
+    def _current(self, key: tuple[Any, str | None, str]) -> dict[str, Any] | None:
         if key not in self.objects:
             return None
         obj = self.objects[key]  # type: ignore[index]
         return None if obj.deleted else dict(obj.last.raw)
 
-    def _store(self, key: tuple[Any, Optional[str], str], raw: dict[str, Any]) -> None:
+    def _store(self, key: tuple[Any, str | None, str], raw: dict[str, Any]) -> None:
         if key in self.objects:
             self.objects[key].history.append(raw)  # type: ignore[index]
         else:
@@ -479,7 +480,7 @@ class ApiServer(kmock.KubernetesEmulator):
             await self._remove(key, raw)
         return raw
 
-    async def _remove(self, key: tuple[Any, Optional[str], str], raw: dict[str, Any]) -> None:
+    async def _remove(self, key: tuple[Any, str | None, str], raw: dict[str, Any]) -> None:
         """Remove an object for good, then its dependents (the garbage collector's job)."""
         raw["metadata"]["resourceVersion"] = str(self._next_rv())
         self.objects[key].delete()  # type: ignore[index]

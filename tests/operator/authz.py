@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from kmock._internal import rendering
 from kmock._internal.k8s import KubernetesError
@@ -36,7 +37,7 @@ class User:
     groups: tuple[str, ...] = ()
 
     @classmethod
-    def service_account(cls, namespace: str, name: str) -> "User":
+    def service_account(cls, namespace: str, name: str) -> User:
         return cls(
             f"system:serviceaccount:{namespace}:{name}",
             ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"),
@@ -50,8 +51,8 @@ class Attributes:
     verb: str
     api_group: str
     resource: str  # with the subresource: "distributedtrainings/status"
-    namespace: Optional[str]
-    name: Optional[str]
+    namespace: str | None
+    name: str | None
 
     def describe(self) -> str:
         resource, _, subresource = self.resource.partition("/")
@@ -86,7 +87,7 @@ class Authorizer:
     """Tokens to users, and the chart's RBAC objects deciding what each user may do."""
 
     def __init__(self, rbac_objects: Iterable[dict[str, Any]]) -> None:
-        self.roles: dict[tuple[Optional[str], str], list[dict[str, Any]]] = {}
+        self.roles: dict[tuple[str | None, str], list[dict[str, Any]]] = {}
         self.bindings: list[dict[str, Any]] = []
         self.tokens: dict[str, User] = {}
         # Every decision on a resource request, by user name: what ran, and what was refused.
@@ -123,7 +124,7 @@ class Authorizer:
 
     # --- Authorization ----------------------------------------------------------------------------
 
-    def _subject_is(self, subject: dict[str, Any], user: User, binding_namespace: Optional[str]) -> bool:
+    def _subject_is(self, subject: dict[str, Any], user: User, binding_namespace: str | None) -> bool:
         kind = subject.get("kind")
         if kind == "ServiceAccount":
             namespace = subject.get("namespace") or binding_namespace
@@ -134,7 +135,7 @@ class Authorizer:
             return subject.get("name") in user.groups
         return False
 
-    def rules_for(self, user: User, namespace: Optional[str]) -> list[dict[str, Any]]:
+    def rules_for(self, user: User, namespace: str | None) -> list[dict[str, Any]]:
         """Every rule that applies to `user` for a request in `namespace` (None: cluster-scoped)."""
         rules: list[dict[str, Any]] = []
         for binding in self.bindings:

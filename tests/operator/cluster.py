@@ -17,8 +17,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any
 
 import kmock
 
@@ -74,7 +75,7 @@ class OperatorProcess:
         self.args = args
         self.health_port = free_port()
         self.metrics_port = free_port()
-        self.process: Optional[subprocess.Popen[bytes]] = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
@@ -137,7 +138,7 @@ class JobBuilder:
             "spec": {"nodes": 2, "accelerator": "cpu", "engine": {"enabled": False}},
         }
 
-    def _set(self, path: str, value: Any) -> "JobBuilder":
+    def _set(self, path: str, value: Any) -> JobBuilder:
         node = self._doc["spec"]
         keys = path.split(".")
         for key in keys[:-1]:
@@ -145,40 +146,40 @@ class JobBuilder:
         node[keys[-1]] = value
         return self
 
-    def nodes(self, count: int) -> "JobBuilder":
+    def nodes(self, count: int) -> JobBuilder:
         return self._set("nodes", count)
 
-    def gpus(self, per_node: int) -> "JobBuilder":
+    def gpus(self, per_node: int) -> JobBuilder:
         return self._set("accelerator", "gpu")._set("devicesPerNode", per_node)
 
-    def engine(self, enabled: bool = True) -> "JobBuilder":
+    def engine(self, enabled: bool = True) -> JobBuilder:
         return self._set("engine.enabled", enabled)
 
-    def restart_policy(self, policy: str, backoff_limit: int = 3) -> "JobBuilder":
+    def restart_policy(self, policy: str, backoff_limit: int = 3) -> JobBuilder:
         return self._set("runPolicy.restartPolicy", policy)._set("runPolicy.backoffLimit", backoff_limit)
 
-    def backoff_limit(self, limit: int) -> "JobBuilder":
+    def backoff_limit(self, limit: int) -> JobBuilder:
         return self._set("runPolicy.backoffLimit", limit)
 
-    def deadline(self, seconds: int) -> "JobBuilder":
+    def deadline(self, seconds: int) -> JobBuilder:
         return self._set("runPolicy.activeDeadlineSeconds", seconds)
 
-    def ttl(self, seconds: int) -> "JobBuilder":
+    def ttl(self, seconds: int) -> JobBuilder:
         return self._set("runPolicy.ttlSecondsAfterFinished", seconds)
 
-    def clean_pod_policy(self, policy: str) -> "JobBuilder":
+    def clean_pod_policy(self, policy: str) -> JobBuilder:
         return self._set("runPolicy.cleanPodPolicy", policy)
 
-    def suspended(self, value: bool = True) -> "JobBuilder":
+    def suspended(self, value: bool = True) -> JobBuilder:
         return self._set("runPolicy.suspend", value)
 
-    def schedule_timeout(self, seconds: int) -> "JobBuilder":
+    def schedule_timeout(self, seconds: int) -> JobBuilder:
         return self._set("scheduling.gang.scheduleTimeoutSeconds", seconds)
 
-    def gang(self, scheduler: str) -> "JobBuilder":
+    def gang(self, scheduler: str) -> JobBuilder:
         return self._set("scheduling.schedulerName", scheduler)._set("scheduling.gang.enabled", True)
 
-    def with_spec(self, path: str, value: Any) -> "JobBuilder":
+    def with_spec(self, path: str, value: Any) -> JobBuilder:
         return self._set(path, value)
 
     def build(self) -> dict[str, Any]:
@@ -211,7 +212,7 @@ def container_status(pod: dict[str, Any], state: dict[str, Any], ready: bool) ->
 class Cluster:
     """The API server plus what a cluster's kubelets and Job controller do, driven over HTTP."""
 
-    def __init__(self, api: ApiServer, tmp: Path, operator_token: str = "test-token", token: Optional[str] = None) -> None:
+    def __init__(self, api: ApiServer, tmp: Path, operator_token: str = "test-token", token: str | None = None) -> None:
         self.api = api
         self.tmp = tmp
         self.kubeconfig = write_kubeconfig(tmp / "kubeconfig", str(api.url).rstrip("/"), operator_token)
@@ -256,8 +257,8 @@ class Cluster:
 
     async def eventually(
         self,
-        check: Callable[[], Union[Any, Awaitable[Any]]],
-        what: Union[str, Callable[[], str]] = "condition",
+        check: Callable[[], Any | Awaitable[Any]],
+        what: str | Callable[[], str] = "condition",
         timeout: float = TIMEOUT,
     ) -> Any:
         """Poll `check` until it returns something truthy (and return that); fail with the operator's log."""
@@ -312,7 +313,7 @@ class Cluster:
 
     # --- What is stored ----------------------------------------------------------------------------
 
-    def job(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         key = (DTR, namespace, name)
         if key not in self.api.objects:
             return None
@@ -323,10 +324,10 @@ class Cluster:
         job = self.job(namespace, name)
         return (job or {}).get("status") or {}
 
-    def condition(self, namespace: str, name: str, type_: str) -> Optional[dict[str, Any]]:
+    def condition(self, namespace: str, name: str, type_: str) -> dict[str, Any] | None:
         return next((c for c in self.status(namespace, name).get("conditions", []) if c["type"] == type_), None)
 
-    def objects(self, resource: str, namespace: Optional[str] = None, job: Optional[str] = None) -> list[dict[str, Any]]:
+    def objects(self, resource: str, namespace: str | None = None, job: str | None = None) -> list[dict[str, Any]]:
         found = []
         for (res, ns, _), obj in self.api.objects.items():
             if obj.deleted or res != kmock.resource(resource) or (namespace is not None and ns != namespace):
@@ -524,7 +525,7 @@ class Cluster:
 
 
 @contextlib.asynccontextmanager
-async def running_cluster(tmp: Path, authorizer: Optional[Authorizer] = None):
+async def running_cluster(tmp: Path, authorizer: Authorizer | None = None):
     """An API server on a local port, with the resources declared and a namespace or two.
 
     With an `authorizer` (authz.py, e.g. the chart's RBAC) every request needs a token: the

@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from kmock._internal.k8s import KubernetesError
 
@@ -82,7 +83,7 @@ class StructuralSchema:
     def __init__(self, schema: dict[str, Any]) -> None:
         self.schema = schema
 
-    def prune(self, value: Any, schema: Optional[dict[str, Any]] = None, path: str = "") -> list[str]:
+    def prune(self, value: Any, schema: dict[str, Any] | None = None, path: str = "") -> list[str]:
         """Drop fields the schema does not declare (in place); returns their paths."""
         schema = self.schema if schema is None else schema
         dropped: list[str] = []
@@ -107,7 +108,7 @@ class StructuralSchema:
                 dropped += self.prune(item, schema["items"], f"{path}[{index}]")
         return dropped
 
-    def default(self, value: Any, schema: Optional[dict[str, Any]] = None) -> None:
+    def default(self, value: Any, schema: dict[str, Any] | None = None) -> None:
         """Fill in `default` of absent properties of the objects present (in place)."""
         schema = self.schema if schema is None else schema
         if isinstance(value, dict):
@@ -124,7 +125,7 @@ class StructuralSchema:
             for item in value:
                 self.default(item, schema["items"])
 
-    def validate(self, value: Any, schema: Optional[dict[str, Any]] = None, path: str = "") -> list[Cause]:
+    def validate(self, value: Any, schema: dict[str, Any] | None = None, path: str = "") -> list[Cause]:
         schema = self.schema if schema is None else schema
         if not _type_ok(schema, value):
             kind = schema.get("type") or "integer or string"
@@ -230,7 +231,7 @@ class CrdAdmission:
         self.schema = version["schema"]["openAPIV3Schema"]
         self.structural = StructuralSchema(self.schema)
 
-    def check(self, obj: dict[str, Any], old: Optional[dict[str, Any]] = None,
+    def check(self, obj: dict[str, Any], old: dict[str, Any] | None = None,
               field_validation: str = "Strict") -> tuple[dict[str, Any], list[str]]:
         """The object as it would be stored and the warnings, or KubernetesError(422)."""
         new = copy.deepcopy(obj)
@@ -259,7 +260,7 @@ class CrdAdmission:
         }
         return KubernetesError(422, "Invalid", message, details)
 
-    def hook(self, request: Any, new: dict[str, Any], old: Optional[dict[str, Any]]) -> dict[str, Any]:
+    def hook(self, request: Any, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         """For ApiServer.admission: creates and updates of this resource (not of its status)."""
         resource = request.resource
         if resource.group != self.group or resource.plural != self.plural or request.subresource:
@@ -282,7 +283,7 @@ class Refusal:
     status: int
     reason: str
     message: Callable[[dict[str, Any]], str]
-    times: Optional[int] = None
+    times: int | None = None
 
 
 class Refusals:
@@ -321,7 +322,7 @@ class Refusals:
             + ", ".join(violations(obj)),
         ))
 
-    def quota(self, resource: str = "requests.nvidia.com/gpu", limit: str = "4", times: Optional[int] = None) -> Refusal:
+    def quota(self, resource: str = "requests.nvidia.com/gpu", limit: str = "4", times: int | None = None) -> Refusal:
         """A ResourceQuota exceeded (for `times` creates, or until removed)."""
         return self._add(Refusal(
             self._kind_is("pods"), 403, "Forbidden",
@@ -357,7 +358,7 @@ class Refusals:
     def clear(self) -> None:
         self.refusals.clear()
 
-    def hook(self, request: Any, new: dict[str, Any], old: Optional[dict[str, Any]]) -> dict[str, Any]:
+    def hook(self, request: Any, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         if old is not None:
             return new
         for refusal in list(self.refusals):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from .apiserver import KUBELET_FINALIZER, now_rfc3339
 from .cluster import Cluster, container_status

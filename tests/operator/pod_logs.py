@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp.web
 import attrs
@@ -76,7 +77,7 @@ class PodLogs:
                 await asyncio.wait_for(self._changed.wait(), timeout)
 
 
-def _tail(text: str, lines: Optional[str]) -> str:
+def _tail(text: str, lines: str | None) -> str:
     if lines is None or not lines.isdigit():
         return text
     count = int(lines)
@@ -100,7 +101,7 @@ class LogServingApiServer(ApiServer):
         await self.faults.intercept(request)
         return await self._serve_log(request)
 
-    def _pod(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    def _pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         key = (PODS, namespace, name)
         if key not in self.objects or self.objects[key].deleted:  # type: ignore[index]
             return None

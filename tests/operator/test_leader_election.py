@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Optional
 
 from dtrain_operator.api import contract
 
@@ -15,7 +14,7 @@ NS = "default"
 LEASES = "coordination.k8s.io/v1/leases"
 
 
-def holder(cluster: Cluster) -> Optional[str]:
+def holder(cluster: Cluster) -> str | None:
     leases = [lease for lease in cluster.objects(LEASES, NS) if lease["metadata"]["name"] == "dtrain-operator"]
     return leases[0]["spec"].get("holderIdentity") if leases else None
 
@@ -25,7 +24,7 @@ async def standby(cluster: Cluster, pod_id: str) -> OperatorProcess:
     process = cluster.operator(pod_id=pod_id)
     process.start()
     await cluster.eventually(
-        lambda: f"is held by dtrain-operator-a; standing by" in process.log.read_text(errors="replace"),
+        lambda: "is held by dtrain-operator-a; standing by" in process.log.read_text(errors="replace"),
         "the second replica standing by",
     )
     return process
@@ -66,7 +65,7 @@ async def test_one_of_two_replicas_reconciles_and_the_other_takes_over_when_it_d
 
 
 async def test_a_replica_that_stops_hands_the_lease_over_at_once(cluster: Cluster):
-    leader, second = await leader_and_standby(cluster)
+    leader, _standby = await leader_and_standby(cluster)
     await cluster.apply(a_job("handover").nodes(1).build())
     await cluster.run_all(NS, "handover", 1)
     await cluster.phase(NS, "handover", "Running")

@@ -56,7 +56,7 @@ async def test_a_fitting_a_stale_and_a_malformed_estimate(operated: Cluster):
         "malformed": ("Unknown", gpu_memory.REASON_UNREADABLE),
     }
     for name, (status, reason) in expected.items():
-        await operated.eventually(lambda: operated.condition(NS, name, CONDITION) is not None, f"{name}'s condition")
+        await operated.eventually(lambda name=name: operated.condition(NS, name, CONDITION) is not None, f"{name}'s condition")
         condition = operated.condition(NS, name, CONDITION)
         assert (condition["status"], condition["reason"]) == (status, reason), condition
         # No warning: Events are posted in order, so none is still on its way once Running's is there.

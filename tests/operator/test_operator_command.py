@@ -17,7 +17,8 @@ NS = "default"
 
 def run_dtrain(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dtrain_operator.cli", *args], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, "-m", "dtrain_operator.cli", *args], capture_output=True, text=True, timeout=60, env=env,
+        check=False,
     )
 
 

@@ -85,7 +85,7 @@ def run_trainer(config_path: Path, timeout: float = RUN_TIMEOUT_SECONDS, **env: 
         env=process_env(**env),
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=timeout, check=False,
     )
     return Run(done.returncode, done.stdout, done.stderr)
 
@@ -143,7 +143,7 @@ def api_server() -> Iterator[FakeApiServer]:
     server_state: dict[str, FakeApiServer] = {}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_PATCH(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_PATCH(self) -> None:
             state = server_state["server"]
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")

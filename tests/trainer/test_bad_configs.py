@@ -206,8 +206,10 @@ def test_real_process_prints_one_line_and_exits_with_the_invalid_config_code(tmp
     run = run_trainer(write_config(tmp_path, config), DTRAIN_PROGRESS_SINK="none")
     assert run.returncode == EXIT_CONFIG_ERROR
     assert run.stderr.strip().splitlines() == [
-        "dtrain: error: model.classPath: dtrain_test_user.NotAModule is not a LightningModule subclass "
-        "(of lightning.pytorch or pytorch_lightning)"
+        (
+            "dtrain: error: model.classPath: dtrain_test_user.NotAModule is not a LightningModule subclass "
+            "(of lightning.pytorch or pytorch_lightning)"
+        )
     ]
     assert "Traceback" not in run.stdout + run.stderr
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import onnx
@@ -228,7 +229,7 @@ def test_models_with_integer_and_several_inputs_export_and_pass_the_check(
 
 def test_an_example_input_array_of_the_wrong_kind_is_named() -> None:
     class Odd(nn.Module):
-        example_input_array = [1, 2, 3]
+        example_input_array: ClassVar[list[int]] = [1, 2, 3]
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x

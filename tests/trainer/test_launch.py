@@ -35,7 +35,7 @@ def test_launcher_exits_with_the_workers_code(tmp_path: Path, body: str, expecte
         env=process_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=120, check=False,
     )
     assert proc.returncode == expected, proc.stderr[-2000:]
     if expected:
@@ -46,6 +46,6 @@ def test_a_home_the_user_cannot_write_fails_at_once_with_the_reason(tmp_path: Pa
     """An image built FROM a root base runs as uid 10001 (the pod's runAsUser): it says so at once."""
     env = {**process_env(), "HOME": str(tmp_path / "missing-home")}
     run = subprocess.run([sys.executable, "-m", "dtrain_trainer.launch", "-m", "dtrain_trainer"], env=env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 1
     assert "is not a writable directory: build your image FROM the dtrain trainer image" in run.stderr

@@ -16,7 +16,7 @@ from dtrain_trainer.stragglers import link_seconds, probe_links
 from .conftest import RUN_TIMEOUT_SECONDS, free_port
 
 
-def probe_rank(rank: int, world: int, port: int, results: "multiprocessing.Queue[tuple[int, float, float]]") -> None:
+def probe_rank(rank: int, world: int, port: int, results: multiprocessing.Queue[tuple[int, float, float]]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=RUN_TIMEOUT_SECONDS))

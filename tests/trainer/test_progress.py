@@ -198,7 +198,7 @@ def test_kubernetes_sink_failure_is_one_warning(
         reporter = ProgressReporter(sink, interval_seconds=0.0)
         for step in range(3):
             reporter.progress(step=step)
-            wait_until(lambda: len(api_server.requests) > step)  # each request fails on its own
+            wait_until(lambda step=step: len(api_server.requests) > step)  # each request fails on its own
         reporter.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1

@@ -40,7 +40,8 @@ def launch(tmp_path: Path, config: dict[str, Any], processes: int, name: str) ->
         }
     )
     return subprocess.run(
-        [sys.executable, *TRAINER_COMMAND[1:]], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS
+        [sys.executable, *TRAINER_COMMAND[1:]], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS,
+        check=False,
     )
 
 

@@ -200,7 +200,9 @@ def test_cli_validate_exit_codes(tmp_path, capsys):
 def test_cli_validate_never_prints_a_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: dtrain.dev/v1alpha1\nkind: DistributedTraining\nmetadata: {name: a}\nspec: {nodes: [1]}\n\t:")
-    proc = subprocess.run([sys.executable, "-m", "dtrain_operator.cli", "validate", str(bad)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dtrain_operator.cli", "validate", str(bad)], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "YAML syntax error" in proc.stderr
 

@@ -65,7 +65,7 @@ def test_the_wheel_builds_from_the_images_files_alone(dockerfile: str, tmp_path:
     wheels = tmp_path / "wheels"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(context)],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=240, check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (wheel,) = wheels.glob("dtrain-*.whl")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -191,7 +191,7 @@ def test_the_record_round_trips() -> None:
 # --- At creation: the condition and one Warning Event --------------------------------------------------
 
 
-def a_job(annotations: Optional[dict[str, str]], **spec: Any) -> DistributedTraining:
+def a_job(annotations: dict[str, str] | None, **spec: Any) -> DistributedTraining:
     return DistributedTraining.model_validate(
         {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
          "metadata": {"name": "big", "namespace": "ml", "uid": "u-1", "generation": 1, "annotations": annotations},

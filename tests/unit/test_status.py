@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -50,7 +50,7 @@ def gang(*phases: str, generation: int = 0) -> tuple[PodObservation, ...]:
     return tuple(pod(rank, phase, generation) for rank, phase in enumerate(phases))
 
 
-def condition(status: DistributedTrainingStatus, type_: str) -> Optional[tuple[str, str]]:
+def condition(status: DistributedTrainingStatus, type_: str) -> tuple[str, str] | None:
     found = next((c for c in status.conditions if c.type == type_), None)
     return None if found is None else (found.status, found.reason)
 

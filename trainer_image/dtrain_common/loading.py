@@ -42,7 +42,7 @@ def import_class(class_path: str, field: str) -> type:
             f"{field}.classPath: cannot import {module_name!r} ({exc}); install it in the image "
             "(or put it on PYTHONPATH when running locally)"
         ) from None
-    except Exception as exc:  # a user's module failing on import is their bug; show it in one line
+    except Exception as exc:  # noqa: BLE001 - a user's module failing on import is their bug; show it in one line
         raise ConfigError(f"{field}.classPath: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
     found = getattr(module, class_name, None)
     if found is None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Optional
 
 from dtrain_engine.onnx_model import ENGINE_SUFFIXES, check_batch_flags, usage_error
 from dtrain_engine.plan import BuildOptions
@@ -43,7 +42,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise usage_error("--tensorrt-version plans a --dry-run; a build uses the TensorRT installed here")
 
 
-def _layer_precisions(values: Optional[list[str]]) -> tuple[tuple[str, str], ...]:
+def _layer_precisions(values: list[str] | None) -> tuple[tuple[str, str], ...]:
     pairs = []
     for item in (part.strip() for value in values or [] for part in value.split(",") if part.strip()):
         pattern, _, precision = item.rpartition(":")

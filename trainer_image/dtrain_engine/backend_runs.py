@@ -12,7 +12,7 @@ import copy
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +32,7 @@ class PyTorchModel:
     info: dict[str, Any]
 
 
-def load_pytorch(lookup: Optional[SourceLookup]) -> PyTorchModel:
+def load_pytorch(lookup: SourceLookup | None) -> PyTorchModel:
     if lookup is None:
         return PyTorchModel(None, {"available": False, "reason": "--no-baseline"})
     if lookup.source is None:
@@ -53,7 +53,7 @@ def _check_and_time(
     points: list[ShapePoint],
     under_test: Backend,
     references: list[Backend],
-    baseline: Optional[Backend],
+    baseline: Backend | None,
 ) -> None:
     """Fresh random inputs at each profile's shapes: compare with every reference, then time."""
     rng = np.random.default_rng(run.seed)
@@ -89,7 +89,7 @@ def accuracy_failure(run: EngineRun) -> str:
 
 def run_tensorrt(
     model: OnnxModelInfo, run: EngineRun, pytorch: PyTorchModel, platform: Platform, plan: BuildPlan
-) -> Optional[bytes]:
+) -> bytes | None:
     """Build, check and time the engine; the serialized engine when it passed, else None.
 
     Whatever TensorRT or the device raises ends here as one EngineError quoting TensorRT's
@@ -117,7 +117,7 @@ def run_tensorrt(
                 "layers": layer_summary(engine.layer_information()),
             })
             references: list[Backend] = [OnnxRuntimeCpu(model.path)]
-            baseline: Optional[PyTorchEager] = None
+            baseline: PyTorchEager | None = None
             if pytorch.model is not None:
                 references.append(PyTorchEager(pytorch.model, model, "cpu"))
                 autocast = {"fp16": "float16", "bf16": "bfloat16"}.get(plan.requested_precision)
@@ -148,7 +148,7 @@ def run_onnxruntime(
             f"exported precision ({run.executed_precision}) and is checked against that precision's bound"
         )
     references: list[Backend] = []
-    baseline: Optional[Backend] = None
+    baseline: Backend | None = None
     if pytorch.model is not None:
         eager = PyTorchEager(pytorch.model, model, "cpu")
         references.append(eager)

@@ -8,8 +8,9 @@ in, named host arrays out, for one optimisation profile where the backend has th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -24,7 +25,7 @@ class Backend(Protocol):
 
     def infer(self, inputs: Arrays, profile: int = 0) -> dict[str, np.ndarray]: ...
 
-    def measure(self, inputs: Arrays, profile: int, batch_size: int, settings: "TimingSettings") -> "Timing": ...
+    def measure(self, inputs: Arrays, profile: int, batch_size: int, settings: TimingSettings) -> Timing: ...
 
 
 def random_batch(model: OnnxModelInfo, shapes: Mapping[str, tuple[int, ...]], rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -44,9 +45,9 @@ class Comparison:
 
     reference: str
     batch_size: int
-    max_relative_error: Optional[float]  # over the float outputs; None when the outputs cannot be compared
+    max_relative_error: float | None  # over the float outputs; None when the outputs cannot be compared
     bound: float
-    problem: Optional[str] = None
+    problem: str | None = None
     profile: int = 0
     point: str = ""
     exact_outputs: tuple[str, ...] = ()  # integer/boolean outputs, compared for equality
@@ -84,7 +85,7 @@ def compare_outputs(
     worst = 0.0
     exact: list[str] = []
 
-    def result(error: Optional[float], problem: Optional[str]) -> Comparison:
+    def result(error: float | None, problem: str | None) -> Comparison:
         return Comparison(reference_name, batch_size, error, bound, problem, profile, point, tuple(exact))
 
     for name, reference in references.items():
@@ -241,7 +242,7 @@ class OnnxRuntimeCpu:
         options.log_severity_level = 3
         try:
             self._session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
-        except Exception as error:  # ORT raises its own exception types for models it cannot load
+        except Exception as error:  # noqa: BLE001 - ORT raises its own exception types for models it cannot load
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise EngineError(f"ONNX Runtime cannot load {onnx_path}: {first_line}") from None
         self._output_names = [output.name for output in self._session.get_outputs()]

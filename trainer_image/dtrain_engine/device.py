@@ -12,7 +12,8 @@ tensor types, and buffers only move bytes between host and device.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class Event(Protocol):
 
     def synchronize(self) -> None: ...
 
-    def elapsed_ms(self, end: "Event") -> float:
+    def elapsed_ms(self, end: Event) -> float:
         """GPU time from this event to `end` (both recorded and `end` synchronized)."""
         ...
 

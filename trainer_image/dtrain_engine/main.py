@@ -19,7 +19,7 @@ import os
 import secrets
 import sys
 from importlib import metadata
-from typing import Any, Optional
+from typing import Any
 
 from dtrain_engine.arguments import build_options, check_arguments, report_path
 from dtrain_engine.backend_runs import PyTorchModel, accuracy_failure, load_pytorch, run_onnxruntime, run_tensorrt
@@ -69,7 +69,7 @@ def _external_data_records(model: OnnxModelInfo) -> list[dict[str, Any]]:
     return [{"path": path, "sha256": _sha256(path), "bytes": os.path.getsize(path)} for path in model.external_data]
 
 
-def _versions(tensorrt_version: Optional[str]) -> dict[str, str]:
+def _versions(tensorrt_version: str | None) -> dict[str, str]:
     versions = {}
     for package in ("dtrain", "onnx", "onnxruntime", "numpy", "torch"):
         try:
@@ -84,7 +84,7 @@ def _versions(tensorrt_version: Optional[str]) -> dict[str, str]:
 # --- The command --------------------------------------------------------------------------------
 
 
-def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: BuildOptions, platform: Optional[Platform]) -> int:
+def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: BuildOptions, platform: Platform | None) -> int:
     version = args.tensorrt_version or (platform.tensorrt_version if platform else probe_tensorrt()[0])
     plan = plan_build(model, options, version)
     document = {
@@ -100,7 +100,7 @@ def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: BuildOptio
     return 0
 
 
-def _build_engine(args: argparse.Namespace, platform: Optional[Platform]) -> int:
+def _build_engine(args: argparse.Namespace, platform: Platform | None) -> int:
     check_arguments(args)
     options = build_options(args)
     model = inspect_onnx(args.onnx)
@@ -141,7 +141,7 @@ def _new_run(
     model: OnnxModelInfo,
     external_data: list[dict[str, Any]],
     plan: BuildPlan,
-    platform: Optional[Platform],
+    platform: Platform | None,
     pytorch: PyTorchModel,
 ) -> EngineRun:
     """The run's record before anything is built: what it checks, on what, in which precision."""
@@ -196,7 +196,7 @@ def _print_outcome(
     run: EngineRun,
     report: dict[str, Any],
     path: str,
-    platform: Optional[Platform],
+    platform: Platform | None,
     exit_code: int,
 ) -> int:
     """The notes, the table and where the files are, or the error; the command's exit code."""
@@ -227,7 +227,7 @@ def _write_termination_summary(summary: str) -> None:
         print(f"dtrain build-engine: warning: cannot write the summary to {path}: {error.strerror}", file=sys.stderr)
 
 
-def run(args: argparse.Namespace, platform: Optional[Platform] = None) -> int:
+def run(args: argparse.Namespace, platform: Platform | None = None) -> int:
     """`dtrain build-engine` on `platform` (default: the TensorRT and GPU this machine has)."""
     try:
         return _build_engine(args, platform)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import os
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 import numpy as np
 
@@ -60,7 +60,7 @@ def usage_error(message: str) -> EngineError:
 # --- The ONNX model -------------------------------------------------------------------
 
 
-Dim = Union[int, str]  # a fixed size, or the name of a symbolic (dynamic) dimension
+Dim = int | str  # a fixed size, or the name of a symbolic (dynamic) dimension
 Shape = tuple[int, ...]
 
 
@@ -89,7 +89,7 @@ class OnnxModelInfo:
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     opset: int
-    static_batch: Optional[int]  # None: the batch axis is dynamic (or an input has no fixed batch)
+    static_batch: int | None  # None: the batch axis is dynamic (or an input has no fixed batch)
     quantized_types: frozenset[str]  # TensorRT names of the Q/DQ types (INT8, FP8, INT4, FP4); empty: no Q/DQ
     weight_types: frozenset[str]  # numpy names of the floating-point initializer types
     external_data: tuple[str, ...] = ()  # paths of the files holding the weights outside the graph
@@ -163,7 +163,7 @@ def _quantized_types(graph: Any, functions: Any) -> frozenset[str]:
         candidates = [node.input[2]] if len(node.input) > 2 and node.input[2] else []
         if node.op_type == "DequantizeLinear":
             candidates.insert(0, node.input[0])
-        element: Optional[int] = next((element_types[c] for c in candidates if c in element_types), None)
+        element: int | None = next((element_types[c] for c in candidates if c in element_types), None)
         if element is None and node.op_type == "QuantizeLinear":
             output_dtype = next((a.i for a in node.attribute if a.name == "output_dtype" and a.i), None)
             element = output_dtype or onnx.TensorProto.UINT8
@@ -195,7 +195,7 @@ def _load_checked(path: str) -> Any:
     return model
 
 
-def _static_batch(path: str, inputs: tuple[TensorInfo, ...]) -> Optional[int]:
+def _static_batch(path: str, inputs: tuple[TensorInfo, ...]) -> int | None:
     """The inputs are float batches that agree on their batch size: that size when fixed, None when dynamic."""
     if not inputs:
         raise usage_error(f"--onnx {path} has no inputs: build-engine needs a model that takes a batch")
@@ -272,7 +272,7 @@ class BatchSizes:
         return sorted({self.min, self.opt, self.max})
 
 
-def check_batch_flags(min_batch: Optional[int], opt_batch: Optional[int], max_batch: Optional[int]) -> None:
+def check_batch_flags(min_batch: int | None, opt_batch: int | None, max_batch: int | None) -> None:
     """The checks that need no model: sizes >= 1 and min <= opt <= max among the flags given."""
     for flag, value in (("--min-batch", min_batch), ("--opt-batch", opt_batch), ("--max-batch", max_batch)):
         if value is not None and value < 1:
@@ -290,7 +290,7 @@ def check_batch_flags(min_batch: Optional[int], opt_batch: Optional[int], max_ba
 
 
 def resolve_batch_sizes(
-    model: OnnxModelInfo, min_batch: Optional[int], opt_batch: Optional[int], max_batch: Optional[int]
+    model: OnnxModelInfo, min_batch: int | None, opt_batch: int | None, max_batch: int | None
 ) -> BatchSizes:
     """The min/opt/max batch sizes to build and check; a static-batch model serves only its own batch."""
     check_batch_flags(min_batch, opt_batch, max_batch)

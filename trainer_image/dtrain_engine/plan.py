@@ -10,8 +10,9 @@ prints `BuildPlan.to_json()` without TensorRT or a GPU; the real build
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from dtrain_engine.onnx_model import (
     ACCURACY_BOUNDS,
@@ -35,7 +36,7 @@ MAX_BUILDER_OPTIMIZATION_LEVEL = 5
 HARDWARE_COMPATIBILITY = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE_CAPABILITY"}
 PRECISION_CONSTRAINT_FLAGS = {"prefer": "PREFER_PRECISION_CONSTRAINTS", "obey": "OBEY_PRECISION_CONSTRAINTS"}
 # A layer precision -> (TensorRT DataType member, the builder flag a weakly typed build needs for it).
-LAYER_PRECISIONS: dict[str, tuple[str, Optional[str]]] = {"fp32": ("FLOAT", None), "fp16": ("HALF", "FP16"), "bf16": ("BF16", "BF16")}
+LAYER_PRECISIONS: dict[str, tuple[str, str | None]] = {"fp32": ("FLOAT", None), "fp16": ("HALF", "FP16"), "bf16": ("BF16", "BF16")}
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,9 @@ class BuildOptions:
     """What the user asked for (flags or spec.engine), before it meets the model."""
 
     precision: Precision = "fp16"
-    min_batch: Optional[int] = None
-    opt_batch: Optional[int] = None
-    max_batch: Optional[int] = None
+    min_batch: int | None = None
+    opt_batch: int | None = None
+    max_batch: int | None = None
     # One (min, opt, max) triple of trtexec-style shape lists ("images:1x3x224x224,mask:1x224") per profile.
     shapes: tuple[tuple[str, str, str], ...] = ()
     workspace_mib: int = 4096
@@ -59,7 +60,7 @@ class BuildOptions:
     precision_constraints: str = "none"
     plugin_libraries: tuple[str, ...] = ()
     cuda_graph: bool = False
-    timing_cache: Optional[str] = None
+    timing_cache: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class BuildPlan:
     executed_precision: str
     bound: float
     quantized_types: tuple[str, ...]
-    onnx_conversion: Optional[str]  # "float16": the ONNX model is converted before parsing
+    onnx_conversion: str | None  # "float16": the ONNX model is converted before parsing
     layer_precisions: tuple[tuple[str, str], ...]  # (pattern, DataType member)
     precision_reasons: tuple[str, ...]
     exact_outputs: tuple[str, ...]
@@ -113,7 +114,7 @@ class BuildPlan:
     cuda_graph: bool
     refit_from_onnx: bool  # a weight-stripped engine is refitted from the ONNX model before it runs
     engine_host_code_allowed: bool  # a version-compatible engine carries its lean runtime
-    timing_cache: Optional[str]
+    timing_cache: str | None
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -334,7 +335,7 @@ def _plan_runtime(options: BuildOptions, model: OnnxModelInfo) -> tuple[list[str
     return flags, notes, cuda_graph
 
 
-def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: Optional[str] = None) -> BuildPlan:
+def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: str | None = None) -> BuildPlan:
     """The whole build plan for `model` on TensorRT `tensorrt_version` (None: DEFAULT_TENSORRT_VERSION, assumed)."""
     check_options(options)
     assumed = tensorrt_version is None

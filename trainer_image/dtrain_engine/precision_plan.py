@@ -7,7 +7,6 @@ Strongly or weakly typed, by TensorRT version and by whether the model is explic
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from dtrain_engine.onnx_model import (
     ACCURACY_BOUNDS,
@@ -32,7 +31,7 @@ class PrecisionPlan:
     flags: list[str]
     cleared: list[str]
     executed: str
-    conversion: Optional[str]
+    conversion: str | None
     reasons: list[str]
 
 
@@ -44,8 +43,8 @@ def plan_precision(version: tuple[int, int], precision: Precision, tf32: bool, m
         types = sorted(model.quantized_types)
         quantized = quantized_precision(model.quantized_types)
         reasons = [
-            f"Q/DQ nodes quantize to {', '.join(types)}: the engine is judged against {quantized}'s bound "
-            f"({ACCURACY_BOUNDS[quantized]:g}), whatever --precision asks ({precision})"
+            (f"Q/DQ nodes quantize to {', '.join(types)}: the engine is judged against {quantized}'s bound "
+             f"({ACCURACY_BOUNDS[quantized]:g}), whatever --precision asks ({precision})")
         ]
         if major >= 11 or version >= STRONGLY_TYPED_QDQ_SINCE:
             reasons.append(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from dtrain_engine.device import Device
 from dtrain_engine.onnx_model import EXIT_UNAVAILABLE, SUPPORTED_TENSORRT_MAJORS, EngineError
@@ -18,13 +17,13 @@ class Platform:
     device: Device
 
 
-def probe_tensorrt() -> tuple[Optional[str], Optional[str]]:
+def probe_tensorrt() -> tuple[str | None, str | None]:
     """(TensorRT's version, None) when it can build here, else (None, what is wrong)."""
     try:
         import tensorrt as trt
     except ImportError as error:
         return None, f"TensorRT is not installed (import tensorrt: {error})"
-    except Exception as error:  # e.g. an OSError from a missing libnvinfer
+    except Exception as error:  # noqa: BLE001 - e.g. an OSError from a missing libnvinfer
         return None, f"TensorRT does not load ({type(error).__name__}: {str(error).strip().splitlines()[0]})"
     version = getattr(trt, "__version__", None)
     if not isinstance(version, str) or not hasattr(trt, "Builder"):
@@ -36,7 +35,7 @@ def probe_tensorrt() -> tuple[Optional[str], Optional[str]]:
     return version, None
 
 
-def probe_cuda() -> Optional[str]:
+def probe_cuda() -> str | None:
     """None when a CUDA GPU is usable, else why not."""
     try:
         import torch
@@ -47,7 +46,7 @@ def probe_cuda() -> Optional[str]:
     return None
 
 
-def probe_platform() -> tuple[Optional[Platform], list[str]]:
+def probe_platform() -> tuple[Platform | None, list[str]]:
     """This machine's TensorRT and GPU, or every reason there is none."""
     tensorrt_version, tensorrt_missing = probe_tensorrt()
     cuda_missing = probe_cuda()

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -34,8 +35,8 @@ class PyTorchSource:
 
 @dataclass(frozen=True)
 class SourceLookup:
-    source: Optional[PyTorchSource]
-    reason: Optional[str] = None  # why there is no source
+    source: PyTorchSource | None
+    reason: str | None = None  # why there is no source
     explicit: bool = False  # the user asked for it with flags: failing to load it is an error
     warnings: list[str] = field(default_factory=list)
 
@@ -69,7 +70,7 @@ def _model_from_config_file(path: str) -> api.ClassSpec:
         raise usage_error(f"--model-config {error}") from None
 
 
-def _artifacts_checkpoint(value: object, base_dir: str) -> Optional[str]:
+def _artifacts_checkpoint(value: object, base_dir: str) -> str | None:
     path = value.get("path") if isinstance(value, dict) else value
     if not isinstance(path, str) or not path:
         return None
@@ -77,7 +78,7 @@ def _artifacts_checkpoint(value: object, base_dir: str) -> Optional[str]:
 
 
 def find_pytorch_source(
-    onnx_path: str, checkpoint_flag: Optional[str], model_config_flag: Optional[str]
+    onnx_path: str, checkpoint_flag: str | None, model_config_flag: str | None
 ) -> SourceLookup:
     """Flags first, then artifacts.json next to the ONNX model; each part may come from either."""
     base_dir = os.path.dirname(os.path.abspath(onnx_path))
@@ -148,7 +149,7 @@ def load_pytorch_model(source: PyTorchSource) -> Any:
         raise usage_error(f"cannot build the PyTorch model for the baseline: {error}") from None
     try:
         checkpoint = torch.load(source.checkpoint, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises pickle and runtime errors of many kinds for a bad file
+    except Exception as error:  # noqa: BLE001 - torch raises pickle and runtime errors of many kinds for a bad file
         raise usage_error(f"cannot read the checkpoint {source.checkpoint}: {type(error).__name__}: {error}") from None
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -167,7 +168,7 @@ class PyTorchEager:
     """The model in eager mode: outputs mapped in order onto the ONNX model's output names."""
 
     def __init__(
-        self, model: Any, onnx_model: OnnxModelInfo, device: str = "cpu", autocast_dtype: Optional[str] = None
+        self, model: Any, onnx_model: OnnxModelInfo, device: str = "cpu", autocast_dtype: str | None = None
     ):
         import torch
 

@@ -10,7 +10,7 @@ import platform
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any
 
 from dtrain_engine.check import Comparison, Timing, TimingSettings
 from dtrain_engine.onnx_model import OnnxModelInfo
@@ -49,11 +49,11 @@ class EngineRun:
     timing: TimingSettings
     seed: int
     onnx_external_data: list[dict[str, Any]] = field(default_factory=list)  # each weights file, hashed
-    compute_capability: Optional[list[int]] = None
-    engine_path: Optional[str] = None
-    engine_bytes: Optional[int] = None
-    tensorrt: Optional[dict[str, Any]] = None
-    error: Optional[str] = None  # the build or a run failed: what TensorRT (or the device) said
+    compute_capability: list[int] | None = None
+    engine_path: str | None = None
+    engine_bytes: int | None = None
+    tensorrt: dict[str, Any] | None = None
+    error: str | None = None  # the build or a run failed: what TensorRT (or the device) said
     references: list[str] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
     non_finite: list[str] = field(default_factory=list)
@@ -118,7 +118,7 @@ def _latency_rows(run: EngineRun) -> list[dict[str, Any]]:
     return latency
 
 
-def build_report(run: EngineRun, created_at: Optional[datetime] = None) -> dict[str, Any]:
+def build_report(run: EngineRun, created_at: datetime | None = None) -> dict[str, Any]:
     created = (created_at or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
     latency = _latency_rows(run)
     first_input = run.plan.profiles[0][run.onnx.inputs[0].name]
@@ -204,7 +204,7 @@ def termination_summary(report: dict[str, Any], report_path: str) -> str:
     return text.encode()[:limit].decode(errors="ignore")
 
 
-def termination_log_path(env: dict[str, str]) -> Optional[str]:
+def termination_log_path(env: dict[str, str]) -> str | None:
     """Where the summary goes: DTRAIN_TERMINATION_LOG when set, else Kubernetes' file when it exists.
 
     The default path is only written when the kubelet made it, so that a run outside a pod
@@ -232,15 +232,15 @@ def cpu_description(threads: int) -> str:
     return f"CPU ({processor}, {threads} threads)"
 
 
-def _number(value: Optional[float], digits: int = 2) -> str:
+def _number(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 def format_table(report: dict[str, Any]) -> str:
     """The latency table and the accuracy verdict, for the log."""
     lines = [
-        f"{'profile':>7} {'point':<11} {'batch':>5}  {'backend':<16} {'median ms':>10} {'p99 ms':>9} {'images/s':>10}   "
-        f"{'pytorch ms':>10} {'speed-up':>8}  {'max rel err':>11}",
+        (f"{'profile':>7} {'point':<11} {'batch':>5}  {'backend':<16} {'median ms':>10} {'p99 ms':>9} {'images/s':>10}   "
+         f"{'pytorch ms':>10} {'speed-up':>8}  {'max rel err':>11}"),
     ]
     errors: dict[tuple[int, str], float] = {}
     for comparison in report["accuracy"]["comparisons"]:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, cast
+from typing import Any, cast
 
 import numpy as np
 import tensorrt as trt
@@ -190,7 +191,7 @@ class TensorRTLog(trt.ILogger):
 class BuildResult:
     plan: bytes
     seconds: float
-    timing_cache: Optional[str]  # what happened to the timing cache, for the report
+    timing_cache: str | None  # what happened to the timing cache, for the report
 
 
 # --- Build ----------------------------------------------------------------------------------
@@ -264,8 +265,8 @@ def _load_timing_cache(config: trt.IBuilderConfig, path: str) -> str:
             data = handle.read()
         state = f"read {len(data)} bytes from {path}"
     try:
-        cache: Optional[trt.ITimingCache] = config.create_timing_cache(data)
-    except Exception:  # the bindings raise their own types for bytes they cannot read
+        cache: trt.ITimingCache | None = config.create_timing_cache(data)
+    except Exception:  # noqa: BLE001 - the bindings raise their own types for bytes they cannot read
         cache = None
     if cache is None:
         cache = config.create_timing_cache(b"")
@@ -315,7 +316,7 @@ def build_engine(onnx_path: str, plan: BuildPlan, log: TensorRTLog) -> BuildResu
     cache_state = _load_timing_cache(config, plan.timing_cache) if plan.timing_cache is not None else None
 
     start = time.perf_counter()
-    serialized: Optional[trt.IHostMemory] = builder.build_serialized_network(network, config)
+    serialized: trt.IHostMemory | None = builder.build_serialized_network(network, config)
     seconds = time.perf_counter() - start
     if serialized is None:
         raise EngineError(log.failure("build the engine"))
@@ -368,13 +369,13 @@ class TensorRTEngine:
         if plan.engine_host_code_allowed:
             # A version-compatible engine carries its lean runtime: host code TensorRT must be allowed to run.
             self._runtime.engine_host_code_allowed = True
-        engine: Optional[trt.ICudaEngine] = self._runtime.deserialize_cuda_engine(serialized)
+        engine: trt.ICudaEngine | None = self._runtime.deserialize_cuda_engine(serialized)
         if engine is None:
             raise EngineError(log.failure("load the engine it has just built"))
         self._engine = engine
         if plan.refit_from_onnx:
             self._refit(onnx_path)
-        context: Optional[trt.IExecutionContext] = engine.create_execution_context()
+        context: trt.IExecutionContext | None = engine.create_execution_context()
         if context is None:
             raise EngineError(log.failure("create an execution context (is the GPU out of memory?)"))
         self._context = context
@@ -383,7 +384,7 @@ class TensorRTEngine:
         self._inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self._outputs = [n for n in names if n not in self._inputs]
         self._bound: dict[str, DeviceBuffer] = {}
-        self._allocator: Optional[_OutputAllocator] = None
+        self._allocator: _OutputAllocator | None = None
         self.device_memory_bytes = int(engine.device_memory_size_v2)
         self._dtypes: dict[trt.DataType, np.dtype[Any]] = {
             trt.DataType.FLOAT: np.dtype(np.float32),
@@ -434,7 +435,7 @@ class TensorRTEngine:
             if not self._context.set_input_shape(name, tuple(array.shape)):
                 raise EngineError(self._log.failure(f"take input '{name}' with shape {list(array.shape)} in profile {profile}", since))
             bound[name] = self._device.upload(array, self._stream)
-        allocator: Optional[_OutputAllocator] = None
+        allocator: _OutputAllocator | None = None
         for name in self._outputs:
             shape = self._shape(name)
             if any(d < 0 for d in shape):
@@ -514,7 +515,7 @@ class TensorRTEngine:
         if self._plan.cuda_graph:
             try:
                 graph = self._device.capture(stream, self._launch)
-            except Exception as error:  # trtexec, too, runs without a graph when capture fails
+            except Exception as error:  # noqa: BLE001 - trtexec, too, runs without a graph when capture fails
                 self.notes.append(f"CUDA graph capture failed ({type(error).__name__}: {error}); timed without one")
             else:
                 others.append(measure_samples(on_events(lambda: graph.replay(stream)), batch_size, settings, label=GRAPH_CLOCK))

@@ -56,7 +56,7 @@ class ExampleInputs:
                 batch.append(torch.randint(low, max(high, low) + 1, shape, generator=generator, dtype=example.dtype))
         return tuple(batch)
 
-    def with_float32(self) -> "ExampleInputs":
+    def with_float32(self) -> ExampleInputs:
         """The same inputs for the model in fp32 (as it is exported): floating inputs become float32."""
         return ExampleInputs(
             self.names, tuple(t.float() if t.dtype.is_floating_point else t for t in self.tensors)

@@ -138,7 +138,7 @@ def export_onnx_inputs(
                 try:
                     _export_dynamo(model, names, example, path, opset, dynamic_batch)
                     exporter = "dynamo"
-                except Exception as exc:  # torch.export cannot trace every model; the older exporter often can
+                except Exception as exc:  # noqa: BLE001 - torch.export cannot trace every model; the older exporter often can
                     log.warning(
                         "the dynamo ONNX exporter failed (%s: %s); trying the TorchScript exporter",
                         type(exc).__name__,

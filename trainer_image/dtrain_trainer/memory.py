@@ -21,8 +21,9 @@ estimate with `torch.cuda.max_memory_allocated` where a GPU exists.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ class StateBytes:
     optimizer_note: str
 
 
-def optimizer_slots(optimizer: Optional[torch.optim.Optimizer]) -> tuple[int, str]:
+def optimizer_slots(optimizer: torch.optim.Optimizer | None) -> tuple[int, str]:
     """How many parameter-sized buffers the optimizer keeps, and their names."""
     if optimizer is None:
         return 0, "none"
@@ -218,7 +219,7 @@ def measure_activations(
     return ActivationModel(fixed, per_sample, largest)
 
 
-def describe(estimate: MemoryEstimate, result: Optional[Fit], gpu_memory: Optional[int]) -> list[tuple[str, str]]:
+def describe(estimate: MemoryEstimate, result: Fit | None, gpu_memory: int | None) -> list[tuple[str, str]]:
     """The rows of the estimate table."""
     s = estimate.state
     small, large = estimate.measured_batches
@@ -227,8 +228,8 @@ def describe(estimate: MemoryEstimate, result: Optional[Fit], gpu_memory: Option
         ("weights", format_bytes(s.weights) + (" (fp32 master weights)" if estimate.precision in MIXED else "")),
         ("gradients", format_bytes(s.gradients)),
         ("optimizer state", f"{format_bytes(s.optimizer)} ({s.optimizer_note})"),
-        ("activations", f"{format_bytes(estimate.activations)} (saved tensors at batch {small} and {large} on the CPU, "
-                        f"scaled to {estimate.batch_size})"),
+        ("activations", (f"{format_bytes(estimate.activations)} (saved tensors at batch {small} and {large} on the CPU, "
+                         f"scaled to {estimate.batch_size})")),
         ("backward transient", format_bytes(estimate.backward_transient)),
     ]
     if estimate.autocast_weight_copies:
@@ -247,11 +248,11 @@ def describe(estimate: MemoryEstimate, result: Optional[Fit], gpu_memory: Option
 @dataclass
 class JobEstimate:
     estimate: MemoryEstimate
-    fit: Optional[Fit]
-    gpu_memory: Optional[int]
+    fit: Fit | None
+    gpu_memory: int | None
 
 
-def gpu_memory_of(spec: Any, flag: Optional[str]) -> Optional[int]:
+def gpu_memory_of(spec: Any, flag: str | None) -> int | None:
     """--gpu-memory, else what the spec says: gpuMemory, else the GPU-memory node label it selects
     (GPU feature discovery, MiB), as the operator reads them."""
     if flag:
@@ -259,10 +260,10 @@ def gpu_memory_of(spec: Any, flag: Optional[str]) -> Optional[int]:
     return spec_gpu_memory(spec)
 
 
-def _optimizer_of(model: Any) -> tuple[Optional[torch.optim.Optimizer], list[str]]:
+def _optimizer_of(model: Any) -> tuple[torch.optim.Optimizer | None, list[str]]:
     try:
         configured = model.configure_optimizers()
-    except Exception as exc:  # e.g. a schedule that needs the Trainer: assume Adam and say so
+    except Exception as exc:  # noqa: BLE001 - e.g. a schedule that needs the Trainer: assume Adam and say so
         return None, [f"configure_optimizers() needs a Trainer ({type(exc).__name__}); assumed Adam"]
     if isinstance(configured, dict):
         configured = configured.get("optimizer")
@@ -285,7 +286,7 @@ def _batch_maker(model: Any, data: Any, sample_shape: tuple[int, ...]) -> tuple[
 
         _slice(real, 2)
         return from_data, "a batch of the job's own data"
-    except Exception:
+    except Exception:  # noqa: BLE001 - the job's own data cannot be sampled here: synthetic inputs of the model's shape instead
         classes = int(getattr(model, "num_classes", None) or getattr(data, "num_classes", None) or 10)
 
         def synthetic(batch: int) -> Any:
@@ -306,7 +307,7 @@ def _slice(batch: Any, size: int) -> Any:
     return batch
 
 
-def estimate_job(model: Any, data: Any, sample_shape: tuple[int, ...], settings: Any, gpu_memory: Optional[int],
+def estimate_job(model: Any, data: Any, sample_shape: tuple[int, ...], settings: Any, gpu_memory: int | None,
                  batches: tuple[int, int] = MEASURED_BATCHES) -> JobEstimate:
     """Estimate for a model and data module already built from the job's spec."""
     precision = settings.precision

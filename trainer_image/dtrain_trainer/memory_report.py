@@ -5,7 +5,6 @@ estimate, recorded on the object for the operator (dtrain_operator.api.memory_es
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import torch
 
@@ -19,7 +18,7 @@ from dtrain_trainer.loading import instantiate_data, job_classes
 from dtrain_trainer.memory import MEASURED_BATCHES, JobEstimate, describe, estimate_job, format_bytes, gpu_memory_of
 
 
-def estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> JobEstimate:
+def estimate(job: api.DistributedTraining, gpu_memory_flag: str | None) -> JobEstimate:
     """Raises ConfigError (a bad class or arguments) or ValueError (a bad --gpu-memory)."""
     spec = job.spec
     gpu_memory = gpu_memory_of(spec, gpu_memory_flag)
@@ -39,7 +38,7 @@ def estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> Jo
     return result
 
 
-def print_estimate(job: api.DistributedTraining, gpu_memory_flag: Optional[str]) -> int:
+def print_estimate(job: api.DistributedTraining, gpu_memory_flag: str | None) -> int:
     """The table on stdout; 0 when it fits or no GPU memory is known, 3 when it does not fit."""
     try:
         result = estimate(job, gpu_memory_flag)
@@ -80,7 +79,7 @@ def submit_annotation(job: api.DistributedTraining) -> tuple[dict[str, str], str
         result = estimate(job, None)  # the GPU memory the operator sees too: the spec's, not a flag's
     except (ConfigError, ValueError) as exc:
         return {}, f"note: no memory estimate recorded: {exc}", True
-    except Exception as exc:  # the user's model failed on the CPU (a CUDA-only kernel?): the job is still submitted
+    except Exception as exc:  # noqa: BLE001 - the user's model failed on the CPU (a CUDA-only kernel?): the job is still submitted
         failed = f"{type(exc).__name__}: {exc}"
         return {}, f"note: no memory estimate recorded: building or running the model here failed ({failed})", True
     record = record_of(job, result)

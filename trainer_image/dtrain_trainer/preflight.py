@@ -23,6 +23,7 @@ job fails at once with reason InvalidTrainerConfig; a restart would meet the sam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -115,7 +116,7 @@ def versions() -> dict[str, Any]:
     if torch.cuda.is_available():
         try:
             nccl = ".".join(str(p) for p in torch.cuda.nccl.version())
-        except Exception:  # a CPU-only build has no NCCL
+        except Exception:  # noqa: BLE001 - a CPU-only build has no NCCL
             nccl = None
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}
 
@@ -205,7 +206,7 @@ def run(
     local_world = int(env.get("LOCAL_WORLD_SIZE", str(devices_per_node))) or 1
     try:
         store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timedelta(seconds=timeout)))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the rendezvous fails in many ways; each is named in one pre-flight error
         raise PreflightError(
             f"pre-flight: rank {rank} ({_where(env)}) cannot reach the rendezvous at "
             f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')} within {timeout:g} s ({type(exc).__name__}: "
@@ -224,7 +225,7 @@ def run(
         latency_times = _timed_all_reduce(group, torch.ones(1, device=device), LATENCY_REPEATS)
     except PreflightError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the collectives fail in many ways; each is named in one pre-flight error
         raise PreflightError(
             f"pre-flight: rank {rank} ({_where(env)}): the all-reduce over {world} ranks failed within "
             f"{timeout:g} s ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
@@ -257,7 +258,5 @@ def median(values: list[float]) -> float:
 def _shutdown(group: Any) -> None:
     shutdown = getattr(group, "shutdown", None) or getattr(group, "_shutdown", None)
     if shutdown is not None:
-        try:
+        with contextlib.suppress(Exception):  # what is left goes with the object
             shutdown()
-        except Exception:  # what is left goes with the object
-            pass

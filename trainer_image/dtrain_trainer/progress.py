@@ -70,7 +70,7 @@ class ProgressReporter:
             return
         try:
             self.sink.send(record)
-        except Exception as exc:  # a full disk or a closed pipe must not stop training
+        except Exception as exc:  # noqa: BLE001 - a full disk or a closed pipe must not stop training
             self._broken = True
             log.warning(
                 "progress sink %s failed (%s); progress is no longer reported",
@@ -92,7 +92,7 @@ class ProgressReporter:
     def close(self) -> None:
         try:
             self.sink.close()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a sink that cannot close must not fail the run's end
             if not self._broken:
                 log.warning(
                     "progress sink %s failed while closing (%s)", type(self.sink).__name__, describe_failure(exc)

@@ -182,7 +182,7 @@ class KubernetesStatusSink:
                     _request_timeout=self.request_timeout,
                     _content_type="application/merge-patch+json",
                 )
-            except Exception as exc:  # the API server's trouble must never become the training's
+            except Exception as exc:  # noqa: BLE001 - the API server's trouble must never become the training's
                 self._failed(exc)
 
     def _failed(self, exc: BaseException) -> None:
@@ -247,7 +247,7 @@ def sink_from_env(env: Mapping[str, str], job_name: str) -> Sink:
             return StdoutSink()
         try:
             api = _kubernetes_api(env)
-        except Exception as exc:  # no service account and no kubeconfig: train anyway
+        except Exception as exc:  # noqa: BLE001 - no service account and no kubeconfig: train anyway
             log.warning(
                 "cannot reach the Kubernetes API (%s): progress is not reported to the job's status",
                 describe_failure(exc),

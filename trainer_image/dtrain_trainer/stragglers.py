@@ -11,7 +11,7 @@ every rank:
   and no hook lies between the two.)
 - **link**: how fast a rank sends. A slow link slows every rank's all-reduce alike, so no time
   inside a collective can name it; instead, at each comparison the ranks of each pair of ring
-  neighbours fetch `LINK_PROBE_BYTES` from each other (point-to-point, after a handshake that
+  neighbours fetch `contract.LINK_PROBE_BYTES` from each other (point-to-point, after a handshake that
   waits for both to be there, the best of `LINK_PROBE_REPEATS`), and a rank's link time is the
   faster of its two neighbours' fetches from it: only a rank whose own link is slow is slow in
   both, a neighbour of it only in one. A link time under `LINK_SLOW_FLOOR_SECONDS` is never slow. With 2 ranks both fetches go over the same pair of links,
@@ -42,12 +42,11 @@ import torch
 import torch.distributed as dist
 
 from dtrain_operator.api import StragglerSettings, contract
-from dtrain_operator.core.stragglers import LINK_PROBE_BYTES
 from dtrain_trainer import flavor
 
 # The best of a few fetches: a process descheduled once on a busy machine only adds time.
 LINK_PROBE_REPEATS = 3
-# A link time under this is never slow, whatever its ratio to the median: LINK_PROBE_BYTES in 5 ms is
+# A link time under this is never slow, whatever its ratio to the median: contract.LINK_PROBE_BYTES in 5 ms is
 # 13 Gb/s, and below it, on a busy machine, the time is the scheduler's more than the link's.
 LINK_SLOW_FLOOR_SECONDS = 0.005
 STEP, LINK = "step", "link"
@@ -137,11 +136,11 @@ def _serve_to(peer: int, token: torch.Tensor, payload: torch.Tensor) -> None:
 
 
 def probe_links(rank: int, world_size: int, device: torch.device) -> tuple[float, float]:
-    """(seconds to fetch LINK_PROBE_BYTES from the left neighbour, from the right one; NaN where not
+    """(seconds to fetch contract.LINK_PROBE_BYTES from the left neighbour, from the right one; NaN where not
     measured), exchanged with both ring neighbours on the default process group. Every rank calls it
     at the same step."""
     token = torch.zeros(1, dtype=torch.float32, device=device)
-    payload = torch.zeros(LINK_PROBE_BYTES // 4, dtype=torch.float32, device=device)
+    payload = torch.zeros(contract.LINK_PROBE_BYTES // 4, dtype=torch.float32, device=device)
     from_left = from_right = float("nan")
     for _, low, high in sorted((round_, low, high) for low, high, round_ in ring_pairs(world_size)):
         if rank == low:  # low fetches from high (its right neighbour), then high from low

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -35,7 +35,7 @@ class OnnxExport(ApiModel):
     """ONNX opset version (17 or newer)."""
     dynamic_batch: bool = True
     """Make the batch axis dynamic, so that the engine can be built for a range of batch sizes."""
-    input_shape: Optional[Annotated[list[Annotated[int, Field(ge=1, le=MAX_BATCH)]], Field(min_length=1, max_length=4)]] = None
+    input_shape: Annotated[list[Annotated[int, Field(ge=1, le=MAX_BATCH)]], Field(min_length=1, max_length=4)] | None = None
     """Shape of one sample without the batch axis, e.g. [3, 224, 224], for a model without example_input_array (which is used first: a tensor, tuple or dict, dtypes kept). Default: the data module's sample_shape."""
     input_dtype: Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"] = "float32"
     """Data type of the input given by inputShape, e.g. int64 for a text model's token ids."""
@@ -89,18 +89,18 @@ class EngineSettings(ApiModel):
     """Engine precision: fp32, fp16, bf16 or int8 (int8 needs a quantized ONNX model)."""
     min_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
     """Smallest batch size the engine accepts."""
-    opt_batch: Optional[Annotated[int, Field(ge=1, le=MAX_BATCH)]] = None
+    opt_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] | None = None
     """Batch size TensorRT tunes for (default: maxBatch)."""
     max_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 32
     """Largest batch size the engine accepts."""
     workspace_mi_b: Annotated[int, Field(ge=16, le=1_048_576, alias="workspaceMiB")] = 4096
     """Builder workspace memory limit in MiB."""
-    resources: Optional[Resources] = None
+    resources: Resources | None = None
     """Resources of the engine container (default: one nvidia.com/gpu)."""
     backoff_limit: Annotated[int, Field(ge=0, le=100)] = 1
     """Retries of the engine Job before it is marked failed."""
     # The build options below are `dtrain build-engine` flags, with trtexec's defaults.
-    profiles: Optional[Annotated[list[EngineProfile], Field(min_length=1, max_length=8)]] = None
+    profiles: Annotated[list[EngineProfile], Field(min_length=1, max_length=8)] | None = None
     """Optimisation profiles with per-input min/opt/max shapes (trtexec --minShapes/--optShapes/--maxShapes, once per profile); when set, minBatch/optBatch/maxBatch are not used. Needed for a dynamic axis besides the batch axis."""
     tf32: bool = False
     """Let fp32 builds use TF32 (trtexec's default; off here, as in polygraphy, so fp32 meets its 1e-3 bound)."""
@@ -114,17 +114,17 @@ class EngineSettings(ApiModel):
     """Build a weight-stripped engine, refitted from model.onnx before use (trtexec --stripWeights)."""
     builder_optimization_level: Annotated[int, Field(ge=0, le=5)] = 3
     """Builder optimisation level 0-5: higher builds longer for a faster engine (trtexec --builderOptimizationLevel, default 3)."""
-    layer_precisions: Optional[Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], EngineLayerPrecision], Field(max_length=MAX_MAP_ENTRIES)]] = None
+    layer_precisions: Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], EngineLayerPrecision], Field(max_length=MAX_MAP_ENTRIES)] | None = None
     """Per-layer precision by layer name or * pattern (trtexec --layerPrecisions); weakly typed builds only."""
     precision_constraints: PrecisionConstraints = "none"
     """How strictly layerPrecisions hold (trtexec --precisionConstraints, default none; prefer when layerPrecisions is set)."""
-    plugin_libraries: Optional[Annotated[list[Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)]], Field(max_length=16)]] = None
+    plugin_libraries: Annotated[list[Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)]], Field(max_length=16)] | None = None
     """TensorRT plugin libraries to load, absolute paths in the engine image (trtexec --dynamicPlugins)."""
     use_cuda_graph: bool = False
     """Also time the engine through a CUDA graph (trtexec --useCudaGraph)."""
 
     @model_validator(mode="after")
-    def _batch_order(self) -> "EngineSettings":
+    def _batch_order(self) -> EngineSettings:
         opt = self.opt_batch if self.opt_batch is not None else self.max_batch
         if not self.min_batch <= opt <= self.max_batch:
             raise ValueError(

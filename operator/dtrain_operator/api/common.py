@@ -4,7 +4,7 @@ what a user may write, and the core Kubernetes-like types dtrain looks into."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
@@ -31,7 +31,7 @@ QUANTITY_PATTERN = (
 )
 # A resource quantity as Kubernetes writes it: 4, "500m", "16Gi".
 Quantity = Annotated[
-    Union[int, float, str],
+    int | float | str,
     WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
 ]
 # One GPU's memory: a Kubernetes quantity with its unit (a bare number would be bytes, never meant).
@@ -111,9 +111,9 @@ class EnvVar(ApiModel):
 
     name: Annotated[str, Field(pattern=ENV_NAME_PATTERN, min_length=1, max_length=MAX_ENV_NAME_LENGTH)]
     """Name of the variable. Names the operator sets (PET_*, DTRAIN_*, MASTER_ADDR, RANK, ...) are reserved."""
-    value: Optional[Annotated[str, Field(max_length=MAX_ENV_VALUE_LENGTH)]] = None
+    value: Annotated[str, Field(max_length=MAX_ENV_VALUE_LENGTH)] | None = None
     """Value of the variable."""
-    value_from: Optional[KubeObject] = None
+    value_from: KubeObject | None = None
     """Source of the value (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)."""
 
     @field_validator("name")

@@ -8,11 +8,13 @@ the operator's dependencies.
 
 from __future__ import annotations
 
+from typing import Final
+
 # --- The API ------------------------------------------------------------------
-GROUP = "dtrain.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "DistributedTraining"
+# Literals (Final), so that their types are the ones the model's apiVersion and kind fields accept.
+API_VERSION: Final = "dtrain.dev/v1alpha1"
+KIND: Final = "DistributedTraining"
+GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "distributedtrainings"
 SINGULAR = "distributedtraining"
 SHORT_NAME = "dtr"
@@ -170,3 +172,8 @@ WORKLOAD_GID = 0
 def is_reserved_env_name(name: str) -> bool:
     """True when a user's `env` may not set `name` (the operator sets it)."""
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+
+# What each rank fetches from each of its ring neighbours at a comparison (the trainer's link probe):
+# large enough that the time is the link's sending speed, not its latency or the machine's scheduling
+# (0.7 ms at 100 Gb/s, 67 ms at 1 Gb/s), small enough to cost nothing every few steps.
+LINK_PROBE_BYTES = 8 << 20

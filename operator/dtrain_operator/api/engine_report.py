@@ -8,7 +8,7 @@ free-form objects; what the summary and the termination message are made of is t
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import ConfigDict, Field
 
@@ -26,86 +26,86 @@ class ReportPart(WireRecord):
 class LatencyStats(ReportPart):
     """One backend's timing at one batch size."""
 
-    batch_size: Optional[int] = None
-    median_ms: Optional[float] = None
-    p99_ms: Optional[float] = None
-    mean_ms: Optional[float] = None
-    images_per_second: Optional[float] = None
-    iterations: Optional[int] = None
-    warmup: Optional[int] = None
-    clock: Optional[str] = None
+    batch_size: int | None = None
+    median_ms: float | None = None
+    p99_ms: float | None = None
+    mean_ms: float | None = None
+    images_per_second: float | None = None
+    iterations: int | None = None
+    warmup: int | None = None
+    clock: str | None = None
 
 
 class LatencyRow(LatencyStats):
     """The engine's timing at one profile's shapes, beside PyTorch eager's."""
 
-    profile: Optional[int] = None
-    point: Optional[str] = None
-    shapes: Optional[dict[str, list[int]]] = None
-    also_measured: Optional[list[LatencyStats]] = None
-    pytorch: Optional[LatencyStats] = None
-    speedup_vs_pytorch: Optional[float] = None
+    profile: int | None = None
+    point: str | None = None
+    shapes: dict[str, list[int]] | None = None
+    also_measured: list[LatencyStats] | None = None
+    pytorch: LatencyStats | None = None
+    speedup_vs_pytorch: float | None = None
 
 
 class Comparison(ReportPart):
     """The engine's outputs against one reference at one profile's shapes."""
 
-    reference: Optional[str] = None
-    profile: Optional[int] = None
-    point: Optional[str] = None
-    batch_size: Optional[int] = None
-    max_relative_error: Optional[float] = None
-    bound: Optional[float] = None
-    compared_exactly: Optional[list[str]] = None
-    passed: Optional[bool] = None
-    problem: Optional[str] = None
+    reference: str | None = None
+    profile: int | None = None
+    point: str | None = None
+    batch_size: int | None = None
+    max_relative_error: float | None = None
+    bound: float | None = None
+    compared_exactly: list[str] | None = None
+    passed: bool | None = None
+    problem: str | None = None
 
 
 class Accuracy(ReportPart):
-    metric: Optional[str] = None
-    bound: Optional[float] = None
-    references: Optional[list[str]] = None
-    comparisons: Optional[list[Comparison]] = None
-    non_finite_outputs: Optional[list[str]] = None
-    passed: Optional[bool] = None
+    metric: str | None = None
+    bound: float | None = None
+    references: list[str] | None = None
+    comparisons: list[Comparison] | None = None
+    non_finite_outputs: list[str] | None = None
+    passed: bool | None = None
 
 
 class Precisions(ReportPart):
-    requested: Optional[str] = None
-    executed: Optional[str] = None
+    requested: str | None = None
+    executed: str | None = None
 
 
 class BatchSizes(ReportPart):
-    min: Optional[int] = None
-    opt: Optional[int] = None
-    max: Optional[int] = None
+    min: int | None = None
+    opt: int | None = None
+    max: int | None = None
 
 
 class EngineReport(ReportPart):
     """Everything one `dtrain build-engine` run found."""
 
-    report_schema: Optional[str] = Field(default=None, alias="schema")
+    report_schema: str | None = Field(default=None, alias="schema")
     """REPORT_SCHEMA (named so on the wire; `schema` is a name pydantic's BaseModel keeps)."""
-    created_at: Optional[str] = None
-    passed: Optional[bool] = None
-    error: Optional[str] = None
+    created_at: str | None = None
+    passed: bool | None = None
+    error: str | None = None
     """What TensorRT (or the device) said when the build or a run failed."""
-    backend: Optional[str] = None
+    backend: str | None = None
     """tensorrt, or onnxruntime-cpu where no TensorRT could run."""
-    engine: Optional[str] = None
-    engine_bytes: Optional[int] = None
-    onnx: Optional[dict[str, Any]] = None
-    precision: Optional[Precisions] = None
-    batch_sizes: Optional[BatchSizes] = None
-    profiles: Optional[list[dict[str, Any]]] = None
-    device: Optional[str] = None
-    compute_capability: Optional[list[int]] = None
-    plan: Optional[dict[str, Any]] = None
-    tensorrt: Optional[dict[str, Any]] = None
-    accuracy: Optional[Accuracy] = None
-    latency: Optional[list[LatencyRow]] = None
-    pytorch: Optional[dict[str, Any]] = None
-    timing: Optional[dict[str, Any]] = None
-    notes: Optional[list[str]] = None
+    engine: str | None = None
+    engine_bytes: int | None = None
+    onnx: dict[str, Any] | None = None
+    precision: Precisions | None = None
+    batch_sizes: BatchSizes | None = None
+    profiles: list[dict[str, Any]] | None = None
+    device: str | None = None
+    compute_capability: list[int] | None = None
+    plan: dict[str, Any] | None = None
+    tensorrt: dict[str, Any] | None = None
+    accuracy: Accuracy | None = None
+    latency: list[LatencyRow] | None = None
+    pytorch: dict[str, Any] | None = None
+    timing: dict[str, Any] | None = None
+    notes: list[str] | None = None
     """Why no engine was built, first, when none was."""
-    versions: Optional[dict[str, str]] = None
+    versions: dict[str, str] | None = None

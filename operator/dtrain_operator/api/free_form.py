@@ -8,7 +8,8 @@ ConfigMap). The walk is iterative, so checking a hostile value cannot itself rec
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # Deeper than any constructor argument or Kubernetes object needs.
 MAX_DEPTH = 32

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any, Literal, Mapping, Optional
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -30,7 +31,7 @@ class ObjectMeta(StatusModel):
 
     name: Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=DNS1035_PATTERN)]
     """Name of the job: lowercase letters, digits and '-', starting with a letter, at most 45 characters."""
-    namespace: Optional[str] = None
+    namespace: str | None = None
     """Namespace of the job."""
 
 
@@ -45,7 +46,7 @@ class DistributedTraining(ApiModel):
     """Standard object metadata."""
     spec: DistributedTrainingSpec = Field(default_factory=DistributedTrainingSpec)
     """What to train, on how many nodes, and what to build from it."""
-    status: Optional[DistributedTrainingStatus] = None
+    status: DistributedTrainingStatus | None = None
     """Observed state."""
 
     @property
@@ -93,7 +94,7 @@ class TrainerConfig(ApiModel):
     """The logger and the reported metrics."""
 
     @classmethod
-    def from_job(cls, job: DistributedTraining) -> "TrainerConfig":
+    def from_job(cls, job: DistributedTraining) -> TrainerConfig:
         spec = job.spec
         return cls(
             job_name=job.name,

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from dtrain_operator.api import contract
 from dtrain_operator.api.common import MEMORY_SIZE_PATTERN
@@ -60,7 +61,7 @@ def format_bytes(count: float) -> str:
     return f"{int(count)} B"
 
 
-def spec_gpu_memory(spec: DistributedTrainingSpec) -> Optional[int]:
+def spec_gpu_memory(spec: DistributedTrainingSpec) -> int | None:
     """One GPU's memory as the spec says it: gpuMemory, else the GPU-memory label its nodeSelector names
     (MiB). None when neither says, or for a CPU job."""
     if spec.accelerator != "gpu":
@@ -83,9 +84,9 @@ class EstimateRecord:
 
     peak_bytes: int
     spec_hash: str
-    gpu_memory_bytes: Optional[int] = None
-    fits: Optional[bool] = None
-    suggestion: Optional[str] = None
+    gpu_memory_bytes: int | None = None
+    fits: bool | None = None
+    suggestion: str | None = None
     """The change that fits (from the estimate), when it does not."""
 
     def encode(self) -> str:
@@ -99,7 +100,7 @@ class UnreadableEstimate(ValueError):
     """The annotation is there but is not a record this operator can believe."""
 
 
-def _byte_count(record: Mapping[str, Any], key: str) -> Optional[int]:
+def _byte_count(record: Mapping[str, Any], key: str) -> int | None:
     value = record.get(key)
     if value is None:
         return None

@@ -60,10 +60,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import Enum
-from typing import Annotated, Any, ClassVar, Optional, TypeVar, Union, get_args
+from typing import Annotated, Any, ClassVar, TypeVar, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
+from typing_extensions import Self
 
 from dtrain_operator.api import PreflightRank, StepTimes
 
@@ -101,7 +102,7 @@ class WireRecord(BaseModel):
         return self.model_dump(by_alias=True, exclude_unset=True)
 
     @classmethod
-    def read(cls: type[RecordT], data: Any) -> Optional[RecordT]:
+    def read(cls, data: Any) -> Self | None:
         """`data` as this record: unknown fields ignored (in nested parts too), a field of the wrong type read
         as absent (a list or object holding one, the whole of it); None when it is no JSON object."""
         if not isinstance(data, Mapping):
@@ -146,7 +147,7 @@ class TrainerRecord(WireRecord):
 
     EVENT: ClassVar[Event]
 
-    time: Optional[str] = None
+    time: str | None = None
     """RFC 3339 UTC; the trainer always sets it."""
 
     def to_wire(self) -> dict[str, Any]:
@@ -156,92 +157,92 @@ class TrainerRecord(WireRecord):
 class StartRecord(TrainerRecord):
     EVENT = Event.START
 
-    job_name: Optional[str] = None
-    world_size: Optional[int] = None
-    nodes: Optional[int] = None
-    devices_per_node: Optional[int] = None
-    accelerator: Optional[str] = None
-    precision: Optional[str] = None
-    cluster_environment: Optional[str] = None
-    max_steps: Optional[int] = None
-    max_epochs: Optional[int] = None
-    resume_from: Optional[str] = None
-    lightning: Optional[str] = None
+    job_name: str | None = None
+    world_size: int | None = None
+    nodes: int | None = None
+    devices_per_node: int | None = None
+    accelerator: str | None = None
+    precision: str | None = None
+    cluster_environment: str | None = None
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    resume_from: str | None = None
+    lightning: str | None = None
 
 
 class WarningRecord(TrainerRecord):
     EVENT = Event.WARNING
 
-    message: Optional[str] = None
+    message: str | None = None
 
 
 class ErrorRecord(TrainerRecord):
     EVENT = Event.ERROR
 
-    message: Optional[str] = None
+    message: str | None = None
 
 
 class ResumedRecord(TrainerRecord):
     EVENT = Event.RESUMED
 
-    path: Optional[str] = None
-    step: Optional[int] = None
-    epoch: Optional[int] = None
+    path: str | None = None
+    step: int | None = None
+    epoch: int | None = None
 
 
 class CheckpointRecord(TrainerRecord):
     EVENT = Event.CHECKPOINT
 
-    step: Optional[int] = None
-    path: Optional[str] = None
+    step: int | None = None
+    path: str | None = None
 
 
 class ExportRecord(TrainerRecord):
     EVENT = Event.EXPORT
 
-    ok: Optional[bool] = None
-    onnx: Optional[str] = None
-    sha256: Optional[str] = None
-    parity_error: Optional[float] = None
-    tolerance: Optional[float] = None
-    artifacts: Optional[str] = None
-    error: Optional[str] = None
+    ok: bool | None = None
+    onnx: str | None = None
+    sha256: str | None = None
+    parity_error: float | None = None
+    tolerance: float | None = None
+    artifacts: str | None = None
+    error: str | None = None
 
 
 class TrainingState(TrainerRecord):
     """Where training stands: what progress, finished and stopped records share."""
 
-    epoch: Optional[int] = None
-    step: Optional[int] = None
-    loss: Optional[float] = None
-    images_per_second: Optional[float] = None
-    metrics: Optional[Metrics] = None
-    validation: Optional[str] = None
+    epoch: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    images_per_second: float | None = None
+    metrics: Metrics | None = None
+    validation: str | None = None
 
 
 class ProgressRecord(TrainingState):
     EVENT = Event.PROGRESS
 
-    total_steps: Optional[int] = None
-    epoch_end: Optional[bool] = None
-    stage: Optional[str] = None
-    batches: Optional[int] = None
-    batch_time: Optional[str] = None
-    step_times: Optional[StepTimes] = None
+    total_steps: int | None = None
+    epoch_end: bool | None = None
+    stage: str | None = None
+    batches: int | None = None
+    batch_time: str | None = None
+    step_times: StepTimes | None = None
 
 
 class FinishedRecord(TrainingState):
     EVENT = Event.FINISHED
 
-    ok: Optional[bool] = None
-    export_error: Optional[str] = None
+    ok: bool | None = None
+    export_error: str | None = None
 
 
 class StoppedRecord(TrainingState):
     EVENT = Event.STOPPED
 
-    signal: Optional[str] = None
-    checkpoint: Optional[str] = None
+    signal: str | None = None
+    checkpoint: str | None = None
 
 
 class PreflightRecord(TrainerRecord):
@@ -249,22 +250,22 @@ class PreflightRecord(TrainerRecord):
 
     EVENT = Event.PREFLIGHT
 
-    backend: Optional[str] = None
-    world_size: Optional[int] = None
-    seconds: Optional[float] = None
-    join_seconds: Optional[float] = None
-    all_reduce_bytes: Optional[int] = None
-    all_reduce_ms: Optional[float] = None
-    latency_ms: Optional[float] = None
-    bus_bandwidth_g_bps: Annotated[Optional[float], Field(alias="busBandwidthGBps")] = None
-    versions: Optional[dict[str, Optional[str]]] = None
-    ranks: Optional[list[PreflightRank]] = None
+    backend: str | None = None
+    world_size: int | None = None
+    seconds: float | None = None
+    join_seconds: float | None = None
+    all_reduce_bytes: int | None = None
+    all_reduce_ms: float | None = None
+    latency_ms: float | None = None
+    bus_bandwidth_g_bps: Annotated[float | None, Field(alias="busBandwidthGBps")] = None
+    versions: dict[str, str | None] | None = None
+    ranks: list[PreflightRank] | None = None
 
 
-AnyTrainerRecord = Union[
-    StartRecord, WarningRecord, ErrorRecord, ResumedRecord, CheckpointRecord, ExportRecord,
-    ProgressRecord, FinishedRecord, StoppedRecord, PreflightRecord,
-]
+AnyTrainerRecord = (
+    StartRecord | WarningRecord | ErrorRecord | ResumedRecord | CheckpointRecord | ExportRecord
+    | ProgressRecord | FinishedRecord | StoppedRecord | PreflightRecord
+)
 RECORD_TYPES: dict[Event, type[TrainerRecord]] = {record.EVENT: record for record in get_args(AnyTrainerRecord)}
 
 
@@ -274,7 +275,7 @@ def build_record(event: Event, **fields: Any) -> TrainerRecord:
     return RECORD_TYPES[event](**fields)
 
 
-def read_record(data: Any) -> Optional[AnyTrainerRecord]:
+def read_record(data: Any) -> AnyTrainerRecord | None:
     """One JSON object of the trainer's as its record; None when it is none (no object, an unknown event)."""
     if not isinstance(data, Mapping):
         return None
@@ -285,7 +286,7 @@ def read_record(data: Any) -> Optional[AnyTrainerRecord]:
     return record_type.read(data)  # type: ignore[return-value]
 
 
-def status_patch(data: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+def status_patch(data: Mapping[str, Any]) -> dict[str, Any] | None:
     """The part of DistributedTraining.status a record updates (merge-patch shape), if any."""
     record = read_record(data)
     if isinstance(record, ProgressRecord):

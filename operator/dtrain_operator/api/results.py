@@ -19,7 +19,7 @@ operator merges the JSON object there into status.artifacts, every field of it, 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import ConfigDict
 
@@ -30,27 +30,27 @@ from dtrain_operator.api.records import Metrics, WireRecord
 class TrainerResults(WireRecord):
     """What rank 0's trainer leaves in its termination message when it ends (dtrain_trainer.export)."""
 
-    ok: Optional[bool] = None
-    step: Optional[int] = None
-    epoch: Optional[int] = None
-    loss: Optional[float] = None
-    images_per_second: Optional[float] = None
-    metrics: Optional[Metrics] = None
-    validation: Optional[str] = None
-    onnx: Optional[str] = None
-    sha256: Optional[str] = None
-    parity_error: Optional[float] = None
-    artifacts: Optional[str] = None
+    ok: bool | None = None
+    step: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    images_per_second: float | None = None
+    metrics: Metrics | None = None
+    validation: str | None = None
+    onnx: str | None = None
+    sha256: str | None = None
+    parity_error: float | None = None
+    artifacts: str | None = None
     """artifacts.json, the export's whole record."""
-    export_error: Optional[str] = None
+    export_error: str | None = None
     """Why there is no model.onnx although training succeeded (its wire name is contract.RESULTS_KEY_EXPORT_ERROR)."""
-    stopped: Optional[str] = None
+    stopped: str | None = None
     """The signal that stopped training."""
-    checkpoint: Optional[str] = None
+    checkpoint: str | None = None
     """The checkpoint a stopped training saved."""
 
 
-EngineLatencyRow = list[Union[int, float, None]]
+EngineLatencyRow = list[int | float | None]
 
 
 class EngineResults(WireRecord):
@@ -61,19 +61,19 @@ class EngineResults(WireRecord):
 
     kind: Literal["engine"]
     """Tells the engine's results from the trainer's in status.artifacts, where both are merged."""
-    passed: Optional[bool] = None
-    backend: Optional[str] = None
-    engine: Optional[str] = None
-    report: Optional[str] = None
-    precision: Optional[str] = None
-    max_relative_error: Optional[float] = None
-    bound: Optional[float] = None
-    latency: Optional[list[EngineLatencyRow]] = None
+    passed: bool | None = None
+    backend: str | None = None
+    engine: str | None = None
+    report: str | None = None
+    precision: str | None = None
+    max_relative_error: float | None = None
+    bound: float | None = None
+    latency: list[EngineLatencyRow] | None = None
     """[batch, median ms, p99 ms, images/s, speed-up over PyTorch] per timed shape."""
-    message: Optional[str] = None
+    message: str | None = None
 
 
-def read_termination_message(message: str) -> Optional[dict[str, Any]]:
+def read_termination_message(message: str) -> dict[str, Any] | None:
     """The JSON object a trainer or engine container left in its termination message, if it is one."""
     text = message.strip()
     if not text.startswith("{") or len(text.encode()) > contract.TERMINATION_MESSAGE_MAX_BYTES:

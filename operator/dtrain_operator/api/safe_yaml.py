@@ -63,7 +63,7 @@ _JobFileLoader.yaml_implicit_resolvers = {
 }
 _JobFileLoader.add_implicit_resolver(
     _INT_TAG,
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$", re.X),
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$", re.VERBOSE),
     list("-+0123456789"),
 )
 _JobFileLoader.add_implicit_resolver(
@@ -71,7 +71,7 @@ _JobFileLoader.add_implicit_resolver(
     re.compile(
         r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
         r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
-        re.X,
+        re.VERBOSE,
     ),
     list("-+0123456789."),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -67,13 +67,13 @@ class TrainerSettings(ApiModel):
         {"rule": '!has(self.limitTrainBatches) || self.limitTrainBatches <= 1.0 || double(int(self.limitTrainBatches)) == self.limitTrainBatches', "message": 'limitTrainBatches is a number of batches (an integer) or a fraction in (0, 1]'},
     ]})
 
-    max_epochs: Optional[Annotated[int, Field(ge=1, le=1_000_000)]] = None
+    max_epochs: Annotated[int, Field(ge=1, le=1000000)] | None = None
     """Stop after this many epochs (default: 1, or no epoch limit when maxSteps is set)."""
     max_steps: Annotated[int, Field(ge=-1, le=INT32_MAX)] = -1
     """Stop after this many optimizer steps (-1: no step limit). Whichever of maxEpochs and maxSteps comes first ends training."""
     precision: Precision = "32-true"
     """Numerical precision: 32-true, 16-mixed, bf16-mixed, bf16-true, 16-true or 64-true. 16-mixed needs a GPU; on a CPU it falls back to 32-true with a warning."""
-    gradient_clip_val: Optional[Annotated[float, Field(ge=0, le=1e6)]] = None
+    gradient_clip_val: Annotated[float, Field(ge=0, le=1000000.0)] | None = None
     """Clip gradients to this value (none: no clipping)."""
     gradient_clip_algorithm: Literal["norm", "value"] = "norm"
     """How gradients are clipped: by total norm or by value."""
@@ -87,7 +87,7 @@ class TrainerSettings(ApiModel):
     """Data-loader worker processes per training process."""
     log_every_n_steps: Annotated[int, Field(ge=1, le=INT32_MAX)] = 50
     """Log metrics every this many steps."""
-    limit_train_batches: Optional[Union[Annotated[int, Field(ge=1, le=INT32_MAX)], Annotated[float, Field(gt=0, le=1)]]] = None
+    limit_train_batches: Annotated[int, Field(ge=1, le=INT32_MAX)] | Annotated[float, Field(gt=0, le=1)] | None = None
     """Use only this many training batches per epoch (an integer) or this fraction of them (a number in (0, 1])."""
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 42
     """Random seed for every rank (each data-loader worker is seeded from it)."""
@@ -105,9 +105,9 @@ class LoggingSettings(ApiModel):
 
     logger: Literal["tensorboard", "csv", "mlflow"] = "tensorboard"
     """tensorboard: event files in <artifacts.dir>/logs (tensorboard --logdir there). csv: <artifacts.dir>/logs/version_0/metrics.csv. mlflow: an MLflow run named after the job (the image needs mlflow or mlflow-skinny). A gang restart continues the same log."""
-    mlflow_tracking_uri: Optional[Annotated[str, Field(min_length=1, max_length=MAX_PATH_LENGTH)]] = None
+    mlflow_tracking_uri: Annotated[str, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = None
     """MLflow tracking server for logger mlflow, e.g. http://mlflow.mlops:5000 (default: MLFLOW_TRACKING_URI from the environment, e.g. spec.env)."""
-    mlflow_experiment_name: Optional[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]] = None
+    mlflow_experiment_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
     """MLflow experiment for logger mlflow (default: the job's name)."""
     metrics: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]], Field(max_length=32)] = Field(default_factory=list)
     """Metrics the model logs (self.log) that progress, status.progress.metrics and the summary report, besides val_loss, val_acc and every metric logged with prog_bar=True."""
@@ -119,13 +119,13 @@ NcclDebug = Literal["VERSION", "WARN", "INFO", "TRACE"]
 class NcclSettings(ApiModel):
     """NCCL settings for the worker pods, written to NCCL_* variables."""
 
-    ib_disable: Optional[bool] = None
+    ib_disable: bool | None = None
     """NCCL_IB_DISABLE: true to stop NCCL using InfiniBand/RoCE (e.g. on plain Ethernet clusters)."""
-    socket_ifname: Optional[Annotated[str, Field(min_length=1, max_length=256)]] = None
+    socket_ifname: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     """NCCL_SOCKET_IFNAME: the network interface(s) NCCL uses, e.g. eth0 or ^lo,docker."""
-    debug: Optional[NcclDebug] = None
+    debug: NcclDebug | None = None
     """NCCL_DEBUG: VERSION, WARN, INFO or TRACE."""
-    p2p_disable: Annotated[Optional[bool], Field(alias="p2pDisable")] = None
+    p2p_disable: Annotated[bool | None, Field(alias="p2pDisable")] = None
     """NCCL_P2P_DISABLE: true to disable peer-to-peer GPU transfers (NVLink/PCIe)."""
     timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 1800
     """Collective timeout of the process group: a rank that waits longer fails, and the gang restarts."""
@@ -138,7 +138,7 @@ class NcclSettings(ApiModel):
     """Any other NCCL_* or TORCH_NCCL_* variable, e.g. {NCCL_ALGO: Ring}."""
 
     @model_validator(mode="after")
-    def _no_double_setting(self) -> "NcclSettings":
+    def _no_double_setting(self) -> NcclSettings:
         named = {
             "NCCL_IB_DISABLE": "ibDisable",
             "NCCL_SOCKET_IFNAME": "socketIfname",
@@ -204,11 +204,11 @@ class RunPolicy(ApiModel):
     """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job. Under every policy, the trainer's exit code 78 (a classPath, initArgs, checkpoint directory or model export that cannot work) fails the job at once with reason InvalidTrainerConfig."""
     backoff_limit: Annotated[int, Field(ge=0, le=1000)] = 3
     """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
-    active_deadline_seconds: Optional[Annotated[int, Field(ge=1, le=MAX_DURATION_SECONDS)]] = None
+    active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_DURATION_SECONDS)] | None = None
     """Fail the job (DeadlineExceeded) when it runs longer than this, counted from its start."""
     progress_deadline_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = contract.DEFAULT_PROGRESS_DEADLINE_SECONDS
     """Restart the gang from its last checkpoint (reason ProgressDeadlineExceeded, counted against backoffLimit) when every worker runs but no training or validation batch completes for this many seconds: a rank stuck in a collective, a dead data loader. Time spent writing a checkpoint or exporting the model does not count. Make it longer than your slowest step, your first step after a start (data loading, compilation) and 15 s (how often rank 0 reports); well under nccl.timeoutSeconds, which it is meant to beat. 0 turns it off. Default 600."""
-    ttl_seconds_after_finished: Optional[Annotated[int, Field(ge=0, le=MAX_DURATION_SECONDS)]] = None
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0, le=MAX_DURATION_SECONDS)] | None = None
     """Delete the DistributedTraining this long after it succeeded or failed (none: keep it)."""
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
     """Pods deleted when the job finishes: Running (those still running), All, or None (keep them for debugging)."""
@@ -221,7 +221,7 @@ class GangScheduling(ApiModel):
 
     enabled: bool = False
     """Create a PodGroup so that the scheduler places all workers or none (needs Volcano or the scheduler-plugins coscheduling plugin)."""
-    min_available: Optional[Annotated[int, Field(ge=1, le=4096)]] = None
+    min_available: Annotated[int, Field(ge=1, le=4096)] | None = None
     """Workers that must be schedulable together (default: nodes)."""
     schedule_timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 300
     """Report pods still Pending after this long, with their reason, in a condition."""
@@ -234,9 +234,9 @@ class SchedulingSettings(ApiModel):
         {"rule": '!has(self.gang) || !self.gang.enabled || has(self.schedulerName)', "message": 'gang.enabled needs schedulerName: volcano, or the name of your scheduler-plugins scheduler'},
     ]})
 
-    scheduler_name: Optional[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]] = None
+    scheduler_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
     """Scheduler of the worker pods, e.g. volcano or scheduler-plugins-scheduler. Gang scheduling picks the PodGroup kind from it."""
-    priority_class_name: Optional[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]] = None
+    priority_class_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
     """PriorityClass of the worker pods."""
     node_selector: Annotated[
         dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE_LENGTH)]], Field(max_length=MAX_MAP_ENTRIES)
@@ -244,13 +244,13 @@ class SchedulingSettings(ApiModel):
     """Node labels the worker pods must match, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}."""
     tolerations: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
     """Tolerations of the worker pods (core/v1 Toleration)."""
-    affinity: Optional[KubeObject] = None
+    affinity: KubeObject | None = None
     """Affinity of the worker pods (core/v1 Affinity)."""
     gang: GangScheduling = Field(default_factory=GangScheduling)
     """Gang scheduling."""
 
     @model_validator(mode="after")
-    def _gang_needs_scheduler(self) -> "SchedulingSettings":
+    def _gang_needs_scheduler(self) -> SchedulingSettings:
         if self.gang.enabled and not self.scheduler_name:
             raise ValueError(
                 "gang.enabled needs schedulerName: volcano, or the name of your scheduler-plugins scheduler"
@@ -278,9 +278,9 @@ class DistributedTrainingSpec(ApiModel):
     """Training processes per pod: one per GPU with accelerator gpu."""
     accelerator: Literal["gpu", "cpu"] = "gpu"
     """gpu: each pod requests devicesPerNode nvidia.com/gpu and uses NCCL. cpu: processes use gloo."""
-    gpu_memory: Optional[Annotated[str, Field(max_length=MAX_MEMORY_SIZE_LENGTH, pattern=MEMORY_SIZE_PATTERN)]] = None
+    gpu_memory: Annotated[str, Field(max_length=MAX_MEMORY_SIZE_LENGTH, pattern=MEMORY_SIZE_PATTERN)] | None = None
     """Memory of one GPU of the nodes the job runs on, e.g. 32Gi or 80G (default: the nvidia.com/gpu.memory label, in MiB, where scheduling.nodeSelector names it). The operator compares it with the per-GPU memory estimate that `dtrain submit` records in the dtrain.dev/memory-estimate annotation: a batch that does not fit gets the GPUMemoryExceeded condition and a Warning Event at creation; nothing is refused."""
-    resources: Optional[Resources] = None
+    resources: Resources | None = None
     """CPU and memory of each worker container (GPUs come from devicesPerNode)."""
     env: Annotated[list[EnvVar], Field(max_length=256)] = Field(default_factory=list)
     """Extra environment variables of the trainer container."""
@@ -298,7 +298,7 @@ class DistributedTrainingSpec(ApiModel):
         contract.DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS
     )
     """Seconds a worker pod has after SIGTERM (preemption, a node drain, kubectl delete) before it is killed. In that time every rank stops at the next optimizer step and rank 0 saves a checkpoint, so that the restarted gang loses no work. Make it longer than writing one checkpoint of your model takes (minutes for a large model on network storage); the default is 600."""
-    storage: Optional[Storage] = None
+    storage: Storage | None = None
     """A shared PVC mounted in every worker and the engine Job, for checkpoints and artifacts."""
     model: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_MODEL))
     """The LightningModule to train (default: the built-in torchvision image classifier, resnet50)."""
@@ -326,7 +326,7 @@ class DistributedTrainingSpec(ApiModel):
     """Scheduling of the worker pods."""
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "DistributedTrainingSpec":
+    def _cross_field(self) -> DistributedTrainingSpec:
         gang = self.scheduling.gang
         if gang.min_available is not None and gang.min_available > self.nodes:
             raise ValueError(

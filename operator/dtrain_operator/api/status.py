@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -26,7 +26,7 @@ class Condition(StatusModel):
     """One CamelCase word saying why, e.g. BackoffLimitExceeded."""
     message: str = ""
     """What happened, for a person."""
-    last_transition_time: Optional[str] = None
+    last_transition_time: str | None = None
     """When the status last changed (RFC 3339)."""
 
 
@@ -48,132 +48,132 @@ class NodeCounts(StatusModel):
 class StepTimes(StatusModel):
     """Step times of all ranks at one comparison: the time a rank spends on a step before the gradient all-reduce (forward and loss), which waiting for the other ranks does not inflate; or, where measure is link, the time its ring neighbours take to fetch 8 MiB from it (a slow link slows every rank's all-reduce alike, this names it)."""
 
-    step: Optional[int] = None
+    step: int | None = None
     """Global step of the comparison."""
-    measure: Optional[Literal["step", "link"]] = None
+    measure: Literal["step", "link"] | None = None
     """What the seconds time: step (forward and loss; also when absent) or link (the faster of its ring neighbours' fetches of 8 MiB from the rank)."""
-    median_seconds: Optional[float] = None
+    median_seconds: float | None = None
     """Median over the ranks."""
-    slowest_rank: Optional[int] = None
+    slowest_rank: int | None = None
     """The slowest rank."""
-    slowest_seconds: Optional[float] = None
+    slowest_seconds: float | None = None
     """Its step time."""
-    slowest_pod: Optional[str] = None
+    slowest_pod: str | None = None
     """Its pod."""
-    slowest_node: Optional[str] = None
+    slowest_node: str | None = None
     """Its Kubernetes node."""
-    ratio: Optional[float] = None
+    ratio: float | None = None
     """slowestSeconds / medianSeconds."""
-    slow_checks: Optional[int] = None
+    slow_checks: int | None = None
     """Consecutive comparisons this rank was slower than spec.stragglers.factor times the median."""
-    straggler: Optional[bool] = None
+    straggler: bool | None = None
     """True once slowChecks reaches spec.stragglers.window: the rank is reported as a straggler."""
 
 
 class Progress(StatusModel):
     """Training progress, reported by rank 0."""
 
-    epoch: Optional[int] = None
+    epoch: int | None = None
     """Current epoch (from 0)."""
-    step: Optional[int] = None
+    step: int | None = None
     """Global optimizer step."""
-    loss: Optional[float] = None
+    loss: float | None = None
     """Latest training loss."""
-    images_per_second: Optional[float] = None
+    images_per_second: float | None = None
     """Training throughput over all ranks (warm-up excluded)."""
-    updated_at: Optional[str] = None
+    updated_at: str | None = None
     """When this was reported (RFC 3339)."""
-    step_times: Optional["StepTimes"] = None
+    step_times: StepTimes | None = None
     """Every rank's step time at the latest comparison (spec.stragglers), and the slowest rank."""
-    stage: Optional[str] = None
+    stage: str | None = None
     """What rank 0 is doing: training, validating, checkpointing (writing a checkpoint), or exporting (the model is being exported to ONNX)."""
-    metrics: Optional[dict[str, float]] = None
+    metrics: dict[str, float] | None = None
     """The latest value of val_loss, val_acc, each metric logged with prog_bar=True and each of spec.logging.metrics."""
-    validation: Optional[str] = None
+    validation: str | None = None
     """The first validation metric as name=value, e.g. val_loss=0.412 (the VAL column)."""
-    batches: Optional[int] = None
+    batches: int | None = None
     """Training and validation batches rank 0 has completed since its process started: only the training and validation loops advance it (runPolicy.progressDeadlineSeconds watches it)."""
-    batch_time: Optional[str] = None
+    batch_time: str | None = None
     """When rank 0 completed the latest of those batches (RFC 3339)."""
 
 
 class PreflightRank(StatusModel):
     """Where one rank ran."""
 
-    rank: Optional[int] = None
+    rank: int | None = None
     """Global rank."""
-    pod: Optional[str] = None
+    pod: str | None = None
     """Its pod."""
-    node: Optional[str] = None
+    node: str | None = None
     """Its Kubernetes node."""
 
 
 class Preflight(StatusModel):
     """The pre-flight gang check of the current gang, reported by rank 0 before training (nccl.preflightTimeoutSeconds)."""
 
-    backend: Optional[str] = None
+    backend: str | None = None
     """gloo (CPU) or nccl (GPU)."""
-    world_size: Optional[int] = None
+    world_size: int | None = None
     """Ranks that joined."""
-    seconds: Optional[float] = None
+    seconds: float | None = None
     """What the whole check cost this start, in seconds."""
-    join_seconds: Optional[float] = None
+    join_seconds: float | None = None
     """Until every rank had joined."""
-    all_reduce_bytes: Optional[int] = None
+    all_reduce_bytes: int | None = None
     """Size of the timed all-reduce."""
-    all_reduce_ms: Optional[float] = None
+    all_reduce_ms: float | None = None
     """Median time of that all-reduce, in milliseconds."""
-    latency_ms: Optional[float] = None
+    latency_ms: float | None = None
     """Median time of a one-element all-reduce, in milliseconds."""
-    bus_bandwidth_g_bps: Annotated[Optional[float], Field(alias="busBandwidthGBps")] = None
+    bus_bandwidth_g_bps: Annotated[float | None, Field(alias="busBandwidthGBps")] = None
     """Bus bandwidth of the all-reduce in GB/s, as nccl-tests reports it (2(n-1)/n times size / time)."""
-    versions: Optional[dict[str, Optional[str]]] = None
+    versions: dict[str, str | None] | None = None
     """torch, CUDA and NCCL versions, the same on every rank."""
-    ranks: Optional[list[PreflightRank]] = None
+    ranks: list[PreflightRank] | None = None
     """Each rank's pod and node."""
-    time: Optional[str] = None
+    time: str | None = None
     """When the check ran (RFC 3339)."""
 
 
 class CheckpointInfo(StatusModel):
     """The newest checkpoint."""
 
-    step: Optional[int] = None
+    step: int | None = None
     """Global step of the checkpoint."""
-    path: Optional[str] = None
+    path: str | None = None
     """Path of the checkpoint file."""
-    time: Optional[str] = None
+    time: str | None = None
     """When it was written (RFC 3339)."""
 
 
 class DistributedTrainingStatus(StatusModel):
     """Observed state, computed by the operator (progress and lastCheckpoint by rank 0)."""
 
-    phase: Optional[Phase] = None
+    phase: Phase | None = None
     """Pending, Starting, Running, Restarting, Exporting, BuildingEngine, Succeeded, Failed or Suspended."""
     conditions: list[Condition] = Field(default_factory=list)
     """Conditions: Created, Running, Restarting, TrainingSucceeded, EngineBuilt, Succeeded, Failed, Suspended, ..."""
-    nodes: Optional[NodeCounts] = None
+    nodes: NodeCounts | None = None
     """Worker pods of the current gang by state."""
-    nodes_ready: Optional[str] = None
+    nodes_ready: str | None = None
     """Running worker pods out of all, e.g. 3/4 (the NODES column)."""
     restarts: int = 0
     """Gang restarts so far."""
-    start_time: Optional[str] = None
+    start_time: str | None = None
     """When the job started (RFC 3339)."""
-    completion_time: Optional[str] = None
+    completion_time: str | None = None
     """When the job finished (RFC 3339)."""
-    progress: Optional[Progress] = None
+    progress: Progress | None = None
     """Training progress."""
-    last_checkpoint: Optional[CheckpointInfo] = None
+    last_checkpoint: CheckpointInfo | None = None
     """The newest checkpoint."""
-    preflight: Optional[Preflight] = None
+    preflight: Preflight | None = None
     """The pre-flight gang check of the latest gang start: all-reduce latency and bus bandwidth."""
-    artifacts: Optional[InitArgs] = None
+    artifacts: InitArgs | None = None
     """What training and the engine Job produced: ONNX file, parity error, engine, latency report."""
-    observed_generation: Optional[int] = None
+    observed_generation: int | None = None
     """The spec generation this status describes."""
-    accepted_spec: Optional[InitArgs] = None
+    accepted_spec: InitArgs | None = None
     """The spec the job was created with (defaults filled in). The operator runs this spec; later changes to immutable fields are reported in the SpecImmutable condition, not applied."""
 
 

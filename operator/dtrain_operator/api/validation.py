@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from dtrain_operator import api
 from dtrain_operator.api import contract
@@ -78,7 +79,7 @@ def _may_hold_a_secret(loc: tuple[Any, ...]) -> bool:
     return "env" in loc and loc[-1] == "value"
 
 
-def format_error(error: dict[str, Any], root: type[BaseModel] = api.DistributedTraining) -> str:
+def format_error(error: ErrorDetails, root: type[BaseModel] = api.DistributedTraining) -> str:
     """One pydantic error as `field.path: what is wrong; what is allowed`."""
     loc = tuple(error["loc"])
     kind = error["type"]
@@ -98,8 +99,7 @@ def format_error(error: dict[str, Any], root: type[BaseModel] = api.DistributedT
         expected = error.get("ctx", {}).get("expected", "")
         return f"{path}: {echo(value)} is not allowed; use one of {expected}"
     message = redact_text(error["msg"])
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
+    message = message.removeprefix("Value error, ")
     if kind in ("model_type", "dict_type", "list_type") or value is None or isinstance(value, (dict, list)):
         return f"{path}: {message}"
     return f"{path}: {message} (got {echo(value)})"

@@ -15,8 +15,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import yaml
 
@@ -59,7 +60,7 @@ def _print_objects(objects: Any, output: str) -> None:
 # --- Values of the `get` columns ------------------------------------------------------------------
 
 
-def _parse_time(value: Optional[str]) -> Optional[datetime]:
+def _parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
@@ -68,7 +69,7 @@ def _parse_time(value: Optional[str]) -> Optional[datetime]:
         return None
 
 
-def age(created: Optional[str], now: datetime) -> str:
+def age(created: str | None, now: datetime) -> str:
     """kubectl's age: 45s, 12m, 3h20m, 2d4h."""
     when = _parse_time(created)
     if when is None:
@@ -88,7 +89,7 @@ def age(created: Optional[str], now: datetime) -> str:
     return f"{days}d{hours % 24}h" if days < 8 and hours % 24 else f"{days}d"
 
 
-def total_steps(job: api.DistributedTraining, update: ProgressUpdate) -> Optional[int]:
+def total_steps(job: api.DistributedTraining, update: ProgressUpdate) -> int | None:
     """The run's optimizer steps: reported by the trainer, else spec.trainer.maxSteps when set."""
     if update.total_steps:
         return update.total_steps
@@ -96,7 +97,7 @@ def total_steps(job: api.DistributedTraining, update: ProgressUpdate) -> Optiona
     return max_steps if max_steps > 0 else None
 
 
-def eta_seconds(job: api.DistributedTraining, update: ProgressUpdate) -> Optional[float]:
+def eta_seconds(job: api.DistributedTraining, update: ProgressUpdate) -> float | None:
     """Time left, from the steps left and the reported images/s over the global batch of one step."""
     total = total_steps(job, update)
     if update.finished or total is None or update.step is None or not update.images_per_second:
@@ -282,7 +283,7 @@ def watch(args: argparse.Namespace) -> int:
             f"{job.name} in {job.namespace}: {job.spec.nodes} node(s) x {job.spec.devices_per_node} "
             f"{job.spec.accelerator} process(es); {client.credentials}"
         )
-        phase: Optional[str] = None
+        phase: str | None = None
         updates = client.progress(args.name, interval=args.interval)
         while True:
             update = next(updates, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from dtrain_operator.api import contract
 
@@ -62,7 +62,7 @@ def _cluster_options(parser: argparse.ArgumentParser, output: bool = False) -> N
         parser.add_argument("-o", "--output", choices=["json", "yaml"], help="print the object(s) as JSON or YAML")
 
 
-def _add_cluster_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """submit, get, watch, logs, delete: jobs on a cluster (dtrain_operator.cli.cluster, on client.Client)."""
     verbs = "dtrain_operator.cli.cluster"
     p = sub.add_parser(
@@ -116,7 +116,7 @@ def _add_cluster_commands(sub: "argparse._SubParsersAction[argparse.ArgumentPars
     p.set_defaults(func=_lazy(verbs, "delete"))
 
 
-def _add_file_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """crd and validate: the API, and job files checked against it."""
     p = sub.add_parser("crd", help="print the DistributedTraining CustomResourceDefinition (generated from the model)")
     p.set_defaults(func=_cmd_crd)
@@ -137,7 +137,7 @@ def _add_file_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 # layout: one flat list of the command's flags, in the order --help shows them, reads best as one list.
-def _add_operator_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """operator: the controller, with its flags (the chart passes them)."""
     p = sub.add_parser(
         "operator",
@@ -254,7 +254,7 @@ def _add_operator_command(sub: "argparse._SubParsersAction[argparse.ArgumentPars
     p.set_defaults(func=_lazy("dtrain_operator.controller.main"))
 
 
-def _add_run_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """run: a job file on this machine."""
     p = sub.add_parser(
         "run",
@@ -280,7 +280,7 @@ def _add_run_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]")
 
 
 # layout: one flat list of the command's flags, in the order --help shows them, reads best as one list.
-def _add_engine_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_engine_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """build-engine: the engine Job's command, also usable by hand."""
     p = sub.add_parser(
         "build-engine",

@@ -36,16 +36,16 @@ from dtrain_operator.client.errors import (
 from dtrain_operator.client.progress import ProgressUpdate
 
 __all__ = [
-    "Client",
-    "JobSource",
-    "DtrainError",
-    "NoCrdError",
-    "PermissionDenied",
-    "NotFound",
     "AlreadyExists",
-    "InvalidJob",
-    "WaitTimeout",
-    "ConnectionFailed",
     "ApiRequestError",
+    "Client",
+    "ConnectionFailed",
+    "DtrainError",
+    "InvalidJob",
+    "JobSource",
+    "NoCrdError",
+    "NotFound",
+    "PermissionDenied",
     "ProgressUpdate",
+    "WaitTimeout",
 ]

@@ -9,8 +9,9 @@ import builtins
 import json
 import time
 import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 from dtrain_operator import api
 from dtrain_operator.api import contract
@@ -29,7 +30,10 @@ from dtrain_operator.client.errors import (
 )
 from dtrain_operator.client.progress import ProgressUpdate
 
-JobSource = Union[str, Path, Mapping[str, Any], api.DistributedTraining]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+JobSource = str | Path | Mapping[str, Any] | api.DistributedTraining
 
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 30.0
 DEFAULT_POLL_SECONDS = 2.0
@@ -42,7 +46,7 @@ INSTALL_HINT = (
 )
 
 
-def _worker_rank(pod: Mapping[str, Any]) -> Optional[int]:
+def _worker_rank(pod: Mapping[str, Any]) -> int | None:
     rank = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_NODE_RANK)
     return int(rank) if isinstance(rank, str) and rank.isdigit() else None
 
@@ -64,9 +68,9 @@ class Client:
 
     def __init__(
         self,
-        namespace: Optional[str] = None,
-        context: Optional[str] = None,
-        kubeconfig: Optional[Union[str, Path]] = None,
+        namespace: str | None = None,
+        context: str | None = None,
+        kubeconfig: str | Path | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS,
     ) -> None:
         try:
@@ -83,12 +87,12 @@ class Client:
         self.request_timeout = request_timeout
         self._api = client.ApiClient(configuration)
         self._api.user_agent = USER_AGENT
-        self._served: Optional[bool] = None
+        self._served: bool | None = None
 
     def close(self) -> None:
         self._api.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -100,10 +104,10 @@ class Client:
         self,
         method: str,
         path: str,
-        query: Optional[Mapping[str, Any]] = None,
+        query: Mapping[str, Any] | None = None,
         body: Any = None,
         content_type: str = "application/json",
-        timeout: Optional[float] = None,
+        timeout: float | None = None,
     ) -> Any:
         """The raw response (kubernetes.client.rest.RESTResponse), whatever its status."""
         import urllib3
@@ -170,7 +174,7 @@ class Client:
         return ApiRequestError(status, reason, message)
 
     @staticmethod
-    def _namespace_of(path: str) -> Optional[str]:
+    def _namespace_of(path: str) -> str | None:
         parts = path.split("/")
         return parts[parts.index("namespaces") + 1] if "namespaces" in parts[:-1] else None
 
@@ -196,7 +200,7 @@ class Client:
             raise NoCrdError(f"this cluster does not serve {contract.API_VERSION} (the CRD {CRD_NAME} is not "
                              f"installed): {INSTALL_HINT}")
 
-    def _jobs_path(self, namespace: Optional[str], name: str = "") -> str:
+    def _jobs_path(self, namespace: str | None, name: str = "") -> str:
         prefix = f"/apis/{contract.API_VERSION}"
         path = f"{prefix}/namespaces/{namespace}/{contract.PLURAL}" if namespace else f"{prefix}/{contract.PLURAL}"
         return f"{path}/{urllib.parse.quote(name)}" if name else path
@@ -234,7 +238,7 @@ class Client:
         return results, raw
 
     def submit(
-        self, job: JobSource, namespace: Optional[str] = None, annotations: Optional[Mapping[str, str]] = None
+        self, job: JobSource, namespace: str | None = None, annotations: Mapping[str, str] | None = None
     ) -> api.DistributedTraining:
         """Validate the job (a file, a dict or the model) and create it, with `annotations` added to
         its own; returns the created job."""
@@ -258,11 +262,11 @@ class Client:
         created = self._json("POST", self._jobs_path(target), f"DistributedTraining {model.name}", body=raw)
         return self._model(created)
 
-    def get(self, name: str, namespace: Optional[str] = None) -> api.DistributedTraining:
+    def get(self, name: str, namespace: str | None = None) -> api.DistributedTraining:
         ns = namespace or self.namespace
         return self._model(self._json("GET", self._jobs_path(ns, name), f"DistributedTraining {name}"))
 
-    def list(self, namespace: Optional[str] = None, all_namespaces: bool = False) -> list[api.DistributedTraining]:
+    def list(self, namespace: str | None = None, all_namespaces: bool = False) -> list[api.DistributedTraining]:
         """The jobs of a namespace (or of every namespace), oldest first."""
         path = self._jobs_path(None if all_namespaces else namespace or self.namespace)
         items = self._json("GET", path, "DistributedTrainings").get("items") or []
@@ -271,7 +275,7 @@ class Client:
         jobs = [self._model(item) for item in items if isinstance(item, dict)]
         return sorted(jobs, key=lambda j: ((j.metadata.model_extra or {}).get("creationTimestamp") or "", j.name))
 
-    def delete(self, name: str, namespace: Optional[str] = None, wait: bool = False, timeout: float = 60.0) -> None:
+    def delete(self, name: str, namespace: str | None = None, wait: bool = False, timeout: float = 60.0) -> None:
         """Delete a job (its pods, Service, ConfigMap and engine Job go with it); `wait` until it is gone."""
         ns = namespace or self.namespace
         options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
@@ -307,9 +311,9 @@ class Client:
     def wait(
         self,
         name: str,
-        phase: Union[str, Iterable[str], None] = None,
-        timeout: Optional[float] = None,
-        namespace: Optional[str] = None,
+        phase: str | Iterable[str] | None = None,
+        timeout: float | None = None,
+        namespace: str | None = None,
         interval: float = DEFAULT_POLL_SECONDS,
     ) -> api.DistributedTraining:
         """Wait until the job reaches `phase` (one or several; default: Succeeded or Failed) and return it.
@@ -319,7 +323,7 @@ class Client:
         """
         wanted = set(api.FINISHED_PHASES) if phase is None else ({phase} if isinstance(phase, str) else set(phase))
         deadline = None if timeout is None else time.monotonic() + timeout
-        job: Optional[api.DistributedTraining] = None
+        job: api.DistributedTraining | None = None
         while True:
             job = self.get(name, namespace)
             current = job.status.phase if job.status else None
@@ -336,13 +340,13 @@ class Client:
     def progress(
         self,
         name: str,
-        namespace: Optional[str] = None,
+        namespace: str | None = None,
         interval: float = DEFAULT_POLL_SECONDS,
-        timeout: Optional[float] = None,
+        timeout: float | None = None,
     ) -> Iterator[ProgressUpdate]:
         """Each change of the job's phase or progress, from now until it succeeds or fails (or `timeout`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        last: Optional[tuple[Any, ...]] = None
+        last: tuple[Any, ...] | None = None
         while True:
             update = ProgressUpdate.of(self.get(name, namespace))
             if update.key() != last:
@@ -356,7 +360,7 @@ class Client:
 
     # --- Pods and logs ------------------------------------------------------------------------------
 
-    def worker_pods(self, name: str, namespace: Optional[str] = None) -> builtins.list[dict[str, Any]]:
+    def worker_pods(self, name: str, namespace: str | None = None) -> builtins.list[dict[str, Any]]:
         """The job's worker pods of its newest gang, by rank (plain dicts as the API server has them)."""
         ns = namespace or self.namespace
         selector = f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
@@ -380,8 +384,8 @@ class Client:
         self,
         name: str,
         rank: int = 0,
-        namespace: Optional[str] = None,
-        tail_lines: Optional[int] = None,
+        namespace: str | None = None,
+        tail_lines: int | None = None,
         previous: bool = False,
     ) -> str:
         """The trainer container's log of the worker pod of `rank` (its newest gang)."""
@@ -391,7 +395,7 @@ class Client:
         return response.read().decode(errors="replace")
 
     def stream_logs(
-        self, name: str, rank: int = 0, namespace: Optional[str] = None, tail_lines: Optional[int] = None
+        self, name: str, rank: int = 0, namespace: str | None = None, tail_lines: int | None = None
     ) -> Iterator[str]:
         """Follow the log of rank `rank` line by line until the container ends (`kubectl logs -f`)."""
         ns = namespace or self.namespace
@@ -409,7 +413,7 @@ class Client:
         finally:
             response.response.release_conn()
 
-    def _log_request(self, pod: str, namespace: str, follow: bool, tail_lines: Optional[int], previous: bool) -> Any:
+    def _log_request(self, pod: str, namespace: str, follow: bool, tail_lines: int | None, previous: bool) -> Any:
         path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
         query = {
             "container": TRAINER_CONTAINER,

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dtrain_operator.client.errors import ConnectionFailed
 
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def _kubeconfig_path(explicit: Optional[str]) -> Optional[str]:
+def _kubeconfig_path(explicit: str | None) -> str | None:
     if explicit:
         return explicit
     env = os.environ.get("KUBECONFIG")
@@ -27,7 +27,7 @@ def _in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_NAMESPACE_FILE.parent.is_dir()
 
 
-def load_configuration(kubeconfig: Optional[str], context: Optional[str]) -> tuple[Any, Optional[str], str]:
+def load_configuration(kubeconfig: str | None, context: str | None) -> tuple[Any, str | None, str]:
     """(kubernetes Configuration, the namespace the credentials name, where they came from)."""
     from kubernetes import client, config
 
@@ -39,7 +39,7 @@ def load_configuration(kubeconfig: Optional[str], context: Optional[str]) -> tup
         except config.ConfigException as exc:
             raise ConnectionFailed(f"in a pod, but its service account is unusable ({exc})") from exc
         try:
-            namespace: Optional[str] = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or None
+            namespace: str | None = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or None
         except OSError:
             namespace = None
         return configuration, namespace, "the pod's service account"

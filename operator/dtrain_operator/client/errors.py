@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from dtrain_operator import api
 
@@ -39,7 +39,7 @@ class InvalidJob(DtrainError):
 class WaitTimeout(DtrainError):
     """wait() ran out of time; `job` is the job as last seen."""
 
-    def __init__(self, message: str, job: Optional[api.DistributedTraining]) -> None:
+    def __init__(self, message: str, job: api.DistributedTraining | None) -> None:
         super().__init__(message)
         self.job = job
 

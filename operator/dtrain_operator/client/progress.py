@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from dtrain_operator import api
 
 
-def _number(value: Any) -> Optional[float]:
+def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -18,19 +18,19 @@ class ProgressUpdate:
     """One observed state of a job: its phase and rank 0's latest progress report."""
 
     job: api.DistributedTraining
-    phase: Optional[str]
-    epoch: Optional[int] = None
-    step: Optional[int] = None
-    total_steps: Optional[int] = None
-    loss: Optional[float] = None
-    images_per_second: Optional[float] = None
+    phase: str | None
+    epoch: int | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    images_per_second: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    stage: Optional[str] = None
+    stage: str | None = None
     restarts: int = 0
-    updated_at: Optional[str] = None
+    updated_at: str | None = None
 
     @classmethod
-    def of(cls, job: api.DistributedTraining) -> "ProgressUpdate":
+    def of(cls, job: api.DistributedTraining) -> ProgressUpdate:
         status = job.status or api.DistributedTrainingStatus()
         progress = status.progress or api.Progress()
         extra = progress.model_extra or {}

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Mapping, Optional, cast
+from collections.abc import Awaitable, Mapping
+from typing import Any, cast
 
 import kopf
 
@@ -133,7 +134,7 @@ class ChildWriter:
         expectations.created_pods[observation.uid] = (time.monotonic(), observation)
 
     async def _delete_pod(
-        self, namespace: str, pod: PodObservation, expectations: Expectations, grace_seconds: Optional[int] = None
+        self, namespace: str, pod: PodObservation, expectations: Expectations, grace_seconds: int | None = None
     ) -> None:
         gone = await self._delete("v1", "Pod", namespace, pod.name, pod.uid, grace_seconds=grace_seconds)
         expectations.deleted_pods[pod.uid] = (time.monotonic(), gone)
@@ -145,8 +146,8 @@ class ChildWriter:
         namespace: str,
         name: str,
         uid: str,
-        propagation: Optional[str] = None,
-        grace_seconds: Optional[int] = None,
+        propagation: str | None = None,
+        grace_seconds: int | None = None,
     ) -> bool:
         """Delete one incarnation of an object. Returns True when it is known to be gone already."""
         try:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from dtrain_operator.controller.kube import ApiError, KubeClient
 from dtrain_operator.controller.status.events import JobEvent
@@ -54,7 +55,7 @@ class EventRecorder:
         task.add_done_callback(lambda done: self._tasks.pop(key) if self._tasks.get(key) is done else None)
 
     async def _post_in_order(
-        self, key: JobKey, body: Mapping[str, Any], events: list[JobEvent], earlier: Optional[asyncio.Task[None]]
+        self, key: JobKey, body: Mapping[str, Any], events: list[JobEvent], earlier: asyncio.Task[None] | None
     ) -> None:
         if earlier is not None:
             await asyncio.wait([earlier])

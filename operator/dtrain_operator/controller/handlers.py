@@ -8,7 +8,8 @@ All handlers are coroutines: they run in the event loop, next to the controller'
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import kopf
 
@@ -43,13 +44,13 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
 
     @kopf.index("pods", labels=JOB_CHILD, registry=registry, id=POD_INDEX)
     async def job_pods(
-        body: kopf.Body, namespace: Optional[str], labels: kopf.Labels, **_: Any
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
     ) -> dict[tuple[str, str], PodObservation]:
         return {(namespace or "", labels[contract.LABEL_JOB_NAME]): observe_pod(body)}
 
     @kopf.index("batch", "v1", "jobs", labels=ENGINE_JOB, registry=registry, id=ENGINE_JOB_INDEX)
     async def engine_jobs(
-        body: kopf.Body, namespace: Optional[str], labels: kopf.Labels, **_: Any
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
     ) -> dict[tuple[str, str], EngineJobObservation]:
         return {(namespace or "", labels[contract.LABEL_JOB_NAME]): observe_engine_job(body)}
 
@@ -60,12 +61,12 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         controller.job_changed(type, {key: body[key] for key in body})
 
     @kopf.on.event("pods", labels=JOB_CHILD, registry=registry)
-    async def pod(type: str, namespace: Optional[str], labels: kopf.Labels, uid: str, **kwargs: Any) -> None:
+    async def pod(type: str, namespace: str | None, labels: kopf.Labels, uid: str, **kwargs: Any) -> None:
         controller.use_indexes(kwargs[POD_INDEX], kwargs[ENGINE_JOB_INDEX])
         controller.child_changed(namespace or "", labels[contract.LABEL_JOB_NAME], uid, type)
 
     @kopf.on.event("batch", "v1", "jobs", labels=ENGINE_JOB, registry=registry)
-    async def engine_job(type: str, namespace: Optional[str], labels: kopf.Labels, uid: str, **kwargs: Any) -> None:
+    async def engine_job(type: str, namespace: str | None, labels: kopf.Labels, uid: str, **kwargs: Any) -> None:
         controller.use_indexes(kwargs[POD_INDEX], kwargs[ENGINE_JOB_INDEX])
         controller.child_changed(namespace or "", labels[contract.LABEL_JOB_NAME], uid, type)
 

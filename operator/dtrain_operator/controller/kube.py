@@ -12,7 +12,8 @@ import json
 import logging
 import os
 import time
-from typing import Any, Mapping, Optional, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import aiohttp
 import kopf
@@ -52,7 +53,7 @@ class ApiError(Exception):
     """An API request that did not succeed: the HTTP status (0: no answer), reason and message,
     and the seconds the server asked the client to wait before retrying (Retry-After), if it did."""
 
-    def __init__(self, status: int, reason: str, message: str, retry_after: Optional[float] = None) -> None:
+    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
@@ -133,7 +134,7 @@ async def connection_info(configuration: Configuration) -> kopf.ConnectionInfo:
     )
 
 
-def _retry_after(status: int, header: Optional[str]) -> Optional[float]:
+def _retry_after(status: int, header: str | None) -> float | None:
     """Seconds to wait before retrying, from Retry-After on a 429 or a 5xx (as client-go reads it:
     whole seconds; a 429 without the header waits 1 s)."""
     if status != 429 and status < 500:
@@ -266,9 +267,9 @@ class KubeClient:
         kind: str,
         namespace: str,
         name: str,
-        uid: Optional[str] = None,
-        propagation: Optional[str] = None,
-        grace_seconds: Optional[int] = None,
+        uid: str | None = None,
+        propagation: str | None = None,
+        grace_seconds: int | None = None,
     ) -> None:
         """Delete an object; with `uid`, only that incarnation of the name (a precondition).
         `grace_seconds` overrides a pod's terminationGracePeriodSeconds (0: a force delete)."""

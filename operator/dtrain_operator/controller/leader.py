@@ -24,9 +24,10 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from typing import Any
 
 from dtrain_operator.controller.kube import ApiError, KubeClient
 
@@ -47,7 +48,7 @@ class LeaderElectionConfig:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
 
-    def check(self) -> Optional[str]:
+    def check(self) -> str | None:
         """What is wrong with the timing, as client-go checks it, or None."""
         if self.retry_period <= 0:
             return "--leader-elect-retry-period must be above 0"
@@ -68,7 +69,7 @@ class LeaderElector:
     def __init__(self, config: LeaderElectionConfig, client: KubeClient) -> None:
         self.config = config
         self._client = client
-        self._observed: Optional[dict[str, Any]] = None
+        self._observed: dict[str, Any] | None = None
         self._observed_at = 0.0
         self.leading = False
 
@@ -85,7 +86,7 @@ class LeaderElector:
         transitions = int(earlier.get("leaseTransitions") or 0)
         return {
             "holderIdentity": self.config.identity,
-            "leaseDurationSeconds": max(int(round(self.config.lease_duration)), 1),
+            "leaseDurationSeconds": max(round(self.config.lease_duration), 1),
             "acquireTime": earlier.get("acquireTime") if mine and earlier.get("acquireTime") else _micro_time(now),
             "renewTime": _micro_time(now),
             "leaseTransitions": transitions if mine or not earlier else transitions + 1,

@@ -10,7 +10,6 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Optional
 
 import aiohttp.web
 import kopf
@@ -98,10 +97,14 @@ def election_config(args: argparse.Namespace) -> LeaderElectionConfig:
     )
 
 
+async def _standby_health(_: aiohttp.web.Request) -> aiohttp.web.Response:
+    return aiohttp.web.json_response({"leader": False})
+
+
 async def stand_by(config: LeaderElectionConfig, health_port: int, metrics: OperatorMetrics) -> None:
     """Wait for the Lease, answering /healthz meanwhile (a standby is healthy); kopf serves it once leading."""
     app = aiohttp.web.Application()
-    app.router.add_get("/healthz", lambda _: aiohttp.web.json_response({"leader": False}))
+    app.router.add_get("/healthz", _standby_health)
     runner = aiohttp.web.AppRunner(app)
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "0.0.0.0", health_port)
@@ -150,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     limits = Limits(
         stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout
     )
-    election: Optional[LeaderElectionConfig] = None
+    election: LeaderElectionConfig | None = None
     if args.leader_elect:
         election = election_config(args)
         problem = election.check()

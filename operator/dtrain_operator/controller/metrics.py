@@ -10,7 +10,9 @@ labels would overwrite). A job's series go when the job does. The chart's Grafan
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, get_args
+import math
+from collections.abc import Mapping
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -90,7 +92,7 @@ class OperatorMetrics:
     def gang_restart(self, count: int, reason: str) -> None:
         self.gang_restarts.labels(reason or "Unknown").inc(count)
 
-    def job_status(self, key: tuple[str, str], status: Optional[Mapping[str, Any]]) -> None:
+    def job_status(self, key: tuple[str, str], status: Mapping[str, Any] | None) -> None:
         """Record a job's status as the operator holds it (None: the job is gone)."""
         self.job_phase(key, (status or {}).get("phase") if status is not None else None)
         progress = (status or {}).get("progress") if status is not None else None
@@ -112,7 +114,7 @@ class OperatorMetrics:
         if numbers:
             self._job_metric_names[key] = set(numbers)
 
-    def job_phase(self, key: tuple[str, str], phase: Optional[str]) -> None:
+    def job_phase(self, key: tuple[str, str], phase: str | None) -> None:
         """Record a job's phase (None: the job is gone or has no phase yet)."""
         old = self._phases.pop(key, None)
         if phase in self._counts:
@@ -124,7 +126,9 @@ class OperatorMetrics:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and not math.isnan(value))
 
 
 def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:

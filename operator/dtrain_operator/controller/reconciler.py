@@ -24,8 +24,9 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import kopf
 
@@ -96,27 +97,27 @@ class Controller:
         network_policy: bool = False,
         refuse_host_access: bool = False,
         limits: Limits = Limits(),
-        election: Optional[LeaderElectionConfig] = None,
+        election: LeaderElectionConfig | None = None,
     ) -> None:
         self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
         self._refuse_host_access = refuse_host_access  # hostNetwork/hostPath only in opted-in namespaces
         self._limits = limits
         self._election = election
-        self._elector: Optional[LeaderElector] = None
-        self._keeping: Optional[asyncio.Task[None]] = None
-        self._lease_client: Optional[KubeClient] = None
-        self._pod_index: Optional[kopf.Index[JobKey, PodObservation]] = None
-        self._engine_job_index: Optional[kopf.Index[JobKey, EngineJobObservation]] = None
+        self._elector: LeaderElector | None = None
+        self._keeping: asyncio.Task[None] | None = None
+        self._lease_client: KubeClient | None = None
+        self._pod_index: kopf.Index[JobKey, PodObservation] | None = None
+        self._engine_job_index: kopf.Index[JobKey, EngineJobObservation] | None = None
         self._metrics = metrics
         self._limiter = RateLimiter(qps, burst)
-        self._client: Optional[KubeClient] = None
+        self._client: KubeClient | None = None
         self._jobs: dict[JobKey, Mapping[str, Any]] = {}
         self._expectations: dict[JobKey, Expectations] = {}
         self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
         self._instance = os.environ.get("POD_ID") or socket.gethostname()
         # With the client, at the first login:
-        self._events: Optional[EventRecorder] = None
-        self._children: Optional[ChildWriter] = None
+        self._events: EventRecorder | None = None
+        self._children: ChildWriter | None = None
 
     # --- kopf's side ---------------------------------------------------------------------------
 
@@ -174,7 +175,7 @@ class Controller:
         """kopf's indexes of the jobs' pods and engine Jobs (handed over by every handler call)."""
         self._pod_index, self._engine_job_index = pods, engine_jobs
 
-    def job_changed(self, event_type: Optional[str], body: Mapping[str, Any]) -> None:
+    def job_changed(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A DistributedTraining event from the watch."""
         key = _key(body)
         if event_type == "DELETED":
@@ -183,7 +184,7 @@ class Controller:
         self._remember(key, body)
         self._queue.add(key)
 
-    def child_changed(self, namespace: str, job_name: str, uid: str, event_type: Optional[str]) -> None:
+    def child_changed(self, namespace: str, job_name: str, uid: str, event_type: str | None) -> None:
         """A pod or engine Job event from the watch (the index already holds it)."""
         key = (namespace, job_name)
         expectations = self._expectations.get(key)
@@ -237,7 +238,7 @@ class Controller:
         else:
             logger.error("%s/%s: reconcile failed; retrying", namespace, name, exc_info=exc)
 
-    async def _reconcile_key(self, key: JobKey) -> Optional[float]:
+    async def _reconcile_key(self, key: JobKey) -> float | None:
         started = time.monotonic()
         try:
             return await self.reconcile(key)
@@ -245,7 +246,7 @@ class Controller:
             self._metrics.reconcile_seconds.observe(time.monotonic() - started)
 
     # layout: the reconcile reads top to bottom as the module docstring tells it (a little over 60 lines).
-    async def reconcile(self, key: JobKey) -> Optional[float]:
+    async def reconcile(self, key: JobKey) -> float | None:
         """Bring one job's status and children in line with what is observed. Returns a requeue delay."""
         body = self._jobs.get(key)
         if body is None or self._client is None:
@@ -275,7 +276,7 @@ class Controller:
 
         if parsed.job is None:
             new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
-            running: Optional[DistributedTraining] = None
+            running: DistributedTraining | None = None
         else:
             finished = state.succeeded_ranks if state is not None else ()
             watch = expectations.progress_watch = progress_deadline.observe(
@@ -327,19 +328,21 @@ class Controller:
         try:
             labels = await self._client.namespace_labels(job.namespace)
         except ApiError as exc:  # fail closed: without the namespace's word, no host access
-            return [f"spec: host access needs the namespace's {contract.LABEL_ALLOW_HOST_ACCESS} label, which the "
-                    f"operator cannot read ({exc.status} {exc.reason}); grant it get on namespaces"]
+            return [
+                (f"spec: host access needs the namespace's {contract.LABEL_ALLOW_HOST_ACCESS} label, which the "
+                 f"operator cannot read ({exc.status} {exc.reason}); grant it get on namespaces")
+            ]
         return host_access_refusals(job.spec, job.namespace, labels)
 
     async def _write_status(
         self,
         key: JobKey,
         body: Mapping[str, Any],
-        previous: Optional[DistributedTrainingStatus],
+        previous: DistributedTrainingStatus | None,
         new: DistributedTrainingStatus,
         expectations: Expectations,
-        decided_from: Optional[DistributedTrainingStatus] = None,
-    ) -> Optional[float]:
+        decided_from: DistributedTrainingStatus | None = None,
+    ) -> float | None:
         """Patch the status when it changed (node counts alone: batched), then post the Events.
 
         `previous` is the status as written (what the patch must change); `decided_from` what
@@ -377,7 +380,7 @@ class Controller:
         return None
 
     async def _write_state(
-        self, key: JobKey, state: Optional[trusted.TrustedState], new: DistributedTrainingStatus, observed: Observed
+        self, key: JobKey, state: trusted.TrustedState | None, new: DistributedTrainingStatus, observed: Observed
     ) -> None:
         """Record what was decided in the operator's own annotation, before anything is carried out."""
         assert self._client is not None
@@ -408,9 +411,9 @@ class Controller:
         status: DistributedTrainingStatus,
         refusal: refusals.Refusal,
         expectations: Expectations,
-        state: Optional[trusted.TrustedState],
+        state: trusted.TrustedState | None,
         observed: Observed,
-    ) -> Optional[float]:
+    ) -> float | None:
         """A refused create (refusals.py decides): the condition, a Warning Event with the API server's
         message (once per distinct message), and the retry, or the failed job."""
         assert self._events is not None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timezone
-from typing import Optional
 
 from dtrain_operator.api import Condition, DistributedTrainingStatus
 
@@ -61,7 +60,7 @@ class CreateRefused(Exception):
         self.refusal = refusal
 
 
-def classify(kind: str, name: str, status: int, message: str) -> Optional[Refusal]:
+def classify(kind: str, name: str, status: int, message: str) -> Refusal | None:
     """The decision for a create answered with `status`; None when it is not a refusal to report
     (a 409 is read back, a 5xx or a lost connection is retried as any failed reconcile)."""
     if not 400 <= status < 500 or status in (409, 429):
@@ -122,7 +121,7 @@ def cleared_status(status: DistributedTrainingStatus, now: datetime) -> Distribu
     return new
 
 
-def _get(status: DistributedTrainingStatus, type_: str) -> Optional[Condition]:
+def _get(status: DistributedTrainingStatus, type_: str) -> Condition | None:
     return next((c for c in status.conditions if c.type == type_), None)
 
 
@@ -143,7 +142,7 @@ def _format(value: datetime) -> str:
     return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _parse(value: Optional[str]) -> Optional[datetime]:
+def _parse(value: str | None) -> datetime | None:
     if not value:
         return None
     try:

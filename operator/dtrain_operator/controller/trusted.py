@@ -22,8 +22,9 @@ trainer's fields (`progress`, `lastCheckpoint`) are size-capped as well.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -44,9 +45,9 @@ class TrustedState:
 
     accepted_spec: dict[str, Any]
     restarts: int = 0
-    phase: Optional[str] = None
-    start_time: Optional[str] = None
-    completion_time: Optional[str] = None
+    phase: str | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
     succeeded_ranks: tuple[int, ...] = ()
     """Ranks of gang generation `restarts` that exited 0: finished, even once their pods are gone."""
 
@@ -105,7 +106,7 @@ def decode(text: str) -> TrustedState:
     )
 
 
-def read_state(body: Mapping[str, Any]) -> Optional[TrustedState]:
+def read_state(body: Mapping[str, Any]) -> TrustedState | None:
     """The operator's record of the job; None when there is none. Raises UntrustedState."""
     annotations = ((body.get("metadata") or {}).get("annotations")) or {}
     text = annotations.get(ANNOTATION)
@@ -116,7 +117,7 @@ def read_state(body: Mapping[str, Any]) -> Optional[TrustedState]:
     return decode(text)
 
 
-def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] = ()) -> Optional[TrustedState]:
+def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] = ()) -> TrustedState | None:
     """The record of a status the operator just computed (None for a job it never accepted)."""
     if status.accepted_spec is None:
         return None
@@ -136,7 +137,7 @@ def state_patch(state: TrustedState) -> dict[str, Any]:
 
 
 def trusted_previous(
-    read: DistributedTrainingStatus, state: Optional[TrustedState], pod_generations: Sequence[int] = ()
+    read: DistributedTrainingStatus, state: TrustedState | None, pod_generations: Sequence[int] = ()
 ) -> DistributedTrainingStatus:
     """The status a reconcile starts from: what the operator recorded, over the status it read.
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable, Generic, Hashable, Optional, TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 from dtrain_operator.controller.kube import (
     ApiError,
@@ -28,7 +29,7 @@ class WorkQueue(Generic[K]):
 
     def __init__(
         self,
-        process: Callable[[K], Awaitable[Optional[float]]],
+        process: Callable[[K], Awaitable[float | None]],
         on_error: Callable[[K, Exception], None],
         workers: int = WORKERS,
     ) -> None:
@@ -88,7 +89,7 @@ class WorkQueue(Generic[K]):
             key = await self._queue.get()
             self._queued.discard(key)
             self._active.add(key)
-            requeue: Optional[float]
+            requeue: float | None
             try:
                 requeue = await self._process(key)
                 self._failures.pop(key, None)

@@ -6,8 +6,9 @@ enforced by the CRD's rules), and what the accepted copy records is api.immutabl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -28,7 +29,7 @@ MUTABLE_WHEN_SUSPENDED = ("spec.scheduling.",)
 
 def running_spec(
     accepted: Mapping[str, Any], run_policy: Mapping[str, Any], env: list[EnvVar]
-) -> Optional[DistributedTrainingSpec]:
+) -> DistributedTrainingSpec | None:
     """The accepted spec with the mutable runPolicy fields taken from `run_policy` (wire names) and the
     env values from `env`; None when the recorded spec no longer validates (e.g. after an operator
     upgrade tightened a rule)."""
@@ -76,7 +77,7 @@ def changed_immutable_fields(job: DistributedTraining) -> list[str]:
 class ParsedJob:
     """A DistributedTraining as the operator can run it, or why it cannot."""
 
-    job: Optional[DistributedTraining]
+    job: DistributedTraining | None
     errors: tuple[str, ...] = ()
     """Validation errors: of the whole object when `job` is None, else of an edit to an accepted job."""
 

@@ -4,8 +4,8 @@ waiting on an image or pending too long, and whether a finished engine Job's pod
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Collection, Mapping, Optional, Sequence
 
 from dtrain_operator.api import (
     DistributedTraining,
@@ -28,7 +28,7 @@ MAX_POD_MESSAGE_CHARS = 400
 ENGINE_POD_GRACE_SECONDS = 30.0
 
 
-def engine_pod_awaited(observed: Observed, now: datetime) -> Optional[float]:
+def engine_pod_awaited(observed: Observed, now: datetime) -> float | None:
     """Seconds left to wait for the finished engine pod, whose termination message holds the results.
 
     The Job and its pods come through separate watches, so a Job can be seen finished before its
@@ -101,7 +101,7 @@ def worker_failures(
 REPORT_AFTER_CREATION_SECONDS = 1.0
 
 
-def reported_stage(progress: Optional[Progress], gang: Mapping[int, PodObservation]) -> Optional[str]:
+def reported_stage(progress: Progress | None, gang: Mapping[int, PodObservation]) -> str | None:
     """The stage rank 0 reported, if this gang reported it: progress outlives the gang that wrote
     it, so a report from before the current rank-0 pod was created (an earlier gang's
     `exporting`) says nothing about this one. A report without a time is not tied to any gang."""
@@ -139,10 +139,10 @@ def pulling_images(gang: Mapping[int, PodObservation]) -> list[PodObservation]:
     ]
 
 
-def image_pull_deadline(pods: Sequence[PodObservation], limits: Limits) -> Optional[datetime]:
+def image_pull_deadline(pods: Sequence[PodObservation], limits: Limits) -> datetime | None:
     """When pods that cannot pull their image fail the job: the bound after the first was scheduled."""
-    since = [p.scheduled_at or p.created_at for p in pods if (p.scheduled_at or p.created_at) is not None]
-    return min(since) + timedelta(seconds=limits.image_pull_seconds) if since else None  # type: ignore[operator]
+    since = [at for p in pods if (at := p.scheduled_at or p.created_at) is not None]
+    return min(since) + timedelta(seconds=limits.image_pull_seconds) if since else None
 
 
 def pods_pending_too_long(
@@ -158,7 +158,7 @@ def pods_pending_too_long(
 
 
 def succeeded_ranks(
-    status: DistributedTrainingStatus, observed: Observed, earlier: Collection[int] = (), earlier_generation: Optional[int] = None
+    status: DistributedTrainingStatus, observed: Observed, earlier: Collection[int] = (), earlier_generation: int | None = None
 ) -> frozenset[int]:
     """Ranks of the current gang that exited 0, for the operator's record: those seen Succeeded
     while the gang ran, and those recorded earlier for the same generation. A suspend forgets

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -17,25 +16,25 @@ class PodObservation:
     uid: str
     resource_version: str
     role: str
-    rank: Optional[int]
-    generation: Optional[int]
+    rank: int | None
+    generation: int | None
     phase: str
     deleting: bool = False
-    created_at: Optional[datetime] = None
+    created_at: datetime | None = None
     scheduled: bool = False
     pending_reason: str = ""
-    exit_code: Optional[int] = None
+    exit_code: int | None = None
     reason: str = ""
     message: str = ""
     # True when the pod did not exit by itself: evicted, preempted, its node lost.
     lost: bool = False
-    owner_uid: Optional[str] = None
-    finished_at: Optional[datetime] = None
-    deleted_at: Optional[datetime] = None
+    owner_uid: str | None = None
+    finished_at: datetime | None = None
+    deleted_at: datetime | None = None
     ready: bool = False
     waiting_reason: str = ""
     """The trainer container's waiting reason (ErrImagePull, ImagePullBackOff, ContainerCreating, ...)."""
-    scheduled_at: Optional[datetime] = None
+    scheduled_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,8 @@ class EngineJobObservation:
     reason: str = ""
     message: str = ""
     deleting: bool = False
-    owner_uid: Optional[str] = None
-    finished_at: Optional[datetime] = None
+    owner_uid: str | None = None
+    finished_at: datetime | None = None
 
     @property
     def finished(self) -> bool:
@@ -74,10 +73,10 @@ class Observed:
 
     workers: tuple[PodObservation, ...] = ()
     engine_pods: tuple[PodObservation, ...] = ()
-    engine_job: Optional[EngineJobObservation] = None
+    engine_job: EngineJobObservation | None = None
 
 
-def parse_time(value: Optional[str]) -> Optional[datetime]:
+def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     try:

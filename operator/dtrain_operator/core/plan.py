@@ -7,9 +7,9 @@ generations are deleted, missing pods of the current generation created, nothing
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Mapping, Optional
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
 from dtrain_operator.core import progress_deadline
@@ -40,12 +40,12 @@ class Plan:
     force_delete_pods: tuple[PodObservation, ...] = ()
     """Pods stuck terminating on a node that stopped reporting: deleted with no grace period."""
     create_engine_job: bool = False
-    delete_engine_job: Optional[EngineJobObservation] = None
+    delete_engine_job: EngineJobObservation | None = None
     delete_job: bool = False
     """ttlSecondsAfterFinished has passed: delete the DistributedTraining itself."""
-    requeue_after: Optional[float] = None
+    requeue_after: float | None = None
     """Seconds until a deadline, timeout or TTL needs another look."""
-    delete_grace_seconds: Optional[int] = None
+    delete_grace_seconds: int | None = None
     """Grace period of the deletions (None: each pod's own): short for a gang restarted for a hang."""
 
 
@@ -57,14 +57,14 @@ def _seconds_until(moment: datetime, now: datetime) -> float:
     return max((moment - now).total_seconds(), 0.0) + REQUEUE_MARGIN_SECONDS
 
 
-def _earliest(*delays: Optional[float]) -> Optional[float]:
+def _earliest(*delays: float | None) -> float | None:
     present = [d for d in delays if d is not None]
     return min(present) if present else None
 
 
 def _finished_cleanup(
     job: DistributedTraining, workers: tuple[PodObservation, ...], observed: Observed
-) -> tuple[tuple[PodObservation, ...], Optional[EngineJobObservation]]:
+) -> tuple[tuple[PodObservation, ...], EngineJobObservation | None]:
     policy = job.spec.run_policy.clean_pod_policy
     engine = observed.engine_job
     live_engine = engine if engine is not None and not engine.deleting else None
@@ -78,7 +78,7 @@ def _finished_cleanup(
 
 def _stuck(
     workers: tuple[PodObservation, ...], now: datetime, limits: Limits
-) -> tuple[tuple[PodObservation, ...], Optional[float]]:
+) -> tuple[tuple[PodObservation, ...], float | None]:
     """Stuck pods to force-delete (their node stopped reporting), and when the next one will be stuck."""
     stuck = stuck_terminating(workers, now, limits)
     force = tuple(p for p in stuck if not p.ready)
@@ -116,7 +116,7 @@ def _finished_plan(
 def _next_look(
     job: DistributedTraining, status: DistributedTrainingStatus, gang: Mapping[int, PodObservation],
     observed: Observed, now: datetime, limits: Limits,
-) -> Optional[float]:
+) -> float | None:
     """Seconds until the active deadline, a pending timeout, an image pull deadline or an awaited engine pod."""
     spec, phase = job.spec, status.phase
     deadline = None

@@ -8,9 +8,9 @@ job ends. Neither caller decides this anywhere else.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Optional, Sequence
 
 from dtrain_operator.api import RunPolicy, contract
 
@@ -40,10 +40,10 @@ class WorkerFailure:
     """
 
     rank: int
-    exit_code: Optional[int]
+    exit_code: int | None
     reason: str = "Error"
     message: str = ""
-    finished_at: Optional[datetime] = None
+    finished_at: datetime | None = None
 
     def describe(self) -> str:
         if self.exit_code is None:
@@ -152,7 +152,7 @@ def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], rest
     )
 
 
-def deadline_exceeded(policy: RunPolicy, started: Optional[datetime], now: datetime) -> bool:
+def deadline_exceeded(policy: RunPolicy, started: datetime | None, now: datetime) -> bool:
     """Whether the job has run past runPolicy.activeDeadlineSeconds."""
     if policy.active_deadline_seconds is None or started is None:
         return False

@@ -19,9 +19,10 @@ Pure: no I/O and no clock of its own.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from dtrain_operator.api import Progress, RunPolicy, contract
 from dtrain_operator.api.records import ProgressRecord, read_record
@@ -50,14 +51,14 @@ class ProgressWatch:
     """The latest progress report seen."""
     since: datetime
     """When training was last seen to advance (or the clock last held: gang not all running, a holding stage)."""
-    step: Optional[int] = None
+    step: int | None = None
     """The step of the latest report, for messages."""
-    stage: Optional[str] = None
+    stage: str | None = None
     started: bool = False
     """The gang has reported progress of its own (the clock runs only then)."""
 
 
-def mark_of(progress: Optional[Progress]) -> Mark:
+def mark_of(progress: Progress | None) -> Mark:
     if progress is None:
         return ()
     if progress.batches is not None:
@@ -65,7 +66,7 @@ def mark_of(progress: Optional[Progress]) -> Mark:
     return ("step", progress.epoch, progress.step)
 
 
-def progress_from_record(record: Mapping[str, Any]) -> Optional[Progress]:
+def progress_from_record(record: Mapping[str, Any]) -> Progress | None:
     """status.progress as a JSONL progress record of the trainer would set it (for `dtrain run`); None for
     another record."""
     progress = read_record(record)
@@ -81,12 +82,12 @@ def progress_from_record(record: Mapping[str, Any]) -> Optional[Progress]:
 
 
 def observe(
-    watch: Optional[ProgressWatch],
+    watch: ProgressWatch | None,
     generation: int,
     all_running: bool,
-    progress: Optional[Progress],
+    progress: Progress | None,
     now: datetime,
-) -> Optional[ProgressWatch]:
+) -> ProgressWatch | None:
     """The watch after one look at the gang: None while not every worker runs."""
     if not all_running:
         return None
@@ -101,11 +102,11 @@ def observe(
     return watch
 
 
-def seconds_without_progress(watch: Optional[ProgressWatch], now: datetime) -> float:
+def seconds_without_progress(watch: ProgressWatch | None, now: datetime) -> float:
     return 0.0 if watch is None else max((now - watch.since).total_seconds(), 0.0)
 
 
-def decide(policy: RunPolicy, watch: Optional[ProgressWatch], now: datetime, restarts: int) -> Optional[FailureDecision]:
+def decide(policy: RunPolicy, watch: ProgressWatch | None, now: datetime, restarts: int) -> FailureDecision | None:
     """Whether the gang has gone past runPolicy.progressDeadlineSeconds, and what to do: the one decision.
 
     None: no deadline (0), not watched (not every worker runs, or no report of this gang yet), in a
@@ -139,7 +140,7 @@ def decide(policy: RunPolicy, watch: Optional[ProgressWatch], now: datetime, res
     )
 
 
-def wake_after(policy: RunPolicy, watch: Optional[ProgressWatch], now: datetime) -> Optional[float]:
+def wake_after(policy: RunPolicy, watch: ProgressWatch | None, now: datetime) -> float | None:
     """Seconds until `decide` could change its answer with nothing else happening (None: never)."""
     deadline = policy.progress_deadline_seconds
     if not deadline or watch is None or not watch.started or watch.stage in HOLDING_STAGES:

@@ -8,27 +8,21 @@ Straggler condition and a Warning Event, `dtrain run` into a warning; neither re
 
 from __future__ import annotations
 
-from typing import Optional
+from dtrain_operator.api import StepTimes, StragglerSettings, contract
 
-from dtrain_operator.api import StepTimes, StragglerSettings
-
-# What each rank fetches from each of its ring neighbours at a comparison (the trainer's link probe):
-# large enough that the time is the link's sending speed, not its latency or the machine's scheduling
-# (0.7 ms at 100 Gb/s, 67 ms at 1 Gb/s), small enough to cost nothing every few steps.
-LINK_PROBE_BYTES = 8 << 20
 CONDITION = "Straggler"
 REASON_DETECTED = "StragglerDetected"
 REASON_NONE = "NoStraggler"
 
 
-def straggler_message(times: Optional[StepTimes], settings: StragglerSettings) -> Optional[str]:
+def straggler_message(times: StepTimes | None, settings: StragglerSettings) -> str | None:
     """What to say about the reported straggler (None: there is none). Stable while the same rank stays slow,
     so that one Event is posted per straggler, not one per report."""
     if times is None or not times.straggler or times.slowest_rank is None:
         return None
     where = f"pod {times.slowest_pod or '?'}" + (f" on node {times.slowest_node}" if times.slowest_node else "")
     measured = (
-        f"its link time (its ring neighbours' fetch of {LINK_PROBE_BYTES >> 20} MiB from it; check its network "
+        f"its link time (its ring neighbours' fetch of {contract.LINK_PROBE_BYTES >> 20} MiB from it; check its network "
         "interface and link)"
         if times.measure == "link" else "its step time (forward and loss, before the gradient all-reduce)"
     )

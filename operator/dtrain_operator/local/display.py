@@ -6,7 +6,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,15 +26,15 @@ RATE_WINDOW_SECONDS = 60.0
 T = TypeVar("T")
 
 
-def _newer(value: Optional[T], previous: Optional[T]) -> Optional[T]:
+def _newer(value: T | None, previous: T | None) -> T | None:
     """A record's value, or the one shown before when the record does not know it."""
     return previous if value is None else value
 
 
-def format_duration(seconds: Optional[float]) -> str:
+def format_duration(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
         return "--:--"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
@@ -68,13 +68,13 @@ class ProgressView:
     """The progress line's values, updated from the trainer's progress records (pure: the clock is passed in)."""
 
     started: float
-    epoch: Optional[int] = None
-    max_epochs: Optional[int] = None
-    step: Optional[int] = None
-    total_steps: Optional[int] = None
-    loss: Optional[float] = None
-    images_per_second: Optional[float] = None
-    checkpoint_step: Optional[int] = None
+    epoch: int | None = None
+    max_epochs: int | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    images_per_second: float | None = None
+    checkpoint_step: int | None = None
     # The trainer's reported metrics (val_loss, val_acc, prog_bar ones), newest values.
     metrics: dict[str, float] = field(default_factory=dict)
     restarts: int = 0
@@ -89,7 +89,7 @@ class ProgressView:
         """
         return self.take(records.read_record(record), now, restarts)
 
-    def take(self, record: Optional[records.AnyTrainerRecord], now: float, restarts: int) -> str:
+    def take(self, record: records.AnyTrainerRecord | None, now: float, restarts: int) -> str:
         """`apply` for a record already read."""
         restarted = restarts != self.restarts
         self.restarts = restarts
@@ -123,7 +123,7 @@ class ProgressView:
         points = tuple(p for p in points if now - p[0] <= RATE_WINDOW_SECONDS and p[1] <= step)
         self._rate_points = (*points, (now, step))
 
-    def eta_seconds(self) -> Optional[float]:
+    def eta_seconds(self) -> float | None:
         if self.step is None or not self.total_steps or len(self._rate_points) < 2:
             return None
         (t0, s0), (t1, s1) = self._rate_points[0], self._rate_points[-1]
@@ -164,12 +164,12 @@ class Display:
         self.console = console
         self.live = console.is_terminal
         self.view = ProgressView(started=time.monotonic())
-        self._progress: Optional[Progress] = None
-        self._task: Optional[TaskID] = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._last_line = 0.0
 
     @classmethod
-    def for_stream(cls, stream: TextIO) -> "Display":
+    def for_stream(cls, stream: TextIO) -> Display:
         console = Console(file=stream, highlight=False, soft_wrap=True)
         if not console.is_terminal:
             # Logs and CI: wide enough that the summary's paths stay on one line.
@@ -197,7 +197,7 @@ class Display:
         self.console.print(f"[bold]last lines of {escape(who)}'s log[/] ({escape(str(path))}):")
         self.console.print(tail or "(empty)", markup=False, highlight=False)
 
-    def stopped_hint(self, checkpoint: Optional[str], job_file: str) -> None:
+    def stopped_hint(self, checkpoint: str | None, job_file: str) -> None:
         if checkpoint:
             self.console.print(escape(f"the last checkpoint is {checkpoint}"))
             self.console.print(escape(f"continue from it with: dtrain run {job_file} --resume"))
@@ -271,7 +271,7 @@ class Display:
             self.console.print(latency_table(summary))
 
 
-def _value(value: Optional[object], fmt: str = "{}") -> str:
+def _value(value: object | None, fmt: str = "{}") -> str:
     return "-" if value is None else fmt.format(value)
 
 

@@ -15,9 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import psutil
 
@@ -75,7 +75,7 @@ class Gang:
     @classmethod
     def start(
         cls, launches: Sequence[NodeLaunch], log_paths: Sequence[Path], header: str, adopts_orphans: bool = False
-    ) -> "Gang":
+    ) -> Gang:
         nodes: list[NodeProcess] = []
         for launch, log_path in zip(launches, log_paths):
             log_path.parent.mkdir(parents=True, exist_ok=True)

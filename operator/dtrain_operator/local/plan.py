@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.core import policy, render
@@ -111,8 +112,8 @@ def default_workdir(job: DistributedTraining, cwd: Path) -> Path:
 class Overrides:
     """Command-line changes to the job for this machine."""
 
-    nodes: Optional[int] = None
-    devices_per_node: Optional[int] = None
+    nodes: int | None = None
+    devices_per_node: int | None = None
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -49,6 +50,9 @@ from dtrain_operator.local.plan import (
 from dtrain_operator.local.progress import JsonlTail
 from dtrain_operator.local.summary import RunSummary, collect_summary
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 EXIT_FAILED = 1
 EXIT_INVALID = 2
 POLL_SECONDS = 0.25
@@ -71,10 +75,10 @@ class StopRequest:
     """SIGINT, SIGTERM and SIGHUP ask the run to stop; the run stops its processes itself, in order."""
 
     def __init__(self) -> None:
-        self.signum: Optional[int] = None
+        self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> Self:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -83,7 +87,7 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
 
     @property
@@ -104,7 +108,7 @@ class StepOutcome:
     stopped: bool = False
     deadline: bool = False
     # The gang ran past runPolicy.progressDeadlineSeconds: what progress_deadline.decide said.
-    hang: Optional[policy.FailureDecision] = None
+    hang: policy.FailureDecision | None = None
 
 
 @dataclass
@@ -179,9 +183,9 @@ class LocalRun:
         self.state = RunState()
         self.progress = JsonlTail(workdir.progress)
         # The latest progress record of the running gang, and the watch on it (progressDeadlineSeconds).
-        self._progress: Optional[Any] = None
-        self._progress_watch: Optional[progress_deadline.ProgressWatch] = None
-        self._straggler_warned: Optional[str] = None
+        self._progress: Any | None = None
+        self._progress_watch: progress_deadline.ProgressWatch | None = None
+        self._straggler_warned: str | None = None
         self.cores = available_cores()
 
     # --- training ---------------------------------------------------------------------
@@ -233,7 +237,7 @@ class LocalRun:
             self.state.restarts += 1
             self.display.warn(decision.message)
 
-    def _node_failures(self, gang: Gang) -> Optional[StepOutcome]:
+    def _node_failures(self, gang: Gang) -> StepOutcome | None:
         """The gang's end, once it is decided: all nodes done, or the first failures."""
         exited = gang.exited()
         failures = []
@@ -256,7 +260,7 @@ class LocalRun:
             return ""
 
     def _watch(
-        self, gang: Gang, on_exit: Callable[[Gang], Optional[StepOutcome]], watch_progress: bool = False
+        self, gang: Gang, on_exit: Callable[[Gang], StepOutcome | None], watch_progress: bool = False
     ) -> StepOutcome:
         run_policy = self.job.spec.run_policy
         last_walk = 0.0
@@ -294,7 +298,7 @@ class LocalRun:
             self.display.progress(raw, self.state.restarts)
         self.display.tick()
 
-    def _note_straggler(self, times: Optional[StepTimes]) -> None:
+    def _note_straggler(self, times: StepTimes | None) -> None:
         """Warn once per straggler, as the operator posts one Warning Event."""
         message = stragglers.straggler_message(times, self.job.spec.stragglers)
         if message is not None and message != self._straggler_warned:
@@ -371,7 +375,7 @@ class LocalRun:
         )
 
 
-def _engine_end(build: Gang) -> Optional[StepOutcome]:
+def _engine_end(build: Gang) -> StepOutcome | None:
     code = build.exited().get(0)
     return None if code is None else StepOutcome(succeeded=code == 0)
 

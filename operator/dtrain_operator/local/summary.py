@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from dtrain_operator.api import DistributedTraining, records
 from dtrain_operator.api.engine_report import EngineReport
@@ -22,11 +22,11 @@ class LatencyRow:
     """Inference latency at one batch size, and how it compares with PyTorch eager."""
 
     batch: int
-    latency_ms: Optional[float]
-    eager_ms: Optional[float]
+    latency_ms: float | None
+    eager_ms: float | None
 
     @property
-    def speedup(self) -> Optional[float]:
+    def speedup(self) -> float | None:
         if self.latency_ms and self.eager_ms:
             return self.eager_ms / self.latency_ms
         return None
@@ -44,26 +44,26 @@ class RunSummary:
     restarts: int
     wall_seconds: float
     workdir: str
-    steps: Optional[int] = None
-    epoch: Optional[int] = None
-    final_loss: Optional[float] = None
-    images_per_second: Optional[float] = None
+    steps: int | None = None
+    epoch: int | None = None
+    final_loss: float | None = None
+    images_per_second: float | None = None
     # The trainer's reported metrics at the end (val_loss, val_acc, prog_bar ones, spec.logging.metrics).
     metrics: dict[str, float] = field(default_factory=dict)
-    checkpoint: Optional[str] = None
-    onnx: Optional[str] = None
-    onnx_parity_error: Optional[float] = None
+    checkpoint: str | None = None
+    onnx: str | None = None
+    onnx_parity_error: float | None = None
     engine_asked: bool = False
-    engine_backend: Optional[str] = None
-    engine_path: Optional[str] = None
+    engine_backend: str | None = None
+    engine_path: str | None = None
     # Why no engine was built, when none was (the engine report's first note).
-    engine_note: Optional[str] = None
-    engine_report: Optional[str] = None
+    engine_note: str | None = None
+    engine_report: str | None = None
     latency: list[LatencyRow] = field(default_factory=list)
     # The latest gang's pre-flight check (the trainer's preflight record, as in status.preflight).
-    preflight: Optional[dict[str, Any]] = None
+    preflight: dict[str, Any] | None = None
     # The slowest rank as rank 0 last reported it (status.progress.stragglers).
-    stragglers: Optional[dict[str, Any]] = None
+    stragglers: dict[str, Any] | None = None
     # What the table's title names: `dtrain run` here, `dtrain watch` for a job on a cluster.
     command: str = "dtrain run"
 
@@ -76,13 +76,13 @@ class RunSummary:
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
-def latest_checkpoint(directory: Path) -> Optional[Path]:
+def latest_checkpoint(directory: Path) -> Path | None:
     """The newest checkpoint file: what a restart or `--resume` continues from."""
     checkpoints = [p for p in directory.glob("**/*.ckpt") if p.is_file()]
     return max(checkpoints, key=lambda p: p.stat().st_mtime) if checkpoints else None
 
 
-def _read_json(path: Path) -> Optional[dict[str, Any]]:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -123,7 +123,7 @@ def collect_summary(
     return summary
 
 
-def _number(value: Any) -> Optional[float]:
+def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

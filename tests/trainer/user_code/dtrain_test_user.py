@@ -74,10 +74,10 @@ class TinyClassifier(L.LightningModule):
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         marker = self.crash_marker
-        if self.crash_at_step is not None and self.trainer.global_step == self.crash_at_step:
-            if marker is not None and not marker.exists():
-                marker.touch()
-                os._exit(CRASH_EXIT_CODE)  # a node dying: no cleanup, no final checkpoint
+        crash_here = self.crash_at_step is not None and self.trainer.global_step == self.crash_at_step
+        if crash_here and marker is not None and not marker.exists():
+            marker.touch()
+            os._exit(CRASH_EXIT_CODE)  # a node dying: no cleanup, no final checkpoint
 
     def on_train_end(self) -> None:
         if self.record_dir is None:

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any, Callable, Literal, Mapping, Optional
+from typing import Any, Literal
 
 from dtrain_operator.api import (
     DistributedTraining,
@@ -38,7 +39,7 @@ def _engine_message(observed: Observed) -> str:
     return job.message if job is not None and job.message else ""
 
 
-def _engine_results(observed: Observed) -> Optional[dict[str, Any]]:
+def _engine_results(observed: Observed) -> dict[str, Any] | None:
     for pod in sorted(observed.engine_pods, key=lambda p: p.created_at or datetime.min.replace(tzinfo=timezone.utc)):
         if pod.phase == "Succeeded":
             results = termination_results(pod.message)

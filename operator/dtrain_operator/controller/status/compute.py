@@ -9,15 +9,17 @@ Exporting phase) and never written.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable, Collection, Literal, Optional, Sequence
+from typing import Literal
 
 from dtrain_operator.api import (
     FINISHED_PHASES,
     DistributedTraining,
     DistributedTrainingSpec,
     DistributedTrainingStatus,
+    Phase,
     contract,
     immutable_spec,
 )
@@ -65,13 +67,13 @@ class StatusComputation:
     spec_errors: Sequence[str]
     succeeded_ranks: Collection[int]
     limits: Limits
-    progress_watch: Optional[progress_deadline.ProgressWatch]
+    progress_watch: progress_deadline.ProgressWatch | None
     status: DistributedTrainingStatus
     conditions: Conditions
     running_job: DistributedTraining = field(init=False)
     """The job with the spec it runs (core.accepted), set by the first step."""
     gang: dict[int, PodObservation] = field(default_factory=dict)
-    previous_phase: str = ""
+    previous_phase: Phase | None = None
     gang_started: bool = False
     gone_succeeded: set[int] = field(default_factory=set)
     """Ranks that exited 0 and whose pods are gone since: finished all the same."""
@@ -105,7 +107,7 @@ class StatusComputation:
         self.status.nodes_ready = f"{self.status.nodes.running}/{self.total}"
 
 
-StatusStep = Callable[[StatusComputation], Optional[DistributedTrainingStatus]]
+StatusStep = Callable[[StatusComputation], DistributedTrainingStatus | None]
 
 
 def accept_spec(c: StatusComputation) -> None:
@@ -156,7 +158,7 @@ def check_gpu_memory(c: StatusComputation) -> None:
         c.conditions.set(gpu_memory.CONDITION, verdict.status, verdict.reason, verdict.message)
 
 
-def keep_finished(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+def keep_finished(c: StatusComputation) -> DistributedTrainingStatus | None:
     """Finished jobs keep their status."""
     return c.done() if c.status.phase in FINISHED_PHASES else None
 
@@ -207,7 +209,7 @@ def record_creation(c: StatusComputation) -> None:
         )
 
 
-def suspend_or_resume(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+def suspend_or_resume(c: StatusComputation) -> DistributedTrainingStatus | None:
     if c.spec.run_policy.suspend and not c.training_done:
         c.status.phase = "Suspended"
         c.conditions.set(
@@ -228,20 +230,20 @@ def suspend_or_resume(c: StatusComputation) -> Optional[DistributedTrainingStatu
     return None
 
 
-def enforce_active_deadline(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+def enforce_active_deadline(c: StatusComputation) -> DistributedTrainingStatus | None:
     if policy.deadline_exceeded(c.spec.run_policy, parse_time(c.status.start_time), c.now):
         return c.finish("Failed", policy.REASON_DEADLINE, policy.deadline_message(c.spec.run_policy))
     return None
 
 
-def finish_training(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+def finish_training(c: StatusComputation) -> DistributedTrainingStatus | None:
     """Rank 0 exited 0: the export's outcome, then the engine Job."""
     if not c.training_done:
         return None
     return after_training(c.running_job, c.status, c.conditions, c.gang, c.observed, c.finish, c.now)
 
 
-def restart_or_fail(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
     """A failed, lost or vanished worker, or a gang past its progress deadline: core.policy decides."""
     c.failures = worker_failures(c.running_job, c.gang, gang_started=c.gang_started, succeeded_ranks=c.gone_succeeded)
     status = c.status
@@ -269,7 +271,7 @@ def restart_or_fail(c: StatusComputation) -> Optional[DistributedTrainingStatus]
     return c.done()
 
 
-def watch_image_pulls(c: StatusComputation) -> Optional[DistributedTrainingStatus]:
+def watch_image_pulls(c: StatusComputation) -> DistributedTrainingStatus | None:
     pulling = pulling_images(c.gang)
     if not pulling:
         c.conditions.clear(IMAGE_PULL, "ImagesPulled", "no worker pod is waiting on an image it cannot pull")
@@ -352,12 +354,12 @@ STATUS_STEPS: tuple[StatusStep, ...] = (
 def compute_status(
     job: DistributedTraining,
     observed: Observed,
-    previous: Optional[DistributedTrainingStatus],
+    previous: DistributedTrainingStatus | None,
     now: datetime,
     spec_errors: Sequence[str] = (),
     succeeded_ranks: Collection[int] = (),
     limits: Limits = Limits(),
-    progress_watch: Optional[progress_deadline.ProgressWatch] = None,
+    progress_watch: progress_deadline.ProgressWatch | None = None,
 ) -> DistributedTrainingStatus:
     """The whole status of a job, from what is observed now: the STATUS_STEPS in order.
 

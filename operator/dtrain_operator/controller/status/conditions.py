@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal, Optional, Sequence, Union
+from typing import Literal
 
 from dtrain_operator.api import (
     Condition,
@@ -54,14 +55,14 @@ class Conditions:
         self._items = [c.model_copy() for c in conditions]
         self._now = format_time(now)
 
-    def get(self, type_: str) -> Optional[Condition]:
+    def get(self, type_: str) -> Condition | None:
         return next((c for c in self._items if c.type == type_), None)
 
     def is_true(self, type_: str) -> bool:
         condition = self.get(type_)
         return condition is not None and condition.status == "True"
 
-    def set(self, type_: str, status: Union[bool, ConditionStatus], reason: str, message: str) -> None:
+    def set(self, type_: str, status: bool | ConditionStatus, reason: str, message: str) -> None:
         value: ConditionStatus = status if isinstance(status, str) else "True" if status else "False"
         # Messages quote trainer logs and termination messages, and become Events that `view` can read.
         message = truncate_message(redact_text(message))

@@ -4,8 +4,9 @@ that a phase change or a warning condition asks for.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Optional
+from typing import Any, Literal
 
 from dtrain_operator.api import (
     DistributedTrainingStatus,
@@ -41,7 +42,7 @@ OWNED_FIELDS = (
 )
 
 
-def _owned(status: Optional[DistributedTrainingStatus]) -> dict[str, Any]:
+def _owned(status: DistributedTrainingStatus | None) -> dict[str, Any]:
     if status is None:
         return {}
     wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -49,8 +50,8 @@ def _owned(status: Optional[DistributedTrainingStatus]) -> dict[str, Any]:
 
 
 def status_patch(
-    previous: Optional[DistributedTrainingStatus], new: DistributedTrainingStatus
-) -> Optional[dict[str, Any]]:
+    previous: DistributedTrainingStatus | None, new: DistributedTrainingStatus
+) -> dict[str, Any] | None:
     """The merge patch of `status` that turns `previous` into `new`, or None when nothing changed."""
     before, after = _owned(previous), _owned(new)
     patch: dict[str, Any] = {k: v for k, v in after.items() if before.get(k) != v}
@@ -110,7 +111,7 @@ def phase_message(status: DistributedTrainingStatus) -> str:
 
 
 def status_events(
-    previous: Optional[DistributedTrainingStatus], new: DistributedTrainingStatus
+    previous: DistributedTrainingStatus | None, new: DistributedTrainingStatus
 ) -> list[JobEvent]:
     """Events for what changed: every phase change, and warnings that need the user."""
     events: list[JobEvent] = []

@@ -9,8 +9,9 @@ the GPU memory read from the spec itself.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Optional
+from typing import Any, Literal
 
 from dtrain_operator.api import DistributedTrainingSpec, contract
 from dtrain_operator.api.memory_estimate import (
@@ -46,7 +47,7 @@ class Verdict:
     message: str
 
 
-def verdict(annotations: Any, spec: DistributedTrainingSpec) -> Optional[Verdict]:
+def verdict(annotations: Any, spec: DistributedTrainingSpec) -> Verdict | None:
     """The memory condition of a job being accepted with `spec`, from its annotations; None: no condition.
 
     No condition for a CPU job, nor for a GPU job with neither an estimate nor a gpuMemory (most jobs:

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Optional, Sequence
 
 from dtrain_operator.api import (
     DistributedTrainingStatus,
@@ -42,7 +42,7 @@ def unreadable_status(
 
 
 def invalid_status(
-    previous: Optional[DistributedTrainingStatus], errors: Sequence[str], generation: Optional[int], now: datetime
+    previous: DistributedTrainingStatus | None, errors: Sequence[str], generation: int | None, now: datetime
 ) -> DistributedTrainingStatus:
     """Failed/InvalidSpec with the validation messages, for an object that does not validate.
 

@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dtrain_operator.api import (
     contract,
@@ -17,7 +18,7 @@ from dtrain_operator.core.render import ENGINE_CONTAINER, TRAINER_CONTAINER
 _LOST_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Shutdown", "NodeShutdown", "Terminated"})
 
 
-def _int_label(labels: Mapping[str, str], key: str) -> Optional[int]:
+def _int_label(labels: Mapping[str, str], key: str) -> int | None:
     try:
         return int(labels[key])
     except (KeyError, ValueError, TypeError):
@@ -41,11 +42,11 @@ def _pending_reason(status: Mapping[str, Any], container: Mapping[str, Any]) -> 
     return "ContainerCreating" if status.get("conditions") else "Unscheduled"
 
 
-def _join(reason: str, message: Optional[str]) -> str:
+def _join(reason: str, message: str | None) -> str:
     return f"{reason}: {message}" if message else reason
 
 
-def controller_uid(meta: Mapping[str, Any]) -> Optional[str]:
+def controller_uid(meta: Mapping[str, Any]) -> str | None:
     """The uid of the object's controlling owner (its ownerReference with controller: true)."""
     for ref in meta.get("ownerReferences") or []:
         if ref.get("controller"):
@@ -145,6 +146,6 @@ def observe_engine_job(raw: Mapping[str, Any]) -> EngineJobObservation:
     )
 
 
-def termination_results(message: str) -> Optional[dict[str, Any]]:
+def termination_results(message: str) -> dict[str, Any] | None:
     """The JSON object a trainer or engine container left in its termination message, if it is one."""
     return read_termination_message(message)

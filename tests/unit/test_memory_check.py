@@ -1,5 +1,5 @@
 """The operator's memory pre-flight: the estimate `dtrain submit` records, read strictly and compared with
-the GPU memory the spec states (gpu_memory.py), and the condition and Event at creation (status.py)."""
+the GPU memory the spec states (gpu_memory.py), and the condition and Event at creation (controller/status/compute.py)."""
 
 from __future__ import annotations
 

@@ -96,12 +96,12 @@ def run_tensorrt(
     log, which the report keeps too."""
     import tempfile
 
-    from dtrain_engine import tensorrt_runtime as engine_tensorrt
+    from dtrain_engine import tensorrt_runtime
     from dtrain_engine.onnx_model import convert_to_float16
 
     if plan.requested_precision == "bf16" and platform.device.compute_capability < (8, 0):
         raise usage_error(f"--precision bf16 needs a GPU with compute capability 8.0 or newer; this is {run.device}")
-    log = engine_tensorrt.TensorRTLog()
+    log = tensorrt_runtime.TensorRTLog()
     run.tensorrt = {"version": platform.tensorrt_version, "log": log.to_json()}
     try:
         with tempfile.TemporaryDirectory(prefix="dtrain-engine-") as scratch:
@@ -109,9 +109,9 @@ def run_tensorrt(
             if plan.onnx_conversion == "float16":
                 parse_path = os.path.join(scratch, "model-fp16.onnx")
                 convert_to_float16(model.path, parse_path)
-            built = engine_tensorrt.build_engine(parse_path, plan, log)
+            built = tensorrt_runtime.build_engine(parse_path, plan, log)
             run.tensorrt.update({"timing_cache": built.timing_cache, "build_seconds": round(built.seconds, 2)})
-            engine = engine_tensorrt.TensorRTEngine(built.plan, plan, platform.device, log, parse_path)
+            engine = tensorrt_runtime.TensorRTEngine(built.plan, plan, platform.device, log, parse_path)
             run.tensorrt.update({
                 "device_memory_bytes": engine.device_memory_bytes,
                 "layers": layer_summary(engine.layer_information()),

@@ -1,7 +1,7 @@
 """`dtrain build-engine`: ONNX -> TensorRT engine, checked against references and timed.
 
-engine_plan decides the whole build (`--dry-run` prints that plan and stops). With TensorRT
-and a CUDA GPU the engine is built from it (engine_tensorrt), run on fresh random inputs at
+plan.py decides the whole build (`--dry-run` prints that plan and stops). With TensorRT
+and a CUDA GPU the engine is built from it (tensorrt_runtime), run on fresh random inputs at
 every profile's min, opt and max shapes, compared with ONNX Runtime on the CPU and with the
 PyTorch model when one is known, timed with CUDA events next to PyTorch eager, and written
 only when the check passes. Without them it stops with a message naming what is missing,

@@ -2,8 +2,8 @@
 
 They follow kubectl's habits: `-n/--namespace` (default: the kubeconfig context's namespace),
 `--context`, `--kubeconfig`, `-o json|yaml`, `-A/--all-namespaces` for `get`, `-f` for `logs`.
-`watch` draws the live progress display of `dtrain run` (local_display) from the job's status
-and ends with the same summary table (local_summary.RunSummary), built from the status.
+`watch` draws the live progress display of `dtrain run` (local.display) from the job's status
+and ends with the same summary table (local.summary.RunSummary), built from the status.
 
 Exit codes: 0 done (for `watch`: the job succeeded), 1 the job failed or the request was
 refused, 2 an invalid job file, 130 interrupted.
@@ -137,7 +137,7 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def summary_from_status(job: api.DistributedTraining) -> Any:
-    """The summary table's content (local_summary.RunSummary) from what the status holds."""
+    """The summary table's content (local.summary.RunSummary) from what the status holds."""
     from dtrain_operator.local.summary import LatencyRow, RunSummary
 
     status = job.status or api.DistributedTrainingStatus()
@@ -185,7 +185,7 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
 
 
 def progress_record(update: ProgressUpdate) -> dict[str, Any]:
-    """A status observation as the trainer's progress record, the input of local_display."""
+    """A status observation as the trainer's progress record, the input of local.display."""
     return records.ProgressRecord(
         epoch=update.epoch,
         step=update.step,

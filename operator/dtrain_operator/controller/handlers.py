@@ -1,5 +1,5 @@
 """kopf's handlers: thin. They turn watch events into observations and queue the owning job;
-the controller (controller.py) does the work.
+the reconciler (reconciler.py) does the work.
 
 kopf runs the index handlers first and holds every other handler until all indexes have their
 initial listing, so that a job is never reconciled before its pods and engine Job are known.

@@ -2,9 +2,9 @@
 
 kopf watches DistributedTrainings, worker/engine pods and engine Jobs (server-side label
 selectors) and keeps the latter two in its indexes; every event queues the owning job here.
-A queued job is reconciled by one worker at a time: its status is computed (status.py) from the
+A queued job is reconciled by one worker at a time: its status is computed (status/compute.py) from the
 operator's own record of the job (trusted.py, never from what the status says) and patched when
-it differs, Events are posted, the record is updated, then the plan (plan.py) is carried out:
+it differs, Events are posted, the record is updated, then the plan (core/plan.py) is carried out (children.py):
 deletions, then creations. A status or record that cannot be read is reported and nothing is
 carried out. No list call is made per reconcile; only the Lease holder reconciles (leader.py).
 

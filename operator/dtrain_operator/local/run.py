@@ -319,7 +319,7 @@ class LocalRun:
     def export_failed(self, engine_asked: bool) -> bool:
         """After a successful training: whether its export failed in a way that stops the run.
 
-        As in the operator (status.py), the training succeeded and the checkpoints stay; the
+        As in the operator (controller/status/after_training.py), the training succeeded and the checkpoints stay; the
         run fails only when the engine was asked for, since it is built from model.onnx.
         """
         results = TrainerResults.read(read_termination_message(self._trainer_message(0)))

@@ -23,9 +23,9 @@ import dataclasses
 import re
 from typing import Any, Callable, Optional
 
-from kmock._internal.k8s import KubernetesError
-
 from tests import celrules
+
+from .kmock_adapter import KubernetesError
 
 
 @dataclasses.dataclass

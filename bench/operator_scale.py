@@ -47,8 +47,9 @@ import kmock
 import psutil
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 from tests.operator.apiserver import ApiServer
-from tests.operator.cluster import OPERATOR_AGENTS, Cluster, OperatorProcess, a_job
+from tests.operator.cluster import OPERATOR_AGENTS, Cluster, OperatorProcess
 
 from .common import machine, markdown_table, percentile, write_results
 
@@ -120,7 +121,7 @@ class ProcessSampler:
 
 
 def job_document(ref: JobRef, nodes: int) -> dict[str, Any]:
-    return a_job(ref.name, ref.namespace).nodes(nodes).build()
+    return a_cpu_job(ref.name).in_namespace(ref.namespace).with_nodes(nodes).as_dict()
 
 
 def jobs_of(count: int) -> list[JobRef]:

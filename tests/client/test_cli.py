@@ -15,8 +15,9 @@ import yaml
 from dtrain_operator.api import DistributedTraining, memory_estimate
 from dtrain_operator.cli.cluster import GET_COLUMNS, age
 from dtrain_operator.controller.status import gpu_memory
+from tests.builders import a_cpu_job
 
-from ..operator.cluster import Cluster, a_job
+from ..operator.cluster import Cluster
 
 NS = "default"
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ async def test_submit_validates_then_creates(cluster: Cluster):
     assert again.code == 1 and "already exists in namespace default" in again.err
 
     bad = cluster.tmp / "bad.yaml"
-    bad.write_text(yaml.safe_dump(a_job("bad").with_spec("nodes", 0).build()))
+    bad.write_text(yaml.safe_dump(a_cpu_job("bad").with_spec(nodes=0).as_dict()))
     refused, validated = await asyncio.gather(dtrain(cluster, "submit", str(bad)), dtrain(cluster, "validate", str(bad)))
     assert refused.code == 2
     assert refused.err == "error: " + validated.err  # the lines of `dtrain validate`
@@ -111,8 +112,8 @@ async def test_submit_records_the_memory_estimate_the_operator_reads(cluster: Cl
 async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster):
     none = await dtrain(cluster, "get")
     assert none.code == 0 and none.err == "No resources found in default namespace.\n"
-    await cluster.apply(a_job("alpha").build())
-    await cluster.apply(a_job("beta").build())
+    await cluster.apply(a_cpu_job("alpha").as_dict())
+    await cluster.apply(a_cpu_job("beta").as_dict())
     # 60 steps left at 128 images a step (batch 32 x 2 nodes x accumulation 2), 256 img/s: 30 s.
     await cluster.patch_job(NS, "beta", {"spec": {"trainer": {"accumulateGradBatches": 2}}})
     await cluster.patch_job_status(NS, "beta", {"phase": "Running", "nodesReady": "2/2", "restarts": 1, "progress": {
@@ -134,7 +135,7 @@ async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster
     listed = json.loads((await dtrain(cluster, "get", "-o", "json")).out)
     assert listed["kind"] == "List" and [i["metadata"]["name"] for i in listed["items"]] == ["alpha", "beta"]
 
-    await cluster.apply(a_job("gamma", namespace="team-a").build())
+    await cluster.apply(a_cpu_job("gamma").in_namespace("team-a").as_dict())
     everywhere = await dtrain(cluster, "get", "-A")
     assert [line.split()[:2] for line in everywhere.out.splitlines()] == [
         ["NAMESPACE", "NAME"], ["default", "alpha"], ["default", "beta"], ["team-a", "gamma"]]
@@ -154,7 +155,7 @@ def test_age_as_kubectl_prints_it():
 
 
 async def test_watch_draws_progress_from_the_status_and_ends_with_the_summary(cluster: Cluster):
-    await cluster.apply(a_job("watched").build())
+    await cluster.apply(a_cpu_job("watched").as_dict())
 
     async def run() -> None:
         # Once `dtrain watch` reads the job (its start-up takes a while on a busy machine).
@@ -195,7 +196,7 @@ async def test_watch_draws_progress_from_the_status_and_ends_with_the_summary(cl
     assert rows["model.onnx"].startswith("/workspace/artifacts/model.onnx  (parity with PyTorch: max relative error 1.50e-06)")
     assert "workdir" not in rows
 
-    await cluster.apply(a_job("doomed").build())
+    await cluster.apply(a_cpu_job("doomed").as_dict())
     await cluster.patch_job_status(NS, "doomed", {"phase": "Failed", "conditions": [
         {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "worker 1 exited 1"}]})
     failed = await dtrain(cluster, "watch", "doomed")
@@ -205,7 +206,7 @@ async def test_watch_draws_progress_from_the_status_and_ends_with_the_summary(cl
 
 async def test_logs_by_rank_follow_and_delete(cluster: Cluster):
     await cluster.start_operator()
-    await cluster.apply(a_job("logged").nodes(2).build())
+    await cluster.apply(a_cpu_job("logged").with_nodes(2).as_dict())
     await cluster.run_all(NS, "logged", 2)
     cluster.api.pod_logs.write(NS, "logged-0", "zero\n")
     cluster.api.pod_logs.write(NS, "logged-1", "one a\none b\n")

@@ -29,9 +29,10 @@ from dtrain_operator.client import (
     ProgressUpdate,
     WaitTimeout,
 )
+from tests.builders import a_cpu_job
 
 from ..operator.apiserver import ApiServer
-from ..operator.cluster import Cluster, a_job, free_port, write_kubeconfig
+from ..operator.cluster import Cluster, free_port, write_kubeconfig
 
 NS = "default"
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ async def test_submit_a_file_get_list_and_delete(cluster: Cluster):
     assert job.status.phase == "Running" and job.status.nodes_ready == "2/2" and job.status.restarts == 1
     assert job.status.progress.loss == 0.25
 
-    await call(client.submit, a_job("second").build())
+    await call(client.submit, a_cpu_job("second").as_dict())
     assert [j.name for j in await call(client.list)] == ["quickstart", "second"]
     with pytest.raises(AlreadyExists, match="already exists in namespace default; delete it first"):
         await call(client.submit, QUICKSTART)
@@ -76,7 +77,7 @@ async def test_submit_a_file_get_list_and_delete(cluster: Cluster):
 
 async def test_submit_validates_first_with_the_messages_of_dtrain_validate(cluster: Cluster):
     client = client_of(cluster)
-    bad = a_job("bad").with_spec("nodes", 0).with_spec("trainer", {"maxEpoch": 2}).build()
+    bad = a_cpu_job("bad").with_spec(nodes=0).with_spec(trainer={"maxEpoch": 2}).as_dict()
     expected = [f"job: {line}" for line in validate_object(bad).errors]
     assert len(expected) == 2
     with pytest.raises(InvalidJob) as raised:
@@ -113,12 +114,12 @@ async def test_namespace_and_context_as_kubectl(cluster: Cluster):
     assert Client(kubeconfig=kubeconfig).namespace == "team-a"
     prod = Client(kubeconfig=kubeconfig, context="prod")
     assert prod.namespace == "team-b"
-    await call(prod.submit, a_job("here", namespace="team-b").build())
-    await call(prod.submit, {**a_job("bare").build(), "metadata": {"name": "bare"}})
+    await call(prod.submit, a_cpu_job("here").in_namespace("team-b").as_dict())
+    await call(prod.submit, {**a_cpu_job("bare").as_dict(), "metadata": {"name": "bare"}})
     assert cluster.job("team-b", "bare") is not None
     explicit = Client(kubeconfig=kubeconfig, namespace="team-c")
     with pytest.raises(Exception, match="names namespace 'team-b' but 'team-c' was asked for; use -n team-b"):
-        await call(explicit.submit, a_job("x", namespace="team-b").build())
+        await call(explicit.submit, a_cpu_job("x").in_namespace("team-b").as_dict())
     assert [j.name for j in await call(explicit.list, all_namespaces=True)] == ["bare", "here"]
     with pytest.raises(ConnectionFailed, match="context 'nope'"):
         Client(kubeconfig=kubeconfig, context="nope")
@@ -126,7 +127,7 @@ async def test_namespace_and_context_as_kubectl(cluster: Cluster):
 
 async def test_wait_for_a_phase_with_a_timeout(cluster: Cluster):
     client = client_of(cluster)
-    await call(client.submit, a_job("slow").build())
+    await call(client.submit, a_cpu_job("slow").as_dict())
     with pytest.raises(WaitTimeout, match="default/slow is not started after 0.3 s, not Running") as raised:
         await call(client.wait, "slow", "Running", timeout=0.3, interval=0.05)
     assert raised.value.job is not None and raised.value.job.name == "slow"
@@ -145,7 +146,7 @@ async def test_wait_for_a_phase_with_a_timeout(cluster: Cluster):
 
 async def test_progress_streams_each_change_until_the_job_ends(cluster: Cluster):
     client = client_of(cluster)
-    await call(client.submit, a_job("prog").build())
+    await call(client.submit, a_cpu_job("prog").as_dict())
 
     updates: list[ProgressUpdate] = []
 
@@ -182,7 +183,7 @@ async def test_progress_streams_each_change_until_the_job_ends(cluster: Cluster)
 async def test_logs_of_a_rank_and_following_them_on_a_running_job(cluster: Cluster):
     await cluster.start_operator()
     client = client_of(cluster)
-    await call(client.submit, a_job("logged").nodes(2).build())
+    await call(client.submit, a_cpu_job("logged").with_nodes(2).as_dict())
     await cluster.run_all(NS, "logged", 2)
     logs = cluster.api.pod_logs
     logs.write(NS, "logged-0", "rank 0 starts\nepoch 1 step 10 loss 0.5\n")
@@ -211,7 +212,7 @@ async def test_no_permission_says_which_verb_and_how_to_check(cluster: Cluster):
     cluster.api.faults.fail(lambda r: r.resource is not None and r.resource.plural == contract.PLURAL,
                             status=403, reason="Forbidden")
     with pytest.raises(PermissionDenied) as raised:
-        await call(client.submit, a_job("nope").build())
+        await call(client.submit, a_cpu_job("nope").as_dict())
     assert "cannot create distributedtrainings in namespace default" in str(raised.value)
     assert "kubectl auth can-i create distributedtrainings -n default" in str(raised.value)
     with pytest.raises(PermissionDenied, match="kubectl auth can-i get distributedtrainings -n default"):
@@ -224,7 +225,7 @@ async def test_no_crd_says_to_install_the_operator(tmp_path: Path):
     async with ApiServer() as server, kmock.Server(server):  # no resources declared: no CRD
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(server.url).rstrip("/"))
         client = Client(kubeconfig=kubeconfig)
-        for attempt in (functools.partial(client.submit, a_job("x").build()),
+        for attempt in (functools.partial(client.submit, a_cpu_job("x").as_dict()),
                         functools.partial(client.get, "x"), client.list):
             with pytest.raises(NoCrdError, match="CRD distributedtrainings.dtrain.dev is not installed.*helm install"):
                 await call(attempt)
@@ -243,7 +244,7 @@ async def test_no_answer_and_no_credentials(tmp_path: Path, monkeypatch: pytest.
 
 
 async def test_a_job_from_a_newer_operator_is_a_clear_error(cluster: Cluster):
-    await cluster.apply({**a_job("future").build(), "spec": {"nodes": 1, "quantumAccelerator": True}})
+    await cluster.apply({**a_cpu_job("future").as_dict(), "spec": {"nodes": 1, "quantumAccelerator": True}})
     with pytest.raises(Exception, match="does not fit this dtrain's API model .*quantumAccelerator.*upgrade dtrain"):
         await call(client_of(cluster).get, "future")
 

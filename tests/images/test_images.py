@@ -77,7 +77,8 @@ def test_the_operator_image_has_no_torch():
 
 
 async def test_the_operator_image_serves_a_job(tmp_path: Path):
-    from tests.operator.cluster import OperatorProcess, a_job, running_cluster
+    from tests.builders import a_cpu_job
+    from tests.operator.cluster import OperatorProcess, running_cluster
 
     class ImageOperator(OperatorProcess):
         """`dtrain operator` as the image's entrypoint, root filesystem read-only, /tmp its only
@@ -104,7 +105,7 @@ async def test_the_operator_image_serves_a_job(tmp_path: Path):
             or (not process.running and (_ for _ in ()).throw(AssertionError(process.log_tail()))),
             "the operator in its image watching pods", timeout=90,
         )
-        await cluster.apply(a_job("imaged").nodes(2).build())
+        await cluster.apply(a_cpu_job("imaged").with_nodes(2).as_dict())
         await cluster.run_all("default", "imaged", 2)
         await cluster.phase("default", "imaged", "Running")
         for rank in (0, 1):

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.local.display import Display, ProgressView, format_duration
 from dtrain_operator.local.plan import Workdir
 from dtrain_operator.local.progress import JsonlTail
 from dtrain_operator.local.summary import collect_summary
+from tests.builders import a_job
 
 
 def test_progress_view_follows_the_records_and_estimates_the_eta() -> None:
@@ -77,10 +77,8 @@ def test_jsonl_tail_waits_for_a_line_to_be_complete(tmp_path: Path) -> None:
     assert resumed.read_new() == [{"event": "resumed"}]
 
 
-def a_job() -> DistributedTraining:
-    return DistributedTraining.model_validate(
-        {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "demo"}, "spec": {"nodes": 2}}
-    )
+TWO_NODES = a_job("demo").with_nodes(2)
+"""Two nodes of one GPU each: the summary says `2 x 1 gpu`."""
 
 
 def test_summary_gathers_the_run_and_the_table_shows_it(tmp_path: Path) -> None:
@@ -115,7 +113,8 @@ def test_summary_gathers_the_run_and_the_table_shows_it(tmp_path: Path) -> None:
         )
     )
     summary = collect_summary(
-        a_job(), workdir, phase="Succeeded", reason="", message="", restarts=1, wall_seconds=75, engine_asked=True
+        TWO_NODES.as_model(), workdir, phase="Succeeded", reason="", message="", restarts=1, wall_seconds=75,
+        engine_asked=True,
     )
     assert (summary.steps, summary.final_loss, summary.images_per_second) == (8, 0.5, 321.0)
     assert summary.onnx_parity_error == 2.5e-7
@@ -144,8 +143,8 @@ def test_a_failed_run_without_files_still_summarises(tmp_path: Path) -> None:
     workdir = Workdir(tmp_path)
     workdir.checkpoints.mkdir()
     summary = collect_summary(
-        a_job(), workdir, phase="Failed", reason="BackoffLimitExceeded", message="worker 1 exited with code 1",
-        restarts=0, wall_seconds=3, engine_asked=True,
+        TWO_NODES.as_model(), workdir, phase="Failed", reason="BackoffLimitExceeded",
+        message="worker 1 exited with code 1", restarts=0, wall_seconds=3, engine_asked=True,
     )
     assert (summary.steps, summary.checkpoint, summary.onnx, summary.latency) == (None, None, None, [])
     out = io.StringIO()

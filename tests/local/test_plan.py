@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.api import contract
 from dtrain_operator.core import render
 from dtrain_operator.local.plan import (
     Overrides,
@@ -22,24 +22,17 @@ from dtrain_operator.local.plan import (
     resolve_env,
     worker_exit_code,
 )
+from tests.builders import a_job
 
-
-def a_job(**spec: object) -> DistributedTraining:
-    return DistributedTraining.model_validate(
-        {
-            "apiVersion": contract.API_VERSION,
-            "kind": contract.KIND,
-            "metadata": {"name": "demo", "namespace": "ml"},
-            "spec": spec,
-        }
-    )
+DEMO = a_job("demo").in_namespace("ml")
+"""The job `dtrain run` runs here: every spec field at its default unless a test says otherwise."""
 
 
 WORKDIR = Workdir(Path("/runs/demo"))
 
 
 def test_paths_move_into_the_workdir_and_overrides_apply() -> None:
-    local = localize(a_job(nodes=4, accelerator="cpu"), Overrides(nodes=2, devices_per_node=3), WORKDIR, [])
+    local = localize(DEMO.with_nodes(4).on_cpu().as_model(), Overrides(nodes=2, devices_per_node=3), WORKDIR, [])
     spec = local.job.spec
     assert (spec.nodes, spec.devices_per_node) == (2, 3)
     assert spec.checkpoint.dir == "/runs/demo/checkpoints"
@@ -52,7 +45,7 @@ def test_paths_move_into_the_workdir_and_overrides_apply() -> None:
 
 
 def test_gpu_without_cuda_falls_back_to_cpu_with_one_warning() -> None:
-    job = a_job(accelerator="gpu", trainer={"precision": "16-mixed"})
+    job = DEMO.with_spec(accelerator="gpu", trainer={"precision": "16-mixed"}).as_model()
     local = localize(job, Overrides(), WORKDIR, [])
     assert local.job.spec.accelerator == "cpu"
     assert len(local.warnings) == 1
@@ -65,17 +58,16 @@ def test_gpus_are_split_between_nodes_and_too_few_is_an_error() -> None:
     assert assign_gpus(1, 1, ["5", "7"]) == [["5"]]
     with pytest.raises(PlanError, match=r"needs 4 GPU\(s\).*has 2.*--nodes"):
         assign_gpus(2, 2, ["0", "1"])
-    local = localize(a_job(nodes=2, devicesPerNode=1), Overrides(), WORKDIR, ["0", "1"])
+    local = localize(DEMO.with_nodes(2).with_devices(1).as_model(), Overrides(), WORKDIR, ["0", "1"])
     launches, _ = node_launches(local, WORKDIR, 29999, {}, cores=8)
     assert [launch.env["CUDA_VISIBLE_DEVICES"] for launch in launches] == ["0", "1"]
 
 
 def test_volume_mounts_are_named_as_unmounted() -> None:
-    job = a_job(
-        accelerator="cpu",
+    job = DEMO.on_cpu().with_spec(
         volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}],
         volumeMounts=[{"name": "data", "mountPath": "/data/imagenet"}],
-    )
+    ).as_model()
     assert localize(job, Overrides(), WORKDIR, []).warnings == [
         (
             "volumeMount data at /data/imagenet is not mounted outside a cluster: the trainer reads that path on this "
@@ -86,20 +78,18 @@ def test_volume_mounts_are_named_as_unmounted() -> None:
 
 def test_bad_overrides_are_refused() -> None:
     with pytest.raises(PlanError, match="--nodes must be at least 1"):
-        localize(a_job(), Overrides(nodes=0), WORKDIR, [])
+        localize(DEMO.as_model(), Overrides(nodes=0), WORKDIR, [])
 
 
 def test_each_node_runs_the_rendered_pod_with_its_environment() -> None:
-    job = a_job(
-        nodes=2,
-        accelerator="cpu",
+    job = DEMO.with_nodes(2).on_cpu().with_spec(
         nccl={"debug": "WARN"},
         env=[
             {"name": "MY_FLAG", "value": "1"},
             {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
         ],
-    )
+    ).as_model()
     local = localize(job, Overrides(), WORKDIR, [])
     base = {"PATH": "/usr/bin", "PET_NNODES": "9", "RANK": "3", "HOME": "/root"}
     launches, warnings = node_launches(local, WORKDIR, 31234, base, cores=2, gang_generation=1)
@@ -126,10 +116,10 @@ def test_each_node_runs_the_rendered_pod_with_its_environment() -> None:
 
 
 def test_omp_threads_from_the_job_then_the_caller_then_the_cores() -> None:
-    local = localize(a_job(accelerator="cpu", devicesPerNode=2), Overrides(), WORKDIR, [])
+    local = localize(DEMO.on_cpu().with_devices(2).as_model(), Overrides(), WORKDIR, [])
     assert node_launches(local, WORKDIR, 29500, {}, cores=16)[0][0].env["OMP_NUM_THREADS"] == "8"
     assert node_launches(local, WORKDIR, 29500, {"OMP_NUM_THREADS": "3"}, cores=16)[0][0].env["OMP_NUM_THREADS"] == "3"
-    job = a_job(accelerator="cpu", env=[{"name": "OMP_NUM_THREADS", "value": "7"}])
+    job = DEMO.on_cpu().with_spec(env=[{"name": "OMP_NUM_THREADS", "value": "7"}]).as_model()
     local = localize(job, Overrides(), WORKDIR, [])
     launches, _ = node_launches(local, WORKDIR, 29500, {"OMP_NUM_THREADS": "3"}, cores=2)
     assert launches[0].env["OMP_NUM_THREADS"] == "7"
@@ -141,7 +131,7 @@ def test_omp_threads_share_the_cores(cores: int, processes: int, threads: int) -
 
 
 def test_resolve_env_answers_the_downward_api_for_one_machine() -> None:
-    job = a_job()
+    job = DEMO.as_model()
     values, warnings = resolve_env(
         job,
         1,
@@ -157,7 +147,8 @@ def test_resolve_env_answers_the_downward_api_for_one_machine() -> None:
 
 
 def test_engine_step_is_the_engine_jobs_command_on_the_workdir() -> None:
-    local = localize(a_job(accelerator="cpu", engine={"maxBatch": 8, "optBatch": 4}), Overrides(), WORKDIR, [])
+    job = DEMO.on_cpu().with_spec(engine={"maxBatch": 8, "optBatch": 4}).as_model()
+    local = localize(job, Overrides(), WORKDIR, [])
     argv = engine_argv(local.job, WORKDIR)
     assert argv[:4] == [sys.executable, "-m", "dtrain_operator.cli", "build-engine"]
     assert argv[argv.index("--onnx") + 1] == "/runs/demo/artifacts/model.onnx"

@@ -8,18 +8,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.local.display import Display
 from dtrain_operator.local.plan import Workdir
 from dtrain_operator.local.summary import collect_summary
+from tests.builders import a_job
 
 
 def summary_of(workdir: Workdir):
-    job = DistributedTraining.model_validate(
-        {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "digits"}, "spec": {}}
-    )
-    return collect_summary(job, workdir, phase="Succeeded", reason="", message="", restarts=0, wall_seconds=60,
-                           engine_asked=False)
+    return collect_summary(a_job("digits").as_model(), workdir, phase="Succeeded", reason="", message="", restarts=0,
+                           wall_seconds=60, engine_asked=False)
 
 
 def workdir_at(tmp_path: Path) -> Workdir:

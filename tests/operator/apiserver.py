@@ -24,7 +24,8 @@ operator relies on real API-server behaviour. Each extension is small and stands
   for comparing the operator's calls with its RBAC rules.
 
 kmock still does the HTTP serving, request parsing, API discovery and object storage
-(`server.objects[...]` keeps every version of every object for assertions).
+(`server.objects[...]` keeps every version of every object for assertions). The private parts of
+kmock that the extensions override or use are named, and checked, in kmock_adapter.py.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
-from kmock._internal import rendering
-from kmock._internal.k8s import KubernetesError
 
 from dtrain_operator.api import contract
+
+from .kmock_adapter import KubernetesError, Payload, Request, raw_request
 
 EVENT_LOG_SIZE = 50_000
 _ONE_NAMESPACE = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)$")
@@ -69,6 +70,7 @@ RESOURCES = [
     ("scheduling.x-k8s.io/v1alpha1/podgroups", "PodGroup", True),
 ]
 CLUSTER_SCOPED = {"namespaces"}
+NAMESPACES = kmock.resource("v1/namespaces")
 
 
 def now_rfc3339() -> str:
@@ -133,7 +135,7 @@ class Call:
         return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
 
 
-def rbac_verb(request: rendering.Request) -> str:
+def rbac_verb(request: Request) -> str:
     method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
     if method == "GET":
         if request.params.get("watch") in ("true", "1"):
@@ -147,7 +149,7 @@ def rbac_verb(request: rendering.Request) -> str:
 class Gate:
     """Holds matching requests until released; counts those waiting."""
 
-    def __init__(self, matches: Callable[[rendering.Request], bool], after: int = 0) -> None:
+    def __init__(self, matches: Callable[[Request], bool], after: int = 0) -> None:
         self.matches = matches
         self.passed = 0
         self.after = after
@@ -155,7 +157,7 @@ class Gate:
         self._open = asyncio.Event()
         self._fail = False
 
-    async def wait(self, request: rendering.Request) -> None:
+    async def wait(self, request: Request) -> None:
         if self._open.is_set():
             return  # released: later requests pass
         if self.passed < self.after:
@@ -182,7 +184,7 @@ class Throttled(KubernetesError):
 
 @dataclasses.dataclass
 class _Failure:
-    matches: Callable[[rendering.Request], bool]
+    matches: Callable[[Request], bool]
     status: int
     reason: str
     times: int | None
@@ -202,7 +204,7 @@ class Faults:
 
     def fail(
         self,
-        matches: Callable[[rendering.Request], bool],
+        matches: Callable[[Request], bool],
         status: int = 500,
         reason: str = "InternalError",
         times: int | None = None,
@@ -214,7 +216,7 @@ class Faults:
         until = asyncio.get_running_loop().time() + seconds if seconds is not None else None
         self._failures.append(_Failure(matches, status, reason, times, until, retry_after))
 
-    def gate(self, matches: Callable[[rendering.Request], bool], after: int = 0) -> Gate:
+    def gate(self, matches: Callable[[Request], bool], after: int = 0) -> Gate:
         """Hold matching requests (after letting `after` of them through) until the gate is released."""
         gate = Gate(matches, after)
         self.gates.append(gate)
@@ -238,7 +240,7 @@ class Faults:
     def stalled(self) -> bool:
         return asyncio.get_running_loop().time() < self.stalled_until
 
-    async def intercept(self, request: rendering.Request) -> None:
+    async def intercept(self, request: Request) -> None:
         now = asyncio.get_running_loop().time()
         for failure in list(self._failures):
             if failure.until is not None and now > failure.until or failure.times == 0:
@@ -284,7 +286,7 @@ class ApiServer(kmock.KubernetesEmulator):
     # Called on create and update as hook(request, new, old) -> the object to store (or raise KubernetesError).
     admission: list[Callable[..., dict[str, Any]]] = attrs.field(factory=list, init=False)
 
-    def admit(self, request: rendering.Request, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    def admit(self, request: Request, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         for hook in self.admission:
             new = hook(request, new, old)
         return new
@@ -321,7 +323,7 @@ class ApiServer(kmock.KubernetesEmulator):
 
     # --- Request handling ------------------------------------------------------------------------
 
-    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
         if self.authorizer is not None:
             self.authorizer.authorize(request)
         resource = request.resource
@@ -343,13 +345,9 @@ class ApiServer(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(await self._delete(request))
         return await super()._handle(request)
 
-    def _serve_namespace(self, request: rendering.Request, name: str) -> aiohttp.web.StreamResponse:
+    def _serve_namespace(self, request: Request, name: str) -> aiohttp.web.StreamResponse:
         self.calls.append((request.headers.get("User-Agent", ""), Call("get", "", "namespaces", "")))
-        found = next(
-            (dict(obj.last.raw) for key, obj in self.objects.items()  # type: ignore[attr-defined]
-             if key[0].plural == "namespaces" and key[2] == name and not obj.deleted),
-            None,
-        )
+        found = self._current((NAMESPACES, None, name))  # cluster-scoped: stored without a namespace
         if found is None:
             body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
                     "message": f'namespaces "{name}" not found'}
@@ -385,7 +383,7 @@ class ApiServer(kmock.KubernetesEmulator):
         else:
             self.objects[key] = raw  # type: ignore[index]
 
-    async def _create(self, request: rendering.Request) -> dict[str, Any]:
+    async def _create(self, request: Request) -> dict[str, Any]:
         raw = copy.deepcopy(request.data) if isinstance(request.data, dict) else None
         if raw is None:
             raise KubernetesError(400, "BadRequest", "the body is not a JSON object")
@@ -414,7 +412,7 @@ class ApiServer(kmock.KubernetesEmulator):
             self._emit("ADDED", request.resource, raw)
         return raw
 
-    async def _patch(self, request: rendering.Request) -> dict[str, Any]:
+    async def _patch(self, request: Request) -> dict[str, Any]:
         key = (request.resource, request.namespace, request.name)
         content_type = request.headers.get("Content-Type", "")
         async with self._lock:
@@ -449,7 +447,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 self._emit("MODIFIED", request.resource, new)
         return new
 
-    async def _delete(self, request: rendering.Request) -> dict[str, Any]:
+    async def _delete(self, request: Request) -> dict[str, Any]:
         key = (request.resource, request.namespace, request.name)
         options = request.data if isinstance(request.data, dict) else {}
         preconditions = options.get("preconditions") or {}
@@ -504,7 +502,7 @@ class ApiServer(kmock.KubernetesEmulator):
 
     # --- Reads -------------------------------------------------------------------------------------
 
-    def _matching(self, request: rendering.Request) -> list[dict[str, Any]]:
+    def _matching(self, request: Request) -> list[dict[str, Any]]:
         selector = request.params.get("labelSelector", "")
         items = []
         for (resource, namespace, _), obj in self.objects.items():
@@ -517,7 +515,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 items.append(raw)
         return items
 
-    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+    async def _serve_list(self, request: Request) -> Payload:
         kind, api_version = self._kinds.get(request.resource, ("Unknown", ""))
         async with self._lock:
             items = self._matching(request)
@@ -533,7 +531,7 @@ class ApiServer(kmock.KubernetesEmulator):
         newer.reverse()
         return newer
 
-    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+    async def _serve_watch(self, request: Request) -> AsyncIterator[Payload]:
         yield b""  # send the headers: the stream is open
         loop = asyncio.get_running_loop()
         params = request.params
@@ -557,7 +555,8 @@ class ApiServer(kmock.KubernetesEmulator):
                                "message": f"too old resource version: {cursor}"},
                 }
                 return
-        transport = request._raw_request.transport if request._raw_request is not None else None
+        raw = raw_request(request)
+        transport = raw.transport if raw is not None else None
         dead = False
         while True:
             if transport is None or transport.is_closing():

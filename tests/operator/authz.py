@@ -23,10 +23,8 @@ import secrets
 from collections.abc import Iterable
 from typing import Any
 
-from kmock._internal import rendering
-from kmock._internal.k8s import KubernetesError
-
 from .apiserver import rbac_verb
+from .kmock_adapter import KubernetesError, Request
 
 MASTERS = "system:masters"
 
@@ -114,7 +112,7 @@ class Authorizer:
     def admin_token(self, name: str = "e2e-admin") -> str:
         return self.issue(User(name, (MASTERS, "system:authenticated")))
 
-    def authenticate(self, request: rendering.Request) -> User:
+    def authenticate(self, request: Request) -> User:
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         user = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
@@ -157,7 +155,7 @@ class Authorizer:
             return True
         return any(rule_allows(rule, attributes) for rule in self.rules_for(user, attributes.namespace))
 
-    def authorize(self, request: rendering.Request) -> None:
+    def authorize(self, request: Request) -> None:
         """Raise the API server's 401 or 403 for a request it would refuse; return for one it allows."""
         user = self.authenticate(request)
         resource = request.resource

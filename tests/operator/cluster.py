@@ -1,6 +1,6 @@
 """The operator's test bench: the API server (apiserver.py), the operator as a real process
 (`dtrain operator` with a kubeconfig pointing at the server), a kubelet and a Job controller
-played by the tests over HTTP, and a fluent builder for jobs.
+played by the tests over HTTP. The jobs the tests submit come from tests/builders.py.
 
 The kubelet writes statuses the way a real one does (container statuses with name, image,
 imageID, ready, restartCount and state; termination messages; eviction conditions).
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import os
 import signal
 import socket
@@ -125,69 +124,6 @@ class OperatorProcess:
         if not self.log.exists():
             return ""
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-class JobBuilder:
-    """A DistributedTraining, stating only what a test is about: `a_job("x").nodes(3).gpus(2).build()`."""
-
-    def __init__(self, name: str, namespace: str = "default") -> None:
-        self._doc: dict[str, Any] = {
-            "apiVersion": contract.API_VERSION,
-            "kind": contract.KIND,
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"nodes": 2, "accelerator": "cpu", "engine": {"enabled": False}},
-        }
-
-    def _set(self, path: str, value: Any) -> JobBuilder:
-        node = self._doc["spec"]
-        keys = path.split(".")
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-        node[keys[-1]] = value
-        return self
-
-    def nodes(self, count: int) -> JobBuilder:
-        return self._set("nodes", count)
-
-    def gpus(self, per_node: int) -> JobBuilder:
-        return self._set("accelerator", "gpu")._set("devicesPerNode", per_node)
-
-    def engine(self, enabled: bool = True) -> JobBuilder:
-        return self._set("engine.enabled", enabled)
-
-    def restart_policy(self, policy: str, backoff_limit: int = 3) -> JobBuilder:
-        return self._set("runPolicy.restartPolicy", policy)._set("runPolicy.backoffLimit", backoff_limit)
-
-    def backoff_limit(self, limit: int) -> JobBuilder:
-        return self._set("runPolicy.backoffLimit", limit)
-
-    def deadline(self, seconds: int) -> JobBuilder:
-        return self._set("runPolicy.activeDeadlineSeconds", seconds)
-
-    def ttl(self, seconds: int) -> JobBuilder:
-        return self._set("runPolicy.ttlSecondsAfterFinished", seconds)
-
-    def clean_pod_policy(self, policy: str) -> JobBuilder:
-        return self._set("runPolicy.cleanPodPolicy", policy)
-
-    def suspended(self, value: bool = True) -> JobBuilder:
-        return self._set("runPolicy.suspend", value)
-
-    def schedule_timeout(self, seconds: int) -> JobBuilder:
-        return self._set("scheduling.gang.scheduleTimeoutSeconds", seconds)
-
-    def gang(self, scheduler: str) -> JobBuilder:
-        return self._set("scheduling.schedulerName", scheduler)._set("scheduling.gang.enabled", True)
-
-    def with_spec(self, path: str, value: Any) -> JobBuilder:
-        return self._set(path, value)
-
-    def build(self) -> dict[str, Any]:
-        return copy.deepcopy(self._doc)
-
-
-def a_job(name: str, namespace: str = "default") -> JobBuilder:
-    return JobBuilder(name, namespace)
 
 
 def container_status(pod: dict[str, Any], state: dict[str, Any], ready: bool) -> list[dict[str, Any]]:

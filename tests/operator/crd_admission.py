@@ -24,9 +24,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from kmock._internal.k8s import KubernetesError
-
 from tests import celrules
+
+from .kmock_adapter import KubernetesError
 
 
 @dataclasses.dataclass

@@ -27,11 +27,10 @@ from typing import Any
 import aiohttp.web
 import attrs
 import kmock
-from kmock._internal import rendering
-from kmock._internal.k8s import KubernetesError
 
 from .apiserver import ApiServer, Call
 from .cluster import PODS, Cluster
+from .kmock_adapter import KubernetesError, Request, raw_request
 
 LogKey = tuple[str, str, str]  # namespace, pod, container
 
@@ -93,7 +92,7 @@ class LogServingApiServer(ApiServer):
 
     pod_logs: PodLogs = attrs.field(factory=PodLogs, init=False)
 
-    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
         resource = request.resource
         if resource is None or resource.plural != "pods" or request.subresource != "log" or not request.name:
             return await super()._handle(request)
@@ -107,7 +106,7 @@ class LogServingApiServer(ApiServer):
             return None
         return dict(self.objects[key].last.raw)  # type: ignore[index]
 
-    async def _serve_log(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def _serve_log(self, request: Request) -> aiohttp.web.StreamResponse:
         namespace, name = request.namespace or "default", request.name
         pod = self._pod(namespace, name)
         if pod is None:
@@ -128,7 +127,7 @@ class LogServingApiServer(ApiServer):
         follow = request.params.get("follow") in ("true", "1")
         if not follow:
             return aiohttp.web.Response(text=text, content_type="text/plain")
-        raw = request._raw_request
+        raw = raw_request(request)
         assert raw is not None
         response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
         await response.prepare(raw)

@@ -9,10 +9,10 @@ import kmock
 import pytest
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
 from .apiserver import ApiServer
 from .authz import Attributes, Authorizer, User, rule_allows
-from .cluster import a_job
 
 NS = "dtrain-system"
 DTR = f"/apis/{contract.API_VERSION}/namespaces/{NS}/{contract.PLURAL}"
@@ -41,7 +41,7 @@ async def test_each_service_account_gets_what_the_chart_grants_and_nothing_else(
     other_trainer = authz.issue(User.service_account("elsewhere", "dtrain-trainer"))
     async with ApiServer(authorizer=authz) as api, kmock.Server(api):
         api.declare_resources()
-        assert await _call(api, "POST", DTR, admin, a_job("rbac", NS).build()) == 201
+        assert await _call(api, "POST", DTR, admin, a_cpu_job("rbac").in_namespace(NS).as_dict()) == 201
         assert await _call(api, "GET", DTR, None) == 401
         assert await _call(api, "GET", DTR, "made-up") == 401
         assert await _call(api, "GET", "/apis", trainer) == 200  # discovery: every authenticated user

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 
@@ -14,7 +15,7 @@ def generations(pods: list[dict]) -> set[str]:
 
 
 async def test_a_failed_worker_restarts_the_gang_until_the_backoff_limit(operated: Cluster):
-    await operated.apply(a_job("flaky").nodes(3).backoff_limit(1).build())
+    await operated.apply(a_cpu_job("flaky").with_nodes(3).with_backoff_limit(1).as_dict())
     first = await operated.run_all(NS, "flaky", 3)
     await operated.phase(NS, "flaky", "Running")
 
@@ -50,7 +51,7 @@ async def test_a_failed_worker_restarts_the_gang_until_the_backoff_limit(operate
 
 
 async def test_exit_code_policy_fails_a_program_error_at_once(operated: Cluster):
-    await operated.apply(a_job("typo").nodes(2).restart_policy("ExitCode").build())
+    await operated.apply(a_cpu_job("typo").with_nodes(2).with_restart_policy("ExitCode").as_dict())
     await operated.run_all(NS, "typo", 2)
     await operated.phase(NS, "typo", "Running")
     await operated.exit(NS, "typo-0", 1, "ModuleNotFoundError: No module named 'mymodel'")
@@ -62,7 +63,8 @@ async def test_exit_code_policy_fails_a_program_error_at_once(operated: Cluster)
 
 
 async def test_exit_code_policy_restarts_signals_and_evictions(operated: Cluster):
-    await operated.apply(a_job("preempted").nodes(2).restart_policy("ExitCode", backoff_limit=5).build())
+    job = a_cpu_job("preempted").with_nodes(2).with_restart_policy("ExitCode").with_backoff_limit(5)
+    await operated.apply(job.as_dict())
     await operated.run_all(NS, "preempted", 2)
     await operated.phase(NS, "preempted", "Running")
     await operated.exit(NS, "preempted-1", 143)
@@ -80,7 +82,7 @@ async def test_exit_code_policy_restarts_signals_and_evictions(operated: Cluster
 
 
 async def test_never_policy_fails_on_the_first_failure(operated: Cluster):
-    await operated.apply(a_job("once").nodes(2).restart_policy("Never").build())
+    await operated.apply(a_cpu_job("once").with_nodes(2).with_restart_policy("Never").as_dict())
     await operated.run_all(NS, "once", 2)
     await operated.phase(NS, "once", "Running")
     await operated.exit(NS, "once-1", 137)
@@ -90,7 +92,7 @@ async def test_never_policy_fails_on_the_first_failure(operated: Cluster):
 
 
 async def test_a_worker_deleted_by_someone_restarts_the_gang(operated: Cluster):
-    await operated.apply(a_job("drained").nodes(2).build())
+    await operated.apply(a_cpu_job("drained").with_nodes(2).as_dict())
     await operated.run_all(NS, "drained", 2)
     await operated.phase(NS, "drained", "Running")
     await operated.delete("/api/v1/namespaces/default/pods/drained-1")
@@ -102,7 +104,7 @@ async def test_a_worker_deleted_by_someone_restarts_the_gang(operated: Cluster):
 
 async def test_a_restart_waits_for_old_pods_to_terminate_before_reusing_their_names(operated: Cluster):
     """Pod names are stable (DNS): a new pod `x-0` cannot exist before the old `x-0` is gone."""
-    await operated.apply(a_job("slow").nodes(2).build())
+    await operated.apply(a_cpu_job("slow").with_nodes(2).as_dict())
     await operated.run_all(NS, "slow", 2)
     await operated.phase(NS, "slow", "Running")
     # A finalizer stands for the kubelet's graceful termination: deletion waits until it is removed.

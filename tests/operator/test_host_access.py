@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 HOST_PATH = [{"name": "node-disk", "hostPath": {"path": "/var/lib"}}]
 MOUNT = [{"name": "node-disk", "mountPath": "/node"}]
@@ -19,8 +20,8 @@ async def test_host_access_is_refused_outside_opted_in_namespaces(cluster: Clust
     await _namespace(cluster, "team-a", {"pod-security.kubernetes.io/enforce": "baseline"})
     await _namespace(cluster, "rdma", {contract.LABEL_ALLOW_HOST_ACCESS: "true"})
 
-    refused = a_job("hostnet", "team-a").nodes(2).with_spec("hostNetwork", True).with_spec("volumes", HOST_PATH)
-    await cluster.apply(refused.with_spec("volumeMounts", MOUNT).build())
+    refused = a_cpu_job("hostnet").in_namespace("team-a").with_nodes(2).with_spec(hostNetwork=True, volumes=HOST_PATH)
+    await cluster.apply(refused.with_spec(volumeMounts=MOUNT).as_dict())
     await cluster.phase("team-a", "hostnet", "Failed")
     failed = cluster.condition("team-a", "hostnet", "Failed")
     assert failed["reason"] == "InvalidSpec"
@@ -28,17 +29,17 @@ async def test_host_access_is_refused_outside_opted_in_namespaces(cluster: Clust
     assert "spec.volumes[0].hostPath" in failed["message"]
     assert cluster.pods("team-a", "hostnet") == []
 
-    allowed = a_job("hostnet", "rdma").nodes(2).with_spec("hostNetwork", True).build()
+    allowed = a_cpu_job("hostnet").in_namespace("rdma").with_nodes(2).with_spec(hostNetwork=True).as_dict()
     await cluster.apply(allowed)
     pods = await cluster.eventually(lambda: len(p := cluster.pods("rdma", "hostnet")) == 2 and p, "2 pods in rdma")
     assert all(p["spec"]["hostNetwork"] for p in pods)
 
-    plain = a_job("plain", "team-a").nodes(1).build()
+    plain = a_cpu_job("plain").in_namespace("team-a").with_nodes(1).as_dict()
     await cluster.apply(plain)
     await cluster.eventually(lambda: len(cluster.pods("team-a", "plain")) == 1, "a job without host access runs")
 
 
 async def test_without_the_flag_host_access_is_the_clusters_business(operated: Cluster):
-    await operated.apply(a_job("hostnet").nodes(1).with_spec("hostNetwork", True).build())
+    await operated.apply(a_cpu_job("hostnet").with_nodes(1).with_spec(hostNetwork=True).as_dict())
     pods = await operated.eventually(lambda: len(p := operated.pods("default", "hostnet")) == 1 and p, "the pod")
     assert pods[0]["spec"]["hostNetwork"] is True

@@ -3,7 +3,9 @@ a hostile value is an InvalidSpec condition naming the field, never a crashed re
 
 from __future__ import annotations
 
-from .cluster import Cluster, a_job
+from tests.builders import a_cpu_job
+
+from .cluster import Cluster
 
 NS = "default"
 
@@ -16,20 +18,22 @@ def _nested(depth: int) -> dict:
 
 
 async def test_deep_init_args_fail_the_job_cleanly(operated: Cluster):
-    await operated.apply(a_job("deep").nodes(1).with_spec("model", {"classPath": "m.M", "initArgs": _nested(300)}).build())
+    deep = {"classPath": "m.M", "initArgs": _nested(300)}
+    await operated.apply(a_cpu_job("deep").with_nodes(1).with_spec(model=deep).as_dict())
     await operated.phase(NS, "deep", "Failed")
     failed = operated.condition(NS, "deep", "Failed")
     assert failed["reason"] == "InvalidSpec"
     assert "spec.model.initArgs: is nested deeper than 32 levels" in failed["message"]
     assert operated.pods(NS, "deep") == []
     # The operator goes on with other jobs.
-    await operated.apply(a_job("fine").nodes(1).build())
+    await operated.apply(a_cpu_job("fine").with_nodes(1).as_dict())
     await operated.eventually(lambda: len(operated.pods(NS, "fine")) == 1, "the next job's pod")
 
 
 async def test_huge_init_args_fail_the_job_cleanly(operated: Cluster):
     wide = {f"k{i}": i for i in range(20_000)}
-    await operated.apply(a_job("wide").nodes(1).with_spec("data", {"classPath": "m.D", "initArgs": wide}).build())
+    wide_data = {"classPath": "m.D", "initArgs": wide}
+    await operated.apply(a_cpu_job("wide").with_nodes(1).with_spec(data=wide_data).as_dict())
     await operated.phase(NS, "wide", "Failed")
     message = operated.condition(NS, "wide", "Failed")["message"]
     assert "spec.data.initArgs: holds more than 10000 values" in message

@@ -9,9 +9,10 @@ import re
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.builders import a_cpu_job
 from tests.chart.test_dashboard import DASHBOARD_FILE, METRIC_NAME
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 
@@ -42,7 +43,7 @@ def declared(text: str) -> set[str]:
 
 async def test_job_progress_and_restart_reasons_reach_metrics(cluster: Cluster):
     operator = await cluster.start_operator()
-    await cluster.apply(a_job("measured").nodes(2).build())
+    await cluster.apply(a_cpu_job("measured").with_nodes(2).as_dict())
     await cluster.run_all(NS, "measured", 2)
     await cluster.phase(NS, "measured", "Running")
     await cluster.patch_job_status(NS, "measured", {"progress": {

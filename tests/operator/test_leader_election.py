@@ -7,8 +7,9 @@ import asyncio
 import time
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, OperatorProcess, a_job
+from .cluster import Cluster, OperatorProcess
 
 NS = "default"
 LEASES = "coordination.k8s.io/v1/leases"
@@ -39,7 +40,7 @@ async def leader_and_standby(cluster: Cluster) -> tuple[OperatorProcess, Operato
 
 async def test_one_of_two_replicas_reconciles_and_the_other_takes_over_when_it_dies(cluster: Cluster):
     leader, second = await leader_and_standby(cluster)
-    await cluster.apply(a_job("ha").nodes(2).build())
+    await cluster.apply(a_cpu_job("ha").with_nodes(2).as_dict())
     await cluster.run_all(NS, "ha", 2)
     await cluster.phase(NS, "ha", "Running")
     await cluster.event_reasons(NS, "ha", ["Pending", "Running"])  # once each: one replica acts
@@ -66,7 +67,7 @@ async def test_one_of_two_replicas_reconciles_and_the_other_takes_over_when_it_d
 
 async def test_a_replica_that_stops_hands_the_lease_over_at_once(cluster: Cluster):
     leader, _standby = await leader_and_standby(cluster)
-    await cluster.apply(a_job("handover").nodes(1).build())
+    await cluster.apply(a_cpu_job("handover").with_nodes(1).as_dict())
     await cluster.run_all(NS, "handover", 1)
     await cluster.phase(NS, "handover", "Running")
 

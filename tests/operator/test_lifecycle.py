@@ -9,9 +9,10 @@ import json
 import yaml
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
 from .apiserver import now_rfc3339
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 
@@ -32,13 +33,13 @@ def owned_by(obj: dict, job: dict) -> bool:
 
 async def test_create_makes_service_configmap_and_pods_with_the_environment_contract(operated: Cluster):
     job = (
-        a_job("llm")
-        .nodes(3)
-        .gpus(2)
-        .with_spec("nccl", {"ibDisable": True, "socketIfname": "eth0", "debug": "INFO",
+        a_cpu_job("llm")
+        .with_nodes(3)
+        .on_gpus(2)
+        .with_spec(nccl={"ibDisable": True, "socketIfname": "eth0", "debug": "INFO",
                             "env": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}})
-        .with_spec("env", [{"name": "WANDB_MODE", "value": "offline"}])
-        .build()
+        .with_spec(env=[{"name": "WANDB_MODE", "value": "offline"}])
+        .as_dict()
     )
     created = await operated.apply(job)
     pods = await operated.eventually(lambda: len(p := operated.pods(NS, "llm")) == 3 and p, "3 worker pods")
@@ -102,7 +103,7 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
 
 
 async def test_scheduled_pods_make_it_starting_and_running_pods_running(operated: Cluster):
-    await operated.apply(a_job("warmup").nodes(2).build())
+    await operated.apply(a_cpu_job("warmup").with_nodes(2).as_dict())
     pods = await operated.eventually(lambda: len(p := operated.pods(NS, "warmup")) == 2 and p, "2 pods")
     for pod in pods:
         await operated.schedule(NS, pod["metadata"]["name"])
@@ -117,7 +118,7 @@ async def test_scheduled_pods_make_it_starting_and_running_pods_running(operated
 
 
 async def test_training_success_builds_the_engine_and_reports_artifacts(operated: Cluster):
-    await operated.apply(a_job("resnet").nodes(2).engine().build())
+    await operated.apply(a_cpu_job("resnet").with_nodes(2).with_engine().as_dict())
     await operated.run_all(NS, "resnet", 2)
     await operated.phase(NS, "resnet", "Running")
 
@@ -152,7 +153,7 @@ async def test_training_success_builds_the_engine_and_reports_artifacts(operated
 
 
 async def test_training_success_without_the_engine_is_success(operated: Cluster):
-    await operated.apply(a_job("plain").nodes(2).engine(False).build())
+    await operated.apply(a_cpu_job("plain").with_nodes(2).without_engine().as_dict())
     await operated.run_all(NS, "plain", 2)
     await operated.phase(NS, "plain", "Running")
     await operated.exit(NS, "plain-0", 0, '{"onnx": "/workspace/artifacts/model.onnx"}')
@@ -165,7 +166,7 @@ async def test_training_success_without_the_engine_is_success(operated: Cluster)
 
 
 async def test_engine_failure_fails_the_job_with_the_pod_message(operated: Cluster):
-    await operated.apply(a_job("broken").nodes(1).engine().build())
+    await operated.apply(a_cpu_job("broken").with_nodes(1).with_engine().as_dict())
     await operated.run_all(NS, "broken", 1)
     await operated.exit(NS, "broken-0", 0)
     await operated.phase(NS, "broken", "BuildingEngine")
@@ -177,7 +178,7 @@ async def test_engine_failure_fails_the_job_with_the_pod_message(operated: Clust
 
 
 async def test_exporting_phase_follows_the_trainer_and_progress_is_never_overwritten(operated: Cluster):
-    await operated.apply(a_job("export").nodes(2).build())
+    await operated.apply(a_cpu_job("export").with_nodes(2).as_dict())
     await operated.run_all(NS, "export", 2)
     await operated.phase(NS, "export", "Running")
     await asyncio.sleep(1.1)  # reported at least a second after the gang's pods were created

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
 from . import kubelet
 from .apiserver import now_rfc3339
-from .cluster import DTR, Cluster, a_job
+from .cluster import DTR, Cluster
 
 NS = "default"
 
@@ -30,7 +31,7 @@ def condition_history(cluster: Cluster, namespace: str, name: str, type_: str, s
 
 
 async def test_resume_before_the_suspended_pods_are_gone_counts_no_failure(operated: Cluster):
-    await operated.apply(a_job("preempted").nodes(2).restart_policy("Never").build())
+    await operated.apply(a_cpu_job("preempted").with_nodes(2).with_restart_policy("Never").as_dict())
     pods = await operated.run_all(NS, "preempted", 2)
     await operated.phase(NS, "preempted", "Running")
     await kubelet.hold_all(operated, NS, pods)
@@ -60,7 +61,7 @@ async def test_resume_before_the_suspended_pods_are_gone_counts_no_failure(opera
 
 
 async def test_a_finished_worker_whose_pod_goes_stays_finished(operated: Cluster):
-    await operated.apply(a_job("exported").nodes(2).build())
+    await operated.apply(a_cpu_job("exported").with_nodes(2).as_dict())
     await operated.run_all(NS, "exported", 2)
     await operated.phase(NS, "exported", "Running")
     rank0 = operated.pod(NS, "exported-0")["metadata"]["uid"]
@@ -87,7 +88,7 @@ async def test_a_finished_worker_whose_pod_goes_stays_finished(operated: Cluster
 
 async def test_exit_code_policy_restarts_when_a_node_is_lost_whatever_the_timing(cluster: Cluster):
     operator = await cluster.start_operator()
-    await cluster.apply(a_job("faraway").nodes(3).restart_policy("ExitCode").build())
+    await cluster.apply(a_cpu_job("faraway").with_nodes(3).with_restart_policy("ExitCode").as_dict())
     await cluster.run_all(NS, "faraway", 3)
     await cluster.phase(NS, "faraway", "Running")
     # The operator sees everything at once (as after a slow watch or its own restart): rank 0's
@@ -107,7 +108,7 @@ async def test_exit_code_policy_restarts_when_a_node_is_lost_whatever_the_timing
 
 
 async def test_a_stale_exporting_stage_from_the_previous_gang_is_not_the_new_gangs(operated: Cluster):
-    await operated.apply(a_job("twice").nodes(2).build())
+    await operated.apply(a_cpu_job("twice").with_nodes(2).as_dict())
     await operated.run_all(NS, "twice", 2)
     await operated.phase(NS, "twice", "Running")
     await asyncio.sleep(1.1)
@@ -128,7 +129,7 @@ async def test_a_stale_exporting_stage_from_the_previous_gang_is_not_the_new_gan
 
 async def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_and_goes_on(cluster: Cluster):
     await cluster.start_operator("--stuck-terminating-timeout=2")
-    await cluster.apply(a_job("stranded").nodes(2).build())
+    await cluster.apply(a_cpu_job("stranded").with_nodes(2).as_dict())
     pods = await cluster.run_all(NS, "stranded", 2)
     await cluster.phase(NS, "stranded", "Running")
     await kubelet.hold_all(cluster, NS, pods)
@@ -161,7 +162,7 @@ async def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_and_goes_on(
 
 async def test_an_image_that_cannot_be_pulled_is_said_at_once_once_and_fails_the_job(cluster: Cluster):
     await cluster.start_operator("--image-pull-timeout=4")
-    await cluster.apply(a_job("unpulled").nodes(2).with_spec("image", "registry.example/missing:1").build())
+    await cluster.apply(a_cpu_job("unpulled").with_nodes(2).with_spec(image="registry.example/missing:1").as_dict())
     await cluster.eventually(lambda: len(cluster.pods(NS, "unpulled")) == 2, "2 pods")
     async with kubelet.pull_flipping(cluster, NS, ["unpulled-0", "unpulled-1"]) as flips:
         condition = await cluster.eventually(

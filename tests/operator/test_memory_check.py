@@ -8,8 +8,9 @@ from dtrain_operator.api import DistributedTrainingSpec
 from dtrain_operator.api.memory_estimate import ANNOTATION, EstimateRecord, estimated_spec_hash
 from dtrain_operator.controller.status import gpu_memory
 from dtrain_operator.controller.status.gpu_memory import CONDITION
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 GiB = 2**30
@@ -23,7 +24,7 @@ def with_estimate(job: dict, peak: int, **fields: object) -> dict:
 
 
 async def test_a_batch_that_does_not_fit_is_said_once_and_the_job_runs(operated: Cluster):
-    job = a_job("big").gpus(1).with_spec("gpuMemory", "16Gi").build()
+    job = a_cpu_job("big").on_gpus(1).with_spec(gpuMemory="16Gi").as_dict()
     await operated.apply(with_estimate(job, 40 * GiB, gpu_memory_bytes=16 * GiB, fits=False, suggestion=FIX))
     await operated.eventually(lambda: operated.condition(NS, "big", CONDITION) is not None, "the memory condition")
     condition = operated.condition(NS, "big", CONDITION)
@@ -40,14 +41,14 @@ async def test_a_batch_that_does_not_fit_is_said_once_and_the_job_runs(operated:
 
 
 async def test_a_fitting_a_stale_and_a_malformed_estimate(operated: Cluster):
-    fits = a_job("fits").gpus(1).with_spec("gpuMemory", "80Gi").build()
+    fits = a_cpu_job("fits").on_gpus(1).with_spec(gpuMemory="80Gi").as_dict()
     await operated.apply(with_estimate(fits, 40 * GiB))
     # Estimated at batch 32, submitted at batch 512: not this spec's estimate.
-    stale = with_estimate(a_job("stale").gpus(1).with_spec("gpuMemory", "80Gi").build(), GiB)
+    stale = with_estimate(a_cpu_job("stale").on_gpus(1).with_spec(gpuMemory="80Gi").as_dict(), GiB)
     stale["spec"]["trainer"] = {"batchSize": 512}
     await operated.apply(stale)
-    malformed = a_job("malformed").gpus(1).with_spec("gpuMemory", "80Gi").build()
-    malformed["metadata"]["annotations"] = {ANNOTATION: '{"peakBytes": "a lot"}'}
+    malformed = a_cpu_job("malformed").on_gpus(1).with_spec(gpuMemory="80Gi")
+    malformed = malformed.with_annotations({ANNOTATION: '{"peakBytes": "a lot"}'}).as_dict()
     await operated.apply(malformed)
 
     expected = {

@@ -9,8 +9,9 @@ import sys
 import aiohttp
 
 from dtrain_operator.cli import main as cli
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 
@@ -68,7 +69,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 async def test_health_and_metrics_endpoints(cluster: Cluster):
     operator = await cluster.start_operator("--log-format=json")
-    await cluster.apply(a_job("measured").nodes(2).build())
+    await cluster.apply(a_cpu_job("measured").with_nodes(2).as_dict())
     await cluster.run_all(NS, "measured", 2)
     await cluster.phase(NS, "measured", "Running")
     await cluster.exit(NS, "measured-0", 1)

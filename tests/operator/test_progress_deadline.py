@@ -7,8 +7,9 @@ from datetime import datetime, timezone
 
 from dtrain_operator.api import contract
 from dtrain_operator.core.progress_deadline import HUNG_GANG_GRACE_SECONDS, REASON_PROGRESS_DEADLINE
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 
@@ -28,7 +29,7 @@ async def report(cluster: Cluster, name: str, batches: int, stage: str = contrac
 async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: Cluster):
     deadline = 3
     await operated.apply(
-        a_job("hang").nodes(2).backoff_limit(1).with_spec("runPolicy.progressDeadlineSeconds", deadline).build()
+        a_cpu_job("hang").with_nodes(2).with_backoff_limit(1).with_progress_deadline(deadline).as_dict()
     )
     first = await operated.run_all(NS, "hang", 2)
     await operated.phase(NS, "hang", "Running")
@@ -72,7 +73,7 @@ async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: 
 
 
 async def test_off_with_zero(operated: Cluster):
-    await operated.apply(a_job("off").nodes(1).with_spec("runPolicy.progressDeadlineSeconds", 0).build())
+    await operated.apply(a_cpu_job("off").with_nodes(1).with_progress_deadline(0).as_dict())
     await operated.run_all(NS, "off", 1)
     await operated.phase(NS, "off", "Running")
     await report(operated, "off", 1)
@@ -82,7 +83,7 @@ async def test_off_with_zero(operated: Cluster):
 
 
 async def test_a_straggler_gets_a_condition_and_one_warning_event_naming_pod_and_node(operated: Cluster):
-    await operated.apply(a_job("slow").nodes(2).build())
+    await operated.apply(a_cpu_job("slow").with_nodes(2).as_dict())
     await operated.run_all(NS, "slow", 2)
     await operated.phase(NS, "slow", "Running")
     times = {"medianSeconds": 0.1, "slowestRank": 1, "slowestPod": "slow-1", "slowestNode": "node-b", "slowChecks": 3}

@@ -8,8 +8,9 @@ import json
 import kmock
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
-from .cluster import OPERATOR_AGENTS, Cluster, a_job
+from .cluster import OPERATOR_AGENTS, Cluster
 
 NS = "default"
 CHILD_KINDS = {"services", "configmaps", "pods", "jobs", "podgroups"}
@@ -47,8 +48,10 @@ async def full_lifecycle(cluster: Cluster) -> None:
     cleanup, TTL deletion; and a second job gang-scheduled by scheduler-plugins."""
     # A 409 for creations that meet an object of the same name: the operator reads it back.
     cluster.api.faults.fail(FirstCreateOfEachKind(), status=409, reason="AlreadyExists")
-    await cluster.apply(a_job("life").nodes(2).engine().gang("volcano").clean_pod_policy("All").ttl(1).build())
-    await cluster.apply(a_job("cosched").nodes(1).gang("scheduler-plugins-scheduler").build())
+    life = a_cpu_job("life").with_nodes(2).with_engine().with_gang_scheduling("volcano")
+    await cluster.apply(life.with_clean_pod_policy("All").with_ttl(1).as_dict())
+    cosched = a_cpu_job("cosched").with_nodes(1).with_gang_scheduling("scheduler-plugins-scheduler")
+    await cluster.apply(cosched.as_dict())
     await cluster.run_all(NS, "life", 2)
     await cluster.phase(NS, "life", "Running")
 
@@ -108,12 +111,12 @@ async def test_namespaced_install_grants_what_the_operator_uses_in_each_namespac
     from tests.chart.helm import granted, helm_template, of_kind, rbac_rules
 
     await cluster.start_operator("--namespace=team-a", "--namespace=team-b")
-    await cluster.apply(a_job("scoped", "team-a").nodes(1).build())
+    await cluster.apply(a_cpu_job("scoped").in_namespace("team-a").with_nodes(1).as_dict())
     await cluster.run_all("team-a", "scoped", 1)
     await cluster.phase("team-a", "scoped", "Running")
     await cluster.exit("team-a", "scoped-0", 1)
     await cluster.eventually(lambda: cluster.status("team-a", "scoped").get("restarts") == 1, "a restart")
-    await cluster.apply(a_job("elsewhere", "team-c").nodes(1).build())
+    await cluster.apply(a_cpu_job("elsewhere").in_namespace("team-c").with_nodes(1).as_dict())
 
     objects = helm_template({"watchNamespaces": ["team-a", "team-b"]})
     used = operator_calls(cluster)
@@ -137,7 +140,7 @@ async def test_network_policy_install_grants_what_the_operator_uses(cluster: Clu
     from tests.chart.helm import granted, helm_template, rbac_rules
 
     await cluster.start_operator("--network-policy")
-    await cluster.apply(a_job("fenced").nodes(2).build())
+    await cluster.apply(a_cpu_job("fenced").with_nodes(2).as_dict())
     await cluster.run_all(NS, "fenced", 2)
     await cluster.phase(NS, "fenced", "Running")
     [policy] = cluster.objects("networking.k8s.io/v1/networkpolicies", NS, "fenced")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from dtrain_operator.controller import refusals
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 
@@ -20,7 +21,7 @@ def refused(cluster: Cluster, name: str):
 async def test_pod_security_forbidding_host_network_and_host_path(operated: Cluster):
     operated.refusals.pod_security("baseline")
     volume = {"name": "nvme", "hostPath": {"path": "/mnt/nvme"}}
-    job = a_job("hostnet").nodes(2).with_spec("hostNetwork", True).with_spec("volumes", [volume]).build()
+    job = a_cpu_job("hostnet").with_nodes(2).with_spec(hostNetwork=True).with_spec(volumes=[volume]).as_dict()
     await operated.apply(job)
     condition = await operated.eventually(lambda: refused(operated, "hostnet"), "the CreateRefused condition")
     assert condition["reason"] == refusals.REASON_POD_SECURITY
@@ -37,7 +38,7 @@ async def test_pod_security_forbidding_host_network_and_host_path(operated: Clus
 
 async def test_quota_is_retried_with_backoff_and_says_so(operated: Cluster):
     quota = operated.refusals.quota("requests.nvidia.com/gpu", "4")
-    await operated.apply(a_job("big").nodes(2).gpus(4).build())
+    await operated.apply(a_cpu_job("big").with_nodes(2).on_gpus(4).as_dict())
     condition = await operated.eventually(lambda: refused(operated, "big"), "the CreateRefused condition")
     assert condition["reason"] == refusals.REASON_QUOTA
     assert "exceeded quota: team-quota, requested: requests.nvidia.com/gpu=8" in condition["message"]
@@ -56,7 +57,7 @@ async def test_quota_is_retried_with_backoff_and_says_so(operated: Cluster):
 
 async def test_quota_retries_back_off(operated: Cluster):
     operated.refusals.quota()
-    await operated.apply(a_job("wait").nodes(1).gpus(8).build())
+    await operated.apply(a_cpu_job("wait").with_nodes(1).on_gpus(8).as_dict())
     await operated.eventually(lambda: refused(operated, "wait"), "the CreateRefused condition")
     first = operated.refusals.refused
     await asyncio.sleep(4)
@@ -66,7 +67,7 @@ async def test_quota_retries_back_off(operated: Cluster):
 
 async def test_a_missing_service_account(operated: Cluster):
     operated.refusals.missing_service_account()
-    await operated.apply(a_job("nosa").nodes(1).with_spec("serviceAccountName", "trainer").build())
+    await operated.apply(a_cpu_job("nosa").with_nodes(1).with_spec(serviceAccountName="trainer").as_dict())
     condition = await operated.eventually(lambda: refused(operated, "nosa"), "the CreateRefused condition")
     assert condition["reason"] == refusals.REASON_SERVICE_ACCOUNT
     assert 'error looking up service account default/trainer: serviceaccount "trainer" not found' in condition["message"]
@@ -75,7 +76,7 @@ async def test_a_missing_service_account(operated: Cluster):
 async def test_an_invalid_object_fails_the_job_with_its_own_reason(operated: Cluster):
     operated.refusals.invalid("pods", "spec.containers[0].resources.requests",
                               'Invalid value: "64": must be less than or equal to cpu limit of 8')
-    await operated.apply(a_job("toobig").nodes(2).build())
+    await operated.apply(a_cpu_job("toobig").with_nodes(2).as_dict())
     await operated.phase(NS, "toobig", "Failed")
     failed = operated.condition(NS, "toobig", "Failed")
     assert failed["reason"] == "InvalidPod"
@@ -91,7 +92,7 @@ async def test_an_invalid_object_fails_the_job_with_its_own_reason(operated: Clu
 
 async def test_a_refused_service_is_reported_too(operated: Cluster):
     operated.refusals.invalid("services", "spec.ports[0].port", "Invalid value: 0: must be between 1 and 65535")
-    await operated.apply(a_job("svc").nodes(1).build())
+    await operated.apply(a_cpu_job("svc").with_nodes(1).as_dict())
     await operated.phase(NS, "svc", "Failed")
     assert operated.condition(NS, "svc", "Failed")["reason"] == "InvalidService"
     assert operated.pods(NS, "svc") == []

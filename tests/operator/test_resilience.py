@@ -10,8 +10,9 @@ import kmock
 import pytest
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
-from .cluster import OPERATOR_AGENTS, Cluster, a_job
+from .cluster import OPERATOR_AGENTS, Cluster
 
 NS = "default"
 
@@ -36,7 +37,7 @@ def generation_of(pods: list[dict]) -> set[str]:
 async def test_killed_while_creating_pods(cluster: Cluster, held_requests: str):
     operator = await cluster.start_operator()
     gate = cluster.api.faults.gate(pod_creates, after=2)
-    await cluster.apply(a_job("big").nodes(5).build())
+    await cluster.apply(a_cpu_job("big").with_nodes(5).as_dict())
     await cluster.eventually(lambda: gate.held == 3 and len(cluster.pods(NS, "big")) == 2, "2 pods created, 3 held")
     status = cluster.status(NS, "big")
     operator.kill()
@@ -55,7 +56,7 @@ async def test_killed_while_creating_pods(cluster: Cluster, held_requests: str):
 
 async def test_killed_in_the_middle_of_a_gang_restart(cluster: Cluster):
     operator = await cluster.start_operator()
-    await cluster.apply(a_job("resilient").nodes(3).build())
+    await cluster.apply(a_cpu_job("resilient").with_nodes(3).as_dict())
     await cluster.run_all(NS, "resilient", 3)
     await cluster.phase(NS, "resilient", "Running")
 
@@ -81,7 +82,7 @@ async def test_killed_in_the_middle_of_a_gang_restart(cluster: Cluster):
 
 async def test_killed_between_deleting_the_old_gang_and_creating_the_new(cluster: Cluster):
     operator = await cluster.start_operator()
-    await cluster.apply(a_job("halfway").nodes(2).build())
+    await cluster.apply(a_cpu_job("halfway").with_nodes(2).as_dict())
     await cluster.run_all(NS, "halfway", 2)
     await cluster.phase(NS, "halfway", "Running")
     gate = cluster.api.faults.gate(pod_creates)
@@ -99,14 +100,14 @@ async def test_killed_between_deleting_the_old_gang_and_creating_the_new(cluster
 
 async def test_recovers_from_server_errors_and_conflicts(operated: Cluster):
     faults = operated.api.faults
-    await operated.apply(a_job("steady").nodes(2).build())
+    await operated.apply(a_cpu_job("steady").with_nodes(2).as_dict())
     await operated.run_all(NS, "steady", 2)
     await operated.phase(NS, "steady", "Running")
 
     # Every request of the operator fails for 3 s, its watches included (they are dropped to reconnect).
     faults.fail(from_operator, status=500, seconds=3)
     faults.drop_watches()
-    await operated.apply(a_job("during").nodes(2).build())
+    await operated.apply(a_cpu_job("during").with_nodes(2).as_dict())
     await operated.exit(NS, "steady-1", 1)
     await asyncio.sleep(0.5)
     assert faults.failed > 0
@@ -126,13 +127,13 @@ async def test_recovers_from_server_errors_and_conflicts(operated: Cluster):
 
 async def test_a_silently_dead_watch_is_reopened_and_nothing_is_missed(cluster: Cluster):
     await cluster.start_operator("--watch-timeout=2")
-    await cluster.apply(a_job("watched").nodes(2).build())
+    await cluster.apply(a_cpu_job("watched").with_nodes(2).as_dict())
     await cluster.run_all(NS, "watched", 2)
     await cluster.phase(NS, "watched", "Running")
 
     cluster.api.faults.stall_watches(3)
     await cluster.exit(NS, "watched-0", 1)
-    await cluster.apply(a_job("unseen").nodes(1).build())
+    await cluster.apply(a_cpu_job("unseen").with_nodes(1).as_dict())
     await asyncio.sleep(1)
     assert cluster.status(NS, "watched")["restarts"] == 0, "the stalled watch should not have delivered the failure"
     assert cluster.pods(NS, "unseen") == []
@@ -147,7 +148,9 @@ async def test_a_silently_dead_watch_is_reopened_and_nothing_is_missed(cluster: 
 
 async def test_twenty_jobs_in_two_namespaces_do_not_interfere(operated: Cluster):
     nodes = {(ns, f"job-{i}"): 1 + (i + offset) % 3 for offset, ns in ((0, "team-a"), (1, "team-b")) for i in range(10)}
-    await asyncio.gather(*(operated.apply(a_job(name, ns).nodes(n).build()) for (ns, name), n in nodes.items()))
+    await asyncio.gather(
+        *(operated.apply(a_cpu_job(name).in_namespace(ns).with_nodes(n).as_dict()) for (ns, name), n in nodes.items())
+    )
     for (ns, name), n in nodes.items():
         await operated.run_all(ns, name, n)
     for ns, name in nodes:
@@ -175,7 +178,7 @@ async def test_twenty_jobs_in_two_namespaces_do_not_interfere(operated: Cluster)
 
 async def test_children_that_exist_already_are_adopted_not_duplicated(cluster: Cluster):
     """As after an operator that died before it saw its own creations: the children carry its owner reference."""
-    job = await cluster.apply(a_job("inherited").nodes(2).build())
+    job = await cluster.apply(a_cpu_job("inherited").with_nodes(2).as_dict())
     owner = [{"apiVersion": contract.API_VERSION, "kind": contract.KIND, "name": "inherited",
               "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
     service = await cluster.create({"apiVersion": "v1", "kind": "Service",
@@ -191,7 +194,7 @@ async def test_children_that_exist_already_are_adopted_not_duplicated(cluster: C
 async def test_a_child_name_taken_by_a_stranger_blocks_the_job_until_it_is_gone(operated: Cluster):
     await operated.create({"apiVersion": "v1", "kind": "ConfigMap",
                            "metadata": {"name": "squatted-config", "namespace": NS}, "data": {"x": "y"}})
-    await operated.apply(a_job("squatted").nodes(1).build())
+    await operated.apply(a_cpu_job("squatted").with_nodes(1).as_dict())
     events = await operated.eventually(
         lambda: [e for e in operated.events(NS, "squatted") if e["reason"] == "ChildConflict"], "a ChildConflict event"
     )
@@ -205,7 +208,7 @@ async def test_a_storm_of_429s_is_waited_out_as_the_server_asks(operated: Cluste
     # Priority and fairness sheds load: 20 pod creations in a row answered 429, Retry-After: 1.
     operated.api.faults.fail(pod_creates, status=429, reason="TooManyRequests", times=20, retry_after=1)
     started = time.monotonic()
-    await operated.apply(a_job("throttled").nodes(2).build())
+    await operated.apply(a_cpu_job("throttled").with_nodes(2).as_dict())
     await operated.eventually(lambda: len(operated.pods(NS, "throttled")) == 2, "2 pods despite the 429s", timeout=40)
     took = time.monotonic() - started
     print(f"20 x 429 (Retry-After: 1 s) delayed the pods by {took:.1f} s")

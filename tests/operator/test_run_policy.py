@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 
 
 async def test_suspend_deletes_the_gang_and_resume_starts_it_again(operated: Cluster):
-    await operated.apply(a_job("paused").nodes(2).build())
+    await operated.apply(a_cpu_job("paused").with_nodes(2).as_dict())
     await operated.run_all(NS, "paused", 2)
     await operated.phase(NS, "paused", "Running")
 
@@ -32,9 +33,9 @@ async def test_suspend_deletes_the_gang_and_resume_starts_it_again(operated: Clu
 
 
 async def test_a_job_created_suspended_creates_no_pods(operated: Cluster):
-    await operated.apply(a_job("queued").nodes(2).suspended().build())
+    await operated.apply(a_cpu_job("queued").with_nodes(2).suspended().as_dict())
     await operated.phase(NS, "queued", "Suspended")
-    await operated.apply(a_job("marker").nodes(1).build())
+    await operated.apply(a_cpu_job("marker").with_nodes(1).as_dict())
     await operated.eventually(lambda: operated.pods(NS, "marker"), "a later job's pods")
     assert operated.pods(NS, "queued") == []
     await operated.patch_job(NS, "queued", {"spec": {"runPolicy": {"suspend": False}}})
@@ -42,7 +43,7 @@ async def test_a_job_created_suspended_creates_no_pods(operated: Cluster):
 
 
 async def test_active_deadline_fails_the_job_and_stops_its_pods(operated: Cluster):
-    await operated.apply(a_job("capped").nodes(2).deadline(2).build())
+    await operated.apply(a_cpu_job("capped").with_nodes(2).with_deadline(2).as_dict())
     await operated.run_all(NS, "capped", 2)
     await operated.phase(NS, "capped", "Running")
     await operated.phase(NS, "capped", "Failed", timeout=10)
@@ -53,7 +54,7 @@ async def test_active_deadline_fails_the_job_and_stops_its_pods(operated: Cluste
 
 
 async def test_ttl_after_finished_deletes_the_job_and_its_children(operated: Cluster):
-    await operated.apply(a_job("shortlived").nodes(2).ttl(1).build())
+    await operated.apply(a_cpu_job("shortlived").with_nodes(2).with_ttl(1).as_dict())
     await operated.run_all(NS, "shortlived", 2)
     await operated.exit(NS, "shortlived-1", 0)
     await operated.exit(NS, "shortlived-0", 0)
@@ -71,7 +72,8 @@ async def test_ttl_after_finished_deletes_the_job_and_its_children(operated: Clu
     [("All", []), ("Running", ["cleanup-1"]), ("None", ["cleanup-0", "cleanup-1", "cleanup-2"])],
 )
 async def test_clean_pod_policy(operated: Cluster, policy: str, left: list[str]):
-    await operated.apply(a_job("cleanup").nodes(3).restart_policy("Never").clean_pod_policy(policy).build())
+    job = a_cpu_job("cleanup").with_nodes(3).with_restart_policy("Never").with_clean_pod_policy(policy)
+    await operated.apply(job.as_dict())
     await operated.run_all(NS, "cleanup", 3)
     await operated.phase(NS, "cleanup", "Running")
     await operated.exit(NS, "cleanup-1", 2)
@@ -81,7 +83,7 @@ async def test_clean_pod_policy(operated: Cluster, policy: str, left: list[str])
 
 
 async def test_pods_pending_too_long_are_named_with_their_reason(operated: Cluster):
-    await operated.apply(a_job("starved").nodes(2).gpus(8).schedule_timeout(1).build())
+    await operated.apply(a_cpu_job("starved").with_nodes(2).on_gpus(8).with_schedule_timeout(1).as_dict())
     pods = await operated.eventually(lambda: len(p := operated.pods(NS, "starved")) == 2 and p, "2 pods")
     message = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
     for pod in pods:
@@ -107,7 +109,7 @@ async def test_pods_pending_too_long_are_named_with_their_reason(operated: Clust
 
 async def test_the_api_server_refuses_a_change_to_an_immutable_field(operated: Cluster):
     """The CRD's transition rules (oldSelf): `kubectl apply` of a new node count gets the rule's message."""
-    await operated.apply(a_job("frozen").nodes(2).build())
+    await operated.apply(a_cpu_job("frozen").with_nodes(2).as_dict())
     with pytest.raises(AssertionError, match=r"422 .*spec.nodes is immutable: delete and re-create"):
         await operated.patch_job(NS, "frozen", {"spec": {"nodes": 3}})
     with pytest.raises(AssertionError, match=r"422 .*spec.runPolicy.backoffLimit is immutable"):
@@ -118,7 +120,7 @@ async def test_the_api_server_refuses_a_change_to_an_immutable_field(operated: C
 async def test_a_change_to_an_immutable_field_is_reported_not_applied(operated: Cluster):
     """Free-form fields (volumes, affinity) have no CEL transition rule (their cost cannot be bounded):
     the operator compares them with the spec it accepted and reports a change instead of applying it."""
-    await operated.apply(a_job("fixed").nodes(2).build())
+    await operated.apply(a_cpu_job("fixed").with_nodes(2).as_dict())
     await operated.run_all(NS, "fixed", 2)
     await operated.phase(NS, "fixed", "Running")
 
@@ -152,7 +154,7 @@ async def test_a_change_to_an_immutable_field_is_reported_not_applied(operated: 
 
 
 async def test_mutable_fields_can_change(operated: Cluster):
-    await operated.apply(a_job("mutable").nodes(1).build())
+    await operated.apply(a_cpu_job("mutable").with_nodes(1).as_dict())
     await operated.run_all(NS, "mutable", 1)
     await operated.phase(NS, "mutable", "Running")
     await operated.patch_job(NS, "mutable", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 600}}})
@@ -162,20 +164,20 @@ async def test_mutable_fields_can_change(operated: Cluster):
 
 async def test_kubectl_apply_of_a_bad_spec_gets_the_api_servers_error(operated: Cluster):
     with pytest.raises(AssertionError, match=r'400 .*strict decoding error: unknown field \"spec.trainer.maxEpoch\"'):
-        await operated.apply(a_job("typo").with_spec("trainer", {"maxEpoch": 3}).build())
+        await operated.apply(a_cpu_job("typo").with_spec(trainer={"maxEpoch": 3}).as_dict())
     with pytest.raises(AssertionError, match=r"422 .*spec.nodes: Invalid value: 0: spec.nodes in body should be greater"):
-        await operated.apply(a_job("zero").nodes(0).build())
+        await operated.apply(a_cpu_job("zero").with_nodes(0).as_dict())
     with pytest.raises(AssertionError, match=r"422 .*spec.engine: Invalid value: \"object\": need minBatch <= optBatch"):
-        await operated.apply(a_job("batch").with_spec("engine", {"enabled": False, "minBatch": 64}).build())
+        await operated.apply(a_cpu_job("batch").with_spec(engine={"enabled": False, "minBatch": 64}).as_dict())
     assert operated.job(NS, "typo") is None and operated.job(NS, "zero") is None
 
 
 async def test_an_invalid_object_fails_with_the_messages_and_others_run(operated: Cluster):
     """What reaches the operator without the CRD's checks (a CRD from before its rules) fails with the model's messages."""
     operated.without_crd_validation()
-    bad = a_job("bad").with_spec("nodes", 0).with_spec("trainer", {"batchSize": 8, "maxEpoch": 3}).build()
+    bad = a_cpu_job("bad").with_spec(nodes=0).with_spec(trainer={"batchSize": 8, "maxEpoch": 3}).as_dict()
     await operated.apply(bad)
-    await operated.apply(a_job("good").nodes(2).build())
+    await operated.apply(a_cpu_job("good").with_nodes(2).as_dict())
     await operated.phase(NS, "bad", "Failed")
     failed = operated.condition(NS, "bad", "Failed")
     assert failed["reason"] == "InvalidSpec"
@@ -195,7 +197,7 @@ async def test_an_invalid_object_fails_with_the_messages_and_others_run(operated
 
 async def test_an_invalid_edit_of_a_running_job_keeps_it_running(operated: Cluster):
     operated.without_crd_validation()
-    await operated.apply(a_job("steady").nodes(2).build())
+    await operated.apply(a_cpu_job("steady").with_nodes(2).as_dict())
     await operated.run_all(NS, "steady", 2)
     await operated.phase(NS, "steady", "Running")
     await operated.patch_job(NS, "steady", {"spec": {"devicesPerNode": 0}})
@@ -213,7 +215,7 @@ async def test_an_invalid_edit_of_a_running_job_keeps_it_running(operated: Clust
     [("volcano", "scheduling.volcano.sh/v1beta1"), ("scheduler-plugins-scheduler", "scheduling.x-k8s.io/v1alpha1")],
 )
 async def test_gang_scheduling_creates_a_pod_group(operated: Cluster, scheduler: str, api_version: str):
-    await operated.apply(a_job("gang").nodes(3).gang(scheduler).build())
+    await operated.apply(a_cpu_job("gang").with_nodes(3).with_gang_scheduling(scheduler).as_dict())
     pods = await operated.eventually(lambda: len(p := operated.pods(NS, "gang")) == 3 and p, "3 pods")
     (group,) = [g for g in operated.objects(f"{api_version}/podgroups", NS)]
     assert group["metadata"]["name"] == "gang"

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 ENV_SECRET = "s3cr3t-value-in-env-1234"
@@ -29,7 +30,8 @@ def _everything_but_pods(operated: Cluster) -> str:
 
 
 async def test_planted_credentials_never_leave_the_pod(operated: Cluster):
-    job = a_job("leaky").nodes(2).backoff_limit(1).with_spec("env", [{"name": "HF_TOKEN", "value": ENV_SECRET}]).build()
+    job = (a_cpu_job("leaky").with_nodes(2).with_backoff_limit(1)
+           .with_spec(env=[{"name": "HF_TOKEN", "value": ENV_SECRET}]).as_dict())
     await operated.apply(job)
     await operated.run_all(NS, "leaky", 2)
     await operated.phase(NS, "leaky", "Running")

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
 from .authz import Authorizer, User
-from .cluster import OPERATOR_NAMESPACE, Cluster, a_job, running_cluster
+from .cluster import OPERATOR_NAMESPACE, Cluster, running_cluster
 
 NS = OPERATOR_NAMESPACE  # where the chart binds the trainer's service account when watching all
 IMAGE = "registry.example/team/trainer:1.4"
@@ -52,8 +53,9 @@ def _generation(pods: list[dict]) -> set[str]:
 
 async def test_a_forged_status_changes_nothing_the_operator_creates(rbac_cluster):
     cluster, trainer = rbac_cluster
-    await cluster.apply(a_job("victim", NS).nodes(2).backoff_limit(5).with_spec("image", IMAGE).build())
-    await cluster.apply(a_job("neighbour", NS).nodes(1).backoff_limit(1).build())
+    victim = a_cpu_job("victim").in_namespace(NS).with_nodes(2).with_backoff_limit(5).with_spec(image=IMAGE)
+    await cluster.apply(victim.as_dict())
+    await cluster.apply(a_cpu_job("neighbour").in_namespace(NS).with_nodes(1).with_backoff_limit(1).as_dict())
     await cluster.run_all(NS, "victim", 2)
     await cluster.run_all(NS, "neighbour", 1)
     await cluster.phase(NS, "victim", "Running")

@@ -11,8 +11,9 @@ import asyncio
 import json
 
 from dtrain_operator.api import contract
+from tests.builders import a_cpu_job
 
-from .cluster import Cluster, a_job
+from .cluster import Cluster
 
 NS = "default"
 IMAGE = "registry.example/team/trainer:1.4"
@@ -27,7 +28,7 @@ def uids(pods: list[dict]) -> set[str]:
 
 
 async def test_a_status_patch_cannot_choose_the_next_gang_or_reset_the_restarts(operated: Cluster):
-    job = a_job("target").nodes(2).backoff_limit(5).with_spec("image", IMAGE).build()
+    job = a_cpu_job("target").with_nodes(2).with_backoff_limit(5).with_spec(image=IMAGE).as_dict()
     await operated.apply(job)
     await operated.run_all(NS, "target", 2)
     await operated.phase(NS, "target", "Running")
@@ -61,7 +62,7 @@ async def test_a_status_patch_cannot_choose_the_next_gang_or_reset_the_restarts(
 
 
 async def test_a_status_patch_cannot_escape_the_backoff_limit(operated: Cluster):
-    await operated.apply(a_job("bounded").nodes(1).backoff_limit(1).build())
+    await operated.apply(a_cpu_job("bounded").with_nodes(1).with_backoff_limit(1).as_dict())
     await operated.run_all(NS, "bounded", 1)
     await operated.phase(NS, "bounded", "Running")
     await operated.exit(NS, "bounded-0", 1)
@@ -80,7 +81,7 @@ async def test_a_status_patch_cannot_escape_the_backoff_limit(operated: Cluster)
 
 
 async def test_an_unreadable_status_leaves_the_gang_alone(operated: Cluster):
-    await operated.apply(a_job("steady").nodes(2).build())
+    await operated.apply(a_cpu_job("steady").with_nodes(2).as_dict())
     await operated.run_all(NS, "steady", 2)
     before = await operated.phase(NS, "steady", "Running")
     # An immutable field changed earlier: reported, not applied (a CRD from before its CEL rules
@@ -125,7 +126,7 @@ async def test_an_unreadable_status_leaves_the_gang_alone(operated: Cluster):
 
 
 async def test_a_record_edited_by_hand_is_not_trusted(operated: Cluster):
-    await operated.apply(a_job("recorded").nodes(2).build())
+    await operated.apply(a_cpu_job("recorded").with_nodes(2).as_dict())
     await operated.run_all(NS, "recorded", 2)
     await operated.phase(NS, "recorded", "Running")
     pods = operated.pods(NS, "recorded")

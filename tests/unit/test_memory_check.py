@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dtrain_operator.api import DistributedTraining, DistributedTrainingSpec, contract, memory_estimate
+from dtrain_operator.api import DistributedTrainingSpec, contract, memory_estimate
 from dtrain_operator.api.memory_estimate import (
     ANNOTATION,
     EstimateRecord,
@@ -25,6 +25,7 @@ from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import status_events
 from dtrain_operator.controller.status.gpu_memory import CONDITION, verdict
 from dtrain_operator.core.observation import Observed
+from tests.builders import a_job
 
 GiB = 2**30
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -74,8 +75,7 @@ def test_the_gpu_memory_comes_from_the_spec_else_the_node_selector_label() -> No
 
 @pytest.mark.parametrize("value", ["32", "32GB", "a lot", "1234567890Gi", 32])
 def test_a_bad_gpu_memory_field_is_refused_naming_it(value: Any) -> None:
-    result = validate_object({"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "x"},
-                              "spec": {"gpuMemory": value}})
+    result = validate_object(a_job("x").with_spec(gpuMemory=value).as_dict())
     assert result.errors and all("gpuMemory" in e for e in result.errors), result.errors
 
 
@@ -191,17 +191,15 @@ def test_the_record_round_trips() -> None:
 # --- At creation: the condition and one Warning Event --------------------------------------------------
 
 
-def a_job(annotations: dict[str, str] | None, **spec: Any) -> DistributedTraining:
-    return DistributedTraining.model_validate(
-        {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
-         "metadata": {"name": "big", "namespace": "ml", "uid": "u-1", "generation": 1, "annotations": annotations},
-         "spec": {"nodes": 2, "accelerator": "gpu", "engine": {"enabled": False}, **spec}}
-    )
+BIG = (a_job("big").in_namespace("ml").with_uid("u-1").at_generation(1).with_nodes(2).with_spec(accelerator="gpu")
+       .without_engine())
+"""The job being accepted: two GPU nodes, training only."""
 
 
 def test_at_creation_a_batch_that_does_not_fit_gets_the_condition_and_one_warning() -> None:
     spec = gpu_spec(gpuMemory="32Gi")
-    job = a_job(annotation(spec, 40 * GiB, gpu_memory_bytes=32 * GiB, fits=False, suggestion=FIX), gpuMemory="32Gi")
+    estimate = annotation(spec, 40 * GiB, gpu_memory_bytes=32 * GiB, fits=False, suggestion=FIX)
+    job = BIG.with_annotations(estimate).with_spec(gpuMemory="32Gi").as_model()
     first = compute_status(job, Observed(), None, NOW)
     condition = next(c for c in first.conditions if c.type == CONDITION)
     assert (condition.status, condition.reason) == ("True", gpu_memory.REASON_EXCEEDS)
@@ -216,9 +214,9 @@ def test_at_creation_a_batch_that_does_not_fit_gets_the_condition_and_one_warnin
 
 def test_an_annotation_written_after_creation_is_not_read() -> None:
     """At creation only: the check is of the spec as it was accepted."""
-    first = compute_status(a_job(None), Observed(), None, NOW)
+    first = compute_status(BIG.as_model(), Observed(), None, NOW)
     spec = gpu_spec(gpuMemory="32Gi")
-    later = a_job(annotation(spec, 40 * GiB))
+    later = BIG.with_annotations(annotation(spec, 40 * GiB)).as_model()
     again = compute_status(later.model_copy(update={"status": first}), Observed(), first, NOW)
     assert not [c for c in again.conditions if c.type == CONDITION]
 
@@ -226,6 +224,7 @@ def test_an_annotation_written_after_creation_is_not_read() -> None:
 def test_a_condition_message_is_redacted() -> None:
     spec = gpu_spec(gpuMemory="32Gi")
     secret = "trainer.batchSize: 8 token=hunter2hunter2hunter2"
-    job = a_job(annotation(spec, 40 * GiB, gpu_memory_bytes=32 * GiB, suggestion=secret), gpuMemory="32Gi")
+    estimate = annotation(spec, 40 * GiB, gpu_memory_bytes=32 * GiB, suggestion=secret)
+    job = BIG.with_annotations(estimate).with_spec(gpuMemory="32Gi").as_model()
     condition = next(c for c in compute_status(job, Observed(), None, NOW).conditions if c.type == CONDITION)
     assert "hunter2" not in condition.message

@@ -3,22 +3,18 @@ validated against the real Kubernetes schemas (kubernetes-validate, strict)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.api import contract
 from dtrain_operator.core import render
+from tests.builders import a_job
 
-
-def job(name: str = "mnist", namespace: str = "ml", **spec: Any) -> DistributedTraining:
-    return DistributedTraining.model_validate(
-        {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
-         "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-    )
+MNIST = a_job("mnist").in_namespace("ml")
+"""The job rendered here: every spec field at its default unless a test says otherwise."""
 
 
 def labels(role: str, **extra: str) -> dict[str, str]:
@@ -27,7 +23,7 @@ def labels(role: str, **extra: str) -> dict[str, str]:
 
 
 def test_service_is_headless_and_publishes_unready_pods():
-    assert render.render_service(job(masterPort=29600)) == {
+    assert render.render_service(MNIST.with_spec(masterPort=29600).as_model()) == {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "mnist", "namespace": "ml", "labels": labels("worker")},
@@ -41,7 +37,8 @@ def test_service_is_headless_and_publishes_unready_pods():
 
 
 def test_config_map_holds_the_resolved_trainer_config():
-    config_map = render.render_config_map(job(nodes=3, devicesPerNode=2, trainer={"batchSize": 8}))
+    job = MNIST.with_nodes(3).with_devices(2).with_spec(trainer={"batchSize": 8}).as_model()
+    config_map = render.render_config_map(job)
     assert config_map["metadata"] == {"name": "mnist-config", "namespace": "ml", "labels": labels("worker")}
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     assert (config["jobName"], config["nodes"], config["devicesPerNode"]) == ("mnist", 3, 2)
@@ -78,11 +75,12 @@ BASE_ENV = [
     ],
 )
 def test_worker_env_is_the_contract_then_nccl_then_the_users(spec, after_contract):
-    assert render.worker_env(job(nodes=3, devicesPerNode=2, **spec), rank=2) == BASE_ENV + after_contract
+    job = MNIST.with_nodes(3).with_devices(2).with_spec(**spec).as_model()
+    assert render.worker_env(job, rank=2) == BASE_ENV + after_contract
 
 
 def pod_spec_of(**spec: Any) -> dict[str, Any]:
-    return render.render_worker_pod(job(**spec), rank=1, gang_generation=4)["spec"]
+    return render.render_worker_pod(MNIST.with_spec(**spec).as_model(), rank=1, gang_generation=4)["spec"]
 
 
 @pytest.mark.parametrize(
@@ -121,7 +119,7 @@ def test_worker_pod_spec(spec, check):
 
 
 def test_worker_pod_labels_name_and_gang_generation():
-    pod = render.render_worker_pod(job(), rank=1, gang_generation=4)
+    pod = render.render_worker_pod(MNIST.as_model(), rank=1, gang_generation=4)
     assert pod["metadata"] == {
         "name": "mnist-1",
         "namespace": "ml",
@@ -138,20 +136,21 @@ def test_worker_pod_labels_name_and_gang_generation():
 )
 def test_gang_scheduling_pod_group_and_membership(scheduler, kind_api, where):
     spec = {"nodes": 4, "scheduling": {"schedulerName": scheduler, "gang": {"enabled": True, "minAvailable": 3}}}
-    group = render.render_pod_group(job(**spec))
+    group = render.render_pod_group(MNIST.with_spec(**spec).as_model())
     assert (group["apiVersion"], group["kind"], group["metadata"]["name"]) == (kind_api, "PodGroup", "mnist")
     assert group["spec"]["minMember"] == 3
-    pod = render.render_worker_pod(job(**spec), rank=0)
+    pod = render.render_worker_pod(MNIST.with_spec(**spec).as_model(), rank=0)
     assert pod["metadata"][where[0]][where[1]] == "mnist"
     assert pod["spec"]["schedulerName"] == scheduler
 
 
 def test_no_pod_group_without_gang_scheduling():
-    assert render.render_pod_group(job()) is None
+    assert render.render_pod_group(MNIST.as_model()) is None
 
 
 def test_engine_job():
-    engine = render.render_engine_job(job(engine={"precision": "fp16", "maxBatch": 16, "optBatch": 8}))
+    batches = {"precision": "fp16", "maxBatch": 16, "optBatch": 8}
+    engine = render.render_engine_job(MNIST.with_spec(engine=batches).as_model())
     assert engine["metadata"] == {"name": "mnist-engine", "namespace": "ml", "labels": labels("engine")}
     assert engine["spec"]["backoffLimit"] == 1
     assert engine["spec"]["template"]["metadata"] == {"labels": labels("engine")}
@@ -164,18 +163,18 @@ def test_engine_job():
         "--timing-cache", "/workspace/artifacts/timing.cache", "--report", "/workspace/artifacts/engine-report.json",
     ]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
-    custom = render.render_engine_job(job(engine={"resources": {"limits": {"nvidia.com/gpu": 2, "memory": "32Gi"}}}))
+    custom_resources = {"resources": {"limits": {"nvidia.com/gpu": 2, "memory": "32Gi"}}}
+    custom = render.render_engine_job(MNIST.with_spec(engine=custom_resources).as_model())
     assert custom["spec"]["template"]["spec"]["containers"][0]["resources"] == {
         "limits": {"nvidia.com/gpu": 2, "memory": "32Gi"}
     }
 
 
 def test_children_in_creation_order():
-    kinds = [c["kind"] for c in render.render_children(job(nodes=2, engine={"enabled": True},
-                                                           scheduling={"schedulerName": "volcano",
-                                                                       "gang": {"enabled": True}}))]
+    everything = MNIST.with_nodes(2).with_engine().with_gang_scheduling("volcano").as_model()
+    kinds = [c["kind"] for c in render.render_children(everything)]
     assert kinds == ["Service", "ConfigMap", "PodGroup", "Pod", "Pod", "Job"]
-    assert [c["kind"] for c in render.render_children(job(nodes=1, engine={"enabled": False}))] == [
+    assert [c["kind"] for c in render.render_children(MNIST.with_nodes(1).without_engine().as_model())] == [
         "Service", "ConfigMap", "Pod"
     ]
 
@@ -199,7 +198,7 @@ FULL_SPEC = {
 
 @pytest.mark.parametrize("version", ["1.33", "1.35"])
 def test_rendered_objects_are_valid_kubernetes(version):
-    for child in render.render_children(job(**copy.deepcopy(FULL_SPEC))):
+    for child in render.render_children(MNIST.with_spec(**FULL_SPEC).as_model()):
         if child["kind"] == "PodGroup":
             continue  # not a core API: kubernetes-validate has no schema for it
         kubernetes_validate.validate(child, version, strict=True)
@@ -207,7 +206,7 @@ def test_rendered_objects_are_valid_kubernetes(version):
 
 def test_only_rank_zero_gets_a_service_account_token():
     """Rank 0 alone patches progress; every other pod runs without an API credential."""
-    three = job(nodes=3)
+    three = MNIST.with_nodes(3).as_model()
     mounts = [render.render_worker_pod(three, rank)["spec"]["automountServiceAccountToken"] for rank in range(3)]
     assert mounts == [True, False, False]
 
@@ -215,7 +214,7 @@ def test_only_rank_zero_gets_a_service_account_token():
 def test_worker_and_engine_pods_run_as_the_trainer_images_user():
     """Stated in the pod, so that the kubelet need not read the image's USER (a root-based image
     otherwise fails with CreateContainerConfigError after its pull)."""
-    spec = job(engine={"enabled": True}, accelerator="cpu")
+    spec = MNIST.with_engine().on_cpu().as_model()
     pods = [render.render_worker_pod(spec, 0, 0)["spec"], render.render_engine_job(spec)["spec"]["template"]["spec"]]
     for pod in pods:
         context = pod["securityContext"]
@@ -225,12 +224,12 @@ def test_worker_and_engine_pods_run_as_the_trainer_images_user():
 
 @pytest.mark.parametrize("version", ["1.33", "1.35"])
 def test_network_policy_is_valid_kubernetes_and_admits_only_the_jobs_pods(version):
-    policy = render.render_network_policy(job(name="fenced"))
+    policy = render.render_network_policy(a_job("fenced").in_namespace("ml").as_model())
     kubernetes_validate.validate(policy, version, strict=True)
     own = {contract.LABEL_JOB_NAME: "fenced"}
     assert policy["spec"]["podSelector"] == {"matchLabels": own}
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": own}}]}]
-    worker = render.render_worker_pod(job(name="fenced"), 0, 0)
+    worker = render.render_worker_pod(a_job("fenced").in_namespace("ml").as_model(), 0, 0)
     assert own.items() <= worker["metadata"]["labels"].items()
 
 
@@ -245,7 +244,7 @@ def test_engine_build_options_become_build_engine_flags():
             {"inputs": {"tokens": {"min": [16, 1], "opt": [16, 64], "max": [16, 512]}}},
         ],
     }
-    command = render.engine_command(job(engine=engine))
+    command = render.engine_command(MNIST.with_spec(engine=engine).as_model())
     flags = command[command.index("--precision"):command.index("--workspace-mib")]
     assert flags == [
         "--precision", "fp32",
@@ -255,7 +254,7 @@ def test_engine_build_options_become_build_engine_flags():
         "--hardware-compatibility-level", "ampere+", "--builder-optimization-level", "5",
         "--layer-precisions", "fc*:fp16", "--precision-constraints", "obey", "--plugin-library", "/opt/plugins/libroi.so",
     ]
-    default = render.engine_command(job())
+    default = render.engine_command(MNIST.as_model())
     assert default[default.index("--precision"):default.index("--workspace-mib")] == [
         "--precision", "fp16", "--min-batch", "1", "--opt-batch", "32", "--max-batch", "32",
     ]

@@ -14,40 +14,22 @@ from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
 from dtrain_operator.controller.status.invalid import invalid_status
 from dtrain_operator.controller.status.observe import observe_engine_job, observe_pod
-from dtrain_operator.core.observation import EngineJobObservation, Observed, PodObservation, format_time
+from dtrain_operator.core.observation import Observed, format_time
 from dtrain_operator.core.plan import plan_children
+from tests.builders import (
+    EARLIER,
+    JOB_UID,
+    NOW,
+    a_cpu_job,
+    a_gang,
+    a_worker,
+    accepted_status,
+    an_engine_job,
+    an_engine_pod,
+)
 
-NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
-EARLIER = NOW - timedelta(minutes=10)
-UID = "0b8e1f9e-7c44-4c1f-a2b6-1d7e3f6f2a11"
-
-
-def a_job(generation: int = 1, **spec: Any) -> DistributedTraining:
-    spec = {"nodes": 3, "accelerator": "cpu", "engine": {"enabled": False}, **spec}
-    return DistributedTraining.model_validate(
-        {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
-         "metadata": {"name": "mnist", "namespace": "ml", "uid": UID, "generation": generation}, "spec": spec}
-    )
-
-
-def accepted(job: DistributedTraining, phase: str = "Running", restarts: int = 0, **fields: Any) -> DistributedTrainingStatus:
-    """The status of a job the operator has been running since EARLIER."""
-    return DistributedTrainingStatus.model_validate(
-        {"phase": phase, "restarts": restarts, "startTime": format_time(EARLIER),
-         "acceptedSpec": immutable_spec(job.spec), **fields}
-    )
-
-
-def pod(rank: int, phase: str = "Running", generation: int = 0, **fields: Any) -> PodObservation:
-    return PodObservation(
-        name=f"mnist-{rank}", uid=f"uid-{generation}-{rank}", resource_version="1", role=contract.ROLE_WORKER,
-        rank=rank, generation=generation, phase=phase, created_at=EARLIER, scheduled=phase != "Pending",
-        owner_uid=UID, **fields,
-    )
-
-
-def gang(*phases: str, generation: int = 0) -> tuple[PodObservation, ...]:
-    return tuple(pod(rank, phase, generation) for rank, phase in enumerate(phases))
+MNIST = a_cpu_job().in_namespace("ml").with_nodes(3).with_uid().at_generation(1)
+"""The job these tests observe: three CPU workers, no engine step."""
 
 
 def condition(status: DistributedTrainingStatus, type_: str) -> tuple[str, str] | None:
@@ -61,28 +43,31 @@ def compute(job: DistributedTraining, observed: Observed = Observed(), previous=
 
 # --- Phases -------------------------------------------------------------------------------------------
 
-JOB = a_job()
+JOB = MNIST.as_model()
 
 PHASE_TABLE = [
     # (case, previous status, observed workers, expected phase, expected restarts, expected nodesReady)
     ("new job", None, (), "Pending", 0, "0/3"),
-    ("pods not scheduled yet", accepted(JOB, "Pending"), gang("Pending", "Pending", "Pending"), "Pending", 0, "0/3"),
-    ("all scheduled, none running", accepted(JOB, "Pending"),
-     tuple(replace(p, scheduled=True) for p in gang("Pending", "Pending", "Pending")), "Starting", 0, "0/3"),
-    ("some running", accepted(JOB, "Starting"),
-     tuple(replace(p, scheduled=True) for p in gang("Running", "Pending", "Running")), "Starting", 0, "2/3"),
-    ("all running", accepted(JOB, "Starting"), gang("Running", "Running", "Running"), "Running", 0, "3/3"),
-    ("a rank finished early", accepted(JOB), gang("Running", "Succeeded", "Running"), "Running", 0, "2/3"),
-    ("a worker failed", accepted(JOB), gang("Running", "Failed", "Running"), "Restarting", 1, "0/3"),
-    ("a worker vanished", accepted(JOB), gang("Running", "Running"), "Restarting", 1, "0/3"),
-    ("a pod not created yet before the gang ran", accepted(JOB, "Pending"), gang("Pending", "Pending"), "Pending", 0, "0/3"),
-    ("the new gang starting, the old one ignored", accepted(JOB, "Restarting", restarts=1),
-     gang("Failed", "Running", "Running") + gang("Pending", "Running", "Running", generation=1), "Restarting", 1, "2/3"),
-    ("the new gang running", accepted(JOB, "Restarting", restarts=1),
-     gang("Running", "Running", "Running", generation=1), "Running", 1, "3/3"),
-    ("backoff limit reached", accepted(JOB, restarts=3), gang("Failed", "Running", "Running", generation=3),
+    ("pods not scheduled yet", accepted_status(JOB, "Pending"), a_gang("Pending", "Pending", "Pending"),
+     "Pending", 0, "0/3"),
+    ("all scheduled, none running", accepted_status(JOB, "Pending"),
+     tuple(replace(p, scheduled=True) for p in a_gang("Pending", "Pending", "Pending")), "Starting", 0, "0/3"),
+    ("some running", accepted_status(JOB, "Starting"),
+     tuple(replace(p, scheduled=True) for p in a_gang("Running", "Pending", "Running")), "Starting", 0, "2/3"),
+    ("all running", accepted_status(JOB, "Starting"), a_gang("Running", "Running", "Running"), "Running", 0, "3/3"),
+    ("a rank finished early", accepted_status(JOB), a_gang("Running", "Succeeded", "Running"), "Running", 0, "2/3"),
+    ("a worker failed", accepted_status(JOB), a_gang("Running", "Failed", "Running"), "Restarting", 1, "0/3"),
+    ("a worker vanished", accepted_status(JOB), a_gang("Running", "Running"), "Restarting", 1, "0/3"),
+    ("a pod not created yet before the gang ran", accepted_status(JOB, "Pending"), a_gang("Pending", "Pending"),
+     "Pending", 0, "0/3"),
+    ("the new gang starting, the old one ignored", accepted_status(JOB, "Restarting", restarts=1),
+     a_gang("Failed", "Running", "Running") + a_gang("Pending", "Running", "Running", generation=1),
+     "Restarting", 1, "2/3"),
+    ("the new gang running", accepted_status(JOB, "Restarting", restarts=1),
+     a_gang("Running", "Running", "Running", generation=1), "Running", 1, "3/3"),
+    ("backoff limit reached", accepted_status(JOB, restarts=3), a_gang("Failed", "Running", "Running", generation=3),
      "Failed", 3, "2/3"),
-    ("rank 0 exited 0", accepted(JOB), gang("Succeeded", "Running", "Running"), "Succeeded", 0, "2/3"),
+    ("rank 0 exited 0", accepted_status(JOB), a_gang("Succeeded", "Running", "Running"), "Succeeded", 0, "2/3"),
 ]
 
 
@@ -101,10 +86,10 @@ def test_a_new_job_records_what_it_accepted():
 
 
 def test_a_restart_carries_the_decision():
-    status = compute(JOB, Observed(workers=gang("Running", "Failed", "Running")), accepted(JOB))
+    status = compute(JOB, Observed(workers=a_gang("Running", "Failed", "Running")), accepted_status(JOB))
     assert condition(status, "Restarting") == ("True", "WorkerFailed")
     assert condition(status, "Running") == ("False", "GangRestarting")
-    again = compute(JOB, Observed(workers=gang("Running", "Running", "Running", generation=1)), status)
+    again = compute(JOB, Observed(workers=a_gang("Running", "Running", "Running", generation=1)), status)
     assert condition(again, "Restarting") == ("False", "GangRunning")
     assert condition(again, "Running") == ("True", "AllWorkersRunning")
 
@@ -120,18 +105,18 @@ def test_a_restart_carries_the_decision():
     ],
 )
 def test_restart_policies(policy, exit_code, lost, phase, reason):
-    job = a_job(runPolicy={"restartPolicy": policy})
-    failed = replace(pod(1, "Failed"), exit_code=exit_code, lost=lost, reason="Evicted" if lost else "Error")
-    status = compute(job, Observed(workers=(pod(0), failed, pod(2))), accepted(job))
+    job = MNIST.with_restart_policy(policy).as_model()
+    failed = a_worker(1, "Failed", exit_code=exit_code, lost=lost, reason="Evicted" if lost else "Error")
+    status = compute(job, Observed(workers=(a_worker(0), failed, a_worker(2))), accepted_status(job))
     assert status.phase == phase
     assert condition(status, "Failed" if phase == "Failed" else "Restarting")[1] == reason
 
 
 def test_the_first_failure_decides_and_its_peers_consequences_do_not():
-    job = a_job(runPolicy={"restartPolicy": "ExitCode"})
-    killed = replace(pod(1, "Failed"), exit_code=137, reason="OOMKilled", finished_at=EARLIER)
-    broken_pipe = replace(pod(0, "Failed"), exit_code=1, finished_at=EARLIER + timedelta(seconds=20))
-    status = compute(job, Observed(workers=(broken_pipe, killed, pod(2))), accepted(job))
+    job = MNIST.with_restart_policy("ExitCode").as_model()
+    killed = a_worker(1, "Failed", exit_code=137, reason="OOMKilled", finished_at=EARLIER)
+    broken_pipe = a_worker(0, "Failed", exit_code=1, finished_at=EARLIER + timedelta(seconds=20))
+    status = compute(job, Observed(workers=(broken_pipe, killed, a_worker(2))), accepted_status(job))
     assert (status.phase, status.restarts) == ("Restarting", 1)
 
 
@@ -143,43 +128,34 @@ def test_observe_pod_reads_when_the_container_finished():
 
 def test_training_success_copies_the_trainer_results():
     results = {"onnx": "/workspace/artifacts/model.onnx", "onnxParityMaxRelError": 1e-6}
-    done = replace(pod(0, "Succeeded"), exit_code=0, message=json.dumps(results))
-    status = compute(JOB, Observed(workers=(done, pod(1), pod(2))), accepted(JOB))
+    done = a_worker(0, "Succeeded", exit_code=0, message=json.dumps(results))
+    status = compute(JOB, Observed(workers=(done, a_worker(1), a_worker(2))), accepted_status(JOB))
     assert status.phase == "Succeeded"
     assert status.artifacts == results
     assert condition(status, "TrainingSucceeded") == ("True", "TrainerSucceeded")
     assert status.completion_time == format_time(NOW)
 
 
-def engine_pod(phase: str, message: str = "") -> PodObservation:
-    return replace(pod(0, phase), name="mnist-engine-x", role=contract.ROLE_ENGINE, rank=None, generation=None,
-                   message=message, owner_uid="engine-uid")
-
-
-def engine_job(succeeded: bool = False, failed: bool = False, finished_at=NOW) -> EngineJobObservation:
-    return EngineJobObservation(name="mnist-engine", uid="engine-uid", resource_version="1", succeeded=succeeded,
-                                failed=failed, owner_uid=UID, finished_at=finished_at if succeeded or failed else None)
-
-
-ENGINE_JOB = a_job(engine={"enabled": True})
-TRAINED = accepted(ENGINE_JOB, "BuildingEngine", conditions=[{"type": "TrainingSucceeded", "status": "True"}],
-                   artifacts={"onnx": "model.onnx"})
+ENGINE_JOB = MNIST.with_engine().as_model()
+TRAINED = accepted_status(ENGINE_JOB, "BuildingEngine", conditions=[{"type": "TrainingSucceeded", "status": "True"}],
+                          artifacts={"onnx": "model.onnx"})
 
 
 @pytest.mark.parametrize(
     "case,observed,now,phase,artifacts,message",
     [
         ("no engine Job yet", Observed(), NOW, "BuildingEngine", {"onnx": "model.onnx"}, None),
-        ("engine Job running", Observed(engine_job=engine_job()), NOW, "BuildingEngine", {"onnx": "model.onnx"}, None),
-        ("engine built", Observed(engine_job=engine_job(succeeded=True),
-                                  engine_pods=(engine_pod("Succeeded", '{"engine": "model.plan"}'),)),
+        ("engine Job running", Observed(engine_job=an_engine_job()), NOW, "BuildingEngine", {"onnx": "model.onnx"},
+         None),
+        ("engine built", Observed(engine_job=an_engine_job(succeeded=True),
+                                  engine_pods=(an_engine_pod("Succeeded", '{"engine": "model.plan"}'),)),
          NOW, "Succeeded", {"onnx": "model.onnx", "engine": "model.plan"}, None),
-        ("Job seen done before its pod", Observed(engine_job=engine_job(succeeded=True)), NOW + timedelta(seconds=5),
+        ("Job seen done before its pod", Observed(engine_job=an_engine_job(succeeded=True)), NOW + timedelta(seconds=5),
          "BuildingEngine", {"onnx": "model.onnx"}, None),
-        ("the pod never seen", Observed(engine_job=engine_job(succeeded=True)), NOW + timedelta(minutes=5),
+        ("the pod never seen", Observed(engine_job=an_engine_job(succeeded=True)), NOW + timedelta(minutes=5),
          "Succeeded", {"onnx": "model.onnx"}, None),
-        ("engine build failed", Observed(engine_job=engine_job(failed=True),
-                                         engine_pods=(engine_pod("Failed", "TensorRT: unsupported op"),)),
+        ("engine build failed", Observed(engine_job=an_engine_job(failed=True),
+                                         engine_pods=(an_engine_pod("Failed", "TensorRT: unsupported op"),)),
          NOW, "Failed", {"onnx": "model.onnx"}, "Job mnist-engine failed: TensorRT: unsupported op"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
@@ -193,8 +169,8 @@ def test_engine_table(case, observed, now, phase, artifacts, message):
 
 
 def test_suspend_and_resume():
-    suspended_job = a_job(runPolicy={"suspend": True})
-    status = compute(suspended_job, Observed(workers=gang("Running", "Running", "Running")), accepted(JOB))
+    suspended_job = MNIST.suspended().as_model()
+    status = compute(suspended_job, Observed(workers=a_gang("Running", "Running", "Running")), accepted_status(JOB))
     assert (status.phase, condition(status, "Suspended")) == ("Suspended", ("True", "JobSuspended"))
     resumed = compute(JOB, Observed(), status, NOW + timedelta(hours=1))
     assert resumed.phase == "Pending"
@@ -204,65 +180,68 @@ def test_suspend_and_resume():
 
 
 def test_deadline():
-    job = a_job(runPolicy={"activeDeadlineSeconds": 600})
-    inside = compute(job, Observed(workers=gang("Running", "Running", "Running")), accepted(job), EARLIER + timedelta(seconds=599))
+    job = MNIST.with_deadline(600).as_model()
+    running = Observed(workers=a_gang("Running", "Running", "Running"))
+    inside = compute(job, running, accepted_status(job), EARLIER + timedelta(seconds=599))
     assert inside.phase == "Running"
-    past = compute(job, Observed(workers=gang("Running", "Running", "Running")), accepted(job), EARLIER + timedelta(seconds=601))
+    past = compute(job, running, accepted_status(job), EARLIER + timedelta(seconds=601))
     assert (past.phase, condition(past, "Failed")) == ("Failed", ("True", "DeadlineExceeded"))
 
 
 def test_finished_jobs_keep_their_status():
-    done = compute(JOB, Observed(workers=gang("Succeeded", "Succeeded", "Succeeded")), accepted(JOB))
+    done = compute(JOB, Observed(workers=a_gang("Succeeded", "Succeeded", "Succeeded")), accepted_status(JOB))
     later = compute(JOB, Observed(), done, NOW + timedelta(hours=1))
     assert later == done
 
 
 def test_pods_pending_too_long_are_named_with_their_reasons():
-    job = a_job(scheduling={"gang": {"scheduleTimeoutSeconds": 60}})
-    stuck = replace(pod(1, "Pending"), pending_reason="Unschedulable: 0/4 nodes are available")
-    fresh = replace(pod(2, "Pending"), created_at=NOW - timedelta(seconds=10), pending_reason="ContainerCreating")
-    status = compute(job, Observed(workers=(pod(0), stuck, fresh)), accepted(job, "Starting"))
+    job = MNIST.with_schedule_timeout(60).as_model()
+    stuck = a_worker(1, "Pending", pending_reason="Unschedulable: 0/4 nodes are available")
+    fresh = a_worker(2, "Pending", created_at=NOW - timedelta(seconds=10), pending_reason="ContainerCreating")
+    status = compute(job, Observed(workers=(a_worker(0), stuck, fresh)), accepted_status(job, "Starting"))
     found = next(c for c in status.conditions if c.type == "PodsPending")
     assert (found.status, found.reason) == ("True", "PodsPendingTooLong")
     assert found.message == "Pending for more than 60 s: mnist-1: Unschedulable: 0/4 nodes are available"
-    plan = plan_children(job, status, Observed(workers=(pod(0), stuck, fresh)), NOW)
+    plan = plan_children(job, status, Observed(workers=(a_worker(0), stuck, fresh)), NOW)
     assert plan.requeue_after == pytest.approx(50.1)
 
 
 def test_an_immutable_change_is_reported_and_the_accepted_spec_runs():
-    previous = accepted(JOB)
-    changed = a_job(generation=2, nodes=4, trainer={"batchSize": 64})
-    status = compute(changed, Observed(workers=gang("Running", "Running", "Running")), previous)
+    previous = accepted_status(JOB)
+    changed = MNIST.at_generation(2).with_nodes(4).with_spec(trainer={"batchSize": 64}).as_model()
+    status = compute(changed, Observed(workers=a_gang("Running", "Running", "Running")), previous)
     found = next(c for c in status.conditions if c.type == "SpecImmutable")
     assert (found.status, found.reason) == ("True", "ImmutableFieldChanged")
     assert found.message.startswith("spec.nodes, spec.trainer.batchSize cannot change")
     assert (status.phase, status.nodes_ready, status.observed_generation) == ("Running", "3/3", 2)
-    reverted = compute(a_job(generation=3), Observed(workers=gang("Running", "Running", "Running")), status)
+    reverted = compute(MNIST.at_generation(3).as_model(), Observed(workers=a_gang("Running", "Running", "Running")),
+                       status)
     assert condition(reverted, "SpecImmutable") == ("False", "SpecUnchanged")
 
 
 def test_scheduling_may_change_while_suspended():
-    suspended = compute(a_job(runPolicy={"suspend": True}), Observed(), accepted(JOB))
-    moved = a_job(generation=2, runPolicy={"suspend": True}, scheduling={"nodeSelector": {"pool": "h100"}})
+    suspended = compute(MNIST.suspended().as_model(), Observed(), accepted_status(JOB))
+    moved = MNIST.at_generation(2).suspended().with_spec(scheduling={"nodeSelector": {"pool": "h100"}}).as_model()
     status = compute(moved, Observed(), suspended)
     assert condition(status, "SpecImmutable") is None
     assert status.accepted_spec["scheduling"]["nodeSelector"] == {"pool": "h100"}
     # Kueue injects the node selector and unsuspends in one update: still accepted.
-    admitted = compute(a_job(generation=3, scheduling={"nodeSelector": {"pool": "a100"}}), Observed(), status)
+    admitted = compute(MNIST.at_generation(3).with_spec(scheduling={"nodeSelector": {"pool": "a100"}}).as_model(),
+                       Observed(), status)
     assert (admitted.phase, condition(admitted, "SpecImmutable")) == ("Pending", None)
     assert admitted.accepted_spec["scheduling"]["nodeSelector"] == {"pool": "a100"}
-    moved_again = compute(a_job(generation=4, scheduling={"nodeSelector": {"pool": "v100"}}), Observed(), admitted)
+    moved_again = compute(MNIST.at_generation(4).with_spec(scheduling={"nodeSelector": {"pool": "v100"}}).as_model(),
+                          Observed(), admitted)
     assert condition(moved_again, "SpecImmutable") == ("True", "ImmutableFieldChanged")
 
 
 def test_a_mutable_change_is_not_reported():
-    status = compute(a_job(runPolicy={"ttlSecondsAfterFinished": 60}), Observed(workers=gang(*["Running"] * 3)),
-                     accepted(JOB))
+    status = compute(MNIST.with_ttl(60).as_model(), Observed(workers=a_gang(*["Running"] * 3)), accepted_status(JOB))
     assert condition(status, "SpecImmutable") is None
 
 
 def test_an_invalid_edit_is_reported():
-    status = compute_status(JOB, Observed(workers=gang(*["Running"] * 3)), accepted(JOB), NOW,
+    status = compute_status(JOB, Observed(workers=a_gang(*["Running"] * 3)), accepted_status(JOB), NOW,
                             spec_errors=["spec.nodes: Input should be greater than or equal to 1"])
     assert condition(status, "SpecImmutable") == ("True", "InvalidSpecChange")
     assert status.phase == "Running"
@@ -270,8 +249,8 @@ def test_an_invalid_edit_is_reported():
 
 def test_exporting_follows_the_trainers_stage():
     progress = {"epoch": 2, "stage": contract.PROGRESS_STAGE_EXPORTING, "updatedAt": format_time(NOW)}
-    previous = accepted(JOB, progress=progress)
-    status = compute(JOB, Observed(workers=gang("Running", "Succeeded", "Succeeded")), previous)
+    previous = accepted_status(JOB, progress=progress)
+    status = compute(JOB, Observed(workers=a_gang("Running", "Succeeded", "Succeeded")), previous)
     assert status.phase == "Exporting"
     assert status.progress.model_dump(by_alias=True, exclude_none=True) == progress
 
@@ -281,7 +260,8 @@ def test_exporting_follows_the_trainers_stage():
 )
 def test_a_stage_reported_before_the_gang_was_created_is_not_its_stage(updated_at):
     progress = {"stage": contract.PROGRESS_STAGE_EXPORTING, **({"updatedAt": updated_at} if updated_at else {})}
-    status = compute(JOB, Observed(workers=gang("Running", "Running", "Running")), accepted(JOB, progress=progress))
+    status = compute(JOB, Observed(workers=a_gang("Running", "Running", "Running")),
+                     accepted_status(JOB, progress=progress))
     assert status.phase == "Running"
 
 
@@ -295,8 +275,8 @@ def test_invalid_objects_fail_and_start_once_fixed():
 
 
 def test_condition_times_move_only_when_the_status_flips():
-    first = compute(JOB, Observed(workers=gang(*["Running"] * 3)), accepted(JOB, "Starting"))
-    later = compute(JOB, Observed(workers=gang(*["Running"] * 3)), first, NOW + timedelta(minutes=5))
+    first = compute(JOB, Observed(workers=a_gang(*["Running"] * 3)), accepted_status(JOB, "Starting"))
+    later = compute(JOB, Observed(workers=a_gang(*["Running"] * 3)), first, NOW + timedelta(minutes=5))
     assert later.conditions == first.conditions
 
 
@@ -304,23 +284,23 @@ def test_condition_times_move_only_when_the_status_flips():
 
 
 def test_status_patch_holds_only_what_changed_and_never_the_trainers_fields():
-    previous = accepted(JOB, "Starting", progress={"epoch": 1}, lastCheckpoint={"step": 10}, nodesReady="2/3",
-                        nodes={"total": 3, "pending": 1, "running": 2})
-    new = compute(JOB, Observed(workers=gang(*["Running"] * 3)), previous)
+    previous = accepted_status(JOB, "Starting", progress={"epoch": 1}, lastCheckpoint={"step": 10}, nodesReady="2/3",
+                               nodes={"total": 3, "pending": 1, "running": 2})
+    new = compute(JOB, Observed(workers=a_gang(*["Running"] * 3)), previous)
     patch = status_patch(previous, new)
     assert set(patch) == {"phase", "conditions", "nodes", "nodesReady", "observedGeneration"}
     assert status_patch(new, new) is None
 
 
 def test_a_patch_of_counts_alone_can_wait():
-    before = accepted(JOB, "Starting", nodesReady="1/3")
+    before = accepted_status(JOB, "Starting", nodesReady="1/3")
     after = before.model_copy(update={"nodes_ready": "2/3"})
     assert only_counts_changed(status_patch(before, after))
     assert not only_counts_changed(status_patch(before, after.model_copy(update={"phase": "Running"})))
 
 
 def test_removed_artifacts_are_nulled_in_the_merge_patch():
-    before = accepted(JOB, artifacts={"onnx": "a", "engine": "b"})
+    before = accepted_status(JOB, artifacts={"onnx": "a", "engine": "b"})
     after = before.model_copy(update={"artifacts": {"onnx": "a"}})
     assert status_patch(before, after) == {"artifacts": {"engine": None, "onnx": "a"}}
 
@@ -336,15 +316,15 @@ def test_removed_artifacts_are_nulled_in_the_merge_patch():
     ],
 )
 def test_an_event_for_every_phase_change(before, after, events):
-    previous = accepted(JOB, before) if before else None
-    new = accepted(JOB, after)
+    previous = accepted_status(JOB, before) if before else None
+    new = accepted_status(JOB, after)
     assert [(e.type, e.reason) for e in status_events(previous, new)] == events
 
 
 def test_warnings_for_conditions_that_need_the_user():
-    previous = accepted(JOB)
-    new = accepted(JOB, conditions=[{"type": "PodsPending", "status": "True", "reason": "PodsPendingTooLong",
-                                     "message": "mnist-1: Unschedulable"}])
+    previous = accepted_status(JOB)
+    new = accepted_status(JOB, conditions=[{"type": "PodsPending", "status": "True", "reason": "PodsPendingTooLong",
+                                            "message": "mnist-1: Unschedulable"}])
     (event,) = status_events(previous, new)
     assert (event.type, event.reason, event.message) == ("Warning", "PodsPending", "mnist-1: Unschedulable")
     assert status_events(new, new) == []
@@ -358,7 +338,7 @@ def raw_pod(status: dict, **meta: Any) -> dict:
         "metadata": {"name": "mnist-1", "uid": "u1", "resourceVersion": "7", "creationTimestamp": "2026-05-01T11:50:00Z",
                      "labels": {contract.LABEL_ROLE: "worker", contract.LABEL_NODE_RANK: "1",
                                 contract.LABEL_GANG_GENERATION: "2"},
-                     "ownerReferences": [{"uid": UID, "controller": True}], **meta},
+                     "ownerReferences": [{"uid": JOB_UID, "controller": True}], **meta},
         "spec": {},
         "status": status,
     }
@@ -396,7 +376,7 @@ def terminated(code: int, reason: str, message: str = "") -> dict:
 )
 def test_observe_pod(status, meta, expected):
     observed = observe_pod(raw_pod(status, **meta))
-    assert (observed.rank, observed.generation, observed.owner_uid) == (1, 2, UID)
+    assert (observed.rank, observed.generation, observed.owner_uid) == (1, 2, JOB_UID)
     assert {k: getattr(observed, k) for k in expected} == expected
 
 
@@ -418,7 +398,7 @@ def test_observe_engine_job(conditions, succeeded, failed):
 
 
 def plan_for(job: DistributedTraining, phase: str, workers=(), restarts: int = 0, now=NOW, **fields: Any):
-    status = accepted(job, phase, restarts=restarts, **fields)
+    status = accepted_status(job, phase, restarts=restarts, **fields)
     return plan_children(job, status, Observed(workers=tuple(workers)), now)
 
 
@@ -427,30 +407,30 @@ def names(pods) -> list[str]:
 
 
 def test_plan_creates_missing_pods_while_starting():
-    plan = plan_for(JOB, "Pending", [pod(1, "Pending")])
+    plan = plan_for(JOB, "Pending", [a_worker(1, "Pending")])
     assert (plan.create_ranks, plan.delete_pods) == ((0, 2), ())
 
 
 def test_plan_replaces_the_old_gang_waiting_for_names_to_free():
-    old = [pod(0, "Running"), replace(pod(1, "Failed")), replace(pod(2, "Running"), deleting=True)]
+    old = [a_worker(0, "Running"), a_worker(1, "Failed"), a_worker(2, "Running", deleting=True)]
     plan = plan_for(JOB, "Restarting", old, restarts=1)
     assert names(plan.delete_pods) == ["mnist-0@0", "mnist-1@0"]
     assert plan.create_ranks == ()
-    plan = plan_for(JOB, "Restarting", [pod(2, "Running", generation=1)], restarts=1)
+    plan = plan_for(JOB, "Restarting", [a_worker(2, "Running", generation=1)], restarts=1)
     assert plan.create_ranks == (0, 1)
 
 
 def test_plan_creates_nothing_once_running():
-    assert plan_for(JOB, "Running", gang("Running", "Running")).create_ranks == ()
+    assert plan_for(JOB, "Running", a_gang("Running", "Running")).create_ranks == ()
 
 
 def test_plan_suspended_deletes_every_worker():
-    assert names(plan_for(JOB, "Suspended", gang("Running", "Pending")).delete_pods) == ["mnist-0@0", "mnist-1@0"]
+    assert names(plan_for(JOB, "Suspended", a_gang("Running", "Pending")).delete_pods) == ["mnist-0@0", "mnist-1@0"]
 
 
 def test_plan_builds_the_engine_once():
     assert plan_children(ENGINE_JOB, TRAINED, Observed(), NOW).create_engine_job
-    assert not plan_children(ENGINE_JOB, TRAINED, Observed(engine_job=engine_job()), NOW).create_engine_job
+    assert not plan_children(ENGINE_JOB, TRAINED, Observed(engine_job=an_engine_job()), NOW).create_engine_job
 
 
 @pytest.mark.parametrize(
@@ -458,23 +438,23 @@ def test_plan_builds_the_engine_once():
     [("All", ["mnist-0@0", "mnist-1@0", "mnist-2@0"], True), ("Running", ["mnist-0@0"], True), ("None", [], False)],
 )
 def test_plan_cleans_up_finished_jobs(policy, deleted, engine_deleted):
-    job = a_job(engine={"enabled": True}, runPolicy={"cleanPodPolicy": policy})
-    status = accepted(job, "Failed", completionTime=format_time(NOW))
-    observed = Observed(workers=gang("Running", "Failed", "Succeeded"), engine_job=engine_job())
+    job = MNIST.with_engine().with_clean_pod_policy(policy).as_model()
+    status = accepted_status(job, "Failed", completionTime=format_time(NOW))
+    observed = Observed(workers=a_gang("Running", "Failed", "Succeeded"), engine_job=an_engine_job())
     plan = plan_children(job, status, observed, NOW)
     assert names(plan.delete_pods) == deleted
     assert (plan.delete_engine_job is not None) == engine_deleted
 
 
 def test_plan_deletes_the_job_after_its_ttl():
-    job = a_job(runPolicy={"ttlSecondsAfterFinished": 30})
-    status = accepted(job, "Succeeded", completionTime=format_time(NOW))
+    job = MNIST.with_ttl(30).as_model()
+    status = accepted_status(job, "Succeeded", completionTime=format_time(NOW))
     waiting = plan_children(job, status, Observed(), NOW + timedelta(seconds=10))
     assert (waiting.delete_job, waiting.requeue_after) == (False, pytest.approx(20.1))
     assert plan_children(job, status, Observed(), NOW + timedelta(seconds=30)).delete_job
 
 
 def test_plan_requeues_at_the_deadline():
-    job = a_job(runPolicy={"activeDeadlineSeconds": 900})
-    plan = plan_for(job, "Running", gang("Running", "Running", "Running"))
+    job = MNIST.with_deadline(900).as_model()
+    plan = plan_for(job, "Running", a_gang("Running", "Running", "Running"))
     assert plan.requeue_after == pytest.approx(300.1)

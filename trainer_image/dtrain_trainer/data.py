@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -23,7 +24,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _image_size(image_size: int | Sequence[int]) -> tuple[int, int]:
+def image_size_of(image_size: int | Sequence[int]) -> tuple[int, int]:
     if isinstance(image_size, int) and not isinstance(image_size, bool):
         size = (image_size, image_size)
     elif isinstance(image_size, (list, tuple)) and len(image_size) == 2:
@@ -35,8 +36,30 @@ def _image_size(image_size: int | Sequence[int]) -> tuple[int, int]:
     return size
 
 
-def _default_pin_memory(pin_memory: bool | None) -> bool:
+def default_pin_memory(pin_memory: bool | None) -> bool:
     return torch.cuda.is_available() if pin_memory is None else pin_memory
+
+
+class BuiltinLoaders:
+    """What the built-in data modules share: the loader settings the trainer sets, and their loaders."""
+
+    batch_size: int
+    num_workers: int
+    pin_memory: bool
+
+    def _batches(self, dataset: Any, train: bool, persistent_workers: bool) -> DataLoader[Any]:
+        # Training resumes mid-epoch from a StatefulDataLoader; torch's RandomSampler is the one Lightning
+        # replaces with a DistributedSampler (see resumable.py).
+        loader = StatefulDataLoader if train else DataLoader
+        return loader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=RandomSampler(dataset) if train else None,
+            drop_last=train,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=persistent_workers,
+        )
 
 
 class SyntheticImages(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -61,7 +84,7 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.images[slot], self.labels[slot]
 
 
-class _SyntheticImageData:
+class _SyntheticImageData(BuiltinLoaders):
     """SyntheticImageDataModule's behaviour, without a Lightning base (see `flavor.rebased`)."""
 
     def __init__(
@@ -77,7 +100,7 @@ class _SyntheticImageData:
         pin_memory: bool | None = None,
     ) -> None:
         super().__init__()
-        height, width = _image_size(image_size)
+        height, width = image_size_of(image_size)
         for name, value in (("channels", channels), ("num_classes", num_classes), ("num_samples", num_samples),
                             ("pool_size", pool_size)):
             if not (isinstance(value, int) and value >= 1):
@@ -89,20 +112,11 @@ class _SyntheticImageData:
         self.seed = seed
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.pin_memory = _default_pin_memory(pin_memory)
+        self.pin_memory = default_pin_memory(pin_memory)
 
     def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, torch.Tensor]]:
         dataset = SyntheticImages(self.num_samples, self.sample_shape, self.num_classes, self.pool_size, self.seed)
-        return StatefulDataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            # torch's RandomSampler: Lightning replaces it with a DistributedSampler (see resumable.py).
-            sampler=RandomSampler(dataset),
-            drop_last=True,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
-        )
+        return self._batches(dataset, train=True, persistent_workers=self.num_workers > 0)
 
 
 class SyntheticImageDataModule(_SyntheticImageData, L.LightningDataModule):
@@ -164,7 +178,7 @@ def _class_directories(root: Path) -> list[str]:
     return sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
 
 
-class _ImageFolderData:
+class _ImageFolderData(BuiltinLoaders):
     """ImageFolderDataModule's behaviour, without a Lightning base (see `flavor.rebased`)."""
 
     def __init__(
@@ -188,12 +202,12 @@ class _ImageFolderData:
             raise ValueError(f"train_dir {str(self.train_dir)!r} holds no class directories (<dir>/<class>/<image>)")
         if self.val_dir is not None and _class_directories(self.val_dir) != classes:
             raise ValueError(f"val_dir {str(self.val_dir)!r} does not have the same class directories as train_dir")
-        self.crop = _image_size(image_size)
+        self.crop = image_size_of(image_size)
         self.sample_shape = (3, *self.crop)
         self.num_classes = len(classes)
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.pin_memory = _default_pin_memory(pin_memory)
+        self.pin_memory = default_pin_memory(pin_memory)
         self.persistent_workers = persistent_workers and num_workers > 0
 
     def _loader(self, root: Path, train: bool) -> DataLoader[tuple[torch.Tensor, int]]:
@@ -202,17 +216,7 @@ class _ImageFolderData:
         dataset = datasets.ImageFolder(
             str(root), transform=image_transform(self.crop, train), loader=decode_image_file, is_valid_file=is_image_file
         )
-        loader = StatefulDataLoader if train else DataLoader
-        return loader(
-            dataset,
-            batch_size=self.batch_size,
-            # torch's RandomSampler: Lightning replaces it with a DistributedSampler (see resumable.py).
-            sampler=RandomSampler(dataset) if train else None,
-            drop_last=train,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers,
-        )
+        return self._batches(dataset, train, self.persistent_workers)
 
     def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, int]]:
         return self._loader(self.train_dir, train=True)

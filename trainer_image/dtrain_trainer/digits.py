@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from dtrain_trainer.data import _default_pin_memory, _image_size
+from dtrain_trainer.data import BuiltinLoaders, default_pin_memory, image_size_of
 
 NUM_CLASSES = 10
 GREY_LEVELS = 16.0  # pixel values are 0..16
@@ -63,7 +63,7 @@ def prepare_images(images: torch.Tensor, size: tuple[int, int], channels: int) -
     return batch.expand(-1, channels, -1, -1).contiguous()
 
 
-class DigitsDataModule(L.LightningDataModule):
+class DigitsDataModule(BuiltinLoaders, L.LightningDataModule):
     """UCI handwritten digits (scikit-learn's bundled copy): 10 classes, real labels, a real validation accuracy.
 
     Args:
@@ -87,7 +87,7 @@ class DigitsDataModule(L.LightningDataModule):
         pin_memory: bool | None = None,
     ) -> None:
         super().__init__()
-        height, width = _image_size(image_size)
+        height, width = image_size_of(image_size)
         if not (isinstance(channels, int) and channels >= 1):
             raise ValueError(f"channels must be a whole number >= 1, got {channels!r}")
         if isinstance(val_fraction, bool) or not (isinstance(val_fraction, (int, float)) and 0 < val_fraction < 1):
@@ -98,7 +98,7 @@ class DigitsDataModule(L.LightningDataModule):
         self.seed = seed
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.pin_memory = _default_pin_memory(pin_memory)
+        self.pin_memory = default_pin_memory(pin_memory)
         self._train: TensorDataset | None = None
         self._val: TensorDataset | None = None
 
@@ -116,15 +116,7 @@ class DigitsDataModule(L.LightningDataModule):
             self.setup()
             dataset = self._train if train else self._val
         assert dataset is not None
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=train,
-            drop_last=train,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
-        )
+        return self._batches(dataset, train, persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
         return self._loader(self._train, train=True)

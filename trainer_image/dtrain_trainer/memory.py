@@ -20,6 +20,7 @@ estimate with `torch.cuda.max_memory_allocated` where a GPU exists.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -208,10 +209,8 @@ def measure_activations(
     measured = []
     for batch in (small, large):
         forward = make_forward(batch)
-        if precision in MIXED:
-            with torch.autocast("cpu", dtype=dtype):
-                measured.append(saved_tensor_bytes(module, forward))
-        else:
+        autocast = torch.autocast("cpu", dtype=dtype) if precision in MIXED else contextlib.nullcontext()
+        with autocast:
             measured.append(saved_tensor_bytes(module, forward))
     per_sample = (measured[1].total - measured[0].total) / (large - small)
     fixed = measured[0].total - per_sample * small

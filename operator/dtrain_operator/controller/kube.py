@@ -8,11 +8,12 @@ kopf does the watching with the same credentials (`connection_info`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
@@ -158,6 +159,28 @@ def object_path(api_version: str, kind: str, namespace: str, name: str = "", sub
     return path
 
 
+
+def _honouring_retry_after(
+    send: Callable[..., Awaitable[dict[str, Any]]],
+) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """A request that the API server asked to repeat later (Retry-After) is sent again, a few times,
+    after the wait it asked for, unless the wait is too long."""
+
+    @functools.wraps(send)
+    async def retrying(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        for attempt in range(MAX_RETRY_AFTER_ATTEMPTS + 1):
+            try:
+                return await send(self, method, path, *args, **kwargs)
+            except ApiError as exc:
+                wait = exc.retry_after
+                if wait is None or attempt == MAX_RETRY_AFTER_ATTEMPTS or wait > MAX_RETRY_AFTER_SECONDS:
+                    raise
+                logger.debug("%s %s: %s; retrying in %g s as the server asks", method, path, exc.status, wait)
+                await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    return retrying
+
 class KubeClient:
     """Plain-dict access to the objects the operator owns, rate-limited and counted."""
 
@@ -178,27 +201,8 @@ class KubeClient:
     async def close(self) -> None:
         await self._client.close()
 
+    @_honouring_retry_after
     async def _request(
-        self,
-        method: str,
-        path: str,
-        verb: str,
-        resource: str,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        for attempt in range(MAX_RETRY_AFTER_ATTEMPTS + 1):
-            try:
-                return await self._request_once(method, path, verb, resource, body, content_type)
-            except ApiError as exc:
-                wait = exc.retry_after
-                if wait is None or attempt == MAX_RETRY_AFTER_ATTEMPTS or wait > MAX_RETRY_AFTER_SECONDS:
-                    raise
-                logger.debug("%s %s: %s; retrying in %g s as the server asks", method, path, exc.status, wait)
-                await asyncio.sleep(wait)
-        raise AssertionError("unreachable")
-
-    async def _request_once(
         self,
         method: str,
         path: str,

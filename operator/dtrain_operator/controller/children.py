@@ -21,12 +21,11 @@ from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Exp
 from dtrain_operator.controller.kube import ApiError, KubeClient
 from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
 from dtrain_operator.core import render
-from dtrain_operator.core.observation import PodObservation
+from dtrain_operator.core.observation import JobKey, PodObservation
 from dtrain_operator.core.plan import Plan
 
 logger = logging.getLogger(__name__)
 
-JobKey = tuple[str, str]
 
 
 class ChildConflict(Exception):

@@ -13,10 +13,10 @@ from typing import Any
 
 from dtrain_operator.controller.kube import ApiError, KubeClient
 from dtrain_operator.controller.status.events import JobEvent
+from dtrain_operator.core.observation import JobKey
 
 logger = logging.getLogger(__name__)
 
-JobKey = tuple[str, str]
 
 EVENT_SERIES_SECONDS = 600.0
 """A Warning that repeats within this long (Kubernetes' event aggregation window) counts up one Event."""
@@ -36,7 +36,7 @@ class EventRecorder:
         for series_key in [k for k in self._series if k[0] == key]:
             del self._series[series_key]
 
-    async def stop(self) -> None:
+    def stop(self) -> None:
         for task in list(self._tasks.values()):
             task.cancel()
 

@@ -56,12 +56,11 @@ from dtrain_operator.core import progress_deadline
 from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
 from dtrain_operator.core.gang import current_gang, succeeded_ranks
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
-from dtrain_operator.core.observation import EngineJobObservation, Limits, Observed, PodObservation
+from dtrain_operator.core.observation import EngineJobObservation, JobKey, Limits, Observed, PodObservation
 from dtrain_operator.core.plan import plan_children
 
 logger = logging.getLogger(__name__)
 
-JobKey = tuple[str, str]
 
 POD_INDEX = "dtrain_pods"
 ENGINE_JOB_INDEX = "dtrain_engine_jobs"
@@ -162,7 +161,7 @@ class Controller:
             await self._lease_client.close()
         # main.py releases the Lease once kopf has stopped.
         if self._events is not None:
-            await self._events.stop()
+            self._events.stop()
         if self._client is not None:
             await self._client.close()
 

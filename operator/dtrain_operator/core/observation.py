@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+# A job by its namespace and name: how the operator keys its caches, its queue and its Events.
+JobKey = tuple[str, str]
+
 
 @dataclass(frozen=True)
 class PodObservation:

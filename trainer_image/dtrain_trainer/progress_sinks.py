@@ -36,7 +36,6 @@ def _number(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
-
 def metrics_text(metrics: Any) -> str:
     """Reported metrics for a log line: `  val_loss 0.412  val_acc 0.87`."""
     if not isinstance(metrics, Mapping):

@@ -196,7 +196,6 @@ class CheckpointSettings(ApiModel):
     """Keep this many step checkpoints besides last.ckpt."""
 
 
-
 class RunPolicy(ApiModel):
     """How failures, deadlines and cleanup are handled."""
 

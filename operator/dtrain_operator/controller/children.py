@@ -27,7 +27,6 @@ from dtrain_operator.core.plan import Plan
 logger = logging.getLogger(__name__)
 
 
-
 class ChildConflict(Exception):
     """A child's name is taken by an object this job does not own."""
 

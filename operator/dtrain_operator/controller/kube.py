@@ -159,7 +159,6 @@ def object_path(api_version: str, kind: str, namespace: str, name: str = "", sub
     return path
 
 
-
 def _honouring_retry_after(
     send: Callable[..., Awaitable[dict[str, Any]]],
 ) -> Callable[..., Awaitable[dict[str, Any]]]:

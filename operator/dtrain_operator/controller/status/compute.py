@@ -78,6 +78,8 @@ class StatusComputation:
     gone_succeeded: set[int] = field(default_factory=set)
     """Ranks that exited 0 and whose pods are gone since: finished all the same."""
     training_done: bool = False
+    accepted_now: bool = False
+    """This computation records the accepted spec: the job is being created (or its spec, once invalid, was fixed)."""
     failures: list[WorkerFailure] = field(default_factory=list)
 
     @property
@@ -99,11 +101,11 @@ class StatusComputation:
         conditions.clear(RUNNING, "JobFinished", f"the job {phase.lower()}")
         conditions.clear(RESTARTING, "JobFinished", f"the job {phase.lower()}")
         status.completion_time = format_time(self.now)
-        self.count_nodes(list(self.gang.values()), active=False)
+        self.count_nodes(list(self.gang.values()), active=False, gone_succeeded=len(self.gone_succeeded))
         return self.done()
 
-    def count_nodes(self, pods: Sequence[PodObservation], active: bool) -> None:
-        self.status.nodes = node_counts(self.total, pods, active=active, gone_succeeded=len(self.gone_succeeded))
+    def count_nodes(self, pods: Sequence[PodObservation], active: bool, gone_succeeded: int = 0) -> None:
+        self.status.nodes = node_counts(self.total, pods, active=active, gone_succeeded=gone_succeeded)
         self.status.nodes_ready = f"{self.status.nodes.running}/{self.total}"
 
 
@@ -113,7 +115,7 @@ StatusStep = Callable[[StatusComputation], DistributedTrainingStatus | None]
 def accept_spec(c: StatusComputation) -> None:
     """Record the spec the job runs at its first status, and say when an edit is not applied."""
     status = c.status
-    never_accepted = status.accepted_spec is None
+    never_accepted = c.accepted_now = status.accepted_spec is None
     if never_accepted:
         status.accepted_spec = immutable_spec(c.job.spec)
     if never_accepted and status.phase == "Failed":
@@ -151,7 +153,7 @@ def accept_spec(c: StatusComputation) -> None:
 
 def check_gpu_memory(c: StatusComputation) -> None:
     """At creation only: whether the recorded memory estimate fits the GPU (GPUMemoryExceeded)."""
-    if c.status.start_time is not None or c.conditions.get(gpu_memory.CONDITION) is not None:
+    if not c.accepted_now:
         return
     verdict = gpu_memory.verdict((c.job.metadata.model_extra or {}).get("annotations"), c.spec)
     if verdict is not None:
@@ -220,8 +222,7 @@ def suspend_or_resume(c: StatusComputation) -> DistributedTrainingStatus | None:
         )
         c.conditions.clear(RUNNING, "JobSuspended", "the job is suspended")
         c.conditions.clear(PODS_PENDING, "JobSuspended", "the job is suspended")
-        c.status.nodes = node_counts(c.total, list(c.gang.values()), active=False)
-        c.status.nodes_ready = f"{c.status.nodes.running}/{c.total}"
+        c.count_nodes(list(c.gang.values()), active=False)
         return c.done()
     if c.previous_phase == "Suspended":
         # As for a Kubernetes Job, the deadline counts again from the resume.
@@ -266,8 +267,7 @@ def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
         else "the gang is restarting: it made no progress within runPolicy.progressDeadlineSeconds",
     )
     c.conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
-    status.nodes = node_counts(c.total, [], active=True)
-    status.nodes_ready = f"0/{c.total}"
+    c.count_nodes([], active=True)
     return c.done()
 
 
@@ -296,7 +296,7 @@ def watch_image_pulls(c: StatusComputation) -> DistributedTrainingStatus | None:
 def set_phase(c: StatusComputation) -> None:
     """Pending, Starting, Running or Exporting, from the gang's pods."""
     status, total = c.status, c.total
-    c.count_nodes(list(c.gang.values()), active=True)
+    c.count_nodes(list(c.gang.values()), active=True, gone_succeeded=len(c.gone_succeeded))
     all_running = status.nodes is not None and status.nodes.running == total
     if all_running or c.previous_phase in ("Running", "Exporting"):
         # Once the whole gang ran, ranks that finish early (exit 0) do not make it Starting again.

@@ -88,10 +88,16 @@ def test_defaults_install_a_cluster_wide_operator() -> None:
     assert pod["serviceAccountName"] == "dtrain-operator"
     accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in of_kind(objects, "ServiceAccount")}
     assert accounts == {(NAMESPACE, "dtrain-operator"), (NAMESPACE, "dtrain-trainer")}
-    # The only Role: the Lease, in the operator's own namespace.
-    (role,) = of_kind(objects, "Role")
-    assert role["metadata"]["namespace"] == NAMESPACE
-    assert {r["apiGroups"][0] for r in role["rules"]} == {"coordination.k8s.io"}
+    # The only Roles: the Lease and the key of the operator's records, in the operator's own namespace.
+    roles = {role["metadata"]["name"]: role for role in of_kind(objects, "Role")}
+    assert set(roles) == {"dtrain-operator-leader-election", "dtrain-operator-state-key"}
+    assert {role["metadata"]["namespace"] for role in roles.values()} == {NAMESPACE}
+    assert {r["apiGroups"][0] for r in roles["dtrain-operator-leader-election"]["rules"]} == {"coordination.k8s.io"}
+    key_rules = roles["dtrain-operator-state-key"]["rules"]
+    assert {(tuple(r["verbs"]), tuple(r.get("resourceNames", ()))) for r in key_rules} == {
+        (("create",), ()), (("get",), ("dtrain-operator-state-key",))
+    }
+    assert "--state-key-secret=dtrain-operator-state-key" in operator_container(objects)["args"]
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == "dtrain-operator"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-operator", "namespace": NAMESPACE}]
@@ -123,14 +129,15 @@ def test_crd_can_be_left_out() -> None:
 
 def test_namespaced_install_uses_roles_in_each_watched_namespace() -> None:
     objects = helm_template(VALUE_SETS["namespaced"][0])
-    # The leader-election Role (the Lease in the operator's own namespace) is apart.
-    election = [r for r in of_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
-    assert [r["metadata"]["namespace"] for r in election] == [NAMESPACE]
-    roles = [r for r in of_kind(objects, "Role") if r not in election]
+    # The Roles in the operator's own namespace (the Lease, the key of its records) are apart.
+    own = ("-leader-election", "-state-key")
+    apart = [r for r in of_kind(objects, "Role") if r["metadata"]["name"].endswith(own)]
+    assert [r["metadata"]["namespace"] for r in apart] == [NAMESPACE, NAMESPACE]
+    roles = [r for r in of_kind(objects, "Role") if r not in apart]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
     operator_bindings = [
         b for b in of_kind(objects, "RoleBinding")
-        if b["roleRef"]["kind"] == "Role" and not b["roleRef"]["name"].endswith("-leader-election")
+        if b["roleRef"]["kind"] == "Role" and not b["roleRef"]["name"].endswith(own)
     ]
     assert sorted(b["metadata"]["namespace"] for b in operator_bindings) == ["team-a", "team-b"]
     for binding in operator_bindings:
@@ -141,7 +148,8 @@ def test_namespaced_install_uses_roles_in_each_watched_namespace() -> None:
     cluster_wide = rbac_rules(of_kind(helm_template(), "ClusterRole"), "operator")
     for role in roles:
         assert role["rules"] == cluster_wide
-    assert election[0]["rules"] == [r for r in rbac_rules(helm_template(), "operator") if r not in cluster_wide]
+    own_rules = [r for role in apart for r in role["rules"]]
+    assert own_rules == [r for r in rbac_rules(helm_template(), "operator") if r not in cluster_wide]
 
 
 def test_operator_needs_nothing_cluster_scoped() -> None:
@@ -317,10 +325,10 @@ def test_two_replicas_elect_a_leader_and_one_without_election_recreates() -> Non
     assert (parsed.leader_elect_resource_name, parsed.leader_elect_resource_namespace) == ("dtrain-operator", NAMESPACE)
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in operator_container(objects)["env"]}
     assert env["POD_NAMESPACE"] == "metadata.namespace" and env["POD_ID"] == "metadata.name"
-    (role,) = of_kind(objects, "Role")
+    (role,) = [r for r in of_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
     assert [r.get("resourceNames") for r in role["rules"]] == [None, ["dtrain-operator"]]
 
     single = helm_template({"operator": {"leaderElection": {"enabled": False}}})
     assert deployment(single)["spec"]["strategy"] == {"type": "Recreate"}
     assert "--no-leader-elect" in operator_container(single)["args"]
-    assert not of_kind(single, "Role")
+    assert [r["metadata"]["name"] for r in of_kind(single, "Role")] == ["dtrain-operator-state-key"]

@@ -1,11 +1,7 @@
-"""The chart's ValidatingAdmissionPolicy for trainer tokens, evaluated by a real CEL engine.
+"""The chart's ValidatingAdmissionPolicy for trainer tokens, evaluated by a real CEL engine (admission.py).
 
 RBAC cannot say "only these fields" or "only your own job": a Role grants `patch` on
-distributedtrainings/status for the whole namespace. The policy says the rest, in CEL,
-and here Google's CEL runtime (cel-expr-python) compiles and evaluates every expression
-of it against the admission requests a trainer and an attacker holding its token make.
-Variables are declared as Kubernetes declares them for admission policies (object,
-oldObject, request); the policy uses no Kubernetes-specific CEL functions.
+distributedtrainings/status for the whole namespace. The policy says the rest, in CEL.
 """
 
 from __future__ import annotations
@@ -15,9 +11,7 @@ from typing import Any
 
 import pytest
 
-cel = pytest.importorskip("cel_expr_python.cel", reason="cel-expr-python is in the dev extra")
-
-from tests.chart.helm import helm_template
+from tests.chart import admission
 
 NAMESPACE = "team-a"
 TRAINER = f"system:serviceaccount:{NAMESPACE}:dtrain-trainer"
@@ -25,21 +19,12 @@ POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
 
 
 def policy() -> dict[str, Any]:
-    objects = helm_template()
-    return next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy")
-
-
-ENV = cel.NewEnv(variables={name: cel.Type.DYN for name in ("object", "oldObject", "request", "params")})
+    return admission.chart_policy("trainer")
 
 
 def admit(request: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> tuple[bool, list[str]]:
     """(allowed, messages) as the API server decides for one UPDATE of distributedtrainings/status."""
-    spec = policy()["spec"]
-    data = {"object": new, "oldObject": old, "request": request, "params": None}
-    if not all(ENV.compile(c["expression"]).eval(data=data).value() for c in spec["matchConditions"]):
-        return True, []
-    failed = [v["message"] for v in spec["validations"] if not ENV.compile(v["expression"]).eval(data=data).value()]
-    return not failed, failed
+    return admission.admit(policy(), request, old, new)
 
 
 def job(name: str = "resnet", **status: Any) -> dict[str, Any]:
@@ -69,14 +54,17 @@ def with_status(obj: dict[str, Any], **changes: Any) -> dict[str, Any]:
 
 
 def test_every_expression_compiles():
-    spec = policy()["spec"]
-    for item in spec["matchConditions"] + spec["validations"]:
-        ENV.compile(item["expression"])
+    admission.compile_all(policy())
 
 
 def test_rank_zero_reports_progress_and_checkpoint():
     old = job()
-    new = with_status(old, progress={"step": 20, "loss": 0.5}, lastCheckpoint={"step": 20, "path": "/ckpt"})
+    new = with_status(
+        old,
+        progress={"step": 20, "loss": 0.5},
+        lastCheckpoint={"step": 20, "path": "/ckpt"},
+        preflight={"passed": True},
+    )
     assert admit(request(), old, new) == (True, [])
 
 
@@ -101,7 +89,7 @@ def test_the_trainer_token_cannot_change_anything_else(change):
     old = job()
     allowed, messages = admit(request(), old, with_status(old, **change))
     assert not allowed
-    assert messages == ["a trainer may change only status.progress and status.lastCheckpoint"]
+    assert messages == ["a trainer may change only status.progress, status.lastCheckpoint and status.preflight"]
 
 
 def test_the_trainer_token_cannot_remove_fields():
@@ -131,8 +119,7 @@ def test_the_operator_is_not_matched():
 
 
 def test_the_policy_is_bound_and_denies():
-    objects = helm_template()
-    binding = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding")
+    binding = admission.chart_policy("trainer", "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == policy()["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert policy()["spec"]["failurePolicy"] == "Fail"

@@ -60,6 +60,7 @@ RESOURCES = [
     ("v1/pods", "Pod", True),
     ("v1/services", "Service", True),
     ("v1/configmaps", "ConfigMap", False),
+    ("v1/secrets", "Secret", False),
     ("v1/events", "Event", False),
     ("v1/namespaces", "Namespace", True),
     ("batch/v1/jobs", "Job", True),

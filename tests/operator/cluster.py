@@ -78,7 +78,9 @@ class OperatorProcess:
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-        env.update(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", POD_ID=self.pod_id)
+        env.update(
+            KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", POD_ID=self.pod_id, POD_NAMESPACE=OPERATOR_NAMESPACE
+        )
         command = [
             sys.executable,
             "-m",

@@ -9,14 +9,15 @@ import time
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
-from .cluster import Cluster, OperatorProcess
+from .cluster import OPERATOR_NAMESPACE, Cluster, OperatorProcess
 
 NS = "default"
 LEASES = "coordination.k8s.io/v1/leases"
 
 
 def holder(cluster: Cluster) -> str | None:
-    leases = [lease for lease in cluster.objects(LEASES, NS) if lease["metadata"]["name"] == "dtrain-operator"]
+    # In the operator's own namespace ($POD_NAMESPACE), as in its Deployment.
+    leases = [lease for lease in cluster.objects(LEASES, OPERATOR_NAMESPACE) if lease["metadata"]["name"] == "dtrain-operator"]
     return leases[0]["spec"].get("holderIdentity") if leases else None
 
 
@@ -84,8 +85,9 @@ async def test_a_replica_that_stops_hands_the_lease_over_at_once(cluster: Cluste
 async def test_a_leader_that_cannot_renew_stops_acting(cluster: Cluster):
     leader = await cluster.start_operator(pod_id="dtrain-operator-a")
     # Another candidate takes the Lease (as after a partition that outlasted the lease duration).
-    lease = next(lease for lease in cluster.objects(LEASES, NS) if lease["metadata"]["name"] == "dtrain-operator")
-    path = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/dtrain-operator"
+    lease = next(lease for lease in cluster.objects(LEASES, OPERATOR_NAMESPACE)
+                 if lease["metadata"]["name"] == "dtrain-operator")
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/dtrain-operator"
     await cluster.patch(path, {"spec": {"holderIdentity": "someone-else", "renewTime": lease["spec"]["renewTime"]}})
     await cluster.eventually(lambda: not leader.running, "the old leader exiting", timeout=15)
     assert leader.process is not None and leader.process.returncode == 1

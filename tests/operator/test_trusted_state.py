@@ -139,7 +139,7 @@ async def test_a_record_edited_by_hand_is_not_trusted(operated: Cluster):
         lambda: (c := operated.condition(NS, "recorded", "StatusUnreadable")) and c["status"] == "True" and c,
         "the StatusUnreadable condition",
     )
-    assert "does not match its hash" in condition["message"]
+    assert "signature does not verify" in condition["message"]
     await operated.exit(NS, "recorded-0", 1)
     await operated.patch_job_status(NS, "recorded", {"progress": {"step": 5}})
     await operated.eventually(lambda: operated.status(NS, "recorded").get("progress", {}).get("step") == 5, "progress")

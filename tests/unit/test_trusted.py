@@ -7,42 +7,81 @@ import json
 import pytest
 
 from dtrain_operator.api import DistributedTrainingStatus, contract
+from dtrain_operator.api.job import spec_hash
 from dtrain_operator.controller import trusted
 
 SPEC = {"image": "registry.example/trainer:1", "nodes": 2}
+KEY = bytes(range(32))
+JOB = trusted.JobIdentity("team-a", "x", "0b3c-uid")
 
 
-def body(state: trusted.TrustedState | None = None, status=None, annotation=None) -> dict:
+def body(state: trusted.TrustedState | None = None, status=None, annotation=None, job=JOB) -> dict:
     annotations = {}
     if state is not None:
-        annotations[contract.ANNOTATION_STATE] = state.encode()
+        annotations[contract.ANNOTATION_STATE] = state.encode(KEY, JOB)
     if annotation is not None:
         annotations[contract.ANNOTATION_STATE] = annotation
-    return {"metadata": {"name": "x", "annotations": annotations}, "status": status}
+    meta = {"namespace": job.namespace, "name": job.name, "uid": job.uid, "annotations": annotations}
+    return {"metadata": meta, "status": status}
 
 
 def test_a_record_reads_back_as_written():
     state = trusted.TrustedState(SPEC, restarts=3, phase="Running", start_time="2026-01-01T00:00:00Z")
-    assert trusted.read_state(body(state)) == state
-    assert trusted.read_state(body()) is None
+    assert trusted.read_state(body(state), KEY) == state
+    assert trusted.read_state(body(), KEY) is None
+
+
+def forged(spec: dict, **fields) -> str:
+    """A record as a user would write it, with every field the operator writes and the version 1 hash."""
+    record = {"version": trusted.VERSION, "restarts": 0, "phase": None, "startTime": None, "completionTime": None,
+              "succeededRanks": [], "acceptedSpec": spec, "specHash": spec_hash(spec), **fields}
+    return json.dumps(record)
+
+
+HOST_ACCESS = {**SPEC, "hostNetwork": True, "volumes": [{"name": "root", "hostPath": {"path": "/"}}]}
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        forged(HOST_ACCESS),
+        forged(HOST_ACCESS, signature=""),
+        forged(HOST_ACCESS, signature="0" * 64),
+        # Signed with a key of the user's own choosing.
+        trusted.TrustedState(HOST_ACCESS).encode(b"user-chosen key", JOB),
+    ],
+)
+def test_a_record_a_user_wrote_is_never_believed(annotation):
+    with pytest.raises(trusted.UntrustedState, match="signature does not verify"):
+        trusted.read_state(body(annotation=annotation), KEY)
+
+
+@pytest.mark.parametrize(
+    "other", [trusted.JobIdentity("team-a", "y", JOB.uid), trusted.JobIdentity("team-b", "x", JOB.uid),
+              trusted.JobIdentity("team-a", "x", "a-new-uid")],
+    ids=["another job", "another namespace", "the same name created again"],
+)
+def test_a_signed_record_is_worthless_on_another_job(other):
+    signed = trusted.TrustedState(HOST_ACCESS, restarts=1).encode(KEY, JOB)
+    with pytest.raises(trusted.UntrustedState, match="signature does not verify"):
+        trusted.read_state(body(annotation=signed, job=other), KEY)
 
 
 @pytest.mark.parametrize(
     "edit,message",
     [
-        (lambda r: r["acceptedSpec"].update(image="attacker/evil:1"), "does not match its hash"),
-        (lambda r: r.update(version=2), "version 2"),
-        (lambda r: r.update(restarts=-1), "restarts is not a count"),
-        (lambda r: r.update(restarts="0"), "restarts is not a count"),
+        (lambda r: r["acceptedSpec"].update(image="attacker/evil:1"), "signature does not verify"),
+        (lambda r: r.update(restarts=7), "signature does not verify"),
+        (lambda r: r.update(version=1), "version 1"),
     ],
 )
 def test_a_record_not_written_by_this_operator_is_not_trusted(edit, message):
-    record = json.loads(trusted.TrustedState(SPEC, restarts=2).encode())
+    record = json.loads(trusted.TrustedState(SPEC, restarts=2).encode(KEY, JOB))
     edit(record)
     with pytest.raises(trusted.UntrustedState, match=message):
-        trusted.read_state(body(annotation=json.dumps(record)))
+        trusted.read_state(body(annotation=json.dumps(record)), KEY)
     with pytest.raises(trusted.UntrustedState, match="not JSON"):
-        trusted.read_state(body(annotation="{"))
+        trusted.read_state(body(annotation="{"), KEY)
 
 
 def test_the_record_decides_over_the_status():

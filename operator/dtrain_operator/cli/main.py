@@ -223,6 +223,13 @@ def _add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "--leader-elect-resource-name", default="dtrain-operator", metavar="NAME", help="the Lease's name"
     )
     p.add_argument(
+        "--state-key-secret",
+        metavar="NAME",
+        default="dtrain-operator-state-key",
+        help="the Secret, in the operator's own namespace, holding the key that signs its record of each job "
+        "(created at the first start when missing; default dtrain-operator-state-key)",
+    )
+    p.add_argument(
         "--leader-elect-resource-namespace",
         metavar="NS",
         help="the Lease's namespace: the operator's own (default $POD_NAMESPACE, else the service account's "

@@ -40,6 +40,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Pod"): ("/api/v1", "pods"),
     ("v1", "Service"): ("/api/v1", "services"),
     ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
+    ("v1", "Secret"): ("/api/v1", "secrets"),
     ("v1", "Event"): ("/api/v1", "events"),
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),

@@ -21,6 +21,7 @@ from dtrain_operator.controller.kube import KubeClient, RateLimiter, load_config
 from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
 from dtrain_operator.controller.metrics import OperatorMetrics
 from dtrain_operator.controller.reconciler import Controller
+from dtrain_operator.controller.record_key import RecordKeyError, load_record_key
 from dtrain_operator.core.observation import Limits
 
 logger = logging.getLogger(__name__)
@@ -80,15 +81,29 @@ def configure_logging(level: str, log_format: str) -> None:
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def election_config(args: argparse.Namespace) -> LeaderElectionConfig:
-    namespace = args.leader_elect_resource_namespace or os.environ.get("POD_NAMESPACE")
+def operator_namespace() -> str:
+    """The operator's own namespace: $POD_NAMESPACE, else its service account's, else default."""
+    namespace = os.environ.get("POD_NAMESPACE")
     if not namespace and SERVICE_ACCOUNT_NAMESPACE.is_file():
         namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    return namespace or "default"
+
+
+async def record_key(secret: str, metrics: OperatorMetrics) -> bytes:
+    client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), metrics)
+    try:
+        return await load_record_key(client, operator_namespace(), secret)
+    finally:
+        await client.close()
+
+
+def election_config(args: argparse.Namespace) -> LeaderElectionConfig:
+    namespace = args.leader_elect_resource_namespace or operator_namespace()
     # The pod's name is unique while it lives (a restarted container takes its Lease back at once);
     # outside a pod, the host name with a random suffix, as kube-controller-manager does.
     identity = os.environ.get("POD_ID") or f"{socket.gethostname()}_{uuid.uuid4()}"
     return LeaderElectionConfig(
-        namespace=namespace or "default",
+        namespace=namespace,
         name=args.leader_elect_resource_name,
         identity=identity,
         lease_duration=args.leader_elect_lease_duration,
@@ -130,21 +145,28 @@ async def release(config: LeaderElectionConfig, metrics: OperatorMetrics) -> Non
         await client.close()
 
 
+def argument_problem(args: argparse.Namespace) -> str | None:
+    if args.qps <= 0 or args.burst < 1:
+        return "--qps must be above 0 and --burst at least 1"
+    if args.watch_timeout < 1:
+        return "--watch-timeout must be at least 1 second"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
-    if args.qps <= 0 or args.burst < 1:
-        print("dtrain operator: --qps must be above 0 and --burst at least 1", file=sys.stderr)
+    problem = argument_problem(args)
+    if problem:
+        print(f"dtrain operator: {problem}", file=sys.stderr)
         return 2
-    if args.watch_timeout < 1:
-        print("dtrain operator: --watch-timeout must be at least 1 second", file=sys.stderr)
-        return 2
+    metrics = OperatorMetrics()
     try:
-        # Fail at once, with one line, when there are no credentials (kopf would retry every minute).
-        asyncio.run(load_configuration())
-    except kopf.LoginError as exc:
+        # Fail at once, with one line, without credentials (kopf would retry every minute) or without
+        # the key of the operator's records (it could neither trust nor write one).
+        key = asyncio.run(record_key(args.state_key_secret, metrics))
+    except (kopf.LoginError, RecordKeyError) as exc:
         print(f"dtrain operator: {exc}", file=sys.stderr)
         return 1
-    metrics = OperatorMetrics()
     try:
         metrics.serve(args.metrics_port)
     except OSError as exc:
@@ -173,6 +195,7 @@ def main(args: argparse.Namespace) -> int:
         burst=args.burst,
         network_policy=args.network_policy,
         refuse_host_access=args.refuse_host_access,
+        record_key=key,
         limits=limits,
         election=election,
     )

@@ -93,6 +93,7 @@ class Controller:
         metrics: OperatorMetrics,
         qps: float,
         burst: int,
+        record_key: bytes,
         network_policy: bool = False,
         refuse_host_access: bool = False,
         limits: Limits = Limits(),
@@ -100,6 +101,7 @@ class Controller:
     ) -> None:
         self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
         self._refuse_host_access = refuse_host_access  # hostNetwork/hostPath only in opted-in namespaces
+        self._record_key = record_key  # signs and checks the operator's record of each job (trusted.py)
         self._limits = limits
         self._election = election
         self._elector: LeaderElector | None = None
@@ -258,7 +260,7 @@ class Controller:
         read = trusted.read_status(body)
         problems = list(read.problems)
         try:
-            state = trusted.read_state(body)
+            state = trusted.read_state(body, self._record_key)
         except trusted.UntrustedState as exc:
             state = None
             problems.append(str(exc))
@@ -289,7 +291,7 @@ class Controller:
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
         requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
-        await self._write_state(key, state, new, observed)
+        await self._write_state(key, body, state, new, observed)
         if running is None:
             return requeue
         plan = plan_children(running, new, observed, now, self._limits)
@@ -379,7 +381,12 @@ class Controller:
         return None
 
     async def _write_state(
-        self, key: JobKey, state: trusted.TrustedState | None, new: DistributedTrainingStatus, observed: Observed
+        self,
+        key: JobKey,
+        body: Mapping[str, Any],
+        state: trusted.TrustedState | None,
+        new: DistributedTrainingStatus,
+        observed: Observed,
     ) -> None:
         """Record what was decided in the operator's own annotation, before anything is carried out."""
         assert self._client is not None
@@ -389,7 +396,11 @@ class Controller:
             return
         namespace, name = key
         updated = await self._client.patch(
-            contract.API_VERSION, contract.KIND, namespace, name, trusted.state_patch(recorded)
+            contract.API_VERSION,
+            contract.KIND,
+            namespace,
+            name,
+            trusted.state_patch(recorded, self._record_key, trusted.JobIdentity.of(body)),
         )
         if updated:
             self._remember(key, updated)
@@ -420,7 +431,7 @@ class Controller:
         refused = refusals.refused_status(status, refusal, now)
         await self._write_status(key, body, status, refused, expectations)
         # A refusal that fails the job is a decision: the operator's own record must say so too.
-        await self._write_state(key, state, refused, observed)
+        await self._write_state(key, body, state, refused, observed)
         if expectations.refusal_reported != refusal.message:
             expectations.refusal_reported = refusal.message
             logger.warning("%s/%s: %s", *key, refusal.message)

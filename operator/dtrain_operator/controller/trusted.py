@@ -8,11 +8,16 @@ times) is recorded in one annotation on the DistributedTraining, `dtrain.dev/sta
 a patch of the object itself. A status patch cannot reach it (the status subresource keeps
 everything but `status`), and the trainer's token has no patch on the object.
 
-The record carries a version and a SHA-256 of the accepted spec. A record this operator cannot
-read (another version's, edited by hand, or truncated) is not trusted: the operator then leaves
-the job's pods alone and says so (see `read_status`). The status the operator writes still shows
-the same fields (`acceptedSpec`, `restarts`, ...) for people and tools; it is never read back
-for a decision.
+Annotations are not the operator's alone: whoever may edit the DistributedTraining may set them
+(the chart's ValidatingAdmissionPolicy refuses that on Kubernetes 1.30+, but an operator must not
+rest its trust on an admission policy someone may have switched off). So the record is signed: it
+carries an HMAC-SHA256, under the operator's own key (record_key.py, a Secret only the operator's
+service account reads), of the record and of the job's namespace, name and UID. A record someone
+else wrote, edited, copied from another job, or one that this operator cannot read (another
+version's, truncated) is not trusted: the operator then leaves the job's pods alone and says so
+(see `read_status`), and never creates anything from it. The status the operator writes still
+shows the same fields (`acceptedSpec`, `restarts`, ...) for people and tools; it is never read
+back for a decision.
 
 `read_status` reads the status field by field, so that a field it cannot read (`progress.epoch:
 "three"`, a status written by a newer operator) is named instead of silently replaced; the
@@ -21,6 +26,8 @@ trainer's fields (`progress`, `lastCheckpoint`) are size-capped as well.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,10 +36,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from dtrain_operator.api import DistributedTrainingStatus, contract
-from dtrain_operator.api.job import spec_hash
 
 ANNOTATION = contract.ANNOTATION_STATE
-VERSION = 1
+# 2: signed with the operator's key (version 1 carried only a hash, which anyone could compute).
+VERSION = 2
 # The trainer's own status fields are untrusted input: beyond this size they are not read.
 MAX_TRAINER_FIELD_BYTES = 4096
 TRAINER_FIELDS = ("progress", "lastCheckpoint", "preflight")
@@ -51,28 +58,51 @@ class TrustedState:
     succeeded_ranks: tuple[int, ...] = ()
     """Ranks of gang generation `restarts` that exited 0: finished, even once their pods are gone."""
 
-    def encode(self) -> str:
-        return json.dumps(
-            {
-                "version": VERSION,
-                "specHash": spec_hash(self.accepted_spec),
-                "restarts": self.restarts,
-                "phase": self.phase,
-                "startTime": self.start_time,
-                "completionTime": self.completion_time,
-                "succeededRanks": list(self.succeeded_ranks),
-                "acceptedSpec": self.accepted_spec,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+    def encode(self, key: bytes, job: JobIdentity) -> str:
+        record: dict[str, Any] = {
+            "version": VERSION,
+            "restarts": self.restarts,
+            "phase": self.phase,
+            "startTime": self.start_time,
+            "completionTime": self.completion_time,
+            "succeededRanks": list(self.succeeded_ranks),
+            "acceptedSpec": self.accepted_spec,
+        }
+        record["signature"] = _signature(key, job, record)
+        return _canonical(record)
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """One incarnation of a job: a record signed for it is worthless on any other job, or on a job
+    deleted and created again under the same name (a new UID)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> JobIdentity:
+        meta = body.get("metadata") or {}
+        return cls(str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""))
+
+
+def _canonical(record: Mapping[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _signature(key: bytes, job: JobIdentity, record: Mapping[str, Any]) -> str:
+    """HMAC-SHA256 of the job's identity and the record (without its signature), hex."""
+    unsigned = {k: v for k, v in record.items() if k != "signature"}
+    message = json.dumps([job.namespace, job.name, job.uid]) + "\n" + _canonical(unsigned)
+    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
 
 
 class UntrustedState(Exception):
     """The annotation is there but is not a record this operator wrote and can read."""
 
 
-def decode(text: str) -> TrustedState:
+def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
     try:
         record = json.loads(text)
     except ValueError as exc:
@@ -84,9 +114,15 @@ def decode(text: str) -> TrustedState:
             f"annotation {ANNOTATION} has version {record.get('version')!r}; this operator reads version {VERSION} "
             "(was it written by another operator version?)"
         )
+    signature = record.get("signature")
+    if not isinstance(signature, str) or not hmac.compare_digest(signature, _signature(key, job, record)):
+        raise UntrustedState(
+            f"annotation {ANNOTATION}: its signature does not verify (not written by this operator for this job, "
+            "or under a key it no longer has); nothing is created from it. Delete the job and create it again"
+        )
     spec = record.get("acceptedSpec")
-    if not isinstance(spec, dict) or record.get("specHash") != spec_hash(spec):
-        raise UntrustedState(f"annotation {ANNOTATION}: the accepted spec does not match its hash (edited by hand?)")
+    if not isinstance(spec, dict):
+        raise UntrustedState(f"annotation {ANNOTATION}: acceptedSpec is not an object")
     restarts = record.get("restarts")
     if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
         raise UntrustedState(f"annotation {ANNOTATION}: restarts is not a count ({restarts!r})")
@@ -106,7 +142,7 @@ def decode(text: str) -> TrustedState:
     )
 
 
-def read_state(body: Mapping[str, Any]) -> TrustedState | None:
+def read_state(body: Mapping[str, Any], key: bytes) -> TrustedState | None:
     """The operator's record of the job; None when there is none. Raises UntrustedState."""
     annotations = ((body.get("metadata") or {}).get("annotations")) or {}
     text = annotations.get(ANNOTATION)
@@ -114,7 +150,7 @@ def read_state(body: Mapping[str, Any]) -> TrustedState | None:
         return None
     if not isinstance(text, str):
         raise UntrustedState(f"annotation {ANNOTATION} is not a string")
-    return decode(text)
+    return decode(text, key, JobIdentity.of(body))
 
 
 def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] = ()) -> TrustedState | None:
@@ -131,9 +167,9 @@ def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] =
     )
 
 
-def state_patch(state: TrustedState) -> dict[str, Any]:
-    """The merge patch of the object that records `state`."""
-    return {"metadata": {"annotations": {ANNOTATION: state.encode()}}}
+def state_patch(state: TrustedState, key: bytes, job: JobIdentity) -> dict[str, Any]:
+    """The merge patch of the object that records `state`, signed for `job`."""
+    return {"metadata": {"annotations": {ANNOTATION: state.encode(key, job)}}}
 
 
 def trusted_previous(

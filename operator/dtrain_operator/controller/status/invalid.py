@@ -30,12 +30,14 @@ def unreadable_status(
     """
     status = read.model_copy(deep=True)
     conditions = Conditions(status.conditions, now)
+    # The status's problems are fixed with a status patch; the record's say their own fix.
+    how = " (kubectl patch --subresource=status)" if any(p.startswith("status") for p in problems) else ""
     conditions.set(
         STATUS_UNREADABLE,
         True,
         REASON_UNREADABLE_STATUS,
         f"the operator cannot read {'; '.join(problems)}. It leaves the job's pods alone until it can: "
-        "fix or remove what it names (kubectl patch --subresource=status)",
+        f"fix or remove what it names{how}",
     )
     status.conditions = conditions.items()
     return status

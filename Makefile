@@ -2,7 +2,12 @@
 #   make demo   installs what is missing, then runs examples/quickstart.yaml end to end
 #   make test   installs what is missing, then runs the gates (make lint) and the whole test suite
 #   make lint   the gates alone, fastest first: ruff, the layering contracts, mypy, module and function sizes
-#   make e2e    the operator, a local kubelet and real training pods, scenario by scenario (root)
+#   make cluster        a real Kubernetes control plane (upstream, built from its Go modules), NODES
+#                       kubelets and the operator, in the background (root); .cluster/kubeconfig
+#   make cluster NODES=3 GPUS_PER_NODE=1   more nodes, each with an nvidia.com/gpu count
+#   make cluster-down   stops it all and removes its state; make cluster-status says what runs
+#   make e2e    the scenarios on the real control plane (tests/cluster: starts one unless it runs), then
+#               those not yet moved there, on the API emulator (tests/e2e) (root)
 #   make e2e JOB=path/to/job.yaml   one job file through the same path
 # Images (docker, podman or buildah, whichever is here; see tools/build-images.sh):
 #   make images REGISTRY=registry.example.com/ml VERSION=0.1.0
@@ -22,7 +27,11 @@ TOOLS := .tools/bin/helm .tools/bin/kubectl
 REGISTRY ?= localhost/dtrain
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 
-.PHONY: install tools lint test e2e demo crd manifests clean images push
+.PHONY: install tools lint test e2e demo crd manifests clean images push cluster cluster-down cluster-status
+
+NODES ?= 2
+GPUS_PER_NODE ?= 0
+LOCALCLUSTER := cd tools/cluster && OMP_NUM_THREADS=1 $(abspath $(PY)) -m localcluster
 
 install: $(INSTALLED)
 
@@ -58,7 +67,18 @@ test: lint $(TOOLS)
 # E2E_QUICKSTART_MAX_STEPS=N shortens the quick start scenario on a slow machine (maxSteps only).
 e2e: $(INSTALLED) $(TOOLS)
 	bash tools/install-e2e-deps.sh
+	$(if $(JOB),,OMP_NUM_THREADS=1 $(PY) -m tests.cluster)
 	OMP_NUM_THREADS=1 $(PY) -m tests.e2e $(if $(JOB),--job $(JOB))
+
+cluster: $(INSTALLED) $(TOOLS)
+	bash tools/install-e2e-deps.sh
+	$(LOCALCLUSTER) up --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE)
+
+cluster-down:
+	$(LOCALCLUSTER) down
+
+cluster-status:
+	$(LOCALCLUSTER) status
 
 demo: $(INSTALLED)
 	OMP_NUM_THREADS=1 $(VENV)/bin/dtrain run examples/quickstart.yaml

@@ -5,7 +5,7 @@
 # every command is already there. Needs root (the e2e itself does too).
 set -euo pipefail
 
-declare -A PACKAGE=([ip]=iproute2 [tc]=iproute2 [unshare]=util-linux [mount]=mount [umount]=mount [openssl]=openssl)
+declare -A PACKAGE=([ip]=iproute2 [tc]=iproute2 [unshare]=util-linux [mount]=mount [umount]=mount [openssl]=openssl [pkill]=procps)
 missing=()
 for command in "${!PACKAGE[@]}"; do
   command -v "$command" >/dev/null 2>&1 || missing+=("${PACKAGE[$command]}")

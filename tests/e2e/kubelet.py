@@ -71,7 +71,7 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_GRACE_SECONDS = 30
 LOG_TAIL_LINES = 80
 LOG_TAIL_BYTES = 2048
-PODINIT = Path(__file__).with_name("podinit.py")
+PODINIT = Path(__file__).parents[2] / "tools" / "cluster" / "localcluster" / "podinit.py"
 SYNC_SECONDS = 0.1
 API_PORT = 6443
 # The one node this kubelet is: what the downward API gives for spec.nodeName.

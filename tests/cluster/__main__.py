@@ -1,0 +1,69 @@
+"""`python -m tests.cluster` (part of `make e2e`): the scenarios on the real control plane.
+
+Starts the cluster (`python -m localcluster up`) unless one runs, makes the scenarios' shared claim,
+runs each scenario, prints the figures, and stops the cluster it started. Needs root and network
+namespaces, as `make cluster` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import traceback
+
+from .kube import REPO, layout
+from .scenarios import CLAIM, NS, SCENARIOS
+
+LOCALCLUSTER = [sys.executable, "-m", "localcluster"]
+
+
+def localcluster(*args: str) -> int:
+    return subprocess.run([*LOCALCLUSTER, *args], cwd=REPO / "tools" / "cluster", check=False).returncode
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=[key for key, _, _ in SCENARIOS])
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    args = parser.parse_args(argv)
+    started_here = localcluster("status") != 0
+    if started_here and localcluster("up") != 0:
+        print("e2e (cluster): FAILED: the cluster did not start (above)")
+        return 1
+    results, figures = [], {}
+    begin = time.monotonic()
+    try:
+        localcluster("volume", CLAIM, "-n", NS)
+        for key, title, scenario in SCENARIOS:
+            if args.only and key not in args.only:
+                continue
+            print(f"\n=== {title}", flush=True)
+            start = time.monotonic()
+            try:
+                scenario(figures)
+            except Exception as exc:  # noqa: BLE001 - one scenario's failure is reported and the next one runs
+                traceback.print_exc()
+                print(f"--- FAILED: {title}: {exc}\n--- logs: {layout.LOGS}", flush=True)
+                results.append((title, False, time.monotonic() - start))
+            else:
+                results.append((title, True, time.monotonic() - start))
+                print(f"--- passed: {title} ({time.monotonic() - start:.0f} s)", flush=True)
+    finally:
+        if started_here and not args.keep:
+            localcluster("down")
+    print(f"\nfigures on the real control plane (Kubernetes {layout.KUBERNETES_VERSION}):")
+    print("| figure | value |\n|---|---|")
+    for figure, value in figures.items():
+        print(f"| {figure} | {value:.1f} |")
+    print(f"\ne2e on the real control plane: {time.monotonic() - begin:.0f} s")
+    for title, ok, seconds in results:
+        print(f"{'PASSED' if ok else 'FAILED'}  {title}  ({seconds:.0f} s)")
+    passed = sum(ok for _, ok, _ in results)
+    print(f"{passed} passed, {len(results) - passed} failed")
+    return 0 if results and passed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,227 @@
+"""`python -m localcluster up|down|status` (run from tools/cluster; `make cluster`, `make cluster-down`).
+
+    up [--nodes N] [--gpus-per-node G]   build what is missing, start the control plane, N kubelets and
+                                         the operator (helm install), return when the operator is Available
+    down                                 stop everything `up` started and remove its state
+    status                               what runs
+    volume NAME [-n NAMESPACE]           a ReadWriteMany claim for spec.storage.claimName
+    kubelet --node I ...                 one node's kubelet (started by `up`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import controlplane, layout, network, pki, processes
+
+HELM = layout.REPO / ".tools" / "bin" / "helm"
+KUBECTL = layout.REPO / ".tools" / "bin" / "kubectl"
+OPERATOR_NAMESPACE = "dtrain-system"
+RELEASE = "dtrain"
+
+
+class ClusterError(RuntimeError):
+    """One line that names the cause and the fix."""
+
+
+def kubectl(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(KUBECTL), f"--kubeconfig={layout.KUBECONFIG}", *args], text=True,
+                            capture_output=capture, check=False, timeout=300)
+    if check and result.returncode != 0:
+        raise ClusterError(f"kubectl {' '.join(args)}: {(result.stderr or result.stdout).strip()}")
+    return result
+
+
+def _kubelet_name(index: int) -> str:
+    return f"kubelet-{layout.Node(index).name}"
+
+
+def _check_ports(nodes: list[layout.Node]) -> None:
+    ports = {layout.ETCD_CLIENT_PORT: "etcd", layout.ETCD_PEER_PORT: "etcd (peers)",
+             layout.APISERVER_PORT: "kube-apiserver", layout.CONTROLLER_MANAGER_PORT: "kube-controller-manager",
+             layout.SCHEDULER_PORT: "kube-scheduler"}
+    ports.update({node.kubelet_port: f"the kubelet of {node.name}" for node in nodes})
+    for port, what in ports.items():
+        if controlplane.port_in_use(port):
+            raise ClusterError(f"port {port}, which {what} needs, is in use by another program: stop it "
+                               f"(ss -ltnp 'sport = :{port}' names it), then run make cluster again")
+
+
+def _prerequisites() -> None:
+    try:
+        network.probe()
+    except network.NetworkError as exc:
+        raise ClusterError(str(exc)) from exc
+    for tool in (HELM, KUBECTL):
+        if not tool.exists():
+            raise ClusterError(f"{tool} is missing: run make tools")
+
+
+def _wait_nodes_ready(count: int) -> None:
+    def ready() -> bool:
+        result = kubectl("get", "nodes", "-o", "json", check=False)
+        if result.returncode != 0:
+            return False
+        items = json.loads(result.stdout)["items"]
+        good = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in n.get("status", {}).get("conditions", []))
+                and not any(t["key"] == "node.kubernetes.io/not-ready" for t in n["spec"].get("taints") or [])]
+        return len(good) >= count
+    processes.wait_until(ready, f"{count} Ready nodes", 120)
+
+
+def _install_operator() -> None:
+    version = layout.REPO.joinpath("pyproject.toml").read_text().split('version = "', 1)[1].split('"', 1)[0]
+    command = [str(HELM), f"--kubeconfig={layout.KUBECONFIG}", "upgrade", "--install", RELEASE,
+               str(layout.REPO / "helm" / "dtrain-operator"), "-n", OPERATOR_NAMESPACE, "--create-namespace",
+               "--set", "image.repository=localhost/dtrain/dtrain-operator", "--set", f"image.tag={version}",
+               "--set", "image.pullPolicy=Never",
+               # The trainers' service account where the README's jobs go (the release namespace has one too).
+               "--set", "trainerRbac.namespaces={default}", "--wait", "--timeout=5m"]
+    result = subprocess.run(command, text=True, capture_output=True, check=False, timeout=400)
+    if result.returncode != 0:
+        raise ClusterError(f"helm install of the operator failed: {result.stderr.strip()} "
+                           f"(kubectl -n {OPERATOR_NAMESPACE} describe pods; logs under {layout.LOGS})")
+
+
+def up(args: argparse.Namespace) -> int:
+    if processes.running("kube-apiserver"):
+        print(f"cluster: already running ({', '.join(n for n in processes.names() if processes.running(n))})")
+        print(f"export KUBECONFIG={layout.KUBECONFIG}")
+        return 0
+    nodes = [layout.Node(i) for i in range(1, args.nodes + 1)]
+    _prerequisites()
+    _check_ports(nodes)
+    started = time.monotonic()
+    controlplane.build()
+    layout.STATE.mkdir(parents=True, exist_ok=True)
+    layout.CONFIG.write_text(json.dumps({"nodes": args.nodes, "gpusPerNode": args.gpus_per_node}))
+    pki.make_all(nodes)
+    admin = pki.client("admin", "kubernetes-admin", "system:masters")
+    pki.kubeconfig(layout.KUBECONFIG, "kubernetes-admin", *admin)
+    network.setup_bridge()
+    print("cluster: starting etcd and kube-apiserver", flush=True)
+    controlplane.start_etcd()
+    controlplane.start_apiserver()
+    kubectl("apply", "-f", str(layout.REPO / "tools" / "cluster" / "manifests" / "kubelet-hosts.yaml"))
+    controlplane.start_controller_manager()
+    controlplane.start_scheduler()
+    print(f"cluster: starting {len(nodes)} kubelets", flush=True)
+    for node in nodes:
+        node.folder.mkdir(parents=True, exist_ok=True)
+        processes.start(_kubelet_name(node.index), [
+            sys.executable, "-m", "localcluster", "kubelet", f"--node={node.index}", f"--cpu={args.cpu_per_node}",
+            f"--memory={args.memory_per_node}", f"--gpus={args.gpus_per_node}",
+        ], env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+            cwd=layout.REPO / "tools" / "cluster")
+    _wait_nodes_ready(len(nodes))
+    if not args.no_operator:
+        print("cluster: helm install dtrain helm/dtrain-operator -n dtrain-system --create-namespace", flush=True)
+        _install_operator()
+    server = kubectl("version", "-o", "json").stdout
+    version = json.loads(server)["serverVersion"]["gitVersion"]
+    print(f"cluster: Kubernetes {version} with {len(nodes)} nodes is up in {time.monotonic() - started:.0f} s; "
+          f"the operator is {'Available' if not args.no_operator else 'not installed'}")
+    print(f"export KUBECONFIG={layout.KUBECONFIG}")
+    return 0
+
+
+def volume_manifest(name: str, namespace: str, size: str) -> str:
+    """A ReadWriteMany claim bound to a hostPath PersistentVolume of its own (there is no provisioner)."""
+    folder = layout.VOLUMES / namespace / name
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{namespace}-{name}"},
+         "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteMany"], "storageClassName": "local",
+                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder), "type": "DirectoryOrCreate"},
+                  "claimRef": {"namespace": namespace, "name": name}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "local", "volumeName": f"{namespace}-{name}",
+                  "resources": {"requests": {"storage": size}}}},
+    ]})
+
+
+def volume(args: argparse.Namespace) -> int:
+    """A shared claim for spec.storage, as a ReadWriteMany storage class would give one."""
+    (layout.VOLUMES / args.namespace / args.name).mkdir(parents=True, exist_ok=True)
+    result = subprocess.run([str(KUBECTL), f"--kubeconfig={layout.KUBECONFIG}", "apply", "-f", "-"],
+                            input=volume_manifest(args.name, args.namespace, args.size), text=True, check=False)
+    return result.returncode
+
+
+def _unmount_under(folder: Path) -> None:
+    """Mounts a killed pod left behind (pods mount in private namespaces, so normally none)."""
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    targets = [line.split()[1] for line in mounts if line.split()[1].startswith(str(folder))]
+    for target in sorted(targets, key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+
+
+def down(_: argparse.Namespace) -> int:
+    kubelets = [n for n in processes.names() if n.startswith("kubelet-")]
+    for name in kubelets + ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]:
+        processes.stop(name)
+    # The pods' processes run in sessions of their own: whatever a kubelet left is ended here.
+    subprocess.run(["pkill", "-KILL", "-f", str(layout.REPO / "tools" / "cluster" / "localcluster" / "podinit.py")],
+                   check=False)
+    network.teardown()
+    _unmount_under(layout.NODES)
+    for path in (layout.RUN, layout.ETCD_DATA, layout.NODES, layout.VOLUMES, layout.PKI, layout.LOGS):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in (layout.KUBECONFIG, layout.CONFIG):
+        path.unlink(missing_ok=True)
+    print("cluster: stopped; nothing of it runs")
+    return 0
+
+
+def status(_: argparse.Namespace) -> int:
+    names = processes.names()
+    if not names:
+        print("cluster: not running (make cluster starts it)")
+        return 1
+    for name in names:
+        pid = processes.running(name)
+        print(f"{name:28} {'running, pid ' + str(pid) if pid else 'NOT RUNNING (log: ' + str(processes.log_file(name)) + ')'}")
+    print(f"export KUBECONFIG={layout.KUBECONFIG}")
+    return 0 if all(processes.running(n) for n in names) else 1
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["kubelet"]:
+        from . import kubelet
+
+        return kubelet.main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m localcluster", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("up", help="start the cluster")
+    start.add_argument("--nodes", type=int, default=2)
+    start.add_argument("--gpus-per-node", type=int, default=0, help="nvidia.com/gpu allocatable per node (counted, not devices)")
+    start.add_argument("--cpu-per-node", default="4")
+    start.add_argument("--memory-per-node", default="16Gi")
+    start.add_argument("--no-operator", action="store_true", help="do not install the operator")
+    start.set_defaults(run=up)
+    commands.add_parser("down", help="stop the cluster and remove its state").set_defaults(run=down)
+    commands.add_parser("status", help="what runs").set_defaults(run=status)
+    claim = commands.add_parser("volume", help="a ReadWriteMany claim (for spec.storage.claimName)")
+    claim.add_argument("name")
+    claim.add_argument("-n", "--namespace", default="default")
+    claim.add_argument("--size", default="10Gi")
+    claim.set_defaults(run=volume)
+    args = parser.parse_args(argv)
+    if args.command == "up" and args.nodes < 1:
+        parser.error("--nodes must be at least 1")
+    try:
+        return args.run(args)
+    except (ClusterError, RuntimeError, pki.PkiError) as exc:
+        print(f"cluster: FAILED: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,69 @@
+"""Where the local cluster keeps its files, which addresses and ports it uses: one place for each."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+STATE = Path(os.environ.get("DTRAIN_CLUSTER_DIR", REPO / ".cluster"))
+BIN = STATE / "bin"
+CONTROLPLANE_BINARY = BIN / "controlplane"
+PKI = STATE / "pki"
+LOGS = STATE / "logs"
+RUN = STATE / "run"  # one pid file per process
+ETCD_DATA = STATE / "etcd"
+NODES = STATE / "nodes"  # one folder per node: its pods, volumes, kubelet credentials
+VOLUMES = STATE / "volumes"  # the folders behind hostPath PersistentVolumes (shared by every node)
+KUBECONFIG = STATE / "kubeconfig"
+CONFIG = STATE / "cluster.json"  # what `up` was asked for (nodes, GPUs), read by `status` and the kubelets
+
+KUBERNETES_VERSION = "v1.36.3"
+
+# The pods' network: a bridge in the machine's own network namespace, with the API server's address
+# on it; node i's pods get addresses in 10.250.i.0/24, all on the one /16. No route leaves it.
+BRIDGE = "dtrain0"
+NETWORK = "10.250.0.0/16"
+BRIDGE_ADDRESS = "10.250.0.1"
+NETNS_PREFIX = "dtrain-c-"
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+CLUSTER_DOMAIN = "cluster.local"
+
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+APISERVER_PORT = 6443
+CONTROLLER_MANAGER_PORT = 10257
+SCHEDULER_PORT = 10259
+KUBELET_FIRST_PORT = 10250  # node i serves its pods' logs on KUBELET_FIRST_PORT + i - 1
+
+APISERVER_URL = f"https://{BRIDGE_ADDRESS}:{APISERVER_PORT}"
+SERVICE_ACCOUNT_ISSUER = f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the cluster: its name, its index (1-based), its pods' subnet and its kubelet port."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"node-{self.index}"
+
+    @property
+    def subnet(self) -> str:
+        return f"10.250.{self.index}"
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"{self.subnet}.0/24"
+
+    @property
+    def kubelet_port(self) -> int:
+        return KUBELET_FIRST_PORT + self.index - 1
+
+    @property
+    def folder(self) -> Path:
+        return NODES / self.name

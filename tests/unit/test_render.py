@@ -258,3 +258,12 @@ def test_engine_build_options_become_build_engine_flags():
     assert default[default.index("--precision"):default.index("--workspace-mib")] == [
         "--precision", "fp16", "--min-batch", "1", "--opt-batch", "32", "--max-batch", "32",
     ]
+
+
+def test_the_engine_fallback_is_the_jobs_choice_rendered_as_the_flag():
+    """A cluster without TensorRT: the job says what to do, and the command says it; nobody rewrites it."""
+    assert "--fallback" not in render.engine_command(MNIST.as_model())
+    command = render.engine_command(MNIST.with_spec(engine={"fallback": "onnxruntime"}).as_model())
+    assert command[-2:] == ["--fallback", "onnxruntime"]
+    assert render.render_engine_job(MNIST.with_spec(engine={"fallback": "onnxruntime"}).as_model())[
+        "spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--fallback", "onnxruntime"]

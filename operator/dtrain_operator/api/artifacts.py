@@ -99,6 +99,8 @@ class EngineSettings(ApiModel):
     """Resources of the engine container (default: one nvidia.com/gpu)."""
     backoff_limit: Annotated[int, Field(ge=0, le=100)] = 1
     """Retries of the engine Job before it is marked failed."""
+    fallback: Literal["none", "onnxruntime"] = "none"
+    """Where the engine image has no TensorRT or its node no GPU: none fails the engine Job (exit 3); onnxruntime checks and times model.onnx with ONNX Runtime on the CPU instead and builds no engine (a cluster without TensorRT; `dtrain build-engine --fallback`)."""
     # The build options below are `dtrain build-engine` flags, with trtexec's defaults.
     profiles: Annotated[list[EngineProfile], Field(min_length=1, max_length=8)] | None = None
     """Optimisation profiles with per-input min/opt/max shapes (trtexec --minShapes/--optShapes/--maxShapes, once per profile); when set, minBatch/optBatch/maxBatch are not used. Needed for a dynamic axis besides the batch axis."""

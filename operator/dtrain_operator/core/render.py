@@ -348,6 +348,7 @@ def engine_command(job: DistributedTraining) -> list[str]:
         f"{artifacts}/{contract.TIMING_CACHE_FILE_NAME}",
         "--report",
         f"{artifacts}/{contract.ENGINE_REPORT_FILE_NAME}",
+        *(["--fallback", engine.fallback] if engine.fallback != "none" else []),
     ]
 
 

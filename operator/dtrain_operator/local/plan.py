@@ -274,10 +274,11 @@ def engine_argv(job: DistributedTraining, workdir: Workdir) -> list[str]:
     The PyTorch model behind the eager baseline is named outright: the final checkpoint
     and the trainer config that the run wrote.
     """
+    command = local_command(render.engine_command(job))
+    fallback = [] if "--fallback" in command else ["--fallback", "onnxruntime"]
     return [
-        *local_command(render.engine_command(job)),
-        "--fallback",
-        "onnxruntime",
+        *command,
+        *fallback,
         "--pytorch-checkpoint",
         str(workdir.checkpoints / contract.LAST_CHECKPOINT_FILE_NAME),
         "--model-config",

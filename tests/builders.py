@@ -137,15 +137,28 @@ class JobBuilder:
         """The wire object, as a client sends it (camelCase; only what was stated)."""
         return copy.deepcopy(self._document)
 
+    def without_storage(self) -> JobBuilder:
+        """No spec.storage: checkpoints on a pod-local emptyDir; a cluster refuses it with several nodes or the engine."""
+        document = copy.deepcopy(self._document)
+        document["spec"].pop("storage", None)
+        return JobBuilder(document)
+
     def as_model(self) -> DistributedTraining:
         """The object as the operator and `dtrain run` read it (every default filled in)."""
         return DistributedTraining.model_validate(self.as_dict())
 
 
+SHARED_STORAGE = {"url": "s3://dtrain-test/jobs"}
+"""What every built job has, as a cluster requires of a job with the engine step or several nodes: object
+storage, which adds no volume and no variable to the pods (`without_storage()` takes it away)."""
+
+
 def a_job(name: str = "mnist") -> JobBuilder:
-    """A job that states only its name: every spec field at the API's default (one GPU node, the engine step on)."""
+    """A job that states its name and shared storage: every other spec field at the API's default (one GPU node,
+    the engine step on)."""
     return JobBuilder(
-        {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": name}, "spec": {}}
+        {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": name},
+         "spec": {"storage": dict(SHARED_STORAGE)}}
     )
 
 

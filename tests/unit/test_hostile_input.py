@@ -23,6 +23,8 @@ from dtrain_operator.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+# As on a cluster, where `dtrain validate` asks for shared storage (tests/unit/test_storage.py).
+QUICKSTART["spec"]["storage"] = {"claimName": "quickstart-workspace"}
 # The line of the quick start's learning rate, as _dump writes it (the cases below edit it).
 LR = f"lr: {QUICKSTART['spec']['model']['initArgs']['lr']}"
 # Free-form subtrees: any value type is allowed inside them.

@@ -25,7 +25,7 @@ from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import status_events
 from dtrain_operator.controller.status.gpu_memory import CONDITION, verdict
 from dtrain_operator.core.observation import Observed
-from tests.builders import a_job
+from tests.builders import SHARED_STORAGE, a_job
 
 GiB = 2**30
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -33,7 +33,9 @@ FIX = "trainer.batchSize: 128 with trainer.accumulateGradBatches: 2 (the same gl
 
 
 def gpu_spec(**fields: Any) -> DistributedTrainingSpec:
-    return DistributedTrainingSpec.model_validate({"nodes": 2, "accelerator": "gpu", "engine": {"enabled": False}, **fields})
+    return DistributedTrainingSpec.model_validate(
+        {"nodes": 2, "accelerator": "gpu", "engine": {"enabled": False}, "storage": SHARED_STORAGE, **fields}
+    )
 
 
 def annotation(spec: DistributedTrainingSpec, peak: int, **extra: Any) -> dict[str, str]:

@@ -158,9 +158,11 @@ def test_engine_job():
     assert (pod["restartPolicy"], pod["automountServiceAccountToken"]) == ("Never", False)
     (container,) = pod["containers"]
     assert container["command"] == [
-        "dtrain", "build-engine", "--onnx", "/workspace/artifacts/model.onnx", "--out", "/workspace/artifacts/model.plan",
+        "dtrain", "build-engine", "--onnx", "s3://dtrain-test/jobs/ml/mnist/artifacts/model.onnx",
+        "--out", "s3://dtrain-test/jobs/ml/mnist/artifacts/model.plan",
         "--precision", "fp16", "--min-batch", "1", "--opt-batch", "8", "--max-batch", "16", "--workspace-mib", "4096",
-        "--timing-cache", "/workspace/artifacts/timing.cache", "--report", "/workspace/artifacts/engine-report.json",
+        "--timing-cache", "s3://dtrain-test/jobs/ml/mnist/artifacts/timing.cache",
+        "--report", "s3://dtrain-test/jobs/ml/mnist/artifacts/engine-report.json",
     ]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     custom_resources = {"resources": {"limits": {"nvidia.com/gpu": 2, "memory": "32Gi"}}}

@@ -77,7 +77,6 @@ from dtrain_operator.api.spec import (
     NcclSettings,
     RunPolicy,
     SchedulingSettings,
-    Storage,
     StragglerSettings,
     TrainerSettings,
 )
@@ -92,6 +91,7 @@ from dtrain_operator.api.status import (
     StatusModel,
     StepTimes,
 )
+from dtrain_operator.api.storage import CheckpointOwner, S3Settings, Storage
 
 __all__ = [
     "BUILTIN_IMAGE_FOLDER_DATA",
@@ -122,6 +122,7 @@ __all__ = [
     "ApiModel",
     "ArtifactSettings",
     "CheckpointInfo",
+    "CheckpointOwner",
     "CheckpointSettings",
     "ClassSpec",
     "Condition",
@@ -155,6 +156,7 @@ __all__ = [
     "Quantity",
     "Resources",
     "RunPolicy",
+    "S3Settings",
     "SchedulingSettings",
     "ShapeList",
     "StatusModel",

@@ -17,13 +17,14 @@ from dtrain_operator.api.common import (
     EnginePrecision,
     Resources,
 )
+from dtrain_operator.api.storage import DIR_PATTERN
 
 
 class ArtifactSettings(ApiModel):
     """Where the exported model and the engine go."""
 
-    dir: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace/artifacts"
-    """Directory for model.onnx, artifacts.json, the TensorRT engine and its report (a PVC that the engine Job mounts too)."""
+    dir: Annotated[str, Field(pattern=DIR_PATTERN, max_length=MAX_PATH_LENGTH)] | None = None
+    """Directory for model.onnx, artifacts.json, the TensorRT engine and its report: an absolute path on a volume the engine Job mounts too, or s3://bucket/prefix or gs://bucket/prefix (default: <spec.storage.url or mountPath>/<namespace>/<name>/artifacts)."""
 
 
 class OnnxExport(ApiModel):

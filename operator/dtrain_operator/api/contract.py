@@ -150,6 +150,11 @@ LABEL_ALLOW_HOST_ACCESS = f"{GROUP}/allow-host-access"
 # --- Files in checkpoint.dir -----------------------------------------------------------
 # The newest checkpoint, rewritten at every save and at the end of training.
 LAST_CHECKPOINT_FILE_NAME = "last.ckpt"
+# On object storage (s3://, gs://) no checkpoint is uploaded twice: the newest is named by this small object,
+# written only after the checkpoint's own upload completed, so that the pointer never names a partial upload.
+LAST_POINTER_FILE_NAME = "last.json"
+# The key under which every checkpoint records the job it belongs to (api.storage.CheckpointOwner).
+CHECKPOINT_OWNER_KEY = "dtrain_owner"
 
 # --- Files in artifacts.dir ------------------------------------------------------------
 ONNX_FILE_NAME = "model.onnx"

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from dtrain_operator.api import contract
+from dtrain_operator.api import contract, storage
 from dtrain_operator.api.artifacts import ArtifactSettings, ExportSettings
 from dtrain_operator.api.common import DNS1035_PATTERN, MAX_NAME_LENGTH, ApiModel, EnvVar
 from dtrain_operator.api.spec import (
@@ -33,6 +33,8 @@ class ObjectMeta(StatusModel):
     """Name of the job: lowercase letters, digits and '-', starting with a letter, at most 45 characters."""
     namespace: str | None = None
     """Namespace of the job."""
+    uid: str | None = None
+    """Set by the API server: tells a job from an earlier one of the same name (checkpoints record it)."""
 
 
 class DistributedTraining(ApiModel):
@@ -68,6 +70,10 @@ class TrainerConfig(ApiModel):
 
     job_name: str
     """Name of the DistributedTraining."""
+    job_namespace: str = "default"
+    """Its namespace: with the name and uid, the owner every checkpoint records."""
+    job_uid: str | None = None
+    """Its uid (none under `dtrain run`)."""
     accelerator: Literal["gpu", "cpu"] = "gpu"
     """gpu or cpu."""
     nodes: Annotated[int, Field(ge=1)] = 1
@@ -93,11 +99,29 @@ class TrainerConfig(ApiModel):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     """The logger and the reported metrics."""
 
+    @property
+    def checkpoint_dir(self) -> str:
+        """checkpoint.dir, or the per-job default on the pod's disk when the config leaves it out."""
+        return self.checkpoint.dir or storage.job_dir(
+            storage.POD_LOCAL_ROOT, self.job_namespace, self.job_name, storage.CHECKPOINTS_LEAF
+        )
+
+    @property
+    def artifacts_dir(self) -> str:
+        """artifacts.dir, or the per-job default on the pod's disk when the config leaves it out."""
+        return self.artifacts.dir or storage.job_dir(
+            storage.POD_LOCAL_ROOT, self.job_namespace, self.job_name, storage.ARTIFACTS_LEAF
+        )
+
     @classmethod
     def from_job(cls, job: DistributedTraining) -> TrainerConfig:
         spec = job.spec
+        # The per-job default directories, resolved here: the trainer and the engine Job read the same ones.
+        dirs = storage.checkpoint_dir(spec, job.namespace, job.name), storage.artifacts_dir(spec, job.namespace, job.name)
         return cls(
             job_name=job.name,
+            job_namespace=job.namespace,
+            job_uid=job.metadata.uid,
             accelerator=spec.accelerator,
             nodes=spec.nodes,
             devices_per_node=spec.devices_per_node,
@@ -106,8 +130,8 @@ class TrainerConfig(ApiModel):
             trainer=spec.trainer,
             nccl=spec.nccl,
             stragglers=spec.stragglers,
-            checkpoint=spec.checkpoint,
-            artifacts=spec.artifacts,
+            checkpoint=spec.checkpoint.model_copy(update={"dir": dirs[0]}),
+            artifacts=spec.artifacts.model_copy(update={"dir": dirs[1]}),
             export=spec.export,
             logging=spec.logging,
         )

@@ -25,7 +25,11 @@ fields that are not known yet are null; consumers must ignore fields they do not
                    "slowestPod": "job-1", "slowestNode": "node-b", "ratio": 3.4, "slowChecks": 3,
                    "straggler": true} | null}   (metrics: val_loss, val_acc, prog_bar and spec.logging.metrics;
      stepTimes: see dtrain_trainer.stragglers)   (the last progress record, before the export, says exporting)
-    {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt"}
+    {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt", "ok": true}
+    {"event": "checkpoint", "time": ..., "step": 20, "path": "s3://b/p/step=00000020.ckpt", "ok": true,
+     "bytes": 104857600, "uploadSeconds": 1.9, "attempts": 1}   (object storage: the upload's size and time)
+    {"event": "checkpoint", "time": ..., "step": 30, "path": "s3://b/p/step=00000030.ckpt", "ok": false,
+     "error": "EndpointConnectionError: ...", "attempts": 5}   (not saved after retries; training went on)
     {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
     {"event": "finished", "time": ..., "ok": true, "step": 128, "epoch": 1, "loss": 0.41,
@@ -195,6 +199,13 @@ class CheckpointRecord(TrainerRecord):
 
     step: int | None = None
     path: str | None = None
+    ok: bool | None = None
+    """False: the checkpoint could not be written (object storage, after retries); training went on."""
+    error: str | None = None
+    bytes: int | None = None
+    upload_seconds: float | None = None
+    """On object storage: how long the streamed upload took, retries included."""
+    attempts: int | None = None
 
 
 class ExportRecord(TrainerRecord):
@@ -311,6 +322,6 @@ def status_patch(data: Mapping[str, Any]) -> dict[str, Any] | None:
         return {"progress": {k: v for k, v in fields.items() if v is not None}}
     if isinstance(record, PreflightRecord):
         return {"preflight": {k: v for k, v in record.to_wire().items() if k != "event" and v is not None}}
-    if isinstance(record, CheckpointRecord):
+    if isinstance(record, CheckpointRecord) and record.ok is not False:
         return {"lastCheckpoint": {"step": record.step, "path": record.path, "time": record.time}}
     return None

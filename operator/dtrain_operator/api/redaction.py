@@ -30,8 +30,8 @@ _TEXT_PATTERNS = [
     (re.compile(rf"(?i)(\b{_CREDENTIAL_NAME}[\"']?\s*[:=]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;}}]+)"), rf"\1{REDACTED}"),
     # HTTP authorisation headers
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), rf"\1 {REDACTED}"),
-    # credentials inside a URL: scheme://user:password@host
-    (re.compile(r"(://[^\s/:@]+):[^\s/@]+@"), rf"\1:{REDACTED}@"),
+    # credentials inside a URL: scheme://user:password@host (an AWS secret key may hold '/')
+    (re.compile(r"(://[^\s/:@]+):[^\s@]+@"), rf"\1:{REDACTED}@"),
     # JSON Web Tokens (service-account tokens are JWTs)
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), REDACTED),
     # tokens with well-known prefixes: GitHub, Hugging Face, AWS access keys, Slack, OpenAI-style

@@ -33,6 +33,7 @@ from dtrain_operator.api.common import (
 )
 from dtrain_operator.api.free_form import credential_keys
 from dtrain_operator.api.redaction import is_credential_name
+from dtrain_operator.api.storage import CEL_SHARED_STORAGE_MESSAGE, CEL_SHARED_STORAGE_RULE, DIR_PATTERN, Storage
 
 
 class ClassSpec(ApiModel):
@@ -176,24 +177,17 @@ class StragglerSettings(ApiModel):
     """Consecutive comparisons a rank must be slow in before it is reported (a Warning Event and the Straggler condition, naming its pod and node)."""
 
 
-class Storage(ApiModel):
-    """A PersistentVolumeClaim shared by every worker and the engine Job (checkpoints, artifacts)."""
-
-    claim_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]
-    """Name of a ReadWriteMany PersistentVolumeClaim in the job's namespace."""
-    mount_path: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace"
-    """Where the claim is mounted in the worker and engine containers."""
-
-
 class CheckpointSettings(ApiModel):
     """Where and how often checkpoints are written. A gang restart resumes from the last one."""
 
-    dir: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace/checkpoints"
-    """Directory for checkpoints: it must survive a pod (a PVC, e.g. through spec.storage)."""
+    dir: Annotated[str, Field(pattern=DIR_PATTERN, max_length=MAX_PATH_LENGTH)] | None = None
+    """Directory for checkpoints: an absolute path on a volume that outlives the pod (spec.storage's claim), or s3://bucket/prefix or gs://bucket/prefix (default: <spec.storage.url or mountPath>/<namespace>/<name>/checkpoints)."""
     every_n_steps: Annotated[int, Field(ge=1, le=INT32_MAX)] = 500
     """Save a checkpoint every this many optimizer steps (and always at the end)."""
     keep_last: Annotated[int, Field(ge=1, le=1000)] = 3
     """Keep this many step checkpoints besides last.ckpt."""
+    foreign: Literal["Refuse", "StartFresh", "Resume"] = "Refuse"
+    """What the trainer does when dir holds the checkpoint of another job, of an earlier job of the same name, or of this job with another model, data or trainer spec: Refuse (fail with exit 78, naming it), StartFresh (train from scratch with a Warning; its checkpoints then replace the other's) or Resume (resume from it all the same, with a Warning)."""
 
 
 class RunPolicy(ApiModel):
@@ -263,6 +257,7 @@ class DistributedTrainingSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": '!has(self.scheduling) || !has(self.scheduling.gang) || !has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= self.nodes', "message": 'scheduling.gang.minAvailable cannot exceed nodes'},
         {"rule": '(has(self.engine) && !self.engine.enabled) || !has(self.export) || !has(self.export.onnx) || self.export.onnx.enabled', "message": 'engine.enabled needs export.onnx.enabled: the engine is built from model.onnx'},
+        {"rule": CEL_SHARED_STORAGE_RULE, "message": CEL_SHARED_STORAGE_MESSAGE},
     ]})
 
     image: Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_LENGTH)] = contract.DEFAULT_TRAINER_IMAGE
@@ -298,7 +293,7 @@ class DistributedTrainingSpec(ApiModel):
     )
     """Seconds a worker pod has after SIGTERM (preemption, a node drain, kubectl delete) before it is killed. In that time every rank stops at the next optimizer step and rank 0 saves a checkpoint, so that the restarted gang loses no work. Make it longer than writing one checkpoint of your model takes (minutes for a large model on network storage); the default is 600."""
     storage: Storage | None = None
-    """A shared PVC mounted in every worker and the engine Job, for checkpoints and artifacts."""
+    """Where checkpoints and artifacts are shared: a ReadWriteMany PVC (claimName) or object storage (url). A job with more than one node or with the engine step needs it; without it a single-node job writes to a pod-local emptyDir at /workspace that dies with the pod."""
     model: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_MODEL))
     """The LightningModule to train (default: the built-in torchvision image classifier, resnet50)."""
     data: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_SYNTHETIC_DATA))

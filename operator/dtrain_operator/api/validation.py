@@ -19,6 +19,7 @@ from dtrain_operator import api
 from dtrain_operator.api import contract
 from dtrain_operator.api.redaction import REDACTED, is_credential_name, redact_text
 from dtrain_operator.api.safe_yaml import YamlRefused, echo, load_documents
+from dtrain_operator.api.storage import missing_shared_storage
 
 
 @dataclass
@@ -102,7 +103,8 @@ def format_error(error: ErrorDetails, root: type[BaseModel] = api.DistributedTra
     message = message.removeprefix("Value error, ")
     if kind in ("model_type", "dict_type", "list_type") or value is None or isinstance(value, (dict, list)):
         return f"{path}: {message}"
-    return f"{path}: {message} (got {echo(value)})"
+    # The value too: a URL may carry user:password@ (s3://key:secret@bucket).
+    return f"{path}: {message} (got {redact_text(echo(value))})"
 
 
 def format_validation_error(exc: ValidationError, root: type[BaseModel] = api.DistributedTraining) -> list[str]:
@@ -115,8 +117,8 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel] = api.Di
     return lines
 
 
-def validate_object(obj: Any, source: str = "") -> DocumentResult:
-    """Check one already-parsed document."""
+def validate_object(obj: Any, source: str = "", cluster: bool = True) -> DocumentResult:
+    """Check one already-parsed document; `cluster`: also what only a cluster needs (shared storage)."""
     result = DocumentResult(source=source)
     if not isinstance(obj, dict):
         result.errors.append(f"expected a mapping (a Kubernetes object), got {type(obj).__name__}")
@@ -133,10 +135,15 @@ def validate_object(obj: Any, source: str = "") -> DocumentResult:
         result.job = api.DistributedTraining.model_validate(obj, strict=True)
     except ValidationError as exc:
         result.errors.extend(format_validation_error(exc))
+    if cluster and result.job is not None:
+        problem = missing_shared_storage(result.job.spec, result.job.namespace, result.job.name)
+        if problem:
+            result.errors.append(problem)
+            result.job = None
     return result
 
 
-def validate_text(text: str, source: str) -> list[DocumentResult]:
+def validate_text(text: str, source: str, cluster: bool = True) -> list[DocumentResult]:
     """Every document of a YAML text; YAML syntax errors, hostile YAML and empty files are errors too."""
     try:
         documents = load_documents(text)
@@ -146,10 +153,10 @@ def validate_text(text: str, source: str) -> list[DocumentResult]:
     if not documents:
         return [DocumentResult(source=source, errors=["the file holds no YAML document"])]
     many = len(documents) > 1
-    return [validate_object(doc, f"{source}#{i + 1}" if many else source) for i, doc in enumerate(documents)]
+    return [validate_object(doc, f"{source}#{i + 1}" if many else source, cluster) for i, doc in enumerate(documents)]
 
 
-def validate_file(path: str | Path) -> list[DocumentResult]:
+def validate_file(path: str | Path, cluster: bool = True) -> list[DocumentResult]:
     path = Path(path)
     try:
         text = path.read_text()
@@ -157,12 +164,13 @@ def validate_file(path: str | Path) -> list[DocumentResult]:
         return [DocumentResult(source=str(path), errors=[f"cannot read the file: {exc.strerror}"])]
     except UnicodeDecodeError:
         return [DocumentResult(source=str(path), errors=["not a text (UTF-8) file"])]
-    return validate_text(text, str(path))
+    return validate_text(text, str(path), cluster)
 
 
 def load_job(path: str | Path) -> tuple[api.DistributedTraining | None, list[str]]:
-    """The single DistributedTraining of a job file, or `source: error` lines."""
-    results = validate_file(path)
+    """The single DistributedTraining of a job file, or `source: error` lines, for `dtrain run`: its nodes share
+    this machine's disk, so what only a cluster needs (shared storage) is not asked for."""
+    results = validate_file(path, cluster=False)
     errors = [f"{r.source}: {e}" for r in results for e in r.errors]
     if errors:
         return None, errors

@@ -14,7 +14,16 @@ from typing import Any
 
 import yaml
 
-from dtrain_operator.api import DistributedTraining, EngineProfile, EngineSettings, Resources, TrainerConfig, contract
+from dtrain_operator.api import (
+    DistributedTraining,
+    EngineProfile,
+    EngineSettings,
+    Resources,
+    TrainerConfig,
+    contract,
+    storage,
+)
+from dtrain_operator.core.storage_volumes import storage_env, storage_mounts, storage_volumes
 
 GPU_RESOURCE = "nvidia.com/gpu"
 TRAINER_CONTAINER = "trainer"
@@ -22,7 +31,6 @@ ENGINE_CONTAINER = "engine"
 RENDEZVOUS_PORT_NAME = "rendezvous"
 CONFIG_VOLUME = "dtrain-config"
 SHM_VOLUME = "dshm"
-STORAGE_VOLUME = "dtrain-storage"
 VOLCANO_SCHEDULER = "volcano"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -119,6 +127,7 @@ def worker_env(job: DistributedTraining, rank: int) -> list[dict[str, Any]]:
         _var(contract.ENV_PROGRESS_SINK, contract.PROGRESS_SINK_KUBERNETES),
     ]
     env.extend(_var(name, value) for name, value in spec.nccl.to_env().items())
+    env.extend(storage_env(job))
     env.extend(var.to_wire() for var in spec.env)
     return env
 
@@ -184,20 +193,6 @@ def _resources(resources: Resources | None, gpus: int) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v}
 
 
-def _storage_volume(job: DistributedTraining) -> list[dict[str, Any]]:
-    storage = job.spec.storage
-    if storage is None:
-        return []
-    return [{"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim_name}}]
-
-
-def _storage_mount(job: DistributedTraining) -> list[dict[str, Any]]:
-    storage = job.spec.storage
-    if storage is None:
-        return []
-    return [{"name": STORAGE_VOLUME, "mountPath": storage.mount_path}]
-
-
 _CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
     "privileged": False,
@@ -254,7 +249,7 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
         "volumeMounts": [
             {"name": CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True},
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
-            *_storage_mount(job),
+            *storage_mounts(job),
             *spec.volume_mounts,
         ],
         "securityContext": dict(_CONTAINER_SECURITY),
@@ -281,7 +276,7 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
             {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}},
             # NCCL and DataLoader workers share memory through /dev/shm; the default 64 MiB is far too small.
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
-            *_storage_volume(job),
+            *storage_volumes(job),
             *spec.volumes,
         ],
         **_scheduling_fields(job),
@@ -331,7 +326,7 @@ def _engine_build_flags(engine: EngineSettings) -> list[str]:
 def engine_command(job: DistributedTraining) -> list[str]:
     """`dtrain build-engine` on the artifacts training left in artifacts.dir."""
     engine = job.spec.engine
-    artifacts = job.spec.artifacts.dir.rstrip("/")
+    artifacts = storage.artifacts_dir(job.spec, job.namespace, job.name).rstrip("/")
     return [
         "dtrain",
         "build-engine",
@@ -364,18 +359,20 @@ def render_engine_job(job: DistributedTraining) -> dict[str, Any]:
         "imagePullPolicy": spec.image_pull_policy,
         "command": engine_command(job),
         "resources": resources,
-        "volumeMounts": [*_storage_mount(job), *spec.volume_mounts],
+        "volumeMounts": [*storage_mounts(job), *spec.volume_mounts],
         "securityContext": dict(_CONTAINER_SECURITY),
         "terminationMessagePath": contract.TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if storage_env(job):
+        container["env"] = storage_env(job)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         # The engine build needs no API access.
         "automountServiceAccountToken": False,
         "securityContext": dict(_POD_SECURITY),
         "containers": [container],
-        "volumes": [*_storage_volume(job), *spec.volumes],
+        "volumes": [*storage_volumes(job), *spec.volumes],
         **{k: v for k, v in _scheduling_fields(job).items() if k != "schedulerName"},
     }
     if spec.image_pull_secrets:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.api import DistributedTraining, contract, storage
 from dtrain_operator.core import policy, render
 
 LOCAL_MASTER_ADDR = "127.0.0.1"
@@ -164,13 +164,20 @@ def localize(
             f"volumeMount {mount.get('name')} at {mount.get('mountPath')} is not mounted outside a cluster: "
             "the trainer reads that path on this machine as it is"
         )
+    # Object storage stays where the spec puts it (the nodes reach the bucket from here too); a path moves into the workdir.
+    checkpoints = storage.checkpoint_dir(spec, job.namespace, job.name)
+    artifacts = storage.artifacts_dir(spec, job.namespace, job.name)
     new_spec = spec.model_copy(
         update={
             "nodes": nodes,
             "devices_per_node": devices,
             "accelerator": accelerator,
-            "checkpoint": spec.checkpoint.model_copy(update={"dir": str(workdir.checkpoints)}),
-            "artifacts": spec.artifacts.model_copy(update={"dir": str(workdir.artifacts)}),
+            "checkpoint": spec.checkpoint.model_copy(
+                update={"dir": checkpoints if storage.is_object_url(checkpoints) else str(workdir.checkpoints)}
+            ),
+            "artifacts": spec.artifacts.model_copy(
+                update={"dir": artifacts if storage.is_object_url(artifacts) else str(workdir.artifacts)}
+            ),
         }
     )
     return LocalJob(job.model_copy(update={"spec": new_spec}), warnings, cuda_devices)
@@ -276,14 +283,12 @@ def engine_argv(job: DistributedTraining, workdir: Workdir) -> list[str]:
     """
     command = local_command(render.engine_command(job))
     fallback = [] if "--fallback" in command else ["--fallback", "onnxruntime"]
-    return [
-        *command,
-        *fallback,
-        "--pytorch-checkpoint",
-        str(workdir.checkpoints / contract.LAST_CHECKPOINT_FILE_NAME),
-        "--model-config",
-        str(workdir.config),
-    ]
+    # On object storage, artifacts.json names the checkpoint the model was exported from.
+    checkpoint = (
+        [] if storage.is_object_url(job.spec.checkpoint.dir)
+        else ["--pytorch-checkpoint", str(workdir.checkpoints / contract.LAST_CHECKPOINT_FILE_NAME)]
+    )
+    return [*command, *fallback, *checkpoint, "--model-config", str(workdir.config)]
 
 
 def worker_exit_code(returncode: int) -> int:

@@ -22,12 +22,14 @@ from dtrain_operator.api import (
     Phase,
     contract,
     immutable_spec,
+    storage,
 )
 from dtrain_operator.controller.status import gpu_memory
 from dtrain_operator.controller.status.after_training import after_training
 from dtrain_operator.controller.status.conditions import (
     CREATED,
     IMAGE_PULL,
+    POD_LOCAL_STORAGE,
     PODS_PENDING,
     PODS_STUCK,
     REASON_IMAGE_PULL_FAILED,
@@ -158,6 +160,18 @@ def check_gpu_memory(c: StatusComputation) -> None:
     verdict = gpu_memory.verdict((c.job.metadata.model_extra or {}).get("annotations"), c.spec)
     if verdict is not None:
         c.conditions.set(gpu_memory.CONDITION, verdict.status, verdict.reason, verdict.message)
+
+
+def check_pod_local_storage(c: StatusComputation) -> None:
+    """At creation only: a job without shared storage keeps its checkpoints on the pod's disk (PodLocalStorage)."""
+    if c.accepted_now and storage.is_pod_local(c.spec, c.job.namespace, c.job.name):
+        c.conditions.set(
+            POD_LOCAL_STORAGE,
+            True,
+            "CheckpointsDieWithThePod",
+            f"checkpoints are on a pod-local emptyDir at {storage.POD_LOCAL_ROOT}: they do not outlive the pod, so a "
+            f"restart trains from the start; {storage.NO_SHARED_STORAGE_FIX}",
+        )
 
 
 def keep_finished(c: StatusComputation) -> DistributedTrainingStatus | None:
@@ -336,6 +350,7 @@ def report_pending_pods(c: StatusComputation) -> None:
 STATUS_STEPS: tuple[StatusStep, ...] = (
     accept_spec,
     check_gpu_memory,
+    check_pod_local_storage,
     keep_finished,
     report_stuck_pods,
     read_gang,

@@ -28,6 +28,8 @@ SPEC_IMMUTABLE = "SpecImmutable"
 STATUS_UNREADABLE = "StatusUnreadable"
 PODS_STUCK = "PodsStuckTerminating"
 IMAGE_PULL = "ImagePullFailing"
+# A job without shared storage whose checkpoints are on a pod-local emptyDir: they die with the pod.
+POD_LOCAL_STORAGE = "PodLocalStorage"
 # Training succeeded but rank 0 could not export model.onnx (the trainer's results say why).
 EXPORT_FAILED = policy.REASON_EXPORT_FAILED
 

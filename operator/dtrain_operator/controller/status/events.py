@@ -16,6 +16,7 @@ from dtrain_operator.controller.status.conditions import (
     ENGINE_BUILT,
     FAILED,
     IMAGE_PULL,
+    POD_LOCAL_STORAGE,
     PODS_PENDING,
     PODS_STUCK,
     RESTARTING,
@@ -79,7 +80,9 @@ class JobEvent:
 
 
 # Conditions that need the user: a Warning Event each time one turns True or says something new.
-WARNING_CONDITIONS = (SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL, gpu_memory.CONDITION)
+WARNING_CONDITIONS = (
+    SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL, gpu_memory.CONDITION, POD_LOCAL_STORAGE,
+)
 
 
 _PHASE_CONDITION = {

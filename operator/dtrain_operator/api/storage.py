@@ -1,0 +1,189 @@
+"""Where a job's checkpoints and artifacts live: a shared PVC, object storage, or the pod's own disk.
+
+`checkpoint.dir` and `artifacts.dir` are absolute paths or object-storage URLs (`s3://bucket/prefix`,
+`gs://bucket/prefix`). Left out, each is per job: `<root>/<namespace>/<name>/checkpoints` (and
+`/artifacts`), where the root is `spec.storage.url`, the claim's `mountPath`, or, with no storage,
+`/workspace` on a pod-local emptyDir. Two jobs never share checkpoints by default.
+
+On a cluster, a job whose gang must share its checkpoints (more than one node) or whose engine Job
+must read model.onnx needs shared storage: `missing_shared_storage` says so in one line, and
+`dtrain validate`, `dtrain submit`, the operator and the CRD (a CEL rule) refuse such a job. `dtrain
+run` does not: its nodes share this machine's disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Annotated, Any, Final
+
+from pydantic import Field, model_validator
+
+from dtrain_operator.api.common import MAX_OBJECT_NAME, MAX_PATH_LENGTH, ApiModel
+
+if TYPE_CHECKING:
+    from dtrain_operator.api.job import TrainerConfig
+    from dtrain_operator.api.spec import DistributedTrainingSpec
+
+OBJECT_STORAGE_SCHEMES: Final = ("s3", "gs")
+# A bucket name as S3 and GCS allow it (no user:password@ can hide in it), then an optional prefix.
+OBJECT_URL_PATTERN: Final = r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,221}(/[^\s]*)?$"
+# checkpoint.dir and artifacts.dir: an absolute path, or an object-storage URL.
+DIR_PATTERN: Final = r"^(/.*|(s3|gs)://[a-z0-9][a-z0-9._-]{1,221}(/[^\s]*)?)$"
+HTTP_URL_PATTERN: Final = r"^https?://[^\s/@]+(/[^\s@]*)?$"
+# Where a job without spec.storage writes: an emptyDir that lives as long as the pod.
+POD_LOCAL_ROOT: Final = "/workspace"
+CHECKPOINTS_LEAF: Final = "checkpoints"
+ARTIFACTS_LEAF: Final = "artifacts"
+# The Secret keys that become the SDK's variables (spec.storage.credentialsSecret), by scheme.
+S3_SECRET_KEYS: Final = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+GCS_SECRET_KEY: Final = "service-account.json"
+
+NO_SHARED_STORAGE_FIX: Final = (
+    "set spec.storage.claimName (a ReadWriteMany PVC) or spec.storage.url (s3://bucket/prefix or gs://bucket/prefix)"
+)
+
+
+def is_object_url(path: str | None) -> bool:
+    """Whether `path` names object storage (s3:// or gs://) rather than a file system path."""
+    return path is not None and path.split("://", 1)[0] in OBJECT_STORAGE_SCHEMES and "://" in path
+
+
+def url_scheme(path: str) -> str | None:
+    return path.split("://", 1)[0] if is_object_url(path) else None
+
+
+class S3Settings(ApiModel):
+    """An S3-compatible service other than AWS's own (MinIO, Ceph RGW, SeaweedFS), or an AWS region."""
+
+    endpoint: Annotated[str, Field(pattern=HTTP_URL_PATTERN, max_length=MAX_PATH_LENGTH)] | None = None
+    """The service's URL, e.g. http://minio.storage:9000 (default: AWS S3). Credentials never go here."""
+    region: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9-]+$")] | None = None
+    """The bucket's region, e.g. eu-west-1 (default: the SDK's, AWS_REGION or the instance's)."""
+
+
+class Storage(ApiModel):
+    """Where checkpoints and artifacts are shared between every worker and the engine Job: a PVC or object storage."""
+
+    claim_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
+    """Name of a ReadWriteMany PersistentVolumeClaim in the job's namespace, mounted at mountPath."""
+    mount_path: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace"
+    """Where the claim is mounted in the worker and engine containers."""
+    url: Annotated[str, Field(pattern=OBJECT_URL_PATTERN, max_length=MAX_PATH_LENGTH)] | None = None
+    """Object storage instead of a claim: s3://bucket/prefix or gs://bucket/prefix. Checkpoints and artifacts go under <url>/<namespace>/<name>/ unless checkpoint.dir or artifacts.dir say otherwise."""
+    s3: S3Settings | None = None
+    """An S3-compatible endpoint and the region, for s3:// URLs."""
+    credentials_secret: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
+    """A Secret in the job's namespace with the object store's credentials; without it the pods use their service account's (IRSA on EKS, Workload Identity on GKE). For s3:// its keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and (optional) AWS_SESSION_TOKEN become those variables; for gs:// its key service-account.json is mounted and named by GOOGLE_APPLICATION_CREDENTIALS."""
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Storage:
+        if self.claim_name is not None and self.url is not None:
+            raise ValueError("set claimName or url, not both: checkpoints and artifacts go to one place")
+        return self
+
+
+def job_dir(root: str, namespace: str, name: str, leaf: str) -> str:
+    """`<root>/<namespace>/<name>/<leaf>`: the per-job default of checkpoint.dir and artifacts.dir."""
+    return f"{root.rstrip('/')}/{namespace}/{name}/{leaf}"
+
+
+def storage_root(spec: DistributedTrainingSpec) -> str:
+    """What the per-job default directories are under: the object-storage URL, the claim's mount, or the pod's disk."""
+    storage = spec.storage
+    if storage is not None and storage.url is not None:
+        return storage.url
+    if storage is not None and storage.claim_name is not None:
+        return storage.mount_path
+    return POD_LOCAL_ROOT
+
+
+def checkpoint_dir(spec: DistributedTrainingSpec, namespace: str, name: str) -> str:
+    return spec.checkpoint.dir or job_dir(storage_root(spec), namespace, name, CHECKPOINTS_LEAF)
+
+
+def artifacts_dir(spec: DistributedTrainingSpec, namespace: str, name: str) -> str:
+    return spec.artifacts.dir or job_dir(storage_root(spec), namespace, name, ARTIFACTS_LEAF)
+
+
+def _is_shared(path: str, spec: DistributedTrainingSpec) -> bool:
+    """A directory every pod of the job sees: object storage, the claim, or a volume the user mounted."""
+    if is_object_url(path):
+        return True
+    mounts = [str(mount.get("mountPath", "")) for mount in spec.volume_mounts]
+    storage = spec.storage
+    if storage is not None and storage.claim_name is not None:
+        mounts.append(storage.mount_path)
+    return any(m and (path == m or path.startswith(m.rstrip("/") + "/")) for m in mounts)
+
+
+def missing_shared_storage(spec: DistributedTrainingSpec, namespace: str, name: str) -> str | None:
+    """The one line that refuses a job whose checkpoints or artifacts must be shared but are pod-local, else None."""
+    needs = []
+    if spec.nodes > 1 and not _is_shared(checkpoint_dir(spec, namespace, name), spec):
+        needs.append(f"its {spec.nodes} nodes must share checkpoints")
+    if spec.engine.enabled and not _is_shared(artifacts_dir(spec, namespace, name), spec):
+        needs.append("the engine Job must read model.onnx")
+    if not needs:
+        return None
+    return f"spec.storage: the job has no shared storage but {' and '.join(needs)}; {NO_SHARED_STORAGE_FIX}"
+
+
+def is_pod_local(spec: DistributedTrainingSpec, namespace: str, name: str) -> bool:
+    """Whether the checkpoints live only as long as the pod (the pod-local emptyDir at /workspace)."""
+    return not _is_shared(checkpoint_dir(spec, namespace, name), spec)
+
+
+def uses_object_storage(spec: DistributedTrainingSpec, namespace: str, name: str) -> set[str]:
+    """The object-storage schemes the job's directories use (empty for none)."""
+    dirs = (checkpoint_dir(spec, namespace, name), artifacts_dir(spec, namespace, name))
+    return {scheme for scheme in map(url_scheme, dirs) if scheme}
+
+
+# The CRD's copy of the refusal, for what the API server can see (no defaults of nested objects, so each
+# field is tested for presence): a multi-node job, or one with the engine step, needs spec.storage (claim or
+# url), a volume of its own, or object-storage URLs for the directories it must share.
+_OBJECT_DIR = "self.{0}.dir.matches('^(s3|gs)://')"
+CEL_SHARED_STORAGE_RULE: Final = (
+    "(has(self.storage) && (has(self.storage.claimName) || has(self.storage.url)))"
+    " || (has(self.volumeMounts) && size(self.volumeMounts) > 0)"
+    " || ((!has(self.nodes) || self.nodes <= 1 || (has(self.checkpoint) && has(self.checkpoint.dir) && "
+    + _OBJECT_DIR.format("checkpoint") + "))"
+    " && ((has(self.engine) && has(self.engine.enabled) && !self.engine.enabled)"
+    " || (has(self.artifacts) && has(self.artifacts.dir) && " + _OBJECT_DIR.format("artifacts") + ")))"
+)
+CEL_SHARED_STORAGE_MESSAGE: Final = (
+    f"spec.storage: a multi-node job or one with the engine step needs shared storage; {NO_SHARED_STORAGE_FIX}"
+)
+
+
+class CheckpointOwner(ApiModel):
+    """The job a checkpoint belongs to, written into every checkpoint: the trainer resumes only from its own."""
+
+    namespace: str
+    name: str
+    uid: str | None = None
+    """The DistributedTraining's uid (none under `dtrain run`): a job deleted and created again has another."""
+    training_hash: str
+    """`training_hash` of the config that wrote it: a changed model, data or trainer setting changes it."""
+
+    def mismatch(self, other: CheckpointOwner) -> str | None:
+        """Why a checkpoint of `other` is not this job's, or None when it is."""
+        if (other.namespace, other.name) != (self.namespace, self.name):
+            return f"it belongs to the job {other.namespace}/{other.name}"
+        if other.uid is not None and self.uid is not None and other.uid != self.uid:
+            return f"it belongs to an earlier job named {other.namespace}/{other.name} (uid {other.uid}), deleted since"
+        if other.training_hash != self.training_hash:
+            return "it was written by this job with another model, data or trainer spec"
+        return None
+
+
+def training_hash(config: TrainerConfig) -> str:
+    """A hash of what shapes the training: the model, the data and the trainer settings."""
+    shaping: dict[str, Any] = {
+        "model": config.model.to_wire(),
+        "data": config.data.to_wire(),
+        "trainer": config.trainer.to_wire(),
+    }
+    canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]

@@ -1,0 +1,89 @@
+"""Where a pod's checkpoints and artifacts go: the claim, a pod-local emptyDir, or object storage (pure).
+
+A claim is mounted at its mountPath. With no claim, a directory under /workspace gets an emptyDir there,
+which the non-root trainer can write (it dies with the pod: the operator says so in a condition). For
+s3:// and gs:// directories the SDK's variables are set: the endpoint and region from spec.storage.s3,
+and, with spec.storage.credentialsSecret, the credentials as references to the Secret (secretKeyRef, a
+mounted key), never as values; without it the SDK uses the pod's service account (IRSA, Workload Identity).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtrain_operator.api import DistributedTraining, storage
+
+STORAGE_VOLUME = "dtrain-storage"
+GCS_CREDENTIALS_VOLUME = "dtrain-gcs-credentials"
+GCS_CREDENTIALS_DIR = "/var/run/secrets/dtrain/gcs"
+# botocore (boto3, s3fs) reads the S3 endpoint from this variable.
+S3_ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL_S3"
+
+
+def _var(name: str, value: Any) -> dict[str, Any]:
+    return {"name": name, "value": str(value)}
+
+
+def storage_env(job: DistributedTraining) -> list[dict[str, Any]]:
+    """The object-storage SDK's variables of the trainer and engine containers."""
+    settings = job.spec.storage
+    schemes = storage.uses_object_storage(job.spec, job.namespace, job.name)
+    if settings is None or not schemes:
+        return []
+    env: list[dict[str, Any]] = []
+    if "s3" in schemes and settings.s3 is not None:
+        if settings.s3.endpoint:
+            env.append(_var(S3_ENDPOINT_VARIABLE, settings.s3.endpoint))
+        if settings.s3.region:
+            env.extend(_var(name, settings.s3.region) for name in ("AWS_REGION", "AWS_DEFAULT_REGION"))
+    secret = settings.credentials_secret
+    if secret and "s3" in schemes:
+        for key in storage.S3_SECRET_KEYS:
+            optional = key == "AWS_SESSION_TOKEN"
+            env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}})
+    if secret and "gs" in schemes:
+        env.append(_var("GOOGLE_APPLICATION_CREDENTIALS", f"{GCS_CREDENTIALS_DIR}/{storage.GCS_SECRET_KEY}"))
+    return env
+
+
+def _pod_local_workspace(job: DistributedTraining) -> bool:
+    """No claim, and a directory under /workspace: an emptyDir there, which the non-root trainer can write."""
+    spec = job.spec
+    if spec.storage is not None and spec.storage.claim_name is not None:
+        return False
+    dirs = storage.checkpoint_dir(spec, job.namespace, job.name), storage.artifacts_dir(spec, job.namespace, job.name)
+    root = storage.POD_LOCAL_ROOT
+    return any(d == root or d.startswith(root + "/") for d in dirs)
+
+
+def _gcs_credentials(job: DistributedTraining) -> str | None:
+    settings = job.spec.storage
+    if settings is None or not settings.credentials_secret:
+        return None
+    return settings.credentials_secret if "gs" in storage.uses_object_storage(job.spec, job.namespace, job.name) else None
+
+
+def storage_volumes(job: DistributedTraining) -> list[dict[str, Any]]:
+    settings = job.spec.storage
+    volumes: list[dict[str, Any]] = []
+    if settings is not None and settings.claim_name is not None:
+        volumes.append({"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": settings.claim_name}})
+    elif _pod_local_workspace(job):
+        volumes.append({"name": STORAGE_VOLUME, "emptyDir": {}})
+    secret = _gcs_credentials(job)
+    if secret:
+        volumes.append({"name": GCS_CREDENTIALS_VOLUME, "secret": {"secretName": secret, "items": [
+            {"key": storage.GCS_SECRET_KEY, "path": storage.GCS_SECRET_KEY}]}})
+    return volumes
+
+
+def storage_mounts(job: DistributedTraining) -> list[dict[str, Any]]:
+    settings = job.spec.storage
+    mounts: list[dict[str, Any]] = []
+    if settings is not None and settings.claim_name is not None:
+        mounts.append({"name": STORAGE_VOLUME, "mountPath": settings.mount_path})
+    elif _pod_local_workspace(job):
+        mounts.append({"name": STORAGE_VOLUME, "mountPath": storage.POD_LOCAL_ROOT})
+    if _gcs_credentials(job):
+        mounts.append({"name": GCS_CREDENTIALS_VOLUME, "mountPath": GCS_CREDENTIALS_DIR, "readOnly": True})
+    return mounts

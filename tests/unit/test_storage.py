@@ -1,0 +1,194 @@
+"""Where checkpoints and artifacts live (api/storage.py): per-job defaults, object-storage URLs, the refusal of a
+job without shared storage (the model's line, `dtrain validate` and the CRD say the same), and what the pods get."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtrain_operator.api import TrainerConfig, storage
+from dtrain_operator.api.validation import load_job, validate_object, validate_text
+from dtrain_operator.core import render
+from tests.builders import a_job
+from tests.unit.test_crd_cel import cel_messages
+
+FIX = "set spec.storage.claimName (a ReadWriteMany PVC) or spec.storage.url (s3://bucket/prefix or gs://bucket/prefix)"
+
+
+def no_storage(**spec: object) -> dict:
+    return {"apiVersion": "dtrain.dev/v1alpha1", "kind": "DistributedTraining", "metadata": {"name": "quick"},
+            "spec": {"accelerator": "cpu", **spec}}
+
+
+# --- Per-job defaults ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "checkpoints", "artifacts"),
+    [
+        ({"storage": {"claimName": "shared"}}, "/workspace/ml/mnist/checkpoints", "/workspace/ml/mnist/artifacts"),
+        ({"storage": {"claimName": "shared", "mountPath": "/mnt/s"}}, "/mnt/s/ml/mnist/checkpoints", "/mnt/s/ml/mnist/artifacts"),
+        ({"storage": {"url": "s3://bucket/teams/vision"}}, "s3://bucket/teams/vision/ml/mnist/checkpoints",
+         "s3://bucket/teams/vision/ml/mnist/artifacts"),
+        ({"storage": {"url": "gs://bucket"}, "checkpoint": {"dir": "/data/ckpt"}}, "/data/ckpt", "gs://bucket/ml/mnist/artifacts"),
+    ],
+    ids=["claim", "claim-mount-path", "s3-prefix", "explicit-dir-wins"],
+)
+def test_default_directories_are_per_job(spec: dict, checkpoints: str, artifacts: str) -> None:
+    job = a_job("mnist").in_namespace("ml").with_spec(**spec).as_model()
+    config = TrainerConfig.from_job(job)
+    assert (config.checkpoint.dir, config.artifacts.dir) == (checkpoints, artifacts)
+
+
+def test_two_jobs_on_one_claim_never_share_a_directory() -> None:
+    first, second = (a_job(name).with_spec(storage={"claimName": "shared"}).as_model() for name in ("first", "second"))
+    assert TrainerConfig.from_job(first).checkpoint.dir != TrainerConfig.from_job(second).checkpoint.dir
+    assert render.engine_command(first) != render.engine_command(second)
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMIK7MDENG@bucket/x", "s3://user:hunter2hunter2@bucket", "http://bucket/x"]
+)
+def test_a_url_with_credentials_or_another_scheme_is_refused_without_echoing_them(url: str) -> None:
+    result = validate_object(no_storage(checkpoint={"dir": url}, engine={"enabled": False}))
+    assert result.job is None
+    text = "\n".join(result.errors)
+    assert "checkpoint.dir" in text
+    assert "hunter2" not in text and "wJalrXUtnFEMIK7MDENG" not in text
+
+
+# --- No shared storage -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "needs"),
+    [
+        ({"nodes": 2, "engine": {"enabled": False}}, "its 2 nodes must share checkpoints"),
+        ({}, "the engine Job must read model.onnx"),
+        ({"nodes": 3}, "its 3 nodes must share checkpoints and the engine Job must read model.onnx"),
+        ({"nodes": 2, "checkpoint": {"dir": "s3://bkt/c"}}, "the engine Job must read model.onnx"),
+    ],
+)
+def test_validate_refuses_a_job_without_shared_storage_in_one_line(spec: dict, needs: str) -> None:
+    result = validate_object(no_storage(**spec), "job.yaml")
+    assert result.job is None
+    assert result.errors == [f"spec.storage: the job has no shared storage but {needs}; {FIX}"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"engine": {"enabled": False}},
+        {"nodes": 2, "storage": {"claimName": "shared"}},
+        {"nodes": 2, "storage": {"url": "gs://bucket/jobs"}},
+        {"nodes": 2, "checkpoint": {"dir": "s3://bkt/c"}, "artifacts": {"dir": "s3://bkt/a"}},
+        {"nodes": 2, "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "mine"}}],
+         "volumeMounts": [{"name": "v", "mountPath": "/workspace"}]},
+    ],
+    ids=["single-node-no-engine", "claim", "url", "object-dirs", "own-volume"],
+)
+def test_jobs_with_shared_storage_or_none_needed_pass(spec: dict) -> None:
+    assert validate_object(no_storage(**spec)).errors == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "refused"),
+    [
+        ({}, True), ({"nodes": 2, "engine": {"enabled": False}}, True), ({"engine": {"enabled": False}}, False),
+        ({"nodes": 2, "storage": {"claimName": "c"}}, False), ({"storage": {"url": "s3://bkt/p"}}, False),
+        ({"nodes": 2, "checkpoint": {"dir": "s3://bkt/c"}, "artifacts": {"dir": "gs://bkt/a"}}, False),
+        ({"nodes": 2, "checkpoint": {"dir": "s3://bkt/c"}}, True),
+    ],
+)
+def test_the_crd_refuses_what_validate_refuses(spec: dict, refused: bool) -> None:
+    messages = cel_messages(no_storage(**spec))
+    assert any("needs shared storage" in m for m in messages) == refused, messages
+    assert (validate_object(no_storage(**spec)).job is None) == refused
+
+
+def test_dtrain_run_takes_the_quickstart_that_a_cluster_refuses() -> None:
+    """`dtrain run`'s nodes share this machine's disk: the rule is about clusters."""
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+    job, errors = load_job(quickstart)
+    assert errors == [] and job is not None
+    cluster = validate_text(quickstart.read_text(), "quickstart.yaml")
+    needs = "its 2 nodes must share checkpoints and the engine Job must read model.onnx"
+    assert cluster[0].errors == [f"spec.storage: the job has no shared storage but {needs}; {FIX}"]
+    validate = subprocess.run([sys.executable, "-m", "dtrain_operator.cli", "validate", str(quickstart)],
+                              capture_output=True, text=True, check=False)
+    assert validate.returncode == 1
+    assert validate.stderr.strip().splitlines() == [f"{quickstart}: {cluster[0].errors[0]}"]
+
+
+# --- What the pods get --------------------------------------------------------------------------------
+
+
+def test_credentials_reach_the_pods_only_as_secret_references() -> None:
+    job = a_job("mnist").with_spec(storage={
+        "url": "s3://bucket/jobs", "s3": {"endpoint": "http://minio.storage:9000", "region": "eu-west-1"},
+        "credentialsSecret": "s3-creds",
+    }).as_model()
+    pod, engine = render.render_worker_pod(job, 0), render.render_engine_job(job)
+    for container in (pod["spec"]["containers"][0], engine["spec"]["template"]["spec"]["containers"][0]):
+        env = {var["name"]: var for var in container["env"]}
+        assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio.storage:9000"
+        assert env["AWS_REGION"]["value"] == "eu-west-1"
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {
+                "name": "s3-creds", "key": key, "optional": key == "AWS_SESSION_TOKEN"}}}
+    config = render.render_config_map(job)["data"]["config.yaml"]
+    assert "s3-creds" not in config and "AWS_" not in config
+    assert "dir: s3://bucket/jobs/default/mnist/checkpoints" in config
+    assert render.engine_command(job)[2:4] == ["--onnx", "s3://bucket/jobs/default/mnist/artifacts/model.onnx"]
+
+
+def test_without_a_secret_the_pods_use_their_service_account() -> None:
+    job = a_job("mnist").with_spec(storage={"url": "gs://bucket/jobs"}).as_model()
+    container = render.render_worker_pod(job, 0)["spec"]["containers"][0]
+    assert not any(var["name"].startswith(("AWS_", "GOOGLE_")) for var in container["env"])
+
+
+def test_a_gcs_key_is_mounted_from_the_secret() -> None:
+    job = a_job("mnist").with_spec(storage={"url": "gs://bucket/jobs", "credentialsSecret": "gcs-key"}).as_model()
+    pod = render.render_worker_pod(job, 0)
+    env = {var["name"]: var.get("value") for var in pod["spec"]["containers"][0]["env"]}
+    assert env["GOOGLE_APPLICATION_CREDENTIALS"] == "/var/run/secrets/dtrain/gcs/service-account.json"
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "dtrain-gcs-credentials")
+    assert volume["secret"]["secretName"] == "gcs-key"
+
+
+def test_a_job_without_storage_writes_to_a_pod_local_empty_dir() -> None:
+    job = a_job("mnist").without_storage().with_spec(engine={"enabled": False}).as_model()
+    pod = render.render_worker_pod(job, 0)
+    assert {"name": "dtrain-storage", "emptyDir": {}} in pod["spec"]["volumes"]
+    assert {"name": "dtrain-storage", "mountPath": "/workspace"} in pod["spec"]["containers"][0]["volumeMounts"]
+    assert storage.is_pod_local(job.spec, job.namespace, job.name)
+
+
+# --- Credentials in URLs never reach a message -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCY@bucket/ckpt", "wJalrXUtnFEMI/K7MDENG/bPxRfiCY"),
+        ("cannot reach https://minio:s3cr3t-pass@minio.storage:9000/bucket (timeout)", "s3cr3t-pass"),
+        ("gs://svc:ya29.a0AfH6SMBx@bucket/p", "ya29.a0AfH6SMBx"),
+    ],
+)
+def test_redaction_removes_credentials_embedded_in_urls(text: str, secret: str) -> None:
+    from dtrain_operator.api.redaction import redact_text
+
+    redacted = redact_text(text)
+    assert secret not in redacted and "AKIAIOSFODNN7EXAMPLE" not in redacted
+    assert "***@" in redacted
+
+
+def test_an_sdk_error_is_described_without_its_credentials() -> None:
+    from dtrain_common.object_store import describe
+
+    error = ConnectionError("Could not connect to http://AKIAIOSFODNN7EXAMPLE:abc/def+ghi@127.0.0.1:1/bucket")
+    assert "abc/def" not in describe(error) and describe(error).startswith("ConnectionError: ")

@@ -26,9 +26,12 @@ pytestmark = pytest.mark.slow
 SYNTHETIC = {"classPath": "SyntheticImageDataModule", "initArgs": {"image_size": 16, "num_classes": 4, "num_samples": 128, "pool_size": 128}}
 
 
-def launch(tmp_path: Path, config: dict[str, Any], processes: int, name: str) -> subprocess.CompletedProcess[str]:
+def launch(
+    tmp_path: Path, config: dict[str, Any], processes: int, name: str, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
     """The pod's command (the launcher and torchrun) on one node of `processes` ranks."""
     env = process_env(
+        **extra_env,
         **{
             contract.ENV_CONFIG: str(write_config(tmp_path, config, f"{name}.yaml")),
             contract.ENV_NNODES: "1",

@@ -7,6 +7,10 @@ directory (never the container's small /tmp), flushed to disk, then renamed into
 so a file under a checkpoint's name is always complete; a full disk leaves no file behind
 and says so. The resume choice also skips a file that is not a complete zip archive
 (torch.save's format), so a pod killed while writing cannot wedge the job.
+
+On object storage (s3://, gs://) the step checkpoint is uploaded once and `last.json` names
+it (dtrain_trainer.checkpoint_store); an upload that fails after its retries is reported and
+training goes on. Every checkpoint records the job it belongs to (checkpoint_store.OWNER_KEY).
 """
 
 from __future__ import annotations
@@ -19,15 +23,18 @@ import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import TorchCheckpointIO
 
+from dtrain_common import object_store
 from dtrain_common.config import ConfigError
 from dtrain_operator.api import contract
-from dtrain_trainer import flavor
+from dtrain_operator.api.storage import is_object_url
+from dtrain_trainer import checkpoint_store, flavor
 
 log = logging.getLogger("dtrain_trainer")
 
@@ -51,7 +58,8 @@ class _StepCheckpointBehaviour:
         dirpath: str,
         every_n_steps: int,
         keep_last: int,
-        on_saved: Callable[[int, str], None] | None = None,
+        on_saved: Callable[[int, str, object_store.Upload | None], None] | None = None,
+        on_failed: Callable[[int, object_store.Upload], None] | None = None,
     ) -> None:
         super().__init__(  # type: ignore[call-arg]
             dirpath=dirpath,
@@ -66,7 +74,10 @@ class _StepCheckpointBehaviour:
             enable_version_counter=False,
         )
         self.on_saved = on_saved
+        self.on_failed = on_failed
         self._reported_step: int | None = None
+        # The newest checkpoint saved whole (rank 0): the one the export records and a SIGTERM reports.
+        self.latest_path: str | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -86,10 +97,30 @@ class _StepCheckpointBehaviour:
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)  # type: ignore[misc]
+        if not trainer.is_global_zero:
+            return
+        written: object_store.Upload | None = getattr(trainer.strategy.checkpoint_io, "last_upload", None)
+        if written is not None and written.url == filepath and not written.ok:
+            if self.on_failed is not None:
+                self.on_failed(trainer.global_step, written)
+            return
+        self.latest_path = filepath
         # The step file is written first; last.ckpt then repeats it and needs no report of its own.
-        if trainer.is_global_zero and self.on_saved is not None and self._reported_step != trainer.global_step:
+        if self.on_saved is not None and self._reported_step != trainer.global_step:
             self._reported_step = trainer.global_step
-            self.on_saved(trainer.global_step, filepath)
+            self.on_saved(trainer.global_step, filepath, written if written is not None and written.url == filepath else None)
+
+    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        if not is_object_url(self.dirpath):
+            super()._save_last_checkpoint(trainer, monitor_candidates)  # type: ignore[misc]
+            return
+        # Object storage: no second upload; the pointer names the step checkpoint once that is whole.
+        saved = self.latest_path
+        if trainer.is_global_zero and saved is not None and self._last_global_step_saved == trainer.global_step:
+            pointer = checkpoint_store.write_pointer(str(self.dirpath), saved, trainer.global_step)
+            if not pointer.ok and self.on_failed is not None:
+                self.on_failed(trainer.global_step, pointer)
+        trainer.strategy.barrier()
 
 
 @functools.cache
@@ -123,8 +154,33 @@ class _AtomicCheckpointIOBehaviour:
     """
 
     on_writing: Callable[[bool], None] | None = None
+    # The job every checkpoint records (checkpoint_store.OWNER_KEY), as its wire dict.
+    owner: dict[str, Any] | None = None
+    # How the latest upload to object storage went (rank 0).
+    last_upload: object_store.Upload | None = None
+    # A checkpoint loaded before fit (to check its owner), handed to Lightning's own load instead of a second one.
+    _preloaded: tuple[str, dict[str, Any]] | None = None
+
+    def preload(self, path: str) -> dict[str, Any]:
+        """Load `path` now and keep it for Lightning's own load of the same path."""
+        checkpoint = self.load_checkpoint(path)
+        self._preloaded = (path, checkpoint)
+        return checkpoint
+
+    def forget_preloaded(self) -> None:
+        self._preloaded = None
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        if self._preloaded is not None and self._preloaded[0] == str(path):
+            checkpoint, self._preloaded = self._preloaded[1], None
+            return checkpoint
+        if is_object_url(str(path)):
+            return checkpoint_store.load_checkpoint(str(path), map_location)
+        return super().load_checkpoint(path, map_location=map_location or "cpu", weights_only=False)  # type: ignore[misc,no-any-return]
 
     def save_checkpoint(self, checkpoint: dict[str, object], path: str | os.PathLike[str], storage_options: object = None) -> None:
+        if self.owner is not None:
+            checkpoint = {**checkpoint, checkpoint_store.OWNER_KEY: self.owner}
         if self.on_writing is None:
             self._write(checkpoint, path, storage_options)
             return
@@ -137,6 +193,9 @@ class _AtomicCheckpointIOBehaviour:
     def _write(self, checkpoint: dict[str, object], path: str | os.PathLike[str], storage_options: object) -> None:
         if storage_options is not None:
             raise TypeError("dtrain's checkpoint writer takes no storage_options")
+        if is_object_url(str(path)):
+            self.last_upload = checkpoint_store.upload_checkpoint(checkpoint, str(path))
+            return
         target = Path(path)
         temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
@@ -176,12 +235,16 @@ def atomic_checkpoint_io_class(package: str) -> type:
     return type("AtomicCheckpointIO", (_AtomicCheckpointIOBehaviour, base), {"__module__": __name__})
 
 
-def check_writable(directory: Path, field: str) -> None:
-    """`directory` exists (created if need be) and takes a file, or a ConfigError naming `field`.
+def check_writable(location: str | os.PathLike[str], field: str) -> None:
+    """`location` exists (created if need be) and takes a file, or a ConfigError naming `field`.
 
-    Checked before training, so that a volume mounted read-only or owned by another user
-    fails the job in its first second rather than at the first checkpoint.
+    Checked before training, so that a volume mounted read-only or owned by another user, or a
+    bucket that cannot be reached, fails the job in its first seconds rather than at the first checkpoint.
     """
+    if is_object_url(str(location)):
+        object_store.check_writable(str(location), field)
+        return
+    directory = Path(location)
     probe = directory / f".dtrain-write-check.{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -202,12 +265,19 @@ def _is_complete(path: Path) -> bool:
         return False
 
 
-def find_resume_checkpoint(directory: Path) -> Path | None:
-    """The checkpoint a start resumes from: last.ckpt, unless a newer step file exists; None for a fresh start.
+def find_resume_checkpoint(location: str | os.PathLike[str]) -> str | Path | None:
+    """The checkpoint a start resumes from; None for a fresh start.
 
-    A step file is newer than last.ckpt only when the writer died between the two files
-    of one save. Incomplete files are skipped with a warning.
+    On object storage, the one `last.json` names. On a file system, last.ckpt, unless a newer step
+    file exists: only when the writer died between the two files of one save. Incomplete files are
+    skipped with a warning.
     """
+    if is_object_url(str(location)):
+        return checkpoint_store.find_object_checkpoint(str(location))
+    return _find_file_checkpoint(Path(location))
+
+
+def _find_file_checkpoint(directory: Path) -> Path | None:
     if not directory.is_dir():
         return None
     candidates = [p for p in directory.iterdir() if p.name == LAST_CHECKPOINT or STEP_FILE_PATTERN.match(p.name)]

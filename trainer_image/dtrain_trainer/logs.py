@@ -7,18 +7,24 @@
   spec.logging.mlflowExperimentName or the job's name; the run's id is kept in the checkpoint
   directory so that a restarted gang logs into the same run.
 
+With artifacts.dir on object storage, the TensorBoard and CSV files stay on the pod's disk (their
+writers do not stream to a bucket) and the MLflow run's id is an object beside the checkpoints.
+
 The version is fixed, not counted up: Lightning's default starts version_1, version_2, ...
 at every start, which splits one job's curves into as many runs as it had restarts.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dtrain_common import object_store
 from dtrain_common.config import ConfigError
 from dtrain_operator.api import TrainerConfig
+from dtrain_operator.api.storage import is_object_url
 from dtrain_trainer.flavor import Flavor
 
 LOG_NAME = "logs"
@@ -27,13 +33,26 @@ MLFLOW_RUN_ID_FILE = ".mlflow-run-id"
 ENV_MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
 
 
-def mlflow_run_id_path(config: TrainerConfig) -> Path:
-    return Path(config.checkpoint.dir) / MLFLOW_RUN_ID_FILE
+def mlflow_run_id_path(config: TrainerConfig) -> str:
+    return f"{config.checkpoint_dir.rstrip('/')}/{MLFLOW_RUN_ID_FILE}"
+
+
+def _log_dir(config: TrainerConfig) -> str:
+    if is_object_url(config.artifacts_dir):
+        return str(Path(tempfile.gettempdir()) / "dtrain-logs" / config.job_name)
+    return config.artifacts_dir
+
+
+def _read_run_id(location: str) -> str | None:
+    if is_object_url(location):
+        return object_store.read_text(location)
+    path = Path(location)
+    return path.read_text().strip() if path.is_file() else None
 
 
 def build_logger(config: TrainerConfig, pl: Flavor, env: Mapping[str, str]) -> Any:
     settings = config.logging
-    save_dir = config.artifacts.dir
+    save_dir = _log_dir(config)
     if settings.logger == "csv":
         # Written at every log step: a node that dies keeps what it logged.
         return pl.loggers.CSVLogger(
@@ -56,8 +75,7 @@ def build_logger(config: TrainerConfig, pl: Flavor, env: Mapping[str, str]) -> A
             f"logging.mlflowTrackingUri: logger mlflow needs a tracking server; set logging.mlflowTrackingUri "
             f"or {ENV_MLFLOW_TRACKING_URI} (spec.env)"
         )
-    run_id_file = mlflow_run_id_path(config)
-    run_id = run_id_file.read_text().strip() if run_id_file.is_file() else None
+    run_id = _read_run_id(mlflow_run_id_path(config))
     try:
         return pl.loggers.MLFlowLogger(
             experiment_name=settings.mlflow_experiment_name or config.job_name,
@@ -93,10 +111,15 @@ def continue_log(logger: Any, config: TrainerConfig) -> None:
 
 def remember_mlflow_run(logger: Any, config: TrainerConfig) -> None:
     """Rank 0: keep the MLflow run's id beside the checkpoints, for the restarted gang to log into."""
-    path = mlflow_run_id_path(config)
-    if path.is_file():
+    location = mlflow_run_id_path(config)
+    if _read_run_id(location):
         return
     run_id = getattr(logger, "run_id", None)  # creates the run on the tracking server
-    if run_id:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(str(run_id) + "\n")
+    if not run_id:
+        return
+    if is_object_url(location):
+        object_store.put_bytes(location, f"{run_id}\n".encode())
+        return
+    path = Path(location)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(run_id) + "\n")

@@ -37,9 +37,12 @@ from dtrain_common.loading import instantiate
 from dtrain_operator.api import TrainerConfig, contract
 from dtrain_operator.api.records import Event
 from dtrain_operator.api.results import TrainerResults
-from dtrain_trainer import flavor, preflight
+from dtrain_operator.api.storage import is_object_url
+from dtrain_trainer import artifact_store, checkpoint_store, flavor, preflight
+from dtrain_trainer.checkpoint_store import LAST_POINTER
 from dtrain_trainer.checkpointing import (
     LAST_CHECKPOINT,
+    _StepCheckpointBehaviour,
     atomic_checkpoint_io_class,
     check_writable,
     find_resume_checkpoint,
@@ -103,13 +106,15 @@ def build_trainer(
         reporter, default_batch_size=settings.batch_size, metric_names=config.logging.metrics
     )
     checkpoint = step_checkpoint_class(package)(
-        dirpath=config.checkpoint.dir,
+        dirpath=config.checkpoint_dir,
         every_n_steps=config.checkpoint.every_n_steps,
         keep_last=config.checkpoint.keep_last,
-        on_saved=lambda step, path: reporter.event(Event.CHECKPOINT, step=step, path=path),
+        on_saved=lambda step, path, upload: checkpoint_store.report_saved(reporter, step, path, upload),
+        on_failed=lambda step, upload: checkpoint_store.report_failed(reporter, step, upload),
     )
     checkpoint_io = atomic_checkpoint_io_class(package)()
     checkpoint_io.on_writing = progress.checkpoint_writing
+    checkpoint_io.owner = checkpoint_store.owner_of(config).to_wire()
     stop = graceful_stop_class(package)()
     straggler = straggler_callback_class(package)(config.stragglers, progress.note_step_times)
     return pl.Trainer(  # type: ignore[no-any-return]
@@ -128,7 +133,7 @@ def build_trainer(
         callbacks=[straggler, progress, stop, checkpoint],
         plugins=[checkpoint_io],
         logger=build_logger(config, pl, env if env is not None else os.environ),
-        default_root_dir=config.checkpoint.dir,
+        default_root_dir=config.checkpoint_dir,
         # Progress goes through the sink; a terminal progress bar only floods pod logs.
         enable_progress_bar=False,
         benchmark=on_gpu,
@@ -160,28 +165,23 @@ def _export_on_rank_zero(
     ok = True
     if trainer.is_global_zero:
         onnx = config.export.onnx
-        checkpoint = Path(config.checkpoint.dir) / LAST_CHECKPOINT
-        artifacts = Path(config.artifacts.dir)
         # The job's phase becomes Exporting: a large model's export and check take minutes.
         total_steps = _progress_callback(trainer).total_steps
         reporter.progress(stage=contract.PROGRESS_STAGE_EXPORTING, totalSteps=total_steps, **metrics)
         try:
-            record = export_artifacts(
-                model,
-                inputs,
-                onnx.opset,
-                onnx.dynamic_batch,
-                artifacts,
-                config.job_name,
-                metrics,
-                checkpoint,
-                model_class=config.model.to_wire(),
+            record = artifact_store.export_to(
+                config.artifacts_dir,
+                _latest_checkpoint(trainer, config),
+                lambda directory, checkpoint: export_artifacts(
+                    model, inputs, onnx.opset, onnx.dynamic_batch, directory, config.job_name, metrics, checkpoint,
+                    model_class=config.model.to_wire(),
+                ),
             )
             outcome = {
                 "onnx": record["onnx"]["path"],
                 "sha256": record["onnx"]["sha256"],
                 "parityError": record["parity"]["maxRelativeError"],
-                "artifacts": str(artifacts / contract.ARTIFACTS_FILE_NAME),
+                "artifacts": artifact_store.join(config.artifacts_dir, contract.ARTIFACTS_FILE_NAME),
             }
             reporter.event(
                 Event.EXPORT, ok=True, tolerance=record["parity"]["tolerance"], error=None, **outcome
@@ -197,6 +197,34 @@ def _export_on_rank_zero(
             ok, outcome = False, {contract.RESULTS_KEY_EXPORT_ERROR: message}
     ok = bool(trainer.strategy.broadcast(ok, src=0))
     return ok, outcome
+
+
+def _checkpoint_callback(trainer: L.Trainer) -> _StepCheckpointBehaviour:
+    return next(c for c in trainer.callbacks if isinstance(c, _StepCheckpointBehaviour))  # type: ignore[attr-defined]
+
+
+def _latest_checkpoint(trainer: L.Trainer, config: TrainerConfig) -> str:
+    """The newest checkpoint saved whole: on object storage the step checkpoint last.json names, else last.ckpt."""
+    if is_object_url(config.checkpoint_dir):
+        return _checkpoint_callback(trainer).latest_path or artifact_store.join(config.checkpoint_dir, LAST_POINTER)
+    return str(Path(config.checkpoint_dir) / LAST_CHECKPOINT)
+
+
+def _resume_checkpoint(trainer: L.Trainer, config: TrainerConfig, reporter: ProgressReporter) -> str | None:
+    """The checkpoint to resume from, if it is this job's (or the spec says to take it all the same)."""
+    located = find_resume_checkpoint(config.checkpoint_dir)
+    if located is None:
+        return None
+    found = str(located)
+    checkpoint_io = trainer.strategy.checkpoint_io
+    resume, warning = checkpoint_store.decide_resume(checkpoint_io.preload(found), found, config)  # type: ignore[attr-defined]
+    if warning:
+        log.warning(warning)
+        reporter.event(Event.WARNING, message=warning)
+    if not resume:
+        checkpoint_io.forget_preloaded()  # type: ignore[attr-defined]
+        return None
+    return found
 
 
 def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
@@ -229,9 +257,9 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     data = instantiate_data(config.data, pl, data_cls, settings.batch_size, settings.num_workers)
     check_model_matches_data(model, data)
     resumable(data)
-    check_writable(Path(config.checkpoint.dir), "checkpoint.dir")
+    check_writable(config.checkpoint_dir, "checkpoint.dir")
     if global_rank(env) == 0:
-        check_writable(Path(config.artifacts.dir), "artifacts.dir")
+        check_writable(config.artifacts_dir, "artifacts.dir")
     onnx = config.export.onnx
     inputs = resolve_example(onnx.input_shape, onnx.input_dtype, data, model) if onnx.enabled else None
     if config.accelerator == "gpu":
@@ -240,7 +268,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     trainer = build_trainer(config, reporter, pl.name, env)
     if global_rank(env) == 0:
         continue_log(trainer.logger, config)
-    resume = find_resume_checkpoint(Path(config.checkpoint.dir))
+    resume = _resume_checkpoint(trainer, config, reporter)
     reporter.event(
         Event.START,
         jobName=config.job_name,
@@ -252,11 +280,11 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         clusterEnvironment=type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
         maxSteps=settings.max_steps,
         maxEpochs=settings.resolved_max_epochs if settings.resolved_max_epochs > 0 else None,
-        resumeFrom=str(resume) if resume else None,
+        resumeFrom=resume,
         lightning=pl.name,
     )
     try:
-        trainer.fit(model, datamodule=data, ckpt_path=str(resume) if resume else None)
+        trainer.fit(model, datamodule=data, ckpt_path=resume)
     except RuntimeError as exc:
         spec_error = _in_spec_terms(exc, settings.find_unused_parameters)
         if spec_error is None:
@@ -300,7 +328,7 @@ def _stopped(
 ) -> int:
     """SIGTERM stopped training (the pod is going away): its checkpoint is saved; no export, exit 143."""
     if trainer.is_global_zero:
-        checkpoint = str(Path(config.checkpoint.dir) / LAST_CHECKPOINT)
+        checkpoint = _latest_checkpoint(trainer, config)
         reporter.event(Event.STOPPED, signal=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics)
         write_termination_log(
             TrainerResults(ok=False, stopped=STOP_SIGNAL.name, checkpoint=checkpoint, **metrics).to_wire(), env

@@ -178,12 +178,14 @@ class CheckpointOwner(ApiModel):
         return None
 
 
+# Trainer settings that say how long to train or how often to log, not what a step computes: a run resumed
+# with more epochs continues the same training.
+_NOT_SHAPING = ("maxEpochs", "maxSteps", "logEveryNSteps")
+
+
 def training_hash(config: TrainerConfig) -> str:
-    """A hash of what shapes the training: the model, the data and the trainer settings."""
-    shaping: dict[str, Any] = {
-        "model": config.model.to_wire(),
-        "data": config.data.to_wire(),
-        "trainer": config.trainer.to_wire(),
-    }
+    """A hash of what shapes the training: the model, the data and the trainer settings (not its length)."""
+    trainer = {k: v for k, v in config.trainer.to_wire().items() if k not in _NOT_SHAPING}
+    shaping: dict[str, Any] = {"model": config.model.to_wire(), "data": config.data.to_wire(), "trainer": trainer}
     canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]

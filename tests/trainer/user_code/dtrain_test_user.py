@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import lightning as L
@@ -38,8 +39,14 @@ class TinyClassifier(L.LightningModule):
         crash_at_step: int | None = None,
         crash_marker: str | None = None,
         batch_log: str | None = None,
+        ballast_mb: int = 0,
+        step_sleep: float = 0.0,
     ) -> None:
         super().__init__()
+        # A large checkpoint without a large model: a saved buffer of this many MiB.
+        self.register_buffer("ballast", torch.zeros(ballast_mb * (1 << 20) // 4))
+        # A slow step, for tests that act while training runs.
+        self.step_sleep = step_sleep
         self.batch_log = Path(batch_log) if batch_log else None
         self.num_classes = num_classes
         self.lr = lr
@@ -56,6 +63,8 @@ class TinyClassifier(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
         if "first_batch" not in self._record:
             self._record["first_batch"] = tensor_digest([images])
         loss = F.cross_entropy(self(images), labels)

@@ -63,6 +63,7 @@ def _command_runner(capsys: pytest.CaptureFixture[str], tmp_path: Path, platform
 
             exit_code = engine.run(cli.build_parser().parse_args(argv), platform_factory())
         captured = capsys.readouterr()
+        out = Path(out)  # an s3:// URL too: its report is read from the bucket
         return EngineCommand(exit_code, captured.out, captured.err, out, out.parent / contract.ENGINE_REPORT_FILE_NAME)
 
     return run

@@ -234,5 +234,5 @@ def test_the_engine_jobs_command_parses_into_the_options_the_spec_asks_for() -> 
         precision="fp32", shapes=(("x:1x32", "x:4x32", "x:8x32"),), workspace_mib=4096, tf32=True,
         hardware_compatibility="same-compute-capability", version_compatible=True, refit=True, strip_weights=True,
         builder_optimization_level=1, layer_precisions=(("fc1", "fp16"), ("fc2", "bf16")), precision_constraints="prefer",
-        plugin_libraries=("/opt/libroi.so",), cuda_graph=True, timing_cache="/workspace/artifacts/timing.cache",
+        plugin_libraries=("/opt/libroi.so",), cuda_graph=True, timing_cache="/workspace/n/j/artifacts/timing.cache",
     )

@@ -21,6 +21,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from dtrain_engine import staging
 from dtrain_engine.arguments import build_options, check_arguments, report_path
 from dtrain_engine.backend_runs import PyTorchModel, accuracy_failure, load_pytorch, run_onnxruntime, run_tensorrt
 from dtrain_engine.check import OnnxRuntimeCpu, TimingSettings
@@ -230,6 +231,10 @@ def _write_termination_summary(summary: str) -> None:
 def run(args: argparse.Namespace, platform: Platform | None = None) -> int:
     """`dtrain build-engine` on `platform` (default: the TensorRT and GPU this machine has)."""
     try:
+        if staging.needs_staging(args):
+            # Object storage: the build runs on staged local copies (see staging).
+            build = lambda local: _build_engine(local, platform)
+            return staging.run_staged(args, build, termination_log_path(dict(os.environ)))
         return _build_engine(args, platform)
     except EngineError as error:
         print(f"dtrain build-engine: error: {error}", file=sys.stderr)

@@ -22,6 +22,8 @@ PIP := $(PY) -m pip
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 INSTALLED := $(VENV)/.dtrain-installed
 TOOLS := .tools/bin/helm .tools/bin/kubectl
+# The tests' S3 server (SeaweedFS, built from its pinned Go module: minutes the first time, then cached).
+S3SERVER := .tools/bin/weed
 
 # Where the images go: $(REGISTRY)/dtrain-{operator,trainer,engine}:$(VERSION).
 REGISTRY ?= localhost/dtrain
@@ -60,7 +62,10 @@ lint: $(INSTALLED)
 	$(PY) -m mypy
 	$(PY) tools/check_layout.py operator trainer_image
 
-test: lint $(TOOLS)
+$(S3SERVER): tools/s3server/go.mod tools/s3server/go.sum tools/s3server/build.sh
+	bash tools/s3server/build.sh $@
+
+test: lint $(TOOLS) $(S3SERVER)
 	OMP_NUM_THREADS=1 $(PY) -m pytest
 
 # Root and network namespaces (ip netns, veth, bridge): see the README's "End to end" section.

@@ -27,12 +27,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 
 from bench.common import machine, markdown_table, write_results
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 MB = 1_000_000
 PER = 100 * MB
@@ -58,7 +61,7 @@ class PeakRss:
             self.peak = max(self.peak, self.process.memory_info().rss)
             time.sleep(0.005)
 
-    def __enter__(self) -> PeakRss:
+    def __enter__(self) -> Self:
         self.peak = self.process.memory_info().rss
         self._thread.start()
         return self

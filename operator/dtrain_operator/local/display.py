@@ -114,7 +114,7 @@ class ProgressView:
                 return "end"
             if record.epoch_end:
                 return "epoch"
-        elif isinstance(record, records.CheckpointRecord):
+        elif isinstance(record, records.CheckpointRecord) and record.ok is not False:
             self.checkpoint_step = record.step
         return record.EVENT.value if record is not None else ""
 
@@ -219,7 +219,9 @@ class Display:
             self.console.print(escape(event_line(record)), highlight=False)
             return
         if isinstance(record, records.CheckpointRecord):
-            self.console.print(escape(f"checkpoint at step {record.step}: {record.path}"))
+            if record.ok is not False:  # a missed one is told by the trainer's warning
+                upload = f" ({record.upload_seconds:.1f} s upload)" if record.upload_seconds is not None else ""
+                self.console.print(escape(f"checkpoint at step {record.step}: {record.path}{upload}"))
             return
         if self.live:
             self._update_bar(now)

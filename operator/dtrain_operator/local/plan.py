@@ -291,6 +291,13 @@ def engine_argv(job: DistributedTraining, workdir: Workdir) -> list[str]:
     return [*command, *fallback, *checkpoint, "--model-config", str(workdir.config)]
 
 
+def engine_env(job: DistributedTraining) -> dict[str, str]:
+    """The engine container's own variables (the object store's endpoint and region), resolved for this machine."""
+    container = render.render_engine_job(job)["spec"]["template"]["spec"]["containers"][0]
+    values, _ = resolve_env(job, 0, container.get("env", []))
+    return values
+
+
 def worker_exit_code(returncode: int) -> int:
     """The exit code a node's failure counts as, in the pod's convention (128 + n when killed by signal n).
 

@@ -42,6 +42,7 @@ from dtrain_operator.local.plan import (
     Workdir,
     default_workdir,
     engine_argv,
+    engine_env,
     failure_excerpt,
     localize,
     node_launches,
@@ -339,6 +340,7 @@ class LocalRun:
         argv = engine_argv(self.job, self.workdir)
         env = {
             **os.environ,
+            **engine_env(self.job),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(self.cores)),
             "PYTHONUNBUFFERED": "1",
             contract.ENV_TERMINATION_LOG: str(self.workdir.engine_termination_log),

@@ -115,9 +115,12 @@ def collect_summary(
         workdir=str(workdir.root),
         engine_asked=engine_asked,
     )
-    _add_progress(summary, JsonlTail(workdir.progress).read_new())
+    progress = JsonlTail(workdir.progress).read_new()
+    _add_progress(summary, progress)
     checkpoint = latest_checkpoint(workdir.checkpoints)
-    summary.checkpoint = str(checkpoint) if checkpoint else None
+    # On object storage the workdir holds none: the newest one the trainer reports saved (a URL).
+    saved = [r.path for r in map(records.read_record, progress) if isinstance(r, records.CheckpointRecord) and r.ok]
+    summary.checkpoint = str(checkpoint) if checkpoint else (saved[-1] if saved else None)
     _add_artifacts(summary, workdir)
     _add_engine_report(summary, workdir)
     return summary

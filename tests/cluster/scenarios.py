@@ -216,6 +216,9 @@ CRD_REFUSALS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("a relative checkpoint dir", lambda s: s["checkpoint"].update(dir="checkpoints"), "spec.checkpoint.dir"),
     ("minBatch above maxBatch", lambda s: s.update(engine={"minBatch": 8, "maxBatch": 2}), "minBatch <= optBatch <= maxBatch"),
     ("a reserved env name", lambda s: s.update(env=[{"name": "PET_NNODES", "value": "9"}]), "spec.env"),
+    # Two nodes and pod-local directories: checkpoints the gang cannot share (docs/storage.md).
+    ("no shared storage", lambda s: [s.pop("storage"), s.pop("checkpoint"), s.pop("artifacts")],
+     "needs shared storage"),
 ]
 
 

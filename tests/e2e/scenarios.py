@@ -148,8 +148,9 @@ async def scenario_quickstart(bench: Bench, figures: Figures) -> None:
     rows = [row for _, row in bench.printers[name]]
     assert any(row[1] == "Running" and row[3] and row[4] for row in rows), f"no EPOCH and IMG/S while Running: {rows}"
     storage = bench.kubelet.claim_folder(NS, job["spec"]["storage"]["claimName"])
-    onnx = storage / "artifacts" / contract.ONNX_FILE_NAME
-    report = storage / "artifacts" / contract.ENGINE_REPORT_FILE_NAME
+    artifacts_dir = storage / NS / name / "artifacts"  # the per-job default: <claim>/<namespace>/<name>/artifacts
+    onnx = artifacts_dir / contract.ONNX_FILE_NAME
+    report = artifacts_dir / contract.ENGINE_REPORT_FILE_NAME
     assert onnx.is_file() and onnx.stat().st_size > 0, f"no {onnx}"
     assert report.is_file(), f"no {report}"
     artifacts = json.dumps(final.get("artifacts") or {})

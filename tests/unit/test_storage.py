@@ -3,6 +3,7 @@ job without shared storage (the model's line, `dtrain validate` and the CRD say 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,35 @@ def test_an_sdk_error_is_described_without_its_credentials() -> None:
 
     error = ConnectionError("Could not connect to http://AKIAIOSFODNN7EXAMPLE:abc/def+ghi@127.0.0.1:1/bucket")
     assert "abc/def" not in describe(error) and describe(error).startswith("ConnectionError: ")
+
+
+# --- The README's cluster walkthrough -----------------------------------------------------------------
+
+
+def walkthrough_lines() -> list[str]:
+    """The shell lines of README's "On a cluster" that make my-job.yaml, commented alternatives uncommented."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## On a cluster", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in section.split("```")[1::2] if "my-job.yaml" in b)
+    lines, joined = [], ""
+    for line in block.splitlines():
+        joined += line.rstrip("\\").lstrip("# ") if line.startswith("#   ") else line.rstrip("\\")
+        if not line.endswith("\\"):
+            lines.append(joined)
+            joined = ""
+    return [line for line in lines if ">> my-job.yaml" in line or "> my-job.yaml" in line]
+
+
+@pytest.mark.parametrize("choice", ["claimName", "url"])
+def test_the_readme_walkthrough_makes_a_job_that_validate_takes(tmp_path: Path, choice: str) -> None:
+    make, *storage_lines = walkthrough_lines()
+    storage_line = next(line for line in storage_lines if choice in line)
+    env = {"PATH": "/usr/bin:/bin", "REGISTRY": "registry.example.com/ml"}
+    shutil.copytree(Path(__file__).resolve().parents[2] / "examples", tmp_path / "examples")  # run from a checkout
+    subprocess.run(["bash", "-c", make], cwd=tmp_path, env=env, check=True)
+    validate = [sys.executable, "-m", "dtrain_operator.cli", "validate", "my-job.yaml"]
+    refused = subprocess.run(validate, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert refused.returncode == 1 and FIX in refused.stderr  # as written without storage: the one-line fix
+    subprocess.run(["bash", "-c", storage_line], cwd=tmp_path, env=env, check=True)
+    accepted = subprocess.run(validate, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert accepted.returncode == 0, accepted.stderr

@@ -24,7 +24,7 @@ from dtrain_operator.local.plan import (
 )
 from tests.builders import a_job
 
-DEMO = a_job("demo").in_namespace("ml")
+DEMO = a_job("demo").in_namespace("ml").without_storage()  # a local job file: its paths move into the workdir
 """The job `dtrain run` runs here: every spec field at its default unless a test says otherwise."""
 
 
@@ -195,3 +195,12 @@ def test_failure_excerpt_keeps_the_last_lines() -> None:
     log = "\n".join(["starting", "RuntimeError: the model failed", TORCHRUN_REPORT.format(code=1)])
     assert "RuntimeError: the model failed" in failure_excerpt(log, lines=1000)
     assert failure_excerpt(log, lines=2).splitlines()[-1].startswith("=====")
+
+
+def test_object_storage_stays_where_the_spec_puts_it() -> None:
+    """`dtrain run` moves paths into the workdir, but an s3:// or gs:// directory is the same bucket from here."""
+    job = DEMO.with_spec(storage={"url": "s3://bucket/jobs"}, artifacts={"dir": "/data/out"}).as_model()
+    local = localize(job, Overrides(), Workdir(Path("/runs/demo")), [])
+    assert local.job.spec.checkpoint.dir == "s3://bucket/jobs/ml/demo/checkpoints"
+    assert local.job.spec.artifacts.dir == "/runs/demo/artifacts"
+    assert "--pytorch-checkpoint" not in engine_argv(local.job, Workdir(Path("/runs/demo")))

@@ -225,3 +225,32 @@ def test_the_readme_walkthrough_makes_a_job_that_validate_takes(tmp_path: Path, 
     subprocess.run(["bash", "-c", storage_line], cwd=tmp_path, env=env, check=True)
     accepted = subprocess.run(validate, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert accepted.returncode == 0, accepted.stderr
+
+
+# --- The operator ---------------------------------------------------------------------------------------
+
+
+def test_the_operator_refuses_a_job_without_shared_storage_with_the_same_line() -> None:
+    from dtrain_operator.api import DistributedTrainingStatus
+    from dtrain_operator.core.accepted import parse_job
+
+    parsed = parse_job(a_job("mnist").without_storage().with_nodes(2).as_dict(), DistributedTrainingStatus())
+    needs = "its 2 nodes must share checkpoints and the engine Job must read model.onnx"
+    assert parsed.job is None and parsed.errors == (f"spec.storage: the job has no shared storage but {needs}; {FIX}",)
+
+
+def test_a_pod_local_job_gets_the_warning_condition_and_one_event_at_creation() -> None:
+    from dtrain_operator.controller.status.compute import compute_status
+    from dtrain_operator.controller.status.conditions import POD_LOCAL_STORAGE
+    from dtrain_operator.controller.status.events import status_events
+    from dtrain_operator.core.observation import Observed
+    from tests.builders import NOW
+
+    job = a_job("solo").with_uid().at_generation(1).without_storage().without_engine().as_model()
+    first = compute_status(job, Observed(), None, NOW)
+    condition = next(c for c in first.conditions if c.type == POD_LOCAL_STORAGE)
+    assert (condition.status, condition.reason) == ("True", "CheckpointsDieWithThePod")
+    assert "do not outlive the pod" in condition.message and FIX in condition.message
+    assert [e.reason for e in status_events(None, first) if e.type == "Warning"] == [POD_LOCAL_STORAGE]
+    shared = a_job("shared").with_uid().at_generation(1).without_engine().as_model()
+    assert not [c for c in compute_status(shared, Observed(), None, NOW).conditions if c.type == POD_LOCAL_STORAGE]

@@ -9,7 +9,7 @@ import json
 import yaml
 
 from dtrain_operator.api import contract
-from tests.builders import a_cpu_job
+from tests.builders import SHARED_STORAGE, a_cpu_job
 
 from .apiserver import now_rfc3339
 from .cluster import Cluster
@@ -135,7 +135,9 @@ async def test_training_success_builds_the_engine_and_reports_artifacts(operated
     assert engine_job["metadata"]["labels"][contract.LABEL_ROLE] == "engine"
     assert owned_by(engine_job, operated.job(NS, "resnet"))
     container = engine_job["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"][:4] == ["dtrain", "build-engine", "--onnx", "/workspace/artifacts/model.onnx"]
+    # The per-job artifacts directory under the job's shared storage (tests/builders.py's SHARED_STORAGE).
+    onnx = f"{SHARED_STORAGE['url']}/{NS}/resnet/artifacts/model.onnx"
+    assert container["command"][:4] == ["dtrain", "build-engine", "--onnx", onnx]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     assert engine_job["spec"]["backoffLimit"] == 1
 

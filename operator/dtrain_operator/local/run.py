@@ -30,6 +30,7 @@ import yaml
 
 from dtrain_operator.api import DistributedTraining, StepTimes, contract, records
 from dtrain_operator.api.results import TrainerResults, read_termination_message
+from dtrain_operator.api.storage import missing_shared_storage
 from dtrain_operator.api.validation import load_job
 from dtrain_operator.core import policy, progress_deadline, render, stragglers
 from dtrain_operator.local.display import Display
@@ -407,6 +408,10 @@ def main(args: argparse.Namespace) -> int:
     display = Display.for_stream(sys.stdout)
     for warning in local.warnings:
         display.warn(warning)
+    cluster_refusal = missing_shared_storage(job.spec, job.namespace, job.name)
+    if cluster_refusal:
+        # This machine's disk is shared by its nodes; a cluster's pods share none (docs/storage.md).
+        display.info(f"runs here; a cluster would refuse it: {cluster_refusal.removeprefix('spec.storage: ')}")
     if prepare_workdir(workdir, args.resume):
         display.info(f"cleared the previous run in {workdir.root} (--resume continues from its checkpoint instead)")
     workdir.config.write_text(yaml.safe_dump(render.trainer_config(local.job), sort_keys=False))

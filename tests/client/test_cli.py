@@ -18,10 +18,11 @@ from dtrain_operator.controller.status import gpu_memory
 from tests.builders import a_cpu_job
 
 from ..operator.cluster import Cluster
+from .jobs import cluster_quickstart
 
 NS = "default"
 ROOT = Path(__file__).resolve().parents[2]
-QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+QUICKSTART = cluster_quickstart()
 
 
 @dataclass

@@ -33,10 +33,11 @@ from tests.builders import a_cpu_job
 
 from ..operator.apiserver import ApiServer
 from ..operator.cluster import Cluster, free_port, write_kubeconfig
+from .jobs import cluster_quickstart
 
 NS = "default"
 ROOT = Path(__file__).resolve().parents[2]
-QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+QUICKSTART = cluster_quickstart()
 
 
 async def call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -272,3 +272,30 @@ def test_a_changed_spec_does_not_resume_without_saying_so(tmp_path: Path) -> Non
     anyway = run_trainer(config(0.01, foreign="Resume"))
     assert anyway.returncode == 0, anyway.stderr[-3000:]
     assert "checkpoint.foreign Resume: resuming from" in anyway.stderr and "resumed from" in anyway.stderr
+
+
+def test_sigterm_saves_its_checkpoint_to_the_bucket_as_every_save_does(
+    tmp_path: Path, s3_server: S3Server, bucket: Bucket
+) -> None:
+    config = s3_config(
+        tmp_path, s3_server, "sigterm",
+        model={"classPath": USER_MODEL, "initArgs": {"step_sleep": 0.05}}, data={"initArgs": {"num_samples": 4096}},
+        trainer={"maxSteps": 100000, "maxEpochs": 1, "numWorkers": 0},
+        # No step checkpoint would come for a long time: the one found is SIGTERM's.
+        checkpoint={"everyNSteps": 10000}, export={"onnx": {"enabled": False}},
+    )
+    progress = tmp_path / "progress.jsonl"
+    trainer = start_trainer(write_config(tmp_path, config), progress, **s3_server.env())
+    try:
+        wait_for(lambda: any((r.get("step") or 0) >= 3 for r in records(progress)), 120, "step 3")
+        trainer.send_signal(signal.SIGTERM)
+        _, stderr = trainer.communicate(timeout=90)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert trainer.returncode == 143, stderr[-3000:]
+    stopped = next(r for r in records(progress) if r["event"] == "stopped")
+    directory = s3_server.url("sigterm/checkpoints")
+    pointer = bucket.pointer(directory)
+    assert stopped["checkpoint"] == f"{directory}/{pointer['checkpoint']}"
+    assert bucket.last(directory)["global_step"] == pointer["step"] == stopped["step"]

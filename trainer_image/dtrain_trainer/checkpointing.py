@@ -78,6 +78,7 @@ class _StepCheckpointBehaviour:
         self._reported_step: int | None = None
         # The newest checkpoint saved whole (rank 0): the one the export records and a SIGTERM reports.
         self.latest_path: str | None = None
+        self._latest_step: int | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -104,7 +105,7 @@ class _StepCheckpointBehaviour:
             if self.on_failed is not None:
                 self.on_failed(trainer.global_step, written)
             return
-        self.latest_path = filepath
+        self.latest_path, self._latest_step = filepath, trainer.global_step
         # The step file is written first; last.ckpt then repeats it and needs no report of its own.
         if self.on_saved is not None and self._reported_step != trainer.global_step:
             self._reported_step = trainer.global_step
@@ -116,7 +117,8 @@ class _StepCheckpointBehaviour:
             return
         # Object storage: no second upload; the pointer names the step checkpoint once that is whole.
         saved = self.latest_path
-        if trainer.is_global_zero and saved is not None and self._last_global_step_saved == trainer.global_step:
+        # Only a checkpoint of this step that went up whole is named; a failed upload leaves the pointer as it was.
+        if trainer.is_global_zero and saved is not None and self._latest_step == trainer.global_step:
             pointer = checkpoint_store.write_pointer(str(self.dirpath), saved, trainer.global_step)
             if not pointer.ok and self.on_failed is not None:
                 self.on_failed(trainer.global_step, pointer)

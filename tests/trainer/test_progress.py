@@ -126,13 +126,15 @@ def test_human_lines() -> None:
 def test_stdout_sink(capsys: pytest.CaptureFixture[str]) -> None:
     StdoutSink().send({"event": "checkpoint", "step": 4, "path": "/c/step=00000004.ckpt"})
     assert capsys.readouterr().out == "dtrain: checkpoint at step 4: /c/step=00000004.ckpt\n"
+    StdoutSink().send({"event": "checkpoint", "step": 6, "path": "s3://b/c/step=00000006.ckpt", "ok": False, "error": "E"})
+    assert capsys.readouterr().out == "dtrain: checkpoint of step 6 NOT saved to s3://b/c/step=00000006.ckpt: E\n"
 
 
 def test_status_patch_leaves_out_unknown_values() -> None:
     record = {"event": "progress", "time": "t", "epoch": 0, "step": 3, "loss": None, "imagesPerSecond": None}
     assert status_patch(record) == {"progress": {"epoch": 0, "step": 3, "updatedAt": "t"}}
     assert status_patch({"event": "checkpoint", "time": "t", "step": 4, "path": "p"}) == {
-        "lastCheckpoint": {"step": 4, "path": "p", "time": "t"}
+        "lastCheckpoint": {"step": 4, "path": "p", "time": "t", "missed": None}  # null: a miss reported before is over
     }
     assert status_patch({"event": "start"}) is None
 
@@ -174,6 +176,8 @@ def test_kubernetes_sink_merge_patches_the_status_off_the_training_thread(
     for step in range(2, 6):
         reporter.progress(epoch=0, step=step, loss=1.0 / step, imagesPerSecond=100.0 * step)
     reporter.event(Event.CHECKPOINT, step=4, path="/c/step=00000004.ckpt")
+    # A later checkpoint that could not be written: said beside the written one, which stays.
+    reporter.event(Event.CHECKPOINT, step=5, path="s3://b/c/step=00000005.ckpt", ok=False, error="Timeout")
     api_server.release.set()
     reporter.close()
 
@@ -186,7 +190,10 @@ def test_kubernetes_sink_merge_patches_the_status_off_the_training_thread(
     assert len(api_server.requests) == 2
     last = api_server.requests[-1].body["status"]
     assert last["progress"]["step"] == 5 and last["progress"]["imagesPerSecond"] == 500.0
-    assert last["lastCheckpoint"] == {"step": 4, "path": "/c/step=00000004.ckpt", "time": last["lastCheckpoint"]["time"]}
+    sent = last["lastCheckpoint"]
+    missed = {"step": 5, "path": "s3://b/c/step=00000005.ckpt", "error": "Timeout", "time": sent["missed"]["time"]}
+    assert last["lastCheckpoint"] == {
+        "step": 4, "path": "/c/step=00000004.ckpt", "time": last["lastCheckpoint"]["time"], "missed": missed}
 
 
 def test_kubernetes_sink_failure_is_one_warning(

@@ -254,3 +254,45 @@ def test_a_pod_local_job_gets_the_warning_condition_and_one_event_at_creation() 
     assert [e.reason for e in status_events(None, first) if e.type == "Warning"] == [POD_LOCAL_STORAGE]
     shared = a_job("shared").with_uid().at_generation(1).without_engine().as_model()
     assert not [c for c in compute_status(shared, Observed(), None, NOW).conditions if c.type == POD_LOCAL_STORAGE]
+
+
+# --- A checkpoint that could not be written ---------------------------------------------------------------
+
+
+def test_a_missed_checkpoint_is_said_beside_the_newest_written_one_and_cleared_by_the_next() -> None:
+    from dtrain_operator.api.records import status_patch
+
+    saved = {"event": "checkpoint", "time": "t1", "step": 20, "path": "s3://b/c/step=00000020.ckpt", "ok": True,
+             "bytes": 100, "uploadSeconds": 1.5, "attempts": 1}
+    missed = {"event": "checkpoint", "time": "t2", "step": 30, "path": "s3://b/c/step=00000030.ckpt", "ok": False,
+              "error": "EndpointConnectionError: Could not connect", "attempts": 5}
+    assert status_patch(saved) == {"lastCheckpoint": {"step": 20, "path": saved["path"], "time": "t1", "missed": None}}
+    assert status_patch(missed) == {"lastCheckpoint": {"missed": {
+        "step": 30, "path": missed["path"], "error": missed["error"], "time": "t2"}}}
+
+
+def test_a_missed_checkpoint_gets_the_warning_condition_until_one_is_written() -> None:
+    from dtrain_operator.api import CheckpointInfo
+    from dtrain_operator.controller.status.compute import compute_status
+    from dtrain_operator.controller.status.events import status_events
+    from dtrain_operator.controller.status.storage_conditions import CONDITION
+    from dtrain_operator.core.observation import Observed
+    from tests.builders import NOW, a_gang, accepted_status
+
+    job = a_job("mnist").with_uid().with_nodes(2).without_engine()
+    running = accepted_status(job.as_model())
+    missed = {"step": 30, "path": "s3://b/c/step=00000030.ckpt", "error": "EndpointConnectionError: x", "time": "t2"}
+    running.last_checkpoint = CheckpointInfo.model_validate(
+        {"step": 20, "path": "s3://b/c/step=00000020.ckpt", "missed": missed})
+    model = job.as_model().model_copy(update={"status": running})
+    status = compute_status(model, Observed(workers=a_gang("Running", "Running")), running, NOW)
+    condition = next(c for c in status.conditions if c.type == CONDITION)
+    assert condition.status == "True"
+    assert "step 30 could not be written to s3://b/c/step=00000030.ckpt (EndpointConnectionError: x)" in condition.message
+    assert "the newest written is step 20" in condition.message
+    assert [e.reason for e in status_events(running, status) if e.type == "Warning"] == [CONDITION]
+
+    written = status.model_copy(update={"last_checkpoint": CheckpointInfo(step=40, path="s3://b/c/step=00000040.ckpt")})
+    later = compute_status(job.as_model().model_copy(update={"status": written}),
+                           Observed(workers=a_gang("Running", "Running")), written, NOW)
+    assert next(c for c in later.conditions if c.type == CONDITION).status == "False"

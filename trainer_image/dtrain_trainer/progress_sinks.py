@@ -62,6 +62,8 @@ def human_line(record: Mapping[str, Any]) -> str:
             + (f", {record['lightning']}" if record.get("lightning") else "")
         )
     if event == Event.CHECKPOINT:
+        if record.get("ok") is False:
+            return f"checkpoint of step {record.get('step')} NOT saved to {record.get('path')}: {record.get('error')}"
         return f"checkpoint at step {record.get('step')}: {record.get('path')}"
     if event == Event.RESUMED:
         return f"resumed from {record.get('path')} at step {record.get('step')}"
@@ -152,6 +154,10 @@ class KubernetesStatusSink:
         if patch is None:
             return
         with self._condition:
+            # A missed checkpoint's patch adds to a pending saved one's rather than replacing it.
+            checkpoint = patch.get("lastCheckpoint")
+            if isinstance(checkpoint, dict) and isinstance(self._pending.get("lastCheckpoint"), dict):
+                patch = {**patch, "lastCheckpoint": {**self._pending["lastCheckpoint"], **checkpoint}}
             self._pending.update(patch)
             self._condition.notify()
 

@@ -322,6 +322,11 @@ def status_patch(data: Mapping[str, Any]) -> dict[str, Any] | None:
         return {"progress": {k: v for k, v in fields.items() if v is not None}}
     if isinstance(record, PreflightRecord):
         return {"preflight": {k: v for k, v in record.to_wire().items() if k != "event" and v is not None}}
-    if isinstance(record, CheckpointRecord) and record.ok is not False:
-        return {"lastCheckpoint": {"step": record.step, "path": record.path, "time": record.time}}
+    if isinstance(record, CheckpointRecord) and record.ok is False:
+        # The newest whole checkpoint stays; the miss is said beside it (the CheckpointMissed condition).
+        missed = {"step": record.step, "path": record.path, "error": record.error, "time": record.time}
+        return {"lastCheckpoint": {"missed": {k: v for k, v in missed.items() if v is not None}}}
+    if isinstance(record, CheckpointRecord):
+        # null clears a miss that an earlier record reported: this checkpoint is written.
+        return {"lastCheckpoint": {"step": record.step, "path": record.path, "time": record.time, "missed": None}}
     return None

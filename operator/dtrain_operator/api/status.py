@@ -135,15 +135,30 @@ class Preflight(StatusModel):
     """When the check ran (RFC 3339)."""
 
 
+class MissedCheckpoint(StatusModel):
+    """A checkpoint that could not be written (object storage, after its retries); training went on."""
+
+    step: int | None = None
+    """Global step it was for."""
+    path: str | None = None
+    """Where it was to go."""
+    error: str | None = None
+    """The storage's error, credentials removed."""
+    time: str | None = None
+    """When it was given up (RFC 3339)."""
+
+
 class CheckpointInfo(StatusModel):
     """The newest checkpoint."""
 
     step: int | None = None
     """Global step of the checkpoint."""
     path: str | None = None
-    """Path of the checkpoint file."""
+    """Path of the checkpoint file, or its s3:// or gs:// URL."""
     time: str | None = None
     """When it was written (RFC 3339)."""
+    missed: MissedCheckpoint | None = None
+    """A later checkpoint that could not be written, until one is written again."""
 
 
 class DistributedTrainingStatus(StatusModel):

@@ -22,9 +22,8 @@ from dtrain_operator.api import (
     Phase,
     contract,
     immutable_spec,
-    storage,
 )
-from dtrain_operator.controller.status import gpu_memory
+from dtrain_operator.controller.status import gpu_memory, storage_conditions
 from dtrain_operator.controller.status.after_training import after_training
 from dtrain_operator.controller.status.conditions import (
     CREATED,
@@ -164,14 +163,9 @@ def check_gpu_memory(c: StatusComputation) -> None:
 
 def check_pod_local_storage(c: StatusComputation) -> None:
     """At creation only: a job without shared storage keeps its checkpoints on the pod's disk (PodLocalStorage)."""
-    if c.accepted_now and storage.is_pod_local(c.spec, c.job.namespace, c.job.name):
-        c.conditions.set(
-            POD_LOCAL_STORAGE,
-            True,
-            "CheckpointsDieWithThePod",
-            f"checkpoints are on a pod-local emptyDir at {storage.POD_LOCAL_ROOT}: they do not outlive the pod, so a "
-            f"restart trains from the start; {storage.NO_SHARED_STORAGE_FIX}",
-        )
+    message = storage_conditions.pod_local_message(c.job) if c.accepted_now else None
+    if message is not None:
+        c.conditions.set(POD_LOCAL_STORAGE, True, storage_conditions.POD_LOCAL_REASON, message)
 
 
 def keep_finished(c: StatusComputation) -> DistributedTrainingStatus | None:
@@ -335,6 +329,14 @@ def report_stragglers(c: StatusComputation) -> None:
         c.conditions.clear(stragglers.CONDITION, stragglers.REASON_NONE, "no rank is slower than the others now")
 
 
+def report_missed_checkpoints(c: StatusComputation) -> None:
+    missed = storage_conditions.missed_message(c.status)
+    if missed is not None:
+        c.conditions.set(storage_conditions.CONDITION, True, storage_conditions.REASON_MISSED, missed)
+    elif c.conditions.is_true(storage_conditions.CONDITION):
+        c.conditions.clear(storage_conditions.CONDITION, storage_conditions.REASON_WRITTEN, "the newest checkpoint was written")
+
+
 def report_pending_pods(c: StatusComputation) -> None:
     too_long = pods_pending_too_long(c.running_job, c.gang, c.now)
     if too_long:
@@ -362,6 +364,7 @@ STATUS_STEPS: tuple[StatusStep, ...] = (
     watch_image_pulls,
     set_phase,
     report_stragglers,
+    report_missed_checkpoints,
     report_pending_pods,
 )
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from dtrain_operator.api import (
     DistributedTrainingStatus,
 )
-from dtrain_operator.controller.status import gpu_memory
+from dtrain_operator.controller.status import gpu_memory, storage_conditions
 from dtrain_operator.controller.status.conditions import (
     ENGINE_BUILT,
     FAILED,
@@ -82,6 +82,7 @@ class JobEvent:
 # Conditions that need the user: a Warning Event each time one turns True or says something new.
 WARNING_CONDITIONS = (
     SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL, gpu_memory.CONDITION, POD_LOCAL_STORAGE,
+    storage_conditions.CONDITION,
 )
 
 

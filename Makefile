@@ -5,6 +5,7 @@
 #   make cluster        a real Kubernetes control plane (upstream, built from its Go modules), NODES
 #                       kubelets and the operator, in the background (root); .cluster/kubeconfig
 #   make cluster NODES=3 GPUS_PER_NODE=1   more nodes, each with an nvidia.com/gpu count
+#   make cluster PODS_FROM=host   containers from this machine's .venv, not their images (quick loops)
 #   make cluster-down   stops it all and removes its state; make cluster-status says what runs
 #   make e2e    the scenarios on the real control plane (tests/cluster: starts one unless it runs), then
 #               those not yet moved there, on the API emulator (tests/e2e) (root)
@@ -31,6 +32,8 @@ VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 
 NODES ?= 2
 GPUS_PER_NODE ?= 0
+# images: each container from its image (built when missing); host: from this machine's .venv (quick loops).
+PODS_FROM ?= images
 LOCALCLUSTER := cd tools/cluster && OMP_NUM_THREADS=1 $(abspath $(PY)) -m localcluster
 
 install: $(INSTALLED)
@@ -72,7 +75,7 @@ e2e: $(INSTALLED) $(TOOLS)
 
 cluster: $(INSTALLED) $(TOOLS)
 	bash tools/install-e2e-deps.sh
-	$(LOCALCLUSTER) up --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE)
+	$(LOCALCLUSTER) up --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) --pods-from $(PODS_FROM)
 
 cluster-down:
 	$(LOCALCLUSTER) down

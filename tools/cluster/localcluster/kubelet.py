@@ -16,9 +16,11 @@ What it does, as a kubelet does:
   with a zero grace period;
 - serves `kubectl logs` (`/containerLogs/...`) over HTTPS to the API server's client certificate.
 
-What stands in: there is no container runtime here. The container's `command` + `args` run with
-this machine's Python environment (its bin/ first on PATH), not from the image (no cgroup limits,
-no image pull); there is no CoreDNS and no kube-proxy: each pod's hosts file is written from the
+What stands in: there is no container runtime here. Each container runs from its image's root
+filesystem in the local containers-storage (images.py: a copy-on-write layer of its own, the
+image's ENTRYPOINT, CMD, ENV, WORKDIR and USER, securityContext's user, groups, read-only root and
+dropped capabilities), or, with `--pods-from host`, with this machine's Python environment; there
+are no cgroup limits and no registry to pull from; there is no CoreDNS and no kube-proxy: each pod's hosts file is written from the
 EndpointSlices of its namespace, and KUBERNETES_SERVICE_HOST names the API server's own address
 (ClusterIPs do not route). One container per pod; no liveness or startup probes, no exec.
 """
@@ -56,6 +58,9 @@ DEFAULT_GRACE_SECONDS = 30
 LOG_TAIL_LINES = 80
 LOG_TAIL_BYTES = 2048
 MAX_BACKOFF_SECONDS = 60
+IMAGE_BACKOFF_SECONDS = 10  # the kubelet's image pull back-off: 10 s, doubling up to 5 minutes
+MAX_IMAGE_BACKOFF_SECONDS = 300
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODS_PER_NODE = 110
 
 
@@ -90,6 +95,13 @@ class PodRun:
     terminating: bool = False
     task: asyncio.Task | None = None
     last_state: dict[str, Any] = field(default_factory=dict)
+    image: images.ImageConfig | None = None
+    waiting: dict[str, Any] = field(default_factory=dict)  # why the container is not running yet
+
+    @property
+    def root_name(self) -> str:
+        """The buildah working container that holds this pod's root filesystem."""
+        return f"dtrain-pod-{self.uid}"
 
     @property
     def container(self) -> dict[str, Any]:
@@ -117,8 +129,9 @@ class PodRun:
 
 
 class Kubelet:
-    def __init__(self, node: layout.Node, cpu: str, memory: str, gpus: int) -> None:
+    def __init__(self, node: layout.Node, cpu: str, memory: str, gpus: int, pods_from: str = "images") -> None:
         self.node = node
+        self.pods_from = pods_from
         self.capacity = {"cpu": cpu, "memory": memory, "pods": str(PODS_PER_NODE)}
         if gpus:
             self.capacity["nvidia.com/gpu"] = str(gpus)
@@ -277,14 +290,14 @@ class Kubelet:
             "containerStatuses": self._container_status(run, {"waiting": {"reason": "ContainerCreating"}}),
         })
         try:
-            spec_file = await self.prepare(run)
+            init = await self.prepare(run)
         except Exception as exc:  # a pod that cannot start is reported, never a dead kubelet
             log.exception("pod %s/%s cannot start", run.namespace, run.name)
             await self.finish(run, 128, "ContainerCannotRun", str(exc)[:1000])
             return
         backoff = 1.0
         while not run.terminating:
-            code = await self.start_and_wait(run, spec_file)
+            code = await self.start_and_wait(run, init)
             policy = run.pod["spec"].get("restartPolicy", "Always")
             if run.terminating or policy == "Never" or (policy == "OnFailure" and code == 0):
                 break
@@ -299,7 +312,29 @@ class Kubelet:
         code = exit_code(run.process.returncode) if run.process and run.process.returncode is not None else 137
         await self.finish(run, code, "Completed" if code == 0 else "Error", self.termination_message(run, code))
 
-    async def start_and_wait(self, run: PodRun, spec_file: Path) -> int:
+    async def start_and_wait(self, run: PodRun, init: dict[str, Any]) -> int:
+        """One start of the container: a fresh root from its image (as a runtime makes a new container),
+        the user it runs as, podinit's spec, the process; until it exits."""
+        root = None
+        if self.pods_from == "images":
+            root = await asyncio.to_thread(images.mount_root, run.container["image"], run.root_name)
+        user, refused = self.security(run, root)
+        if refused:
+            await self.report_waiting(run, "CreateContainerConfigError", refused)
+            while not run.terminating:
+                await asyncio.sleep(1)
+            return 128
+        if user is not None:
+            self.own_volumes(run, init["mounts"], user)
+        spec_file = run.folder / "podinit.json"
+        spec_file.write_text(json.dumps({**init, "rootfs": root, "user": user}, indent=1))
+        try:
+            return await self._run_process(run, spec_file)
+        finally:
+            if root is not None:
+                await asyncio.to_thread(images.remove_root, run.root_name)
+
+    async def _run_process(self, run: PodRun, spec_file: Path) -> int:
         log_file = (run.folder / "container.log").open("ab")
         assert run.net is not None
         run.process = await asyncio.create_subprocess_exec(
@@ -310,6 +345,7 @@ class Kubelet:
             env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}, start_new_session=True,
         )
         log_file.close()
+        run.waiting = {}
         run.started_at = now()
         probe = run.container.get("readinessProbe")
         run.ready = probe is None
@@ -405,9 +441,82 @@ class Kubelet:
             return str((meta.get(kind.split(".")[1]) or {}).get(key.rstrip("']"), ""))
         raise RuntimeError(f"fieldRef {path!r} is not supported by this kubelet")
 
-    async def prepare(self, run: PodRun) -> Path:
+    async def pull(self, run: PodRun) -> None:
+        """The image's configuration, as a kubelet pulls: an image missing from the store is reported
+        (ErrImagePull, then ImagePullBackOff; ErrImageNeverPull for `Never`) and looked for again."""
+        image = run.container.get("image", "")
+        if self.pods_from == "host":
+            run.image = images.dockerfile_config(image)
+            return
+        backoff = IMAGE_BACKOFF_SECONDS
+        while not run.terminating:
+            try:
+                run.image = images.store_config(image)
+                return
+            except images.ImageNotPresent as exc:
+                never = run.container.get("imagePullPolicy") == "Never"
+                reason = "ErrImageNeverPull" if never else "ErrImagePull"
+                message = (f'Container image "{image}" is not present with pull policy of Never' if never else
+                           f'failed to pull image "{image}": not in this node\'s image store ({exc}), and this node '
+                           "pulls from no registry (make images builds dtrain's)")
+                await self.report_waiting(run, reason, message)
+                await asyncio.sleep(backoff / 2)
+                if not never:
+                    await self.report_waiting(run, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+                await asyncio.sleep(backoff / 2)
+                backoff = min(backoff * 2, MAX_IMAGE_BACKOFF_SECONDS)
+        raise RuntimeError("deleted while its image was missing")
+
+    async def report_waiting(self, run: PodRun, reason: str, message: str) -> None:
+        if run.waiting == {"reason": reason, "message": message}:
+            return
+        run.waiting = {"reason": reason, "message": message}
+        await self.patch_status(run, {"phase": "Pending", "conditions": self._conditions(run, True),
+                                      "containerStatuses": self._container_status(run, {"waiting": run.waiting})})
+
+    def security(self, run: PodRun, root: str | None) -> tuple[dict[str, Any] | None, str | None]:
+        """(the user podinit becomes, or None to stay root in host mode; a CreateContainerConfigError message)."""
+        pod_context = run.pod["spec"].get("securityContext") or {}
+        context = {**pod_context, **(run.container.get("securityContext") or {})}
+        if root is None:
+            return None, None  # host mode: this machine's environment, as root (said in the docstring)
+        assert run.image is not None
+        image_uid, image_gid = images.resolve_user(root, run.image.user)
+        uid = context.get("runAsUser", image_uid if image_uid is not None else 0)
+        gid = context.get("runAsGroup", image_gid if image_gid is not None else 0)
+        pod_ref = f'pod: "{run.name}_{run.namespace}({run.uid})", container: {run.container["name"]}'
+        if context.get("runAsNonRoot"):
+            if "runAsUser" not in context and run.image.user and image_uid is None:
+                return None, (f"container has runAsNonRoot and image has non-numeric user ({run.image.user}), "
+                              f"cannot verify user is non-root ({pod_ref})")
+            if uid == 0:
+                return None, f"container has runAsNonRoot and image will run as root ({pod_ref})"
+        groups = [g for g in [pod_context.get("fsGroup"), *(pod_context.get("supplementalGroups") or [])] if g is not None]
+        return {"uid": uid, "gid": gid, "groups": groups}, None
+
+    def own_volumes(self, run: PodRun, mounts: list[dict[str, Any]], user: dict[str, Any]) -> None:
+        """fsGroup, as a kubelet applies it: the pod's writable volumes belong to the group, setgid, group-writable;
+        the termination-message file is the container user's."""
+        group = (run.pod["spec"].get("securityContext") or {}).get("fsGroup")
+        for mount in mounts:
+            source = mount.get("source")
+            if not source or not source.startswith(str(run.folder)):
+                continue  # claims: their PersistentVolume's own permissions, as for hostPath volumes
+            path = Path(source)
+            if mount["type"] == "file":
+                os.chown(path, user["uid"], user["gid"])
+                path.chmod(0o666)
+            elif group is not None and not mount.get("readOnly"):
+                for item in [path, *path.rglob("*")]:
+                    os.chown(item, -1, group)
+                    item.chmod(item.stat().st_mode | (0o2070 if item.is_dir() else 0o060))
+
+    async def prepare(self, run: PodRun) -> dict[str, Any]:
+        """Everything a start of the container needs, but its root filesystem (made at each start)."""
         spec, container, folder = run.pod["spec"], run.container, run.folder
         folder.mkdir(parents=True, exist_ok=True)
+        await self.pull(run)
+        assert run.image is not None
         run.net = network.PodNetwork(self.node, self.free.pop(0))
         run.net.create(self.hosts_for(run))
         volumes = PodVolumes(self.api, run.pod, folder, lambda path: self.field_value(run, path))
@@ -429,39 +538,45 @@ class Kubelet:
         termination.write_text("")
         mounts.append({"type": "file", "source": str(termination),
                        "target": container.get("terminationMessagePath", "/dev/termination-log")})
+        argv = images.argv(container, run.image)
+        if not argv:
+            raise RuntimeError(f"the container has no command, and its image {container.get('image')!r} none either")
+        host = self.pods_from == "host"
         home = folder / "home"
         home.mkdir(exist_ok=True)
-        argv = images.argv(container)
-        if not argv:
-            raise RuntimeError(f"the container has no command, and this kubelet knows no entrypoint of {container.get('image')!r}")
-        spec_file = folder / "podinit.json"
-        spec_file.write_text(json.dumps({
+        context = {**(spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
+        return {
             "hostname": spec.get("hostname") or run.name,
             "mounts": mounts,
-            "workingDir": container.get("workingDir") or str(home),
+            "workingDir": container.get("workingDir") or run.image.workdir or (str(home) if host else "/"),
             "argv": argv,
-            "env": await self.environment(run, volumes, home),
+            "env": await self.environment(run, volumes, str(home) if host else "/"),
             "ledger": str(self.node.folder / "created-mountpoints"),
             "devScratch": str(folder / "dev"),
-        }, indent=1))
-        return spec_file
+            "readOnlyRootFilesystem": bool(context.get("readOnlyRootFilesystem")),
+            "dropAllCapabilities": "ALL" in ((context.get("capabilities") or {}).get("drop") or []),
+            "noNewPrivileges": context.get("allowPrivilegeEscalation") is False,
+        }
 
-    async def environment(self, run: PodRun, volumes: PodVolumes, home: Path) -> dict[str, str]:
-        env = {
-            "PATH": f"{self.env_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(home),
+    async def environment(self, run: PodRun, volumes: PodVolumes, home: str) -> dict[str, str]:
+        assert run.image is not None
+        if self.pods_from == "host":
+            env = {"PATH": f"{self.env_bin}:{DEFAULT_PATH}", "HOME": home, "PYTHONUNBUFFERED": "1",
+                   "PYTHONDONTWRITEBYTECODE": "1"}
+            if os.environ.get("PYTHONPATH"):
+                env["PYTHONPATH"] = os.environ["PYTHONPATH"]  # a user's modules, "in the image"
+        else:
+            env = {"PATH": DEFAULT_PATH, "HOME": home, **run.image.env}
+        env.update({
             "HOSTNAME": run.pod["spec"].get("hostname") or run.name,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
             # No kube-proxy: the API server's own address stands for the kubernetes Service's ClusterIP.
             "KUBERNETES_SERVICE_HOST": layout.BRIDGE_ADDRESS,
             "KUBERNETES_SERVICE_PORT": str(layout.APISERVER_PORT),
             "KUBERNETES_SERVICE_PORT_HTTPS": str(layout.APISERVER_PORT),
             "KUBERNETES_PORT": f"tcp://{layout.BRIDGE_ADDRESS}:{layout.APISERVER_PORT}",
-        }
-        for name in ("OMP_NUM_THREADS", "PYTHONPATH"):
-            if os.environ.get(name):
-                env[name] = os.environ[name]
+        })
+        if os.environ.get("OMP_NUM_THREADS"):
+            env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]  # the node's CPU share: no cgroup limits here
         for var in run.container.get("env") or []:
             source = var.get("valueFrom") or {}
             if "fieldRef" in source:
@@ -614,9 +729,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cpu", default="4")
     parser.add_argument("--memory", default="16Gi")
     parser.add_argument("--gpus", type=int, default=0)
+    parser.add_argument("--pods-from", choices=("images", "host"), default="images")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kubelet = Kubelet(layout.Node(args.node), args.cpu, args.memory, args.gpus)
+    kubelet = Kubelet(layout.Node(args.node), args.cpu, args.memory, args.gpus, args.pods_from)
     loop = asyncio.new_event_loop()
     task = loop.create_task(kubelet.run())
     loop.add_signal_handler(signal.SIGTERM, task.cancel)

@@ -20,6 +20,13 @@ KUBECONFIG = STATE / "kubeconfig"
 CONFIG = STATE / "cluster.json"  # what `up` was asked for (nodes, GPUs), read by `status` and the kubelets
 
 KUBERNETES_VERSION = "v1.36.3"
+# Where `make images` puts dtrain's images (its default REGISTRY), tagged with the package's version.
+IMAGE_REGISTRY = "localhost/dtrain"
+
+
+def version() -> str:
+    """The package's version: the images' tag."""
+    return (REPO / "pyproject.toml").read_text().split('version = "', 1)[1].split('"', 1)[0]
 
 # The pods' network: a bridge in the machine's own network namespace, with the API server's address
 # on it; node i's pods get addresses in 10.250.i.0/24, all on the one /16. No route leaves it.

@@ -8,6 +8,7 @@ namespaces, as `make cluster` does.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ LOCALCLUSTER = [sys.executable, "-m", "localcluster"]
 
 
 def localcluster(*args: str) -> int:
-    return subprocess.run([*LOCALCLUSTER, *args], cwd=REPO / "tools" / "cluster", check=False).returncode
+    # E2E_PODS_FROM=host: containers from this machine's environment, for quick local loops.
+    env = {**os.environ, "PODS_FROM": os.environ.get("E2E_PODS_FROM") or "images"}
+    return subprocess.run([*LOCALCLUSTER, *args], cwd=REPO / "tools" / "cluster", check=False, env=env).returncode
 
 
 def main(argv: list[str]) -> int:

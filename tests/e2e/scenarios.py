@@ -24,7 +24,7 @@ from .kubelet import NODE_NAME, PODS
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
-SMALL_JOB = Path(__file__).with_name("small-job.yaml")
+SMALL_JOB = Path(__file__).parents[1] / "cluster" / "small-job.yaml"
 NS = RELEASE_NAMESPACE
 # Override of the quick start's length, for slower machines: only spec.trainer.maxSteps changes.
 QUICKSTART_STEPS_VARIABLE = "E2E_QUICKSTART_MAX_STEPS"

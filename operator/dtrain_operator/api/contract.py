@@ -126,6 +126,12 @@ ANNOTATION_STATE = f"{GROUP}/state"
 # On the DistributedTraining: `dtrain submit`'s per-GPU memory estimate of its spec (api/memory_estimate.py),
 # which the operator, having no torch to build the model, turns into the GPUMemoryExceeded condition.
 ANNOTATION_MEMORY_ESTIMATE = f"{GROUP}/memory-estimate"
+# The one dtrain.dev/ annotation a user writes (`dtrain submit`); every other is the operator's alone.
+USER_ANNOTATIONS: Final = (ANNOTATION_MEMORY_ESTIMATE,)
+
+
+def is_operator_annotation(key: str) -> bool:
+    return key.startswith(f"{GROUP}/") and key not in USER_ANNOTATIONS
 ROLE_WORKER = "worker"
 ROLE_ENGINE = "engine"
 

@@ -17,7 +17,7 @@ import yaml
 
 from dtrain_operator import api
 from dtrain_operator.api import contract, crd
-from dtrain_operator.api.validation import validate_object, validate_text
+from dtrain_operator.api.validation import EXIT_INVALID_JOB, validate_object, validate_text
 from dtrain_operator.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,16 +185,16 @@ def test_reserved_env_says_why():
     ],
 )
 def test_unparseable_documents(text, expected):
-    [result] = validate_text(text, "bad.yaml")
+    result = validate_text(text, "bad.yaml")
     assert any(expected in e for e in result.errors), result.errors
 
 
-def test_multi_document_file_reports_each_document():
+def test_a_file_of_several_jobs_is_refused_as_submit_and_run_refuse_it():
     good = yaml.safe_dump(base_job())
-    bad = yaml.safe_dump(with_spec("nodes", 0))
-    results = validate_text(good + "---\n" + bad, "two.yaml")
-    assert [r.source for r in results] == ["two.yaml#1", "two.yaml#2"]
-    assert results[0].errors == [] and results[1].errors
+    result = validate_text(good + "---\n" + good, "two.yaml")
+    assert (result.source, result.job, result.errors) == (
+        "two.yaml", None, ["holds 2 YAML documents; give one DistributedTraining per file"]
+    )
 
 
 def test_cli_validate_exit_codes(tmp_path, capsys):
@@ -203,10 +203,10 @@ def test_cli_validate_exit_codes(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(with_spec("nodes", 0)))
     assert cli.main(["validate", str(good)]) == 0
-    assert cli.main(["validate", str(good), str(bad)]) == 1
+    assert cli.main(["validate", str(good), str(bad)]) == EXIT_INVALID_JOB == 2
     err = capsys.readouterr().err
     assert "bad.yaml: spec.nodes:" in err
-    assert cli.main(["validate", str(tmp_path / "missing.yaml")]) == 1
+    assert cli.main(["validate", str(tmp_path / "missing.yaml")]) == EXIT_INVALID_JOB
     assert "cannot read the file" in capsys.readouterr().err
 
 
@@ -216,7 +216,7 @@ def test_cli_validate_never_prints_a_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "dtrain_operator.cli", "validate", str(bad)], capture_output=True, text=True, check=False
     )
-    assert proc.returncode == 1
+    assert proc.returncode == EXIT_INVALID_JOB
     assert "Traceback" not in proc.stderr and "YAML syntax error" in proc.stderr
 
 

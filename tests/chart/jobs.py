@@ -78,13 +78,13 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 
 def example_jobs() -> dict[str, DistributedTraining]:
-    """Every DistributedTraining in examples/*.yaml, by file (and document) name."""
+    """Every DistributedTraining in examples/*.yaml, by file name."""
     jobs: dict[str, DistributedTraining] = {}
     for path in EXAMPLES:
-        for result in validate_file(path):
-            assert not result.errors, f"{result.source}: {result.errors}"
-            assert result.job is not None
-            jobs[Path(result.source).name] = result.job
+        result = validate_file(path)
+        assert not result.errors, f"{result.source}: {result.errors}"
+        assert result.job is not None
+        jobs[Path(result.source).name] = result.job
     return jobs
 
 

@@ -144,11 +144,15 @@ CEL_REJECTS = {
     "engine without onnx": "spec: Invalid value: \"object\": engine.enabled needs export.onnx.enabled",
     "limitTrainBatches above one as fraction": "spec.trainer: Invalid value: \"object\": limitTrainBatches is a number",
     "name too long": "<nil>: Invalid value: \"object\": metadata.name must be a DNS-1035 label",
+    "node selector key not a label key": "spec.scheduling.nodeSelector: Invalid value: \"object\": every key must match",
+    "profile min above max": "spec.engine.profiles[0].inputs[x]: Invalid value: \"object\": min, opt and max need the same rank",
+    "profile ranks differ": "spec.engine.profiles[0].inputs[x]: Invalid value: \"object\": min, opt and max need the same rank",
+    "profile input name with a comma": "spec.engine.profiles[0].inputs: Invalid value: \"object\": every key must match",
     "name with capitals": "<nil>: Invalid value: \"object\": metadata.name must be a DNS-1035 label",
 }
 # Bad specs that only the model catches (the operator reports them in the Failed condition):
-# nothing in OpenAPI or CEL says "a quantity" or "not both ibDisable and env.NCCL_IB_DISABLE".
-MODEL_ONLY = {"nccl var twice", "bad quantity"}
+# no rule of the CRD says "not both ibDisable and env.NCCL_IB_DISABLE".
+MODEL_ONLY = {"nccl var twice"}
 BAD = {case: obj for case, obj, _ in BAD_SPECS}
 
 

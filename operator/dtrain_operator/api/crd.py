@@ -104,13 +104,18 @@ def _finish(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if key_pattern:
             out.setdefault("x-kubernetes-validations", []).append(
                 {
-                    "rule": f"self.all(k, k.matches('{key_pattern}'))",
+                    "rule": f"self.all(k, k.matches({_cel_string(key_pattern)}))",
                     "message": f"every key must match {key_pattern}",
                 }
             )
     if "items" in node:
         out["items"] = _structural(node["items"], defs)
     return out
+
+
+def _cel_string(text: str) -> str:
+    """`text` as a CEL string literal (a regex's backslashes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _immutability_rules(spec_schema: dict[str, Any]) -> list[dict[str, str]]:

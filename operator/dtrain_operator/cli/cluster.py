@@ -24,11 +24,11 @@ import yaml
 from dtrain_operator import api
 from dtrain_operator.api import records
 from dtrain_operator.api.results import EngineResults, TrainerResults
+from dtrain_operator.api.validation import EXIT_INVALID_JOB
 from dtrain_operator.client import Client, DtrainError, InvalidJob, ProgressUpdate
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_INVALID = 2
 WATCH_POLL_SECONDS = 2.0
 GET_COLUMNS = ("NAME", "PHASE", "NODES", "EPOCH", "IMG/S", "RESTARTS", "AGE", "LOSS", "ETA")
 
@@ -42,7 +42,7 @@ def _client(args: argparse.Namespace) -> Client:
 
 def _fail(error: DtrainError) -> int:
     print(f"error: {error}", file=sys.stderr)
-    return EXIT_INVALID if isinstance(error, InvalidJob) else EXIT_FAILED
+    return EXIT_INVALID_JOB if isinstance(error, InvalidJob) else EXIT_FAILED
 
 
 def stored(job: api.DistributedTraining) -> dict[str, Any]:

@@ -18,28 +18,28 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from dtrain_operator.api.validation import validate_file
+    from dtrain_operator.api.validation import EXIT_INVALID_JOB, validate_file
 
     failed = False
     estimate_code = 0
     for path in args.files:
-        for result in validate_file(path):
-            if result.errors:
-                failed = True
-                for error in result.errors:
-                    print(f"{result.source}: {error}", file=sys.stderr)
-            elif result.job is not None:
-                spec = result.job.spec
-                if not args.quiet:
-                    print(
-                        f"{result.source}: ok: DistributedTraining {result.job.name} "
-                        f"({spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es))"
-                    )
-                if args.estimate:
-                    from dtrain_trainer.memory_report import print_estimate
+        result = validate_file(path)
+        if result.errors:
+            failed = True
+            for error in result.errors:
+                print(f"{result.source}: {error}", file=sys.stderr)
+        elif result.job is not None:
+            spec = result.job.spec
+            if not args.quiet:
+                print(
+                    f"{result.source}: ok: DistributedTraining {result.job.name} "
+                    f"({spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es))"
+                )
+            if args.estimate:
+                from dtrain_trainer.memory_report import print_estimate
 
-                    estimate_code = max(estimate_code, print_estimate(result.job, args.gpu_memory))
-    return 1 if failed else estimate_code
+                estimate_code = max(estimate_code, print_estimate(result.job, args.gpu_memory))
+    return EXIT_INVALID_JOB if failed else estimate_code
 
 
 def _lazy(module: str, function: str = "main") -> Callable[[argparse.Namespace], int]:
@@ -121,7 +121,13 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p = sub.add_parser("crd", help="print the DistributedTraining CustomResourceDefinition (generated from the model)")
     p.set_defaults(func=_cmd_crd)
 
-    p = sub.add_parser("validate", help="check job files; one line per error naming the field")
+    p = sub.add_parser(
+        "validate",
+        help="check job files; one line per error naming the field",
+        description="Check each FILE (one DistributedTraining per file) as the API server and the operator would. "
+        "Exit codes: 0 every file valid, 2 a file invalid (as `dtrain submit` and `dtrain run` say it), "
+        "3 with --estimate when a batch does not fit.",
+    )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument(

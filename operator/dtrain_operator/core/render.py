@@ -20,9 +20,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 TRAINER_CONTAINER = "trainer"
 ENGINE_CONTAINER = "engine"
 RENDEZVOUS_PORT_NAME = "rendezvous"
-CONFIG_VOLUME = "dtrain-config"
-SHM_VOLUME = "dshm"
-STORAGE_VOLUME = "dtrain-storage"
 VOLCANO_SCHEDULER = "volcano"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -188,14 +185,14 @@ def _storage_volume(job: DistributedTraining) -> list[dict[str, Any]]:
     storage = job.spec.storage
     if storage is None:
         return []
-    return [{"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim_name}}]
+    return [{"name": contract.STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": storage.claim_name}}]
 
 
 def _storage_mount(job: DistributedTraining) -> list[dict[str, Any]]:
     storage = job.spec.storage
     if storage is None:
         return []
-    return [{"name": STORAGE_VOLUME, "mountPath": storage.mount_path}]
+    return [{"name": contract.STORAGE_VOLUME, "mountPath": storage.mount_path}]
 
 
 _CONTAINER_SECURITY = {
@@ -252,8 +249,8 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
         "env": worker_env(job, rank),
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
         "volumeMounts": [
-            {"name": CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True},
-            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True},
+            {"name": contract.SHM_VOLUME, "mountPath": contract.SHM_MOUNT_PATH},
             *_storage_mount(job),
             *spec.volume_mounts,
         ],
@@ -278,9 +275,9 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
         "securityContext": dict(_POD_SECURITY),
         "containers": [container],
         "volumes": [
-            {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}},
+            {"name": contract.CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}},
             # NCCL and DataLoader workers share memory through /dev/shm; the default 64 MiB is far too small.
-            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+            {"name": contract.SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             *_storage_volume(job),
             *spec.volumes,
         ],

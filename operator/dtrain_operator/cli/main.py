@@ -233,9 +233,9 @@ def _add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
         type=float,
         default=150.0,
         metavar="SECONDS",
-        help="a deleted worker pod still there this long after its deletion is stuck: it is named in a condition "
-        "and an Event, and force-deleted once its node stopped reporting (default 150; keep it above the pods' "
-        "termination grace period)",
+        help="a deleted worker pod still there this long after its grace period ended (its deletionTimestamp) is "
+        "stuck: it is named in a condition and an Event, and force-deleted once its node stopped reporting "
+        "(default 150: the kubelet has killed its processes by then, unless its node is gone)",
     )
     p.add_argument(
         "--image-pull-timeout",

@@ -36,6 +36,26 @@ _KEPT_KEYWORDS = (
     "x-kubernetes-validations",
 )
 _SCALAR_TYPES = (str, int, float, bool)
+# The columns of `kubectl get dtr` after NAME; `dtrain get` prints the same ones, then LOSS and ETA.
+PRINTER_COLUMNS: tuple[dict[str, str], ...] = (
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "Nodes",
+        "type": "string",
+        "jsonPath": ".status.nodesReady",
+        "description": "Running worker pods / all",
+    },
+    {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch"},
+    {"name": "Img/s", "type": "number", "jsonPath": ".status.progress.imagesPerSecond"},
+    {
+        "name": "Val",
+        "type": "string",
+        "jsonPath": ".status.progress.validation",
+        "description": "The first validation metric, e.g. val_loss=0.412",
+    },
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)
 
 
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -222,25 +242,7 @@ def crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {
-                            "name": "Nodes",
-                            "type": "string",
-                            "jsonPath": ".status.nodesReady",
-                            "description": "Running worker pods / all",
-                        },
-                        {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch"},
-                        {"name": "Img/s", "type": "number", "jsonPath": ".status.progress.imagesPerSecond"},
-                        {
-                            "name": "Val",
-                            "type": "string",
-                            "jsonPath": ".status.progress.validation",
-                            "description": "The first validation metric, e.g. val_loss=0.412",
-                        },
-                        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
+                    "additionalPrinterColumns": [dict(column) for column in PRINTER_COLUMNS],
                     "schema": {"openAPIV3Schema": openapi_schema()},
                 }
             ],

@@ -17,6 +17,13 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_api_docs(args: argparse.Namespace) -> int:
+    from dtrain_operator.api.reference import api_reference
+
+    sys.stdout.write(api_reference())
+    return 0
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from dtrain_operator.api.validation import validate_file
 
@@ -117,9 +124,11 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """crd and validate: the API, and job files checked against it."""
+    """crd, api-docs and validate: the API, and job files checked against it."""
     p = sub.add_parser("crd", help="print the DistributedTraining CustomResourceDefinition (generated from the model)")
     p.set_defaults(func=_cmd_crd)
+    p = sub.add_parser("api-docs", help="print the API reference in Markdown, docs/api.md (generated from the model)")
+    p.set_defaults(func=_cmd_api_docs)
 
     p = sub.add_parser("validate", help="check job files; one line per error naming the field")
     p.add_argument("files", nargs="+", metavar="FILE")

@@ -86,7 +86,7 @@ cluster-status:
 demo: $(INSTALLED)
 	OMP_NUM_THREADS=1 $(VENV)/bin/dtrain run examples/quickstart.yaml
 
-# Regenerate the CRD, the chart's CRD and manifests/ from the model and the chart.
+# Regenerate the CRD, the chart's CRD, docs/api.md and manifests/ from the model and the chart.
 manifests: $(INSTALLED) $(TOOLS)
 	$(PY) tools/generate_manifests.py
 

@@ -2,6 +2,7 @@
 """Generate the committed install files from their sources of truth.
 
 - the CRD, from the pydantic model (`dtrain crd`), into the chart (files/) and manifests/crd.yaml;
+- the API reference, docs/api.md, from the same model (`dtrain api-docs`);
 - manifests/dtrain-operator.yaml, from the chart with its default values (`helm template`);
 - manifests/namespace.yaml and manifests/kustomization.yaml, so that `kubectl apply -k manifests/`
   installs the operator into dtrain-system;
@@ -27,11 +28,13 @@ import sys
 from pathlib import Path
 
 from dtrain_operator.api.crd import crd_yaml
+from dtrain_operator.api.reference import api_reference
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHART_DIR = REPO_ROOT / "helm" / "dtrain-operator"
 CHART_CRD = CHART_DIR / "files" / "dtrain.dev_distributedtrainings.yaml"
 MANIFESTS_DIR = REPO_ROOT / "manifests"
+API_REFERENCE = REPO_ROOT / "docs" / "api.md"
 RELEASE_NAME = "dtrain"
 NAMESPACE = "dtrain-system"
 KUBERNETES_SCHEMAS = REPO_ROOT / "operator" / "dtrain_operator" / "api" / "kubernetes_schemas.json"
@@ -151,6 +154,7 @@ def expected_files() -> dict[Path, str]:
         MANIFESTS_DIR / "namespace.yaml": NAMESPACE_YAML,
         MANIFESTS_DIR / "dtrain-operator.yaml": render_operator(),
         MANIFESTS_DIR / "kustomization.yaml": KUSTOMIZATION_YAML,
+        API_REFERENCE: api_reference(),
     }
 
 

@@ -222,11 +222,16 @@ class _ProgressBehaviour:
                 found[name] = number
         return found
 
+    def _epoch(self, trainer: L.Trainer) -> int:
+        """The epoch of the latest batch: the final checkpoint is reported after the fit loop, when
+        current_epoch has moved one past the last epoch trained."""
+        return self.last_epoch if self.last_epoch is not None else trainer.current_epoch
+
     def _report(self, trainer: L.Trainer, epoch_end: bool) -> None:
         self._read_loss()
         metrics = self.metrics(trainer)
         self.reporter.progress(
-            epoch=trainer.current_epoch,
+            epoch=self._epoch(trainer),
             step=trainer.global_step,
             totalSteps=self.total_steps,
             loss=self.last_loss,
@@ -245,7 +250,7 @@ class _ProgressBehaviour:
         return {
             "loss": self.last_loss,
             "step": trainer.global_step,
-            "epoch": self.last_epoch if self.last_epoch is not None else trainer.current_epoch,
+            "epoch": self._epoch(trainer),
             "imagesPerSecond": self.meter.images_per_second(),
             "metrics": (metrics := self.metrics(trainer)),
             "validation": validation_text(metrics),

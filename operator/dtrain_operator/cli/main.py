@@ -17,6 +17,13 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_api_docs(args: argparse.Namespace) -> int:
+    from dtrain_operator.api.reference import api_reference
+
+    sys.stdout.write(api_reference())
+    return 0
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from dtrain_operator.api.validation import EXIT_INVALID_JOB, validate_file
 
@@ -117,9 +124,11 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """crd and validate: the API, and job files checked against it."""
+    """crd, api-docs and validate: the API, and job files checked against it."""
     p = sub.add_parser("crd", help="print the DistributedTraining CustomResourceDefinition (generated from the model)")
     p.set_defaults(func=_cmd_crd)
+    p = sub.add_parser("api-docs", help="print the API reference in Markdown, docs/api.md (generated from the model)")
+    p.set_defaults(func=_cmd_api_docs)
 
     p = sub.add_parser(
         "validate",
@@ -246,9 +255,9 @@ def _add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
         type=float,
         default=150.0,
         metavar="SECONDS",
-        help="a deleted worker pod still there this long after its deletion is stuck: it is named in a condition "
-        "and an Event, and force-deleted once its node stopped reporting (default 150; keep it above the pods' "
-        "termination grace period)",
+        help="a deleted worker pod still there this long after its grace period ended (its deletionTimestamp) is "
+        "stuck: it is named in a condition and an Event, and force-deleted once its node stopped reporting "
+        "(default 150: the kubelet has killed its processes by then, unless its node is gone)",
     )
     p.add_argument(
         "--image-pull-timeout",

@@ -44,6 +44,10 @@ INSTALL_HINT = (
     "install the operator (helm install dtrain helm/dtrain-operator -n dtrain-system --create-namespace, "
     "or kubectl apply -k manifests/), or pick the cluster that has it with --context"
 )
+# dtrain is not published to PyPI, where `pip install 'dtrain[client]'` would look for it: it installs
+# from a checkout of its repository or from a wheel built there.
+INSTALL_CLIENT = "pip install './[client]' in a checkout of dtrain, or its wheel with [client] (see docs/cluster.md)"
+UPGRADE_CLIENT = "pip install -U './[client]' in a newer checkout, or its wheel with [client]"
 
 
 def _worker_rank(pod: Mapping[str, Any]) -> int | None:
@@ -76,9 +80,7 @@ class Client:
         try:
             from kubernetes import client
         except ImportError as exc:
-            raise DtrainError(
-                "the dtrain client needs the kubernetes package: pip install 'dtrain[client]'"
-            ) from exc
+            raise DtrainError(f"the dtrain client needs the kubernetes package: {INSTALL_CLIENT}") from exc
         configuration, credential_namespace, self.credentials = load_configuration(
             str(kubeconfig) if kubeconfig else None, context
         )
@@ -295,7 +297,7 @@ class Client:
             first = format_validation_error(exc)[0]
             raise DtrainError(
                 f"the cluster's DistributedTraining {name} does not fit this dtrain's API model ({first}); "
-                "the operator there is probably newer: upgrade dtrain (pip install -U 'dtrain[client]')"
+                f"the operator there is probably newer: upgrade dtrain ({UPGRADE_CLIENT})"
             ) from exc
 
     # --- Waiting and progress ---------------------------------------------------------------------

@@ -178,6 +178,7 @@ class RealApi:
         self._audit = AuditLog(plane.audit_log)
         self._session: aiohttp.ClientSession | None = None
         self._watches: list[asyncio.Task[None]] = []
+        self.watch_restarts = 0  # the benchmark's watches, ended by the server and resumed
         self._cpu_at_start: dict[str, float] = {}
 
     async def __aenter__(self) -> Self:
@@ -237,24 +238,57 @@ class RealApi:
                 await asyncio.sleep(0.2)
 
     async def _watch(self, path: str, on_event: Callable[[str, dict[str, Any], float], None]) -> None:
-        """Returns once the server has started the watch (it sends its headers at once)."""
+        """Follow `path` as an informer does: list, then watch from the list's resourceVersion. Returns
+        once the server has started the watch (it sends its headers at once)."""
+        version = await self._list(path, on_event)
+        reply = await self._open_watch(path, version)
+        self._watches.append(asyncio.create_task(self._follow(path, reply, version, on_event), name=f"watch {path}"))
+
+    async def _list(self, path: str, on_event: Callable[[str, dict[str, Any], float], None]) -> str:
+        listed = await self._request("GET", path)
+        now = time.monotonic()
+        for item in listed["items"]:
+            on_event("ADDED", item, now)  # seen now, unless a watch saw it earlier
+        return str(listed["metadata"]["resourceVersion"])
+
+    async def _open_watch(self, path: str, version: str) -> aiohttp.ClientResponse:
         assert self._session is not None
         separator = "&" if "?" in path else "?"
-        reply = await self._session.get(f"{path}{separator}watch=1&timeoutSeconds=3600")
+        reply = await self._session.get(
+            f"{path}{separator}watch=1&allowWatchBookmarks=true&resourceVersion={version}&timeoutSeconds=3600"
+        )
         if reply.status != 200:
             raise RuntimeError(f"watch {path}: {reply.status} {await reply.text()}")
+        return reply
 
-        async def read() -> None:
+    async def _follow(
+        self, path: str, reply: aiohttp.ClientResponse, version: str,
+        on_event: Callable[[str, dict[str, Any], float], None],
+    ) -> None:
+        """Read the watch's events as they come; when the server ends it, watch again from the last
+        resourceVersion seen, as client-go's reflector does. kube-apiserver ends a watch whose reader
+        falls behind ("Forcing ... watcher close due to unresponsiveness" in its log), which a busy
+        2-core machine brings about; events after such a gap arrive late, as they would to any client.
+        A version too old to resume from (410 Gone) means listing again."""
+        while True:
+            gone = False
             async with reply:
-                async for line in reply.content:
-                    now = time.monotonic()
-                    event = json.loads(line)
-                    if event["type"] == "ERROR":
-                        raise RuntimeError(f"watch {path}: {event['object']}")
-                    on_event(event["type"], event["object"], now)
-            raise RuntimeError(f"the server ended the watch {path}")
-
-        self._watches.append(asyncio.create_task(read(), name=f"watch {path}"))
+                with contextlib.suppress(aiohttp.ClientPayloadError):  # a watch cut off mid-stream
+                    async for line in reply.content:
+                        now = time.monotonic()
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":
+                            if event["object"].get("code") == 410:
+                                gone = True
+                                break
+                            raise RuntimeError(f"watch {path}: {event['object']}")
+                        version = event["object"]["metadata"]["resourceVersion"]
+                        if event["type"] != "BOOKMARK":
+                            on_event(event["type"], event["object"], now)
+            self.watch_restarts += 1
+            if gone:
+                version = await self._list(path, on_event)
+            reply = await self._open_watch(path, version)
 
     def _on_job(self, event_type: str, job: dict[str, Any], now: float) -> None:
         meta = job["metadata"]
@@ -270,8 +304,8 @@ class RealApi:
             self.added_at.setdefault(("pods", meta["namespace"], meta["name"]), now)
         self._pods[meta["namespace"], meta["name"]] = pod
 
-    def check_watches(self) -> None:
-        """Raise what ended a watch, if one ended."""
+    def check(self) -> None:
+        """Raise what ended a watch of the benchmark's, if one ended for good."""
         for watch in self._watches:
             if watch.done():
                 watch.result()
@@ -304,7 +338,7 @@ class RealApi:
                             "application/merge-patch+json")
 
     def operator_requests(self) -> list[str]:
-        self.check_watches()
+        self.check()
         return self._audit.operator_requests()
 
     def _cpu(self) -> dict[str, float]:

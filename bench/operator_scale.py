@@ -104,6 +104,11 @@ class ApiUnderTest(Protocol):
     label: str  # what it is, for the table
     added_at: dict[tuple[str, str | None, str], float]  # (plural, namespace, name): when it first appeared
     phase_at: dict[tuple[str | None, str, str], float]  # (namespace, name, phase): when a job first had it
+    watch_restarts: int  # the benchmark's watches, ended by the server and resumed
+
+    def check(self) -> None:
+        """Raise what failed on the benchmark's side of the server (a watch), if anything did."""
+        ...
 
     async def start_operator(self, args: tuple[str, ...]) -> OperatorProcess: ...
 
@@ -133,8 +138,12 @@ class EmulatedApi:
         self.cluster = Cluster(server, workdir)
         self.added_at = server.added_at
         self.phase_at = server.phase_at
+        self.watch_restarts = 0  # it notes arrivals as it stores them: the benchmark holds no watch
         self._process = ProcessSampler(psutil.Process().pid)
         self._cpu_at_start = 0.0
+
+    def check(self) -> None:
+        pass
 
     async def start_operator(self, args: tuple[str, ...]) -> OperatorProcess:
         return await self.cluster.start_operator(*args)
@@ -206,9 +215,12 @@ def jobs_of(count: int) -> list[JobRef]:
     return [JobRef(NAMESPACES[i % len(NAMESPACES)], f"bench-{i:04d}") for i in range(count)]
 
 
-async def wait_until(check: Any, what: str, timeout: float, operator: OperatorProcess, interval: float = 0.05) -> None:
+async def wait_until(
+    check: Any, what: str, timeout: float, api: ApiUnderTest, operator: OperatorProcess, interval: float = 0.05
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
+        api.check()
         if not operator.running:
             raise SystemExit(f"the operator exited while waiting for {what}:\n{operator.log_tail()}")
         if time.monotonic() > deadline:
@@ -326,12 +338,14 @@ async def measure(
         lambda: all(pods_done_at(job) is not None for job in jobs) or kubelet_failed(),
         f"all pods of {len(jobs)} jobs",
         timeout,
+        api,
         operator,
     )
     await wait_until(
         lambda: all((job.namespace, job.name, "Running") in api.phase_at for job in jobs) or kubelet_failed(),
         f"all {len(jobs)} jobs Running",
         timeout,
+        api,
         operator,
     )
     await kubelet  # raises what the kubelet met, if anything
@@ -387,6 +401,7 @@ async def measure(
         "operator_peak_rss_mib": peak_rss,
         "server_cpu_seconds": server_cpu,
         "operator_error_log_lines": errors,
+        "benchmark_watch_restarts": api.watch_restarts,
         "targets": {
             "p99_create_to_pods_seconds": TARGET_P99_SECONDS,
             "request_ratio": TARGET_REQUEST_RATIO,
@@ -430,6 +445,7 @@ def tables(result: dict[str, Any]) -> str:
             ["operator peak RSS (MiB)", rss, rss_target],
             *server_cpu,
             ["operator ERROR log lines", result["operator_error_log_lines"], "0"],
+            ["the benchmark's watches, ended by the server and resumed", result["benchmark_watch_restarts"], ""],
         ],
     )
     minimum = result["minimum_by_kind"]

@@ -8,7 +8,6 @@ import os
 import signal
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,10 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools" / "cluster"))
-
 from localcluster import layout, pki
+
+REPO = Path(__file__).resolve().parents[2]
 
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
 T = TypeVar("T")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from localcluster import controlplane, layout, processes
 
 from dtrain_operator.api import contract
 
@@ -24,17 +25,14 @@ from .kube import (
     REPO,
     Failed,
     apply,
-    controlplane,
     eventually,
     get,
     items,
     kill,
     kubectl,
-    layout,
     link,
     pod_netns,
     pod_processes,
-    processes,
     request_with_token,
     status,
     throttle,

@@ -76,6 +76,15 @@ def test_throughput_leaves_out_warm_up_and_time_between_epochs() -> None:
     assert meter.images_per_second() == pytest.approx(8 * 64 / 4.0)
 
 
+def test_throughput_has_one_decimal_as_kubectl_shows_it() -> None:
+    clock = FakeClock()
+    meter = ThroughputMeter(warmup_batches=0, clock=clock)
+    meter.epoch_start()
+    clock.now += 7.0
+    meter.batch_done(images=1000)
+    assert meter.images_per_second() == 142.9
+
+
 def test_progress_is_rate_limited_and_events_are_not() -> None:
     clock = FakeClock()
     sink = ListSink()

@@ -58,7 +58,8 @@ class ThroughputMeter:
     def images_per_second(self) -> float | None:
         if self._images == 0 or self._seconds <= 0:
             return None
-        return self._images / self._seconds
+        # One decimal: what `kubectl get dtr` prints in IMG/S as it is (the column cannot format).
+        return round(self._images / self._seconds, 1)
 
 
 def batch_size_of(batch: Any) -> int | None:

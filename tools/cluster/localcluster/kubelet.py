@@ -79,6 +79,12 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _log_failure(task: asyncio.Task) -> None:
+    """A pod's task that failed is a kubelet bug: said in the log, never silent."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a pod's task failed", exc_info=task.exception())
+
+
 @dataclass
 class PodRun:
     uid: str
@@ -97,6 +103,8 @@ class PodRun:
     last_state: dict[str, Any] = field(default_factory=dict)
     image: images.ImageConfig | None = None
     waiting: dict[str, Any] = field(default_factory=dict)  # why the container is not running yet
+    pending_status: dict[str, Any] = field(default_factory=dict)  # not yet taken by the API server
+    status_sender: asyncio.Task | None = None
 
     @property
     def root_name(self) -> str:
@@ -195,7 +203,7 @@ class Kubelet:
                     await self.api.request("POST", lease_path.rsplit("/", 1)[0], lease)
                 await self.api.patch(f"/api/v1/nodes/{self.node.name}/status", {"status": self._node_status()},
                                      "strategic")
-            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except ApiError as exc:
                 log.warning("heartbeat: %s", exc)
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
@@ -238,6 +246,7 @@ class Kubelet:
                 run.task = asyncio.create_task(self._lost(run))
                 return
             run.task = asyncio.create_task(self.run_pod(run))
+            run.task.add_done_callback(_log_failure)
         run.pod = pod
         if meta.get("deletionTimestamp") and not run.terminating:
             run.terminating = True
@@ -252,8 +261,22 @@ class Kubelet:
     # --- One pod -----------------------------------------------------------------------------------
 
     async def patch_status(self, run: PodRun, status: dict[str, Any]) -> None:
-        with contextlib.suppress(ApiError):  # a pod deleted meanwhile: its status no longer matters
-            await self.api.patch(f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status", {"status": status})
+        """The pod's status, as the kubelet's status manager keeps it: the newest value of each field is
+        sent, again and again while the API server does not answer; a pod deleted meanwhile is left be."""
+        run.pending_status.update(status)
+        if run.status_sender is None or run.status_sender.done():
+            run.status_sender = asyncio.create_task(self._send_status(run))
+
+    async def _send_status(self, run: PodRun) -> None:
+        while run.pending_status:
+            status, run.pending_status = run.pending_status, {}
+            try:
+                await self.api.patch(f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status", {"status": status})
+            except ApiError as exc:
+                if not exc.transient:
+                    return  # 404: the pod is gone
+                run.pending_status = {**status, **run.pending_status}
+                await asyncio.sleep(1)
 
     def _container_status(self, run: PodRun, state: dict[str, Any]) -> list[dict[str, Any]]:
         container = run.container
@@ -645,10 +668,10 @@ class Kubelet:
         await self._remove(run.namespace, run.name, run.uid)
 
     async def _remove(self, namespace: str, name: str, uid: str) -> None:
-        """The kubelet's last word on a terminated pod: delete it with a zero grace period."""
+        """The kubelet's last word on a terminated pod: delete it with a zero grace period (through an
+        outage of the API server; 404 or a precondition that no longer holds: it is gone already)."""
         options = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
-        with contextlib.suppress(ApiError):
-            await self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", options)
+        await self.api.persist("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", options, gone=(404, 409))
 
     def kill_all(self, run: PodRun) -> None:
         for pid in run.all_pids():

@@ -440,7 +440,7 @@ def scenario_control_plane_outage(figures: Figures) -> None:
     """kube-apiserver, then etcd, stopped for 20 s each during training and started again: training goes
     on, the operator and the kubelets resynchronise, no restart is spent, nothing is lost."""
     name = "e2e-outage"
-    apply(small_job(name, trainer={**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 24}))
+    apply(small_job(name, trainer={**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 80}))
     eventually(lambda: progress_step(name) >= 4, f"{name}: training", 300)
     for component in ("kube-apiserver", "etcd"):
         before = progress_step(name)

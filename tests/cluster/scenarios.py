@@ -127,6 +127,11 @@ def scenario_quickstart(figures: Figures) -> None:
     nodes = {p["spec"].get("nodeName") for p in worker_pods(name)}
     if None in nodes or not nodes:
         raise Failed(f"workers not bound by the scheduler: {nodes}")
+    if pods_from_images():
+        # Each container's root is its image's (a buildah working container), not this machine's.
+        roots = {p["metadata"]["name"]: container_root(p) for p in worker_pods(name)}
+        if not all(root.startswith("/var/lib/containers/") for root in roots.values()):
+            raise Failed(f"a worker's container is not rooted in its image: {roots}")
     while_running = kubectl("get", "dtr", name, "-n", NS, "--no-headers").stdout.split()
     final = finished(name, TRAINING_TIMEOUT)
     figures["quick start through the operator (s)"] = time.monotonic() - created

@@ -47,6 +47,7 @@ import aiohttp.web
 
 from . import images, layout, network, pki
 from .api import Api, ApiError
+from .securitycontext import container_user
 from .volumes import PodVolumes, VolumeNotReady
 
 log = logging.getLogger("localcluster.kubelet")
@@ -341,7 +342,7 @@ class Kubelet:
         root = None
         if self.pods_from == "images":
             root = await asyncio.to_thread(images.mount_root, run.container["image"], run.root_name)
-        user, refused = self.security(run, root)
+        user, refused = (None, None) if root is None else container_user(run.pod, run.container, run.image.user, root)
         if refused:
             await self.report_waiting(run, "CreateContainerConfigError", refused)
             while not run.terminating:
@@ -496,26 +497,6 @@ class Kubelet:
         run.waiting = {"reason": reason, "message": message}
         await self.patch_status(run, {"phase": "Pending", "conditions": self._conditions(run, True),
                                       "containerStatuses": self._container_status(run, {"waiting": run.waiting})})
-
-    def security(self, run: PodRun, root: str | None) -> tuple[dict[str, Any] | None, str | None]:
-        """(the user podinit becomes, or None to stay root in host mode; a CreateContainerConfigError message)."""
-        pod_context = run.pod["spec"].get("securityContext") or {}
-        context = {**pod_context, **(run.container.get("securityContext") or {})}
-        if root is None:
-            return None, None  # host mode: this machine's environment, as root (said in the docstring)
-        assert run.image is not None
-        image_uid, image_gid = images.resolve_user(root, run.image.user)
-        uid = context.get("runAsUser", image_uid if image_uid is not None else 0)
-        gid = context.get("runAsGroup", image_gid if image_gid is not None else 0)
-        pod_ref = f'pod: "{run.name}_{run.namespace}({run.uid})", container: {run.container["name"]}'
-        if context.get("runAsNonRoot"):
-            if "runAsUser" not in context and run.image.user and image_uid is None:
-                return None, (f"container has runAsNonRoot and image has non-numeric user ({run.image.user}), "
-                              f"cannot verify user is non-root ({pod_ref})")
-            if uid == 0:
-                return None, f"container has runAsNonRoot and image will run as root ({pod_ref})"
-        groups = [g for g in [pod_context.get("fsGroup"), *(pod_context.get("supplementalGroups") or [])] if g is not None]
-        return {"uid": uid, "gid": gid, "groups": groups}, None
 
     def own_volumes(self, run: PodRun, mounts: list[dict[str, Any]], user: dict[str, Any]) -> None:
         """fsGroup, as a kubelet applies it: the pod's writable volumes belong to the group, setgid, group-writable;

@@ -5,10 +5,11 @@
 #   make cluster        a real Kubernetes control plane (upstream, built from its Go modules), NODES
 #                       kubelets and the operator, in the background (root); .cluster/kubeconfig
 #   make cluster NODES=3 GPUS_PER_NODE=1   more nodes, each with an nvidia.com/gpu count
+#   make cluster PODS_FROM=host   containers from this machine's .venv, not their images (quick loops)
 #   make cluster-down   stops it all and removes its state; make cluster-status says what runs
-#   make e2e    the scenarios on the real control plane (tests/cluster: starts one unless it runs), then
-#               those not yet moved there, on the API emulator (tests/e2e) (root)
-#   make e2e JOB=path/to/job.yaml   one job file through the same path
+#   make e2e    every end-to-end scenario on the real control plane (tests/cluster: starts one unless
+#               one runs, and stops it after) (root)
+#   make e2e JOB=path/to/job.yaml   one job file through kubectl apply on that cluster, to its end
 # Images (docker, podman or buildah, whichever is here; see tools/build-images.sh):
 #   make images REGISTRY=registry.example.com/ml VERSION=0.1.0
 #   make push   REGISTRY=registry.example.com/ml VERSION=0.1.0
@@ -33,6 +34,8 @@ VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 
 NODES ?= 2
 GPUS_PER_NODE ?= 0
+# images: each container from its image (built when missing); host: from this machine's .venv (quick loops).
+PODS_FROM ?= images
 LOCALCLUSTER := cd tools/cluster && OMP_NUM_THREADS=1 $(abspath $(PY)) -m localcluster
 
 install: $(INSTALLED)
@@ -69,15 +72,15 @@ test: lint $(TOOLS) $(S3SERVER)
 	OMP_NUM_THREADS=1 $(PY) -m pytest
 
 # Root and network namespaces (ip netns, veth, bridge): see the README's "End to end" section.
-# E2E_QUICKSTART_MAX_STEPS=N shortens the quick start scenario on a slow machine (maxSteps only).
+# E2E_QUICKSTART_MAX_STEPS=N shortens the quick start scenario on a slow machine (maxSteps only);
+# E2E_PODS_FROM=host runs the pods from this checkout's .venv instead of their images.
 e2e: $(INSTALLED) $(TOOLS)
 	bash tools/install-e2e-deps.sh
-	$(if $(JOB),,OMP_NUM_THREADS=1 $(PY) -m tests.cluster)
-	OMP_NUM_THREADS=1 $(PY) -m tests.e2e $(if $(JOB),--job $(JOB))
+	OMP_NUM_THREADS=1 $(PY) -m tests.cluster $(if $(JOB),--job $(JOB))
 
 cluster: $(INSTALLED) $(TOOLS)
 	bash tools/install-e2e-deps.sh
-	$(LOCALCLUSTER) up --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE)
+	$(LOCALCLUSTER) up --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) --pods-from $(PODS_FROM)
 
 cluster-down:
 	$(LOCALCLUSTER) down
@@ -88,7 +91,7 @@ cluster-status:
 demo: $(INSTALLED)
 	OMP_NUM_THREADS=1 $(VENV)/bin/dtrain run examples/quickstart.yaml
 
-# Regenerate the CRD, the chart's CRD and manifests/ from the model and the chart.
+# Regenerate the CRD, the chart's CRD, docs/api.md and manifests/ from the model and the chart.
 manifests: $(INSTALLED) $(TOOLS)
 	$(PY) tools/generate_manifests.py
 

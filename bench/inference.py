@@ -1,7 +1,7 @@
 """Inference: PyTorch eager vs ONNX Runtime on the CPU, and TensorRT fp16 vs PyTorch eager on a GPU.
 
-For ResNet-50 (224x224, 1,000 classes) and the quick-start model (resnet18, 64x64,
-10 classes), at batch 1 and 32: latency median and p99 per call, and throughput.
+For ResNet-50 (224x224, 1,000 classes) and the quick-start model (resnet18, 32x32,
+10 classes, as examples/quickstart.yaml trains it), at batch 1 and 32: latency median and p99 per call, and throughput.
 Models have random weights (nothing is downloaded). The ONNX file is the one dtrain
 exports at the end of training (`dtrain_trainer.export`), so the ONNX Runtime and
 TensorRT rows time exactly what a job produces. Every runtime's output is compared
@@ -44,7 +44,7 @@ class ModelCase:
 
 FULL_MODELS: tuple[ModelCase, ...] = (
     ModelCase("ResNet-50", "resnet50", 224, 1000),
-    ModelCase("quick-start (resnet18)", "resnet18", 64, 10),
+    ModelCase("quick-start (resnet18)", "resnet18", 32, 10),
 )
 SMOKE_MODELS: tuple[ModelCase, ...] = (ModelCase("smoke (resnet18)", "resnet18", 32, 10),)
 

@@ -58,7 +58,7 @@ KUBERNETES_FUNCTIONS: dict[str, Any] = {}
 # CEL's standard functions and macros (after macro expansion) that the rules may use.
 STANDARD_FUNCTIONS = {
     "_&&_", "_||_", "!_", "_?_:_", "_==_", "_!=_", "_<_", "_<=_", "_>_", "_>=_", "_+_", "_-_",
-    "@in", "@not_strictly_false", "size", "matches", "startsWith", "endsWith", "contains", "int", "double",
+    "@in", "@not_strictly_false", "_[_]", "size", "matches", "startsWith", "endsWith", "contains", "int", "double",
 }
 
 

@@ -1,4 +1,5 @@
-"""bench.operator_scale in smoke mode: the operator process creates the jobs' children over HTTP and is counted."""
+"""bench.operator_scale in smoke mode: the operator process creates the jobs' children over HTTP and is counted,
+against the operator tests' API emulator and, where the control plane is built, against kube-apiserver and etcd."""
 
 from __future__ import annotations
 
@@ -6,16 +7,31 @@ from pathlib import Path
 
 import pytest
 
+from bench.control_plane import binary_dir
 from tests.bench.smoke import run_smoke, table_header
+
+BUILT = (binary_dir() / "controlplane").exists()
 
 
 @pytest.mark.slow
-def test_operator_scale_smoke(tmp_path: Path) -> None:
-    run = run_smoke("bench.operator_scale", tmp_path / "operator_scale.json", "--workdir", str(tmp_path / "run"))
+@pytest.mark.parametrize(
+    "apiserver",
+    [
+        "emulator",
+        # No Go build in `make test`: the real server runs where `make cluster` has built it.
+        pytest.param("real", marks=pytest.mark.skipif(not BUILT, reason="the control plane is not built (make cluster)")),
+    ],
+)
+def test_operator_scale_smoke(tmp_path: Path, apiserver: str) -> None:
+    run = run_smoke(
+        "bench.operator_scale", tmp_path / "operator_scale.json", "--apiserver", apiserver,
+        "--workdir", str(tmp_path / "run"),
+    )
 
     assert table_header(run.stdout) == ["measure", "value", "target"]
     results = run.results
     assert results["benchmark"] == "operator_scale"
+    assert results["apiserver"]["kind"] == apiserver
     assert results["scenario"]["jobs"] == 4 and results["scenario"]["nodes"] == 2
     for key in ("create_to_pods_seconds", "pods_running_to_job_running_seconds"):
         assert {"p50", "p99", "max"} <= results[key].keys()
@@ -23,9 +39,9 @@ def test_operator_scale_smoke(tmp_path: Path) -> None:
         "all_jobs_have_pods_after_seconds", "requests_per_job", "minimum_requests_per_job", "request_ratio",
         "status_patches_per_job", "requests_per_job_by_kind", "operator_cpu_seconds", "operator_peak_rss_mib",
     } <= results.keys()
-    # The API server counted the operator creating every job's Service, ConfigMap and 2 pods.
-    by_kind = results["requests_per_job_by_kind"]
-    assert by_kind["create services"] >= 1 and by_kind["create configmaps"] >= 1 and by_kind["create pods"] >= 2
+    # The API server counted the operator creating every job's Service, ConfigMap and 2 pods; so did the operator.
+    for by_kind in (results["requests_per_job_by_kind"], results["operator_metrics_requests_per_job_by_kind"]):
+        assert by_kind["create services"] >= 1 and by_kind["create configmaps"] >= 1 and by_kind["create pods"] >= 2
     # A Service, a ConfigMap, 2 pods, 2 status patches and 2 patches of the operator's record.
     assert results["minimum_requests_per_job"] == 1 + 1 + 2 + 2 + 2
     assert results["operator_peak_rss_mib"] > 0

@@ -78,15 +78,15 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 
 def example_jobs() -> dict[str, DistributedTraining]:
-    """Every DistributedTraining in examples/*.yaml, by file (and document) name."""
+    """Every DistributedTraining in examples/*.yaml, by file name."""
     jobs: dict[str, DistributedTraining] = {}
     for path in EXAMPLES:
         # As `dtrain run` reads them: the quick start and lit-model have no spec.storage, which a cluster asks for
         # (tests/unit/test_storage.py); their pods render with the pod-local emptyDir, still worth checking.
-        for result in validate_file(path, cluster=False):
-            assert not result.errors, f"{result.source}: {result.errors}"
-            assert result.job is not None
-            jobs[Path(result.source).name] = result.job
+        result = validate_file(path, cluster=False)
+        assert not result.errors, f"{result.source}: {result.errors}"
+        assert result.job is not None
+        jobs[Path(result.source).name] = result.job
     return jobs
 
 

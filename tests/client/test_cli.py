@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from dtrain_operator.api import DistributedTraining, memory_estimate
+from dtrain_operator.api import DistributedTraining, crd, memory_estimate
 from dtrain_operator.cli.cluster import GET_COLUMNS, age
 from dtrain_operator.controller.status import gpu_memory
 from tests.builders import a_cpu_job
@@ -118,16 +118,20 @@ async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster
     # 60 steps left at 128 images a step (batch 32 x 2 nodes x accumulation 2), 256 img/s: 30 s.
     await cluster.patch_job(NS, "beta", {"spec": {"trainer": {"accumulateGradBatches": 2}}})
     await cluster.patch_job_status(NS, "beta", {"phase": "Running", "nodesReady": "2/2", "restarts": 1, "progress": {
-        "epoch": 1, "step": 40, "totalSteps": 100, "loss": 0.123456, "imagesPerSecond": 256.0}})
+        "epoch": 1, "step": 40, "totalSteps": 100, "loss": 0.123456, "imagesPerSecond": 256.0,
+        "validation": "val_loss=0.412"}})
 
     result = await dtrain(cluster, "get")
     assert result.code == 0, result.err
     header, alpha, beta = (line.split() for line in result.out.splitlines())
     assert header == list(GET_COLUMNS)
-    assert header[:7] == ["NAME", "PHASE", "NODES", "EPOCH", "IMG/S", "RESTARTS", "AGE"]  # as `kubectl get dtr`
+    # The CRD's printer columns, as `kubectl get dtr` prints them, then LOSS and ETA.
+    printer = [c["name"].upper() for c in crd.crd()["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert header == ["NAME", *printer, "LOSS", "ETA"]
+    assert header[:8] == ["NAME", "PHASE", "NODES", "EPOCH", "IMG/S", "VAL", "RESTARTS", "AGE"]
     assert alpha[:2] == ["alpha", "0"] and alpha[2].endswith("s")  # nothing reported yet: empty, as kubectl
-    assert beta[:6] == ["beta", "Running", "2/2", "1", "256", "1"]
-    assert beta[7:] == ["0.1235", "00:30"]
+    assert beta[:7] == ["beta", "Running", "2/2", "1", "256", "val_loss=0.412", "1"]
+    assert beta[8:] == ["0.1235", "00:30"]
 
     one = await dtrain(cluster, "get", "beta", "-o", "yaml")
     obj = yaml.safe_load(one.out)

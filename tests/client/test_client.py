@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from dtrain_operator.client import (
     AlreadyExists,
     Client,
     ConnectionFailed,
+    DtrainError,
     InvalidJob,
     NoCrdError,
     NotFound,
@@ -246,8 +248,17 @@ async def test_no_answer_and_no_credentials(tmp_path: Path, monkeypatch: pytest.
 
 async def test_a_job_from_a_newer_operator_is_a_clear_error(cluster: Cluster):
     await cluster.apply({**a_cpu_job("future").as_dict(), "spec": {"nodes": 1, "quantumAccelerator": True}})
-    with pytest.raises(Exception, match="does not fit this dtrain's API model .*quantumAccelerator.*upgrade dtrain"):
+    with pytest.raises(Exception, match="does not fit this dtrain's API model .*quantumAccelerator.*upgrade dtrain") as error:
         await call(client_of(cluster).get, "future")
+    # dtrain is not on PyPI: the way to upgrade is from a checkout or a wheel, never `pip install dtrain`.
+    assert "pip install -U './[client]'" in str(error.value) and "'dtrain[client]'" not in str(error.value)
+
+
+def test_without_the_client_extra_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # what `import kubernetes` meets where it is not installed
+    with pytest.raises(DtrainError) as error:
+        Client()
+    assert "pip install './[client]'" in str(error.value) and "'dtrain[client]'" not in str(error.value)
 
 
 def test_in_a_pod_the_service_account_and_its_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -8,30 +8,56 @@ namespaces, as `make cluster` does.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 
-from .kube import REPO, layout
+import yaml
+
+from .kube import REPO, eventually, kubectl, layout, status
 from .scenarios import CLAIM, NS, SCENARIOS
 
 LOCALCLUSTER = [sys.executable, "-m", "localcluster"]
 
 
 def localcluster(*args: str) -> int:
-    return subprocess.run([*LOCALCLUSTER, *args], cwd=REPO / "tools" / "cluster", check=False).returncode
+    # E2E_PODS_FROM=host: containers from this machine's environment, for quick local loops.
+    env = {**os.environ, "PODS_FROM": os.environ.get("E2E_PODS_FROM") or "images"}
+    return subprocess.run([*LOCALCLUSTER, *args], cwd=REPO / "tools" / "cluster", check=False, env=env).returncode
+
+
+def run_file(path: str) -> int:
+    """`make e2e JOB=FILE`: the file through kubectl apply, as a user applies it (nothing added)."""
+    job = yaml.safe_load(Path(path).read_text())
+    name, namespace = job["metadata"]["name"], job["metadata"].get("namespace") or NS
+    kubectl("apply", "-n", namespace, "-f", path)
+    final = eventually(lambda: status(name, namespace).get("phase") in ("Succeeded", "Failed")
+                       and status(name, namespace), f"{name} to finish", 3600, every=2)
+    print(kubectl("get", "dtr", name, "-n", namespace).stdout)
+    print(json.dumps(final, indent=2))
+    return 0 if final["phase"] == "Succeeded" else 1
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=[key for key, _, _ in SCENARIOS])
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    parser.add_argument("--job", metavar="FILE", help="apply this job file as it is, follow it to its end, print its status")
     args = parser.parse_args(argv)
     started_here = localcluster("status") != 0
     if started_here and localcluster("up") != 0:
         print("e2e (cluster): FAILED: the cluster did not start (above)")
         return 1
+    if args.job:
+        try:
+            return run_file(args.job)
+        finally:
+            if started_here and not args.keep:
+                localcluster("down")
     results, figures = [], {}
     begin = time.monotonic()
     try:

@@ -8,7 +8,6 @@ import os
 import signal
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,10 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools" / "cluster"))
-
 from localcluster import layout, pki
+
+REPO = Path(__file__).resolve().parents[2]
 
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
 T = TypeVar("T")
@@ -141,6 +139,24 @@ def trainer_pids(pod: dict[str, Any]) -> list[int]:
                 pids.append(pid)
             todo.extend(int(c) for c in children)
     return pids
+
+
+def pod_netns(pod: dict[str, Any]) -> str:
+    """The network namespace the kubelet made for a pod (named after its address, network.py)."""
+    _, _, node, index = pod["status"]["podIP"].split(".")
+    return f"{layout.NETNS_PREFIX}{node}-{index}"
+
+
+def link(pod: dict[str, Any], up: bool) -> None:
+    """The pod's link up or down (a cut cable, a dead switch port)."""
+    subprocess.run(["ip", "-n", pod_netns(pod), "link", "set", "eth0", "up" if up else "down"], check=True)
+
+
+def throttle(pod: dict[str, Any], megabits_per_second: int) -> None:
+    """The pod sends at most this fast: a token bucket (`tc tbf`) on its eth0 (netem needs sch_netem,
+    which not every kernel has); the queue is long enough that nothing is lost."""
+    subprocess.run(["ip", "netns", "exec", pod_netns(pod), "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                    "rate", f"{megabits_per_second}mbit", "burst", "256kb", "limit", "16mb"], check=True)
 
 
 def kill(pids: list[int], sig: int = signal.SIGKILL) -> None:

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
+from localcluster import controlplane, layout, processes
 
 from dtrain_operator.api import contract
 
@@ -24,8 +30,12 @@ from .kube import (
     items,
     kill,
     kubectl,
+    link,
+    pod_netns,
+    pod_processes,
     request_with_token,
     status,
+    throttle,
     token_kubeconfig,
     trainer_pids,
     user_kubeconfig,
@@ -33,10 +43,15 @@ from .kube import (
 )
 
 NS = "default"
-SMALL_JOB = REPO / "tests" / "e2e" / "small-job.yaml"
+SMALL_JOB = REPO / "tests" / "cluster" / "small-job.yaml"
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+QUICKSTART_STEPS_VARIABLE = "E2E_QUICKSTART_MAX_STEPS"
+TRAINING_TIMEOUT = 900.0
+ENGINE_RESOURCES = {"limits": {"cpu": "1", "memory": "4Gi"}}
 CLAIM = "e2e-data"
-TRAINER_IMAGE = "localhost/dtrain/dtrain-trainer:0.1.0"
-ENGINE_IMAGE = "localhost/dtrain/dtrain-engine:0.1.0"
+TRAINER_IMAGE = f"{layout.IMAGE_REGISTRY}/dtrain-trainer:{layout.version()}"
+ENGINE_IMAGE = f"{layout.IMAGE_REGISTRY}/dtrain-engine:{layout.version()}"
+USER_IMAGE = f"{layout.IMAGE_REGISTRY}/e2e-lit-model:{layout.version()}"
 Figures = dict[str, float]
 
 
@@ -56,7 +71,7 @@ def with_engine(job: dict[str, Any]) -> dict[str, Any]:
     job = copy.deepcopy(job)
     job["spec"]["export"] = {"onnx": {"enabled": True, "opset": 17, "dynamicBatch": True}}
     job["spec"]["engine"] = {"enabled": True, "image": ENGINE_IMAGE, "precision": "fp32", "maxBatch": 8,
-                             "fallback": "onnxruntime", "resources": {"limits": {"cpu": "1", "memory": "4Gi"}}}
+                             "fallback": "onnxruntime", "resources": ENGINE_RESOURCES}
     return job
 
 
@@ -80,33 +95,76 @@ def children(name: str) -> list[str]:
     return found
 
 
-def scenario_users_path(figures: Figures) -> None:
+def quickstart_job() -> dict[str, Any]:
+    """examples/quickstart.yaml as the README's cluster walkthrough has a user complete it: the images, the
+    shared claim, per-job folders on it, the engine's ONNX Runtime fallback; maxSteps only when
+    E2E_QUICKSTART_MAX_STEPS says so (a slow machine)."""
+    job = yaml.safe_load(QUICKSTART.read_text())
+    job["metadata"]["namespace"] = NS
+    name = job["metadata"]["name"]
+    job["spec"].update(image=TRAINER_IMAGE, storage={"claimName": CLAIM},
+                       checkpoint={**job["spec"]["checkpoint"], "dir": f"/workspace/{name}/checkpoints"},
+                       artifacts={"dir": f"/workspace/{name}/artifacts"})
+    job["spec"]["engine"].update(image=ENGINE_IMAGE, fallback="onnxruntime", resources=ENGINE_RESOURCES)
+    if os.environ.get(QUICKSTART_STEPS_VARIABLE):
+        job["spec"]["trainer"]["maxSteps"] = int(os.environ[QUICKSTART_STEPS_VARIABLE])
+    return job
+
+
+def scenario_quickstart(figures: Figures) -> None:
     """kubectl apply → the CRD's schema → the operator → pods bound by the scheduler → training → status
     → kubectl get dtr (the server's printer columns) → the engine Job (the Job controller's pod) →
-    kubectl delete dtr → every child removed by the garbage collector."""
-    name = "e2e-path"
+    kubectl delete dtr → every child removed by the garbage collector; then the same file with dtrain run."""
+    job = quickstart_job()
+    name = job["metadata"]["name"]
     created = time.monotonic()
-    apply(with_engine(small_job(name)))
-    eventually(lambda: progress_step(name) > 0, f"{name}: training", 300)
-    figures["create → training (s)"] = time.monotonic() - created
+    apply(job)
+    eventually(lambda: len([p for p in worker_pods(name) if p["status"].get("phase") == "Running"]) == 2,
+               f"{name}: both workers Running", 300)
+    figures["create → all pods Running (s)"] = time.monotonic() - created
+    eventually(lambda: progress_step(name) > 0, f"{name}: the first training step", 300)
+    figures["create → first training step (s)"] = time.monotonic() - created
     nodes = {p["spec"].get("nodeName") for p in worker_pods(name)}
     if None in nodes or not nodes:
         raise Failed(f"workers not bound by the scheduler: {nodes}")
-    final = finished(name)
+    if pods_from_images():
+        # Each container's root is its image's (a buildah working container), not this machine's.
+        roots = {p["metadata"]["name"]: container_root(p) for p in worker_pods(name)}
+        if not all(root.startswith("/var/lib/containers/") for root in roots.values()):
+            raise Failed(f"a worker's container is not rooted in its image: {roots}")
+    while_running = kubectl("get", "dtr", name, "-n", NS, "--no-headers").stdout.split()
+    final = finished(name, TRAINING_TIMEOUT)
+    figures["quick start through the operator (s)"] = time.monotonic() - created
     engine_jobs = items("jobs.batch", NS, f"{contract.LABEL_JOB_NAME}={name}")
     if not engine_jobs or not any(c["type"] == "Complete" and c["status"] == "True"
                                   for c in engine_jobs[0].get("status", {}).get("conditions", [])):
         raise Failed(f"the engine Job did not complete: {json.dumps(engine_jobs)[:500]}")
-    artifacts = final.get("artifacts") or {}
-    if not str(artifacts.get("onnx", "")).endswith("model.onnx"):
-        raise Failed(f"no model.onnx in status.artifacts: {artifacts}")
+    claim = layout.VOLUMES / NS / CLAIM / name / "artifacts"
+    for artifact in (contract.ONNX_FILE_NAME, contract.ENGINE_REPORT_FILE_NAME):
+        if not (claim / artifact).is_file() or artifact not in json.dumps(final.get("artifacts") or {}):
+            raise Failed(f"{artifact} is not on the claim ({claim}) and in status.artifacts: {final.get('artifacts')}")
+    if json.loads((claim / contract.ENGINE_REPORT_FILE_NAME).read_text()).get("engine") is not None:
+        raise Failed("no TensorRT here: the fallback writes no engine")
     table = kubectl("get", "dtr", name, "-n", NS).stdout
-    if "Succeeded" not in table or "PHASE" not in table:
-        raise Failed(f"kubectl get dtr shows:\n{table}")
     print(table, end="")
-    print(f"workers on {sorted(nodes)}; engine Job {engine_jobs[0]['metadata']['name']} Complete")
+    print(f"while Running: {while_running}; workers on {sorted(nodes)}; engine Job "
+          f"{engine_jobs[0]['metadata']['name']} Complete")
     kubectl("delete", "dtr", name, "-n", NS, "--wait=true", "--timeout=120s")
     eventually(lambda: not children(name), f"{name}: the garbage collector removing every child", 120)
+    # The same file on this machine with dtrain run, measured in the same run.
+    local = yaml.safe_load(QUICKSTART.read_text())
+    if os.environ.get(QUICKSTART_STEPS_VARIABLE):
+        local["spec"]["trainer"]["maxSteps"] = int(os.environ[QUICKSTART_STEPS_VARIABLE])
+    with tempfile.TemporaryDirectory(prefix="dtrain-e2e-run-") as folder:
+        path = Path(folder) / "quickstart.yaml"
+        path.write_text(yaml.safe_dump(local))
+        start = time.monotonic()
+        result = subprocess.run([str(Path(sys.executable).parent / "dtrain"), "run", str(path), "--workdir",
+                                 str(Path(folder) / "run")], capture_output=True, text=True, check=False,
+                                timeout=TRAINING_TIMEOUT)
+        if result.returncode != 0:
+            raise Failed(f"dtrain run failed ({result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}")
+        figures["quick start with dtrain run (s)"] = time.monotonic() - start
 
 
 def scenario_worker_killed(figures: Figures) -> None:
@@ -131,6 +189,333 @@ def scenario_worker_killed(figures: Figures) -> None:
     if final["restarts"] != 1:
         raise Failed(f"restarts {final['restarts']}, expected 1")
     kubectl("delete", "dtr", name, "-n", NS, "--wait=false")
+
+
+def checkpoint_step(name: str) -> int:
+    return int((status(name).get("lastCheckpoint") or {}).get("step") or 0)
+
+
+def running_gang(name: str, nodes: int = 2, generation: int | None = None) -> list[dict[str, Any]] | None:
+    pods = [p for p in worker_pods(name) if p["status"].get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+            and (generation is None or p["metadata"]["labels"].get(contract.LABEL_GANG_GENERATION) == str(generation))]
+    return pods if len(pods) == nodes else None
+
+
+def pod(name: str) -> dict[str, Any]:
+    found = get("pod", name, NS)
+    if found is None:
+        raise Failed(f"no pod {name}")
+    return found
+
+
+def events(name: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in items("events", NS) if e["involvedObject"].get("name") == name and e["reason"] == reason]
+
+
+def condition(name: str, kind: str) -> dict[str, Any]:
+    return next((c for c in status(name).get("conditions") or [] if c["type"] == kind), {})
+
+
+def delete(name: str) -> None:
+    kubectl("delete", "dtr", name, "-n", NS, "--wait=false", check=False)
+
+
+def scenario_network_cut(figures: Figures) -> None:
+    name = "e2e-netcut"
+    job = small_job(name)
+    timeout = job["spec"]["nccl"]["timeoutSeconds"]
+    apply(job)
+    eventually(lambda: checkpoint_step(name) >= 8, f"{name}: a checkpoint at step 8 or later", 300)
+    link(pod(f"{name}-1"), up=False)
+    cut = time.monotonic()
+    eventually(lambda: status(name).get("restarts") == 1, f"{name}: a gang restart after the cut", timeout + 60)
+    eventually(lambda: running_gang(name, generation=1), f"{name}: the new gang Running", 120)
+    elapsed = time.monotonic() - cut
+    final = finished(name)
+    # A collective times out after timeoutSeconds, the pod fails and the operator replaces the gang;
+    # the kubelet's SIGTERM-to-exit and the new pods' start come on top.
+    if elapsed > timeout + 60:
+        raise Failed(f"the gang took {elapsed:.0f} s to restart after the cut (timeout {timeout} s)")
+    if final["restarts"] != 1:
+        raise Failed(f"restarts {final['restarts']}, expected 1")
+    figures["network cut → gang restarted (s)"] = elapsed
+    delete(name)
+
+
+def scenario_hang(figures: Figures) -> None:
+    """A link cut with a long collective timeout: the progress deadline restarts the gang, not the timeout."""
+    name = "e2e-hang"
+    job = small_job(name)
+    job["spec"]["nccl"]["timeoutSeconds"] = 600
+    job["spec"]["runPolicy"]["progressDeadlineSeconds"] = 30
+    apply(job)
+    eventually(lambda: checkpoint_step(name) >= 8, f"{name}: a checkpoint at step 8 or later", 300)
+    link(pod(f"{name}-1"), up=False)
+    cut = time.monotonic()
+    eventually(lambda: status(name).get("restarts") == 1, f"{name}: a gang restart after the hang", 150)
+    decided = time.monotonic()
+    restarting = condition(name, "Restarting")
+    eventually(lambda: running_gang(name, generation=1), f"{name}: the new gang Running", 120)
+    restarted = time.monotonic()
+    final = finished(name)
+    if restarting.get("reason") != "ProgressDeadlineExceeded":
+        raise Failed(f"restarted for {restarting}")
+    if final["restarts"] != 1:
+        raise Failed(f"restarts {final['restarts']}, expected 1")
+    figures["hang (link cut) → restart decided (s), collective timeout 600 s"] = decided - cut
+    figures["hang (link cut) → new gang running (s)"] = restarted - cut
+    delete(name)
+
+
+def scenario_straggler(figures: Figures) -> None:
+    """One pod's link slowed (tc tbf on its eth0): the Straggler condition and Warning Event name that pod."""
+    name, slowed = "e2e-slow", "e2e-slow-1"
+    # Three ranks: a rank's link time is its two ring neighbours' fetches from it, so a slow one stands out.
+    apply(small_job(name, nodes=3, stragglers={"everyNSteps": 2, "factor": 1.5, "window": 3}))
+    eventually(lambda: progress_step(name) >= 8, f"{name}: training", 300)
+    if events(name, "Straggler"):
+        raise Failed(f"a straggler named before any link was slowed: {events(name, 'Straggler')}")
+    victim = pod(slowed)
+    throttle(victim, 1000)
+    applied = time.monotonic()
+    event = eventually(lambda: next(iter(events(name, "Straggler")), None), f"{name}: a Straggler Warning Event", 180)
+    figures["link slowed (to 1000 Mbit/s) → straggler Event (s)"] = time.monotonic() - applied
+    message = event["message"]
+    if event["type"] != "Warning" or f"(pod {slowed} on node {victim['spec']['nodeName']})" not in message:
+        raise Failed(f"the Event does not name {slowed} and its node: {message}")
+    if any(other in message for other in (f"{name}-0", f"{name}-2")) or "its link time" not in message:
+        raise Failed(f"the Event names another pod, or not the link: {message}")
+    if f"pod {slowed} " not in condition(name, "Straggler").get("message", ""):
+        raise Failed(f"the Straggler condition: {condition(name, 'Straggler')}")
+    delete(name)
+
+
+def scenario_wrong_interface(figures: Figures) -> None:
+    """nccl.socketIfname names an interface the pods lack: the job fails in pre-flight, not in a hang."""
+    name = "e2e-iface"
+    job = small_job(name)
+    job["spec"]["nccl"]["socketIfname"] = "ens9f7"
+    apply(job)
+    eventually(lambda: running_gang(name, generation=0), f"{name}: the gang Running", 300)
+    running = time.monotonic()
+    final = eventually(lambda: status(name).get("phase") in ("Succeeded", "Failed") and status(name), f"{name} finished", 120)
+    failed = next(c for c in final["conditions"] if c["type"] == "Failed") if final["phase"] == "Failed" else {}
+    if failed.get("reason") != "InvalidTrainerConfig" or "NCCL_SOCKET_IFNAME=ens9f7" not in failed.get("message", ""):
+        raise Failed(f"expected InvalidTrainerConfig naming NCCL_SOCKET_IFNAME=ens9f7: {final}")
+    if final["restarts"] != 0:
+        raise Failed(f"restarts {final['restarts']}")
+    figures["wrong interface → job failed, from Running (s)"] = time.monotonic() - running
+    delete(name)
+
+
+def operator_pods() -> list[dict[str, Any]]:
+    return [p for p in items("pods", "dtrain-system", "app.kubernetes.io/name=dtrain-operator")
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def lease_holder() -> str:
+    lease = get("lease", "dtrain-operator", "dtrain-system") or {}
+    return (lease.get("spec") or {}).get("holderIdentity") or ""
+
+
+def scenario_operator_killed(figures: Figures) -> None:
+    """The operator's process SIGKILLed mid-training: its container restarts (the kubelet), nothing is created twice."""
+    name = "e2e-opkill"
+    apply(small_job(name))
+    eventually(lambda: progress_step(name) >= 4, f"{name}: training", 300)
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(name)}
+    (operator,) = operator_pods()
+    kill(pod_processes(operator))
+    killed = time.monotonic()
+    step_while_down = progress_step(name)
+    eventually(lambda: (o := operator_pods()) and o[0]["status"]["containerStatuses"][0]["restartCount"] >= 1
+               and o[0]["status"]["containerStatuses"][0]["ready"], "the operator's container restarted and ready", 180)
+    figures["operator killed → its container ready again (s)"] = time.monotonic() - killed
+    final = finished(name)
+    if final["restarts"] != 0:
+        raise Failed(f"a restart after the operator's restart: {final['restarts']}")
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(name)}
+    if any(after.get(n, uid) != uid for n, uid in uids.items()):
+        raise Failed(f"a worker pod was created again: {uids} → {after}")
+    if (final.get("progress") or {}).get("step", 0) <= step_while_down:
+        raise Failed("no progress after the operator came back")
+    delete(name)
+
+
+def scenario_suspend_resume(figures: Figures) -> None:
+    name = "e2e-suspend"
+    apply(small_job(name))
+    eventually(lambda: checkpoint_step(name) >= 8, f"{name}: a checkpoint at step 8 or later", 300)
+    kubectl("patch", "dtr", name, "-n", NS, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    suspended = time.monotonic()
+    eventually(lambda: status(name).get("phase") == "Suspended", f"{name} Suspended", 60)
+    eventually(lambda: not worker_pods(name), f"{name}: every worker pod gone", 90)
+    figures["suspend → every pod gone (s)"] = time.monotonic() - suspended
+    kept = checkpoint_step(name)
+    kubectl("patch", "dtr", name, "-n", NS, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    logs = eventually(lambda: (text := kubectl("logs", f"{name}-0", "-n", NS, check=False).stdout)
+                      and "resumed from" in text and text, f"{name}: resumed", 300)
+    resumed = int(re.search(r"resumed from \S+ at step (\d+)", logs).group(1))
+    if resumed != kept:
+        raise Failed(f"resumed at step {resumed}, the last checkpoint was at step {kept}")
+    finished(name)
+    delete(name)
+
+
+def scenario_delete(figures: Figures) -> None:
+    name = "e2e-delete"
+    apply(small_job(name))
+    eventually(lambda: progress_step(name) >= 2, f"{name}: training", 300)
+    pods = worker_pods(name)
+    pids = [pid for p in pods for pid in pod_processes(p)]
+    namespaces = {pod_netns(p) for p in pods}
+    if not pids:
+        raise Failed("no processes to stop")
+    kubectl("delete", "dtr", name, "-n", NS, "--wait=false")
+    deleted = time.monotonic()
+    eventually(lambda: not [p for p in pids if Path(f"/proc/{p}").exists()], f"{name}: every process gone", 60)
+    figures["job deleted → every process gone (s)"] = time.monotonic() - deleted
+    eventually(lambda: not (namespaces & set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+                                            .stdout.split())), f"{name}: the pods' network namespaces removed", 30)
+    eventually(lambda: get("dtr", name, NS) is None and not children(name), f"{name}: the job and its children gone", 60)
+
+
+def scenario_engine_backoff(figures: Figures) -> None:
+    """An engine build that fails (int8 needs a quantized model): the Job controller retries backoffLimit
+    times, the Job fails with BackoffLimitExceeded, the DistributedTraining fails with the engine's message."""
+    name = "e2e-engine"
+    job = with_engine(small_job(name, trainer={**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 1}))
+    job["spec"]["engine"].update(precision="int8", maxBatch=4, backoffLimit=1)
+    apply(job)
+    final = eventually(lambda: status(name).get("phase") in ("Succeeded", "Failed") and status(name), f"{name} finished",
+                       TRAINING_TIMEOUT)
+    if final["phase"] != "Failed" or "int8" not in json.dumps(final.get("conditions")):
+        raise Failed(f"expected Failed with the engine's message: {json.dumps(final)[:800]}")
+    (engine_job,) = items("jobs.batch", NS, f"{contract.LABEL_JOB_NAME}={name}")
+    reasons = {c["type"]: c.get("reason") for c in engine_job["status"].get("conditions") or []}
+    if reasons.get("Failed") != "BackoffLimitExceeded":
+        raise Failed(f"the engine Job: {reasons}")
+    attempts = items("pods", NS, f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_ENGINE}")
+    if len(attempts) != 2:
+        raise Failed(f"backoffLimit 1 means 2 attempts, saw {len(attempts)}")
+    delete(name)
+
+
+def helm_upgrade(*values: str) -> None:
+    result = subprocess.run([str(REPO / ".tools" / "bin" / "helm"), f"--kubeconfig={layout.KUBECONFIG}", "upgrade",
+                             "dtrain", str(REPO / "helm" / "dtrain-operator"), "-n", "dtrain-system", "--reuse-values",
+                             *[f"--set={v}" for v in values], "--wait", "--timeout=5m"],
+                            capture_output=True, text=True, check=False, timeout=400)
+    if result.returncode != 0:
+        raise Failed(f"helm upgrade {values}: {result.stderr.strip()}")
+
+
+def scenario_leader_failover(figures: Figures) -> None:
+    """Two operator replicas on real Leases: the leader's pod force-deleted (its node lost: no goodbye, and
+    no restart of its container, which would take its own Lease back at once), the standby takes over
+    when the Lease expires, and the job goes on without a restart."""
+    name = "e2e-failover"
+    helm_upgrade("replicas=2")
+    try:
+        eventually(lambda: len([p for p in operator_pods() if p["status"].get("containerStatuses", [{}])[0].get("ready")])
+                   == 2, "two ready operator replicas", 180)
+        apply(small_job(name))
+        eventually(lambda: progress_step(name) >= 4, f"{name}: training", 300)
+        leader = lease_holder()
+        kubectl("delete", "pod", leader, "-n", "dtrain-system", "--grace-period=0", "--force")
+        killed = time.monotonic()
+        eventually(lambda: lease_holder() not in ("", leader), "another replica holding the Lease", 120, every=0.2)
+        figures["operator leader's pod lost → the standby leads (s)"] = time.monotonic() - killed
+        final = finished(name)
+        if final["restarts"] != 0:
+            raise Failed(f"a restart across the failover: {final['restarts']}")
+    finally:
+        helm_upgrade("replicas=1")
+        delete(name)
+
+
+def stop_and_start(component: str, seconds: float) -> None:
+    processes.stop(component)
+    time.sleep(seconds)
+    {"kube-apiserver": controlplane.start_apiserver, "etcd": controlplane.start_etcd}[component]()
+
+
+def scenario_control_plane_outage(figures: Figures) -> None:
+    """kube-apiserver, then etcd, stopped for 20 s each during training and started again: training goes
+    on, the operator and the kubelets resynchronise, no restart is spent, nothing is lost."""
+    name = "e2e-outage"
+    apply(small_job(name, trainer={**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 80}))
+    eventually(lambda: progress_step(name) >= 4, f"{name}: training", 300)
+    for component in ("kube-apiserver", "etcd"):
+        before = progress_step(name)
+        stopped = time.monotonic()
+        stop_and_start(component, 20)
+        eventually(lambda before=before: progress_step(name) > before + 2,
+                   f"{name}: progress reported again after {component}", 180)
+        figures[f"{component} stopped 20 s → progress reported again (s, from the stop)"] = time.monotonic() - stopped
+    final = finished(name)
+    if final["restarts"] != 0:
+        raise Failed(f"{final['restarts']} restarts spent on the outages")
+    delete(name)
+
+
+def pods_from_images() -> bool:
+    return json.loads(layout.CONFIG.read_text()).get("podsFrom") == "images"
+
+
+def container_root(target: dict[str, Any]) -> str:
+    """The root directory the pod's container process sees, on the machine's side (/proc/PID/root)."""
+    for pid in pod_processes(target):  # unshare; its child is the container's PID 1
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return os.readlink(f"/proc/{children[0]}/root")
+    return ""
+
+
+def scenario_user_image(figures: Figures) -> None:
+    """The README's way to bring one's own model: an image FROM the trainer image (examples/Containerfile),
+    a job naming it and the class; it trains to Succeeded, its container rooted in that image."""
+    if not pods_from_images():
+        print("pods run from this machine's environment (PODS_FROM=host): the user's image is not used")
+        return
+    built = subprocess.run(["buildah", "build", "--isolation", "chroot", "--layers", "-f", "examples/Containerfile",
+                            "--build-arg", f"TRAINER_IMAGE={TRAINER_IMAGE}", "-t", USER_IMAGE, "examples"],
+                           cwd=REPO, capture_output=True, text=True, check=False, timeout=900)
+    if built.returncode != 0:
+        raise Failed(f"buildah build of examples/Containerfile: {built.stderr[-1500:]}")
+    name = "e2e-user"
+    job = small_job(name, image=USER_IMAGE, model={"classPath": "lit_model.LitModel",
+                                                   "initArgs": {"num_classes": 4, "lr": 0.001}})
+    job["spec"]["trainer"]["maxEpochs"] = 2
+    apply(job)
+    eventually(lambda: running_gang(name), f"{name}: the gang Running", 300)
+    root = container_root(pod(f"{name}-0"))
+    if not root or root == "/" or not Path(root, "home", "dtrain", "models", "lit_model.py").is_file():
+        raise Failed(f"{name}-0's container is not rooted in its image: {root!r}")
+    finished(name)
+    delete(name)
+
+
+def scenario_image_missing(figures: Figures) -> None:
+    """A job naming an image that is in no store: ErrImagePull, then ImagePullBackOff, and the operator says so."""
+    if not pods_from_images():
+        print("pods run from this machine's environment (PODS_FROM=host): no image is pulled")
+        return
+    name = "e2e-noimage"
+    apply(small_job(name, image=f"{layout.IMAGE_REGISTRY}/no-such-trainer:1"))
+    reasons: set[str] = set()
+
+    def seen() -> bool:
+        for target in worker_pods(name):
+            for container in target["status"].get("containerStatuses") or []:
+                reasons.add((container["state"].get("waiting") or {}).get("reason", ""))
+        return {"ErrImagePull", "ImagePullBackOff"} <= reasons
+    eventually(seen, f"{name}: ErrImagePull and ImagePullBackOff (seen: {reasons})", 120)
+    said = eventually(lambda: [c for c in status(name).get("conditions") or [] if "image" in c.get("message", "").lower()
+                               and c.get("status") == "True"], f"{name}: a condition naming the image", 180)
+    print(f"the operator's condition: {said[0]['type']}: {said[0]['message'][:200]}")
+    delete(name)
 
 
 def _refused(result, *fragments: str) -> None:
@@ -235,7 +620,21 @@ def scenario_crd_refusals(figures: Figures) -> None:
 SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("crd-refusals", "what the CRD refuses at kubectl apply, with the API server's own message", scenario_crd_refusals),
     ("forged-record", "the operator's record: refused at the API with a user's own credentials", scenario_forged_record),
-    ("users-path", "kubectl apply → training → engine Job → kubectl delete (garbage collection)", scenario_users_path),
+    ("quickstart", "the quick start: kubectl apply → training → engine Job → kubectl delete; then dtrain run",
+     scenario_quickstart),
     ("worker-kill", "worker SIGKILL → gang restart → resume at the checkpoint", scenario_worker_killed),
+    ("network-cut", "network cut → restart within the collective timeout", scenario_network_cut),
+    ("hang", "a hang (link cut, long collective timeout) → progress deadline → gang restart", scenario_hang),
+    ("straggler", "one pod's link slowed (tc tbf) → the straggler Event names that pod", scenario_straggler),
+    ("wrong-interface", "a wrong nccl.socketIfname → the job fails in pre-flight", scenario_wrong_interface),
+    ("operator-kill", "the operator's process SIGKILLed → its container restarts, nothing created twice",
+     scenario_operator_killed),
+    ("suspend", "suspend and resume", scenario_suspend_resume),
+    ("delete", "delete → every process gone, the pods' network namespaces removed", scenario_delete),
+    ("engine-backoff", "engine Job failing → retried up to its backoffLimit → job Failed", scenario_engine_backoff),
     ("tokens", "the trainer's and the operator's tokens, as RBAC and the admission policies judge them", scenario_tokens),
+    ("user-image", "a user's image FROM the trainer image (examples/Containerfile) trains to Succeeded", scenario_user_image),
+    ("image-missing", "an image in no store → ErrImagePull, ImagePullBackOff, the operator's condition", scenario_image_missing),
+    ("leader-failover", "two operator replicas: the leader's pod lost → the standby leads", scenario_leader_failover),
+    ("control-plane-outage", "kube-apiserver, then etcd, stopped for 20 s during training", scenario_control_plane_outage),
 ]

@@ -66,6 +66,13 @@ def test_each_image_runs_as_its_own_non_root_user(name, uid):
     assert done.stdout.strip() == str(uid)
 
 
+def test_the_trainer_images_dtrain_command_works_and_says_what_it_lacks():
+    validated = run(in_image("trainer", ["dtrain", "crd"], read_only=True))
+    assert validated.returncode == 0 and "kind: CustomResourceDefinition" in validated.stdout, validated.stderr
+    missing = run(in_image("trainer", ["dtrain", "operator"], read_only=True))
+    assert missing.returncode == 127 and "not in this image" in missing.stderr and "Traceback" not in missing.stderr
+
+
 # --- The operator image --------------------------------------------------------------------------
 
 

@@ -8,7 +8,8 @@ operator relies on real API-server behaviour. Each extension is small and stands
   event log), as the API server's watch cache does; without one, the current objects come as ADDED;
   `timeoutSeconds` ends the stream;
 - lists and watches filter by `labelSelector`; lists carry `kind` and `apiVersion`;
-- DELETE honours `preconditions.uid` (409) and finalizers (`deletionTimestamp`), and deleting an
+- DELETE honours `preconditions.uid` (409) and finalizers (`deletionTimestamp`; a pod's is the
+  request's time plus its grace period, with `deletionGracePeriodSeconds`), and deleting an
   object deletes its dependents (ownerReferences: the garbage collector, background propagation);
   a pod held by the test kubelet's graceful termination (KUBELET_FINALIZER, see kubelet.py) goes at
   once on a force delete (`gracePeriodSeconds: 0`), as a real pod whose kubelet no longer confirms;
@@ -74,8 +75,27 @@ CLUSTER_SCOPED = {"namespaces"}
 NAMESPACES = kmock.resource("v1/namespaces")
 
 
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_rfc3339(later_seconds: float = 0) -> str:
+    moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=later_seconds)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# A pod's terminationGracePeriodSeconds when its spec has none (the API server's default).
+DEFAULT_POD_GRACE_SECONDS = 30
+
+
+def deletion_marks(resource: Any, raw: dict[str, Any], grace_option: Any) -> dict[str, Any]:
+    """What a graceful delete writes on an object its finalizers keep. For a pod, as the API server's pod
+    strategy does: the grace period asked for, else the pod's own, and a deletionTimestamp that far ahead,
+    when the kubelet kills what is left; anything else is marked at the time of the request."""
+    if getattr(resource, "plural", None) != "pods":
+        marks: dict[str, Any] = {"deletionTimestamp": now_rfc3339()}
+        if isinstance(grace_option, int):
+            marks["deletionGracePeriodSeconds"] = grace_option
+        return marks
+    own = (raw.get("spec") or {}).get("terminationGracePeriodSeconds")
+    grace = grace_option if isinstance(grace_option, int) else own if isinstance(own, int) else DEFAULT_POD_GRACE_SECONDS
+    return {"deletionTimestamp": now_rfc3339(grace), "deletionGracePeriodSeconds": grace}
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -467,10 +487,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 meta["finalizers"] = [f for f in meta["finalizers"] if f != KUBELET_FINALIZER]
             if meta.get("finalizers"):
                 if not meta.get("deletionTimestamp"):
-                    marks: dict[str, Any] = {"deletionTimestamp": now_rfc3339()}
-                    if isinstance(options.get("gracePeriodSeconds"), int):
-                        # As the API server does: the kubelet honours it over terminationGracePeriodSeconds.
-                        marks["deletionGracePeriodSeconds"] = options["gracePeriodSeconds"]
+                    # The kubelet honours deletionGracePeriodSeconds over terminationGracePeriodSeconds.
+                    marks = deletion_marks(request.resource, raw, options.get("gracePeriodSeconds"))
                     raw = merge_patch(raw, {"metadata": marks})
                     raw["metadata"]["resourceVersion"] = str(self._next_rv())
                     self._store(key, raw)
@@ -494,7 +512,7 @@ class ApiServer(kmock.KubernetesEmulator):
         for dep_key, obj in dependents:
             dependent = dict(obj.last.raw)
             if (dependent.get("metadata") or {}).get("finalizers"):
-                dependent = merge_patch(dependent, {"metadata": {"deletionTimestamp": now_rfc3339()}})
+                dependent = merge_patch(dependent, {"metadata": deletion_marks(dep_key[0], dependent, None)})
                 dependent["metadata"]["resourceVersion"] = str(self._next_rv())
                 self._store(dep_key, dependent)
                 self._emit("MODIFIED", dep_key[0], dependent)

@@ -39,6 +39,12 @@ class Cause:
         return f"{self.field}: {self.message}"
 
 
+def _go_search(pattern: str, value: str) -> bool:
+    """re.search with Go's `$` (the API server's): the end of the text, not also the place before a
+    final newline, so that "16Gi\\n" fails a quantity's pattern here as it does there."""
+    return re.search(re.sub(r"(?<!\\)\$", r"\\Z", pattern), value) is not None
+
+
 def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -147,7 +153,7 @@ class StructuralSchema:
                 causes.append(Cause(path, "FieldValueTooLong", f"Too long: may not be more than {schema['maxLength']} bytes"))
             if "minLength" in schema and len(value) < schema["minLength"]:
                 causes.append(Cause(path, "FieldValueInvalid", f"Invalid value: {_shown(value)}: {path} in body should be at least {schema['minLength']} chars long"))
-            if "pattern" in schema and not re.search(schema["pattern"], value):
+            if "pattern" in schema and not _go_search(schema["pattern"], value):
                 causes.append(Cause(path, "FieldValueInvalid", f"Invalid value: {_shown(value)}: {path} in body should match '{schema['pattern']}'"))
         if isinstance(value, list):
             if "maxItems" in schema and len(value) > schema["maxItems"]:

@@ -5,6 +5,7 @@ graceful termination holds them (kubelet.py)."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
@@ -127,9 +128,15 @@ async def test_a_stale_exporting_stage_from_the_previous_gang_is_not_the_new_gan
     await operated.phase(NS, "twice", "Exporting")
 
 
+def seconds_between(earlier: str, later: str) -> float:
+    """Between two RFC 3339 times of the API server."""
+    return (datetime.fromisoformat(later.replace("Z", "+00:00")) - datetime.fromisoformat(earlier.replace("Z", "+00:00"))).total_seconds()
+
+
 async def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_and_goes_on(cluster: Cluster):
     await cluster.start_operator("--stuck-terminating-timeout=2")
-    await cluster.apply(a_cpu_job("stranded").with_nodes(2).as_dict())
+    # The timeout counts from the end of the grace period (the pod's deletionTimestamp), never within it.
+    await cluster.apply(a_cpu_job("stranded").with_nodes(2).with_spec(terminationGracePeriodSeconds=15).as_dict())
     pods = await cluster.run_all(NS, "stranded", 2)
     await cluster.phase(NS, "stranded", "Running")
     await kubelet.hold_all(cluster, NS, pods)
@@ -137,14 +144,21 @@ async def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_and_goes_on(
     await kubelet.node_lost(cluster, NS, "stranded-0")
     await cluster.exit(NS, "stranded-1", 1, "RuntimeError: Connection reset by peer")
     await cluster.phase(NS, "stranded", "Restarting")
+    deleted = await cluster.eventually(
+        lambda: cluster.pod(NS, "stranded-0")["metadata"].get("deletionTimestamp") and cluster.pod(NS, "stranded-0"),
+        "stranded-0 deleted",
+    )
+    grace_ends = deleted["metadata"]["deletionTimestamp"]
+    assert deleted["metadata"]["deletionGracePeriodSeconds"] == 15
     await kubelet.finish_termination(cluster, NS, "stranded-1", exit_code=1)
 
     # The stuck pod is named (the condition is short-lived here: the pod is force-deleted at once).
     condition = await cluster.eventually(
         lambda: next(iter(condition_history(cluster, NS, "stranded", "PodsStuckTerminating", "True")), None),
-        "the PodsStuckTerminating condition", timeout=15,
+        "the PodsStuckTerminating condition", timeout=30,
     )
-    assert condition["message"].startswith("stranded-0: deleted more than 2 s ago")
+    assert condition["message"].startswith("stranded-0: still terminating 2 s after the end of the grace period")
+    assert seconds_between(grace_ends, condition["lastTransitionTime"]) >= 2
     events = await cluster.eventually(
         lambda: [e for e in cluster.events(NS, "stranded") if e["reason"] == "PodsStuckTerminating"], "its Event"
     )

@@ -118,13 +118,19 @@ async def test_the_api_server_refuses_a_change_to_an_immutable_field(operated: C
 
 
 async def test_a_change_to_an_immutable_field_is_reported_not_applied(operated: Cluster):
-    """Free-form fields (volumes, affinity) have no CEL transition rule (their cost cannot be bounded):
-    the operator compares them with the spec it accepted and reports a change instead of applying it."""
+    """The API server refuses an edit of volumes or of a running job's scheduling (the CRD's transition
+    rules); one stored anyway (a CRD from before those rules) is compared by the operator with the spec
+    it accepted and reported instead of applied."""
     await operated.apply(a_cpu_job("fixed").with_nodes(2).as_dict())
     await operated.run_all(NS, "fixed", 2)
     await operated.phase(NS, "fixed", "Running")
 
     volume = {"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}
+    with pytest.raises(AssertionError, match=r"422 .*spec.volumes is immutable"):
+        await operated.patch_job(NS, "fixed", {"spec": {"volumes": [volume]}})
+    with pytest.raises(AssertionError, match=r"422 .*spec.scheduling may change only while the job is suspended"):
+        await operated.patch_job(NS, "fixed", {"spec": {"scheduling": {"affinity": {"nodeAffinity": {}}}}})
+    operated.without_crd_validation()
     await operated.patch_job(NS, "fixed", {"spec": {"volumes": [volume], "scheduling": {"affinity": {"nodeAffinity": {}}}}})
     condition = await operated.eventually(
         lambda: (c := operated.condition(NS, "fixed", "SpecImmutable")) and c["status"] == "True" and c,

@@ -13,15 +13,20 @@ from .conftest import read_jsonl, run_trainer, trainer_config, write_config
 pytestmark = pytest.mark.slow
 
 
-def test_the_last_records_say_the_last_epoch(tmp_path: Path) -> None:
+# Every 2 steps, the last step (4) is saved in the loop; every 3, once more after it (on_train_end).
+@pytest.mark.parametrize("every_n_steps", [2, 3])
+def test_the_last_records_say_the_last_epoch(tmp_path: Path, every_n_steps: int) -> None:
     config = trainer_config(
         tmp_path, data={"initArgs": {"num_samples": 16}}, trainer={"maxSteps": -1, "maxEpochs": 2}
     )
+    config["checkpoint"]["everyNSteps"] = every_n_steps
     progress = tmp_path / "progress.jsonl"
     run = run_trainer(write_config(tmp_path, config), DTRAIN_PROGRESS_SINK=f"jsonl:{progress}")
     assert run.returncode == 0, run.stderr
     records = read_jsonl(progress)
-    last_progress = [r for r in records if r["event"] == "progress"][-1]
+    progress_records = [r for r in records if r["event"] == "progress"]
+    assert max(r["epoch"] for r in progress_records) == 1
+    last_progress = progress_records[-1]
     assert last_progress["stage"] == "exporting" and last_progress["epoch"] == 1
     assert records[-1]["event"] == "finished" and (records[-1]["epoch"], records[-1]["step"]) == (1, 4)
     view = ProgressView(started=0.0)

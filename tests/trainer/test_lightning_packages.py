@@ -11,7 +11,8 @@ import pytorch_lightning
 import torch
 
 from dtrain_trainer import flavor
-from dtrain_trainer.data import SyntheticImageDataModule
+from dtrain_trainer.data import ImageFolderDataModule, SyntheticImageDataModule
+from dtrain_trainer.digits import DigitsDataModule
 from dtrain_trainer.models import ImageClassifier
 
 from .conftest import USER_DATA, USER_MODEL, read_jsonl, run_trainer, trainer_config, write_config
@@ -97,3 +98,24 @@ def test_a_model_and_data_on_different_packages_is_an_error_naming_both() -> Non
     message = str(error.value)
     assert "mypkg.ClassicModel is built on pytorch_lightning" in message
     assert "mypkg.NewData on lightning.pytorch" in message
+
+
+@pytest.mark.parametrize("data", [SyntheticImageDataModule, ImageFolderDataModule, DigitsDataModule],
+                         ids=lambda cls: cls.__name__)
+def test_every_builtin_data_module_follows_a_pytorch_lightning_model(data: type) -> None:
+    """A LitModel written `import pytorch_lightning as pl` trains on any built-in data (docs/models.md)."""
+
+    class ClassicModel(pytorch_lightning.LightningModule):
+        pass
+
+    chosen, _, data_cls = flavor.resolve(ClassicModel, data, "mypkg.ClassicModel", data.__name__)
+    assert chosen.name == flavor.PYTORCH_LIGHTNING
+    assert issubclass(data_cls, pytorch_lightning.LightningDataModule) and data_cls.__name__ == data.__name__
+
+
+def test_the_digits_on_pytorch_lightning_give_their_validation_batches() -> None:
+    digits_cls = flavor.rebased(DigitsDataModule, flavor.PYTORCH_LIGHTNING, "LightningDataModule")
+    digits = digits_cls(image_size=8, batch_size=16)
+    digits.setup("fit")
+    images, labels = next(iter(digits.val_dataloader()))
+    assert images.shape == (16, 3, 8, 8) and labels.shape == (16,)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import yaml
 from dtrain_trainer.memory import (
     ActivationModel,
     estimate_from,
+    estimate_job,
     fit,
     measure_activations,
     optimizer_slots,
@@ -21,6 +23,7 @@ from dtrain_trainer.memory import (
     state_bytes,
     usable_bytes,
 )
+from dtrain_trainer.models import ImageClassifier
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -122,3 +125,33 @@ def test_validate_estimate_prints_a_verdict(tmp_path):
     )
     assert small.returncode == 3, small.stdout + small.stderr
     assert "does NOT fit" in small.stdout and "fits instead" in small.stdout
+
+
+@pytest.mark.parametrize("max_steps,max_epochs", [(40, None), (-1, 6)])
+def test_an_optimizer_with_a_schedule_is_the_one_estimated(max_steps, max_epochs):
+    """configure_optimizers of the built-in model reads the run's length from its Trainer (a cosine
+    schedule): the estimate gives it one, and counts the optimizer it returns (SGD with momentum: one
+    buffer per parameter), not an assumed Adam."""
+    model = ImageClassifier(arch="resnet18", num_classes=10, optimizer="sgd", lr_schedule="cosine")
+    settings = SimpleNamespace(precision="32-true", batch_size=4, accumulate_grad_batches=1,
+                               max_steps=max_steps, max_epochs=max_epochs)
+    result = estimate_job(model, None, (3, 32, 32), settings, None, batches=(2, 4))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert result.estimate.state.optimizer == trainable * 4
+    assert result.estimate.state.optimizer_note == "SGD: momentum buffer"
+    assert not any("assumed" in note for note in result.estimate.notes), result.estimate.notes
+    assert model._trainer is None  # the stand-in is gone: training_step logs as outside a Trainer
+
+
+def test_an_optimizer_that_cannot_be_built_here_says_what_was_estimated():
+    class NeedsAFittedTrainer(ImageClassifier):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1 * self.trainer.num_devices)
+
+    model = NeedsAFittedTrainer(arch="resnet18", num_classes=10)
+    settings = SimpleNamespace(precision="32-true", batch_size=4, accumulate_grad_batches=1)
+    result = estimate_job(model, None, (3, 32, 32), settings, None, batches=(2, 4))
+    [note] = [n for n in result.estimate.notes if "configure_optimizers" in n]
+    assert note.startswith("configure_optimizers() read what only a running Trainer has (AttributeError")
+    assert note.endswith("estimated with Adam's state (two buffers per parameter), the built-in model's default")
+    assert result.estimate.state.optimizer_note == "assumed Adam: exp_avg, exp_avg_sq"

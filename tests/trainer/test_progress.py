@@ -7,15 +7,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from dtrain_operator.api import contract
 from dtrain_operator.api.records import Event, status_patch
 from dtrain_trainer.config import ConfigError
 from dtrain_trainer.progress import ProgressReporter
-from dtrain_trainer.progress_callback import ThroughputMeter, batch_size_of
+from dtrain_trainer.progress_callback import ProgressCallback, ThroughputMeter, batch_size_of
 from dtrain_trainer.progress_sinks import (
     JsonlSink,
     KubernetesStatusSink,
@@ -72,6 +74,15 @@ def test_throughput_leaves_out_warm_up_and_time_between_epochs() -> None:
         clock.now += 0.5
         meter.batch_done(images=64)
     assert meter.images_per_second() == pytest.approx(8 * 64 / 4.0)
+
+
+def test_throughput_has_one_decimal_as_kubectl_shows_it() -> None:
+    clock = FakeClock()
+    meter = ThroughputMeter(warmup_batches=0, clock=clock)
+    meter.epoch_start()
+    clock.now += 7.0
+    meter.batch_done(images=1000)
+    assert meter.images_per_second() == 142.9
 
 
 def test_progress_is_rate_limited_and_events_are_not() -> None:
@@ -227,3 +238,24 @@ def test_sink_choice(tmp_path: Path) -> None:
     assert isinstance(jsonl, JsonlSink) and jsonl.path == tmp_path / "p.jsonl"
     with pytest.raises(ConfigError, match="give a file"):
         sink_from_env({contract.ENV_PROGRESS_SINK: "jsonl:"}, "j")
+
+
+def test_a_report_after_the_fit_loop_names_the_last_epoch_trained() -> None:
+    """Once the fit loop ends, Lightning's current_epoch is one past the last epoch: the report of the final
+    checkpoint (written at on_train_end) says the epoch of the last batch, so no display shows epoch 7 of 6."""
+    sink = ListSink()
+    callback = ProgressCallback(ProgressReporter(sink, interval_seconds=0.0), default_batch_size=8)
+    trainer = SimpleNamespace(
+        is_global_zero=True, current_epoch=5, global_step=131, world_size=2, accumulate_grad_batches=1,
+        progress_bar_metrics={}, callback_metrics={}, estimated_stepping_batches=132,
+    )
+    callback.on_train_start(trainer, None)
+    trainer.global_step = 132
+    callback.on_train_batch_end(trainer, None, torch.tensor(0.5), (torch.zeros(8, 3), torch.zeros(8)), 21)
+    trainer.current_epoch = 6  # the loop is over
+    callback.checkpoint_writing(True)
+    callback.checkpoint_writing(False)
+    reported = [r for r in sink.records if r["event"] == Event.PROGRESS]
+    assert [r["stage"] for r in reported[-2:]] == [contract.PROGRESS_STAGE_CHECKPOINTING, contract.PROGRESS_STAGE_TRAINING]
+    assert {r["epoch"] for r in reported} == {5}
+    assert callback.final_metrics(trainer)["epoch"] == 5

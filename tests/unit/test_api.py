@@ -17,7 +17,7 @@ import yaml
 
 from dtrain_operator import api
 from dtrain_operator.api import contract, crd
-from dtrain_operator.api.validation import validate_object, validate_text
+from dtrain_operator.api.validation import EXIT_INVALID_JOB, validate_object, validate_text
 from dtrain_operator.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,6 +118,19 @@ BAD_SPECS = [
     ("engine precision", with_spec("engine.precision", "fp8"), "spec.engine.precision"),
     ("engine without onnx", with_spec("export.onnx.enabled", False), "spec"),
     ("bad quantity", with_spec("resources", {"limits": {"memory": "lots"}}), "spec.resources.limits"),
+    ("quantity with a newline", with_spec("resources", {"limits": {"memory": "16Gi\n"}}), "spec.resources.limits"),
+    ("fractional number for a quantity", with_spec("resources", {"requests": {"cpu": 0.5}}), "spec.resources.requests"),
+    ("scheduler name not a DNS name", with_spec("scheduling.schedulerName", "My Scheduler"), "spec.scheduling.schedulerName"),
+    ("priority class not a DNS name", with_spec("scheduling.priorityClassName", "high_prio"), "spec.scheduling.priorityClassName"),
+    ("service account not a DNS name", with_spec("serviceAccountName", "Trainer"), "spec.serviceAccountName"),
+    ("node selector key not a label key", with_spec("scheduling.nodeSelector", {"gpu type": "a100"}), "spec.scheduling.nodeSelector"),
+    ("node selector value not a label value", with_spec("scheduling.nodeSelector", {"gpu": "a 100"}), "spec.scheduling.nodeSelector"),
+    ("image with a space", with_spec("image", "my registry/trainer:1"), "spec.image"),
+    ("image in capitals", with_spec("image", "Registry.example/Trainer:1"), "spec.image"),
+    ("engine image with a newline", with_spec("engine.image", "trainer:1\n"), "spec.engine.image"),
+    ("profile min above max", with_spec("engine.profiles", [{"inputs": {"x": {"min": [8], "opt": [4], "max": [2]}}}]), "spec.engine.profiles[0].inputs.x"),
+    ("profile ranks differ", with_spec("engine.profiles", [{"inputs": {"x": {"min": [1], "opt": [1, 3], "max": [1, 3]}}}]), "spec.engine.profiles[0].inputs.x"),
+    ("profile input name with a comma", with_spec("engine.profiles", [{"inputs": {"a,b": {"min": [1], "opt": [1], "max": [1]}}}]), "spec.engine.profiles[0].inputs"),
     ("relative checkpoint dir", with_spec("checkpoint.dir", "ckpts"), "spec.checkpoint.dir"),
     ("zero checkpoint interval", with_spec("checkpoint.everyNSteps", 0), "spec.checkpoint.everyNSteps"),
     ("limitTrainBatches above one as fraction", with_spec("trainer.limitTrainBatches", 1.5), "spec.trainer.limitTrainBatches"),
@@ -176,16 +189,16 @@ def test_reserved_env_says_why():
     ],
 )
 def test_unparseable_documents(text, expected):
-    [result] = validate_text(text, "bad.yaml")
+    result = validate_text(text, "bad.yaml")
     assert any(expected in e for e in result.errors), result.errors
 
 
-def test_multi_document_file_reports_each_document():
+def test_a_file_of_several_jobs_is_refused_as_submit_and_run_refuse_it():
     good = yaml.safe_dump(base_job())
-    bad = yaml.safe_dump(with_spec("nodes", 0))
-    results = validate_text(good + "---\n" + bad, "two.yaml")
-    assert [r.source for r in results] == ["two.yaml#1", "two.yaml#2"]
-    assert results[0].errors == [] and results[1].errors
+    result = validate_text(good + "---\n" + good, "two.yaml")
+    assert (result.source, result.job, result.errors) == (
+        "two.yaml", None, ["holds 2 YAML documents; give one DistributedTraining per file"]
+    )
 
 
 def test_cli_validate_exit_codes(tmp_path, capsys):
@@ -194,10 +207,10 @@ def test_cli_validate_exit_codes(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(with_spec("nodes", 0)))
     assert cli.main(["validate", str(good)]) == 0
-    assert cli.main(["validate", str(good), str(bad)]) == 1
+    assert cli.main(["validate", str(good), str(bad)]) == EXIT_INVALID_JOB == 2
     err = capsys.readouterr().err
     assert "bad.yaml: spec.nodes:" in err
-    assert cli.main(["validate", str(tmp_path / "missing.yaml")]) == 1
+    assert cli.main(["validate", str(tmp_path / "missing.yaml")]) == EXIT_INVALID_JOB
     assert "cannot read the file" in capsys.readouterr().err
 
 
@@ -207,7 +220,7 @@ def test_cli_validate_never_prints_a_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "dtrain_operator.cli", "validate", str(bad)], capture_output=True, text=True, check=False
     )
-    assert proc.returncode == 1
+    assert proc.returncode == EXIT_INVALID_JOB
     assert "Traceback" not in proc.stderr and "YAML syntax error" in proc.stderr
 
 
@@ -255,7 +268,9 @@ def test_crd_carries_constraints_and_cel_rules():
     assert any("self.minBatch <= self.maxBatch" in r for r in engine_rules)
     spec_rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
     assert any("self.nodes == oldSelf.nodes" in r for r in spec_rules), "nodes is immutable"
-    assert not any("runPolicy" in r and "oldSelf" in r for r in spec_rules), "runPolicy may change in part"
+    # runPolicy is not compared whole (suspend and ttlSecondsAfterFinished may change); the scheduling
+    # rule only reads whether the stored job is suspended.
+    assert not any("self.runPolicy == oldSelf.runPolicy" in r for r in spec_rules), "runPolicy may change in part"
     run_policy_rules = [r["rule"] for r in spec["properties"]["runPolicy"]["x-kubernetes-validations"]]
     assert not any("suspend" in r or "ttlSecondsAfterFinished" in r for r in run_policy_rules)
     assert any("backoffLimit" in r for r in run_policy_rules)

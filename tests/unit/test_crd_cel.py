@@ -94,7 +94,7 @@ def _walk(schema: dict, path: str = "spec"):
 def test_every_string_list_and_map_of_the_spec_is_bounded():
     for path, node in _walk(SCHEMA["properties"]["spec"]):
         if node.get("x-kubernetes-preserve-unknown-fields") and "properties" not in node:
-            continue  # free-form Kubernetes objects: no rule reads them
+            continue  # free-form Kubernetes objects: rules only compare them whole (at no cost of their size)
         if node.get("type") == "string" and "enum" not in node:
             assert "maxLength" in node, path
         if node.get("type") == "array":
@@ -144,11 +144,15 @@ CEL_REJECTS = {
     "engine without onnx": "spec: Invalid value: \"object\": engine.enabled needs export.onnx.enabled",
     "limitTrainBatches above one as fraction": "spec.trainer: Invalid value: \"object\": limitTrainBatches is a number",
     "name too long": "<nil>: Invalid value: \"object\": metadata.name must be a DNS-1035 label",
+    "node selector key not a label key": "spec.scheduling.nodeSelector: Invalid value: \"object\": every key must match",
+    "profile min above max": "spec.engine.profiles[0].inputs[x]: Invalid value: \"object\": min, opt and max need the same rank",
+    "profile ranks differ": "spec.engine.profiles[0].inputs[x]: Invalid value: \"object\": min, opt and max need the same rank",
+    "profile input name with a comma": "spec.engine.profiles[0].inputs: Invalid value: \"object\": every key must match",
     "name with capitals": "<nil>: Invalid value: \"object\": metadata.name must be a DNS-1035 label",
 }
 # Bad specs that only the model catches (the operator reports them in the Failed condition):
-# nothing in OpenAPI or CEL says "a quantity" or "not both ibDisable and env.NCCL_IB_DISABLE".
-MODEL_ONLY = {"nccl var twice", "bad quantity"}
+# no rule of the CRD says "not both ibDisable and env.NCCL_IB_DISABLE".
+MODEL_ONLY = {"nccl var twice"}
 BAD = {case: obj for case, obj, _ in BAD_SPECS}
 
 
@@ -232,6 +236,18 @@ def _edited(stored: dict, path: str, value) -> dict:
         ("image", "registry.example/other:1", "spec.image is immutable"),
         ("runPolicy.backoffLimit", 9, "spec.runPolicy.backoffLimit is immutable"),
         ("runPolicy.restartPolicy", "Never", "spec.runPolicy.restartPolicy is immutable"),
+        # Free-form values, compared whole: the operator runs the spec it accepted, so the API
+        # server refuses what the operator would not apply.
+        ("model", {"classPath": "dtrain_trainer.models.ImageClassifier", "initArgs": {"arch": "resnet50"}},
+         "spec.model is immutable"),
+        ("model.classPath", "mypkg.Other", "spec.model is immutable"),
+        ("data", {"classPath": "dtrain_trainer.data.SyntheticImageDataModule", "initArgs": {"num_samples": 9}},
+         "spec.data is immutable"),
+        ("env", [{"name": "MY_FLAG", "value": "1"}], "spec.env is immutable"),
+        ("volumes", [{"name": "scratch", "emptyDir": {}}], "spec.volumes is immutable"),
+        ("volumeMounts", [{"name": "scratch", "mountPath": "/scratch"}], "spec.volumeMounts is immutable"),
+        ("scheduling.nodeSelector", {"pool": "a100"}, "spec.scheduling may change only while the job is suspended"),
+        ("scheduling.affinity", {"nodeAffinity": {}}, "spec.scheduling may change only while the job is suspended"),
     ],
 )
 def test_an_edit_of_an_immutable_field_is_rejected(path, value, message):
@@ -241,10 +257,36 @@ def test_an_edit_of_an_immutable_field_is_rejected(path, value, message):
     assert refused.value.status == 422
 
 
+def test_an_edit_inside_a_free_form_value_is_rejected():
+    """Equality reaches into the fields the schema does not name (initArgs' keys, a volume's source)."""
+    stored = _stored(with_spec("volumes", [{"name": "data", "persistentVolumeClaim": {"claimName": "a"}}]))
+    edited = _edited(stored, "volumes", [{"name": "data", "persistentVolumeClaim": {"claimName": "b"}}])
+    with pytest.raises(Exception, match="spec.volumes is immutable"):
+        ADMISSION.check(edited, old=stored, field_validation="Ignore")
+    stored = _stored(with_spec("env", [{"name": "MY_FLAG", "value": "1"}]))
+    with pytest.raises(Exception, match="spec.env is immutable"):
+        ADMISSION.check(_edited(stored, "env", [{"name": "MY_FLAG", "value": "2"}]), old=stored, field_validation="Ignore")
+
+
 @pytest.mark.parametrize("path,value", [("runPolicy.suspend", True), ("runPolicy.ttlSecondsAfterFinished", 60)])
 def test_an_edit_of_suspend_or_ttl_is_allowed(path, value):
     stored = _stored(base_job())
     ADMISSION.check(_edited(stored, path, value), old=stored, field_validation="Ignore")
+
+
+def test_scheduling_may_change_while_the_job_is_suspended():
+    """As for a suspended Kubernetes Job: Kueue sets where the pods run, then resumes, in one update;
+    the operator applies the change once the job is Suspended (core.accepted.MUTABLE_WHEN_SUSPENDED)."""
+    suspended = _stored(with_spec("runPolicy", {"suspend": True}))
+    moved = _edited(suspended, "scheduling", {"nodeSelector": {"pool": "a100"}, "priorityClassName": "high"})
+    ADMISSION.check(moved, old=suspended, field_validation="Ignore")
+    admitted = _edited(moved, "runPolicy.suspend", False)
+    ADMISSION.check(admitted, old=moved, field_validation="Ignore")
+    # Suspending and moving in one update is refused: the job's pods may still be running.
+    running = _stored(base_job())
+    both = _edited(_edited(running, "runPolicy.suspend", True), "scheduling.nodeSelector", {"pool": "a100"})
+    with pytest.raises(Exception, match="spec.scheduling may change only while the job is suspended"):
+        ADMISSION.check(both, old=running, field_validation="Ignore")
 
 
 def test_transition_rules_do_not_run_on_create():
@@ -253,16 +295,14 @@ def test_transition_rules_do_not_run_on_create():
 
 
 def test_the_transition_rules_cover_what_the_model_calls_immutable():
-    """Parity with api.immutable_spec: every comparable spec field has its rule; what has none
-    (free-form Kubernetes objects) the operator compares itself."""
+    """Parity with api.immutable_spec, the spec the operator runs: every field of it has its rule."""
     spec_rules = " ".join(r.rule for r in RULES if r.path in ("spec", "spec.runPolicy") and r.transition)
     wire = api.immutable_spec(api.DistributedTrainingSpec())
-    free_form = {"env", "volumes", "volumeMounts", "model", "data", "scheduling", "imagePullSecrets"}
     for field in wire:
         if field == "runPolicy":
             for sub in wire["runPolicy"]:
                 assert f"self.{sub} == oldSelf.{sub}" in spec_rules, sub
-        elif field not in free_form:
+        else:
             assert f"self.{field} == oldSelf.{field}" in spec_rules, field
     for field in api.MUTABLE_RUN_POLICY_FIELDS:
         assert f"self.{field} ==" not in spec_rules

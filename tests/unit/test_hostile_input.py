@@ -3,7 +3,7 @@
 The corpus is built from the quick-start example by single defects: a wrong type at
 every field, out-of-range numbers, unknown fields at every level, unicode, deep
 nesting, alias bombs, duplicate keys, binary junk, several documents. The rule for
-each file: exit code 1, exactly one line, the line names the field (or the line and
+each file: exit code 2 (as `dtrain submit` and `dtrain run` give), exactly one line, the line names the field (or the line and
 column of the YAML defect), no traceback, well under a second of CPU.
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dtrain_operator.api.validation import EXIT_INVALID_JOB
 from dtrain_operator.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,6 +197,24 @@ def _number_cases() -> list[Case]:
     ]
 
 
+def _value_cases() -> list[Case]:
+    """Scalars that PyYAML's constructors raise on (ValueError, KeyError, AttributeError) instead of a YAMLError."""
+    base = _dump(QUICKSTART).decode()
+    invalid, wide = "is not a valid !!", "beyond the 64-bit integers"
+    values = {
+        "tag-int": ("!!int abc", invalid), "tag-bool": ("!!bool maybe", invalid),
+        "tag-timestamp": ("!!timestamp garbage", invalid), "tag-float": ("!!float abc", invalid),
+        "tag-impossible-date": ("!!timestamp 2024-02-30", invalid), "hex-empty": ("0x_", invalid),
+        "binary-empty": ("0b_", invalid), "decimal-5000-digits": ("1" * 5000, wide),
+        "hex-5000-digits": ("0x" + "f" * 5000, wide), "beyond-int64": (str(2**63), wide),
+        "below-int64": (str(-(2**63) - 1), wide),
+    }
+    return [
+        Case(f"value:{name}", base.replace(LR, f"lr: {value}").encode(), needle)
+        for name, (value, needle) in values.items()
+    ]
+
+
 def _junk_cases() -> list[Case]:
     rng = random.Random(7)
     cases = [Case(f"junk:random:{i}", bytes(rng.randrange(256) for _ in range(64 + 32 * i)), "") for i in range(6)]
@@ -222,7 +241,7 @@ def _document_cases() -> list[Case]:
     good = _dump(QUICKSTART)
     bad = _dump(_with(["spec", "nodes"], 0))
     return [
-        Case("docs:good-then-bad", good + b"---\n" + bad, "#2: spec.nodes"),
+        Case("docs:good-then-bad", good + b"---\n" + bad, "holds 2 YAML documents"),
         Case("docs:kind", _dump({**QUICKSTART, "kind": "Deployment"}), "kind"),
         Case("docs:apiVersion", _dump({**QUICKSTART, "apiVersion": "dtrain.dev/v9"}), "apiVersion"),
         Case("docs:kind-huge", _dump({**QUICKSTART, "kind": "K" * 50_000}), "kind"),
@@ -241,7 +260,7 @@ def _secret_cases() -> list[Case]:
 
 CORPUS = (
     _type_cases() + _unknown_field_cases() + _bound_cases() + _name_cases() + _unicode_cases() + _depth_cases()
-    + _alias_cases() + _duplicate_cases() + _number_cases() + _junk_cases() + _document_cases() + _secret_cases()
+    + _alias_cases() + _duplicate_cases() + _number_cases() + _value_cases() + _junk_cases() + _document_cases() + _secret_cases()
 )
 
 
@@ -260,7 +279,7 @@ def test_malformed_file_gets_one_clean_line(case, tmp_path, capsys):
     cpu_seconds = time.process_time() - started
     _, err = capsys.readouterr()
     lines = err.splitlines()
-    assert code == 1
+    assert code == EXIT_INVALID_JOB
     assert len(lines) == 1, err[:2000]
     assert "Traceback" not in err
     assert case.needle in lines[0], lines[0]
@@ -275,7 +294,7 @@ def test_credentials_are_never_echoed(tmp_path, capsys):
     path.write_bytes(_dump(_with(["spec", "model", "initArgs", "hf_token"], secret)))
     path2 = tmp_path / "job2.yaml"
     path2.write_bytes(_dump(_with(["spec", "env"], [{"name": "API_TOKEN", "value": 12345678}])))
-    assert cli.main(["validate", str(path), str(path2)]) == 1
+    assert cli.main(["validate", str(path), str(path2)]) == EXIT_INVALID_JOB
     err = capsys.readouterr().err
     assert secret not in err and "12345678" not in err
     assert "spec.env[0].value" in err
@@ -291,7 +310,7 @@ def test_worst_cases_as_a_process(name, tmp_path):
         [sys.executable, "-m", "dtrain_operator.cli", "validate", str(path)],
         capture_output=True, text=True, timeout=60, check=False,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == EXIT_INVALID_JOB
     assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 

@@ -14,7 +14,8 @@ from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
 from dtrain_operator.controller.status.invalid import invalid_status
 from dtrain_operator.controller.status.observe import observe_engine_job, observe_pod
-from dtrain_operator.core.observation import Observed, format_time
+from dtrain_operator.core.gang import stuck_terminating
+from dtrain_operator.core.observation import Limits, Observed, PodObservation, format_time
 from dtrain_operator.core.plan import plan_children
 from tests.builders import (
     EARLIER,
@@ -378,6 +379,25 @@ def test_observe_pod(status, meta, expected):
     observed = observe_pod(raw_pod(status, **meta))
     assert (observed.rank, observed.generation, observed.owner_uid) == (1, 2, JOB_UID)
     assert {k: getattr(observed, k) for k in expected} == expected
+
+
+def test_a_pod_is_stuck_terminating_only_past_the_end_of_its_grace_period():
+    """A real API server sets a deleted pod's deletionTimestamp to the request's time plus its grace period
+    (deletionGracePeriodSeconds): the pod may use all of it, and --stuck-terminating-timeout counts after it."""
+    requested = NOW - timedelta(seconds=700)
+
+    def deleted(grace: int) -> PodObservation:
+        ends = format_time(requested + timedelta(seconds=grace))
+        return observe_pod(raw_pod({"phase": "Running"}, deletionTimestamp=ends, deletionGracePeriodSeconds=grace))
+
+    limits = Limits(stuck_terminating_seconds=150)
+    assert stuck_terminating([deleted(600)], NOW, limits) == []  # 100 s past its grace period
+    assert [p.name for p in stuck_terminating([deleted(30)], NOW, limits)] == ["mnist-1"]  # 670 s past it
+    old_gang = replace(deleted(30), generation=0, rank=1, name="mnist-1")
+    status = compute_status(JOB, Observed(workers=(a_worker(0, "Failed", exit_code=1), old_gang)),
+                            accepted_status(JOB, "Restarting"), NOW, limits=limits)
+    stuck = next(c for c in status.conditions if c.type == "PodsStuckTerminating")
+    assert stuck.message.startswith("mnist-1: still terminating 150 s after the end of the grace period")
 
 
 @pytest.mark.parametrize(

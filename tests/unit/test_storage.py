@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dtrain_operator.api import TrainerConfig, storage
-from dtrain_operator.api.validation import load_job, validate_object, validate_text
+from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job, validate_object, validate_text
 from dtrain_operator.core import render
 from tests.builders import a_job
 from tests.unit.test_crd_cel import cel_messages
@@ -117,11 +117,11 @@ def test_dtrain_run_takes_the_quickstart_that_a_cluster_refuses() -> None:
     assert errors == [] and job is not None
     cluster = validate_text(quickstart.read_text(), "quickstart.yaml")
     needs = "its 2 nodes must share checkpoints and the engine Job must read model.onnx"
-    assert cluster[0].errors == [f"spec.storage: the job has no shared storage but {needs}; {FIX}"]
+    assert cluster.errors == [f"spec.storage: the job has no shared storage but {needs}; {FIX}"]
     validate = subprocess.run([sys.executable, "-m", "dtrain_operator.cli", "validate", str(quickstart)],
                               capture_output=True, text=True, check=False)
-    assert validate.returncode == 1
-    assert validate.stderr.strip().splitlines() == [f"{quickstart}: {cluster[0].errors[0]}"]
+    assert validate.returncode == EXIT_INVALID_JOB
+    assert validate.stderr.strip().splitlines() == [f"{quickstart}: {cluster.errors[0]}"]
 
 
 # --- What the pods get --------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_the_readme_walkthrough_makes_a_job_that_validate_takes(tmp_path: Path, 
     subprocess.run(["bash", "-c", make], cwd=tmp_path, env=env, check=True)
     validate = [sys.executable, "-m", "dtrain_operator.cli", "validate", "my-job.yaml"]
     refused = subprocess.run(validate, cwd=tmp_path, capture_output=True, text=True, check=False)
-    assert refused.returncode == 1 and FIX in refused.stderr  # as written without storage: the one-line fix
+    assert refused.returncode == EXIT_INVALID_JOB and FIX in refused.stderr  # as written without storage: the one-line fix
     subprocess.run(["bash", "-c", storage_line], cwd=tmp_path, env=env, check=True)
     accepted = subprocess.run(validate, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert accepted.returncode == 0, accepted.stderr

@@ -63,18 +63,9 @@ def prepare_images(images: torch.Tensor, size: tuple[int, int], channels: int) -
     return batch.expand(-1, channels, -1, -1).contiguous()
 
 
-class DigitsDataModule(BuiltinLoaders, L.LightningDataModule):
-    """UCI handwritten digits (scikit-learn's bundled copy): 10 classes, real labels, a real validation accuracy.
-
-    Args:
-        image_size: side of the upscaled square images, or [height, width] (default 32).
-        channels: channels per image; the grey level is repeated (default 3, as torchvision models expect).
-        val_fraction: share of each class held out for validation (default 0.2: 1,438 training
-            and 359 validation images).
-        seed: seed of the split (the same on every rank; the trainer's seed shuffles the batches).
-        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
-        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
-    """
+class _DigitsData(BuiltinLoaders):
+    """DigitsDataModule's behaviour, without a Lightning base: `flavor.rebased` puts it on the package
+    of the job's model (lightning or pytorch_lightning)."""
 
     def __init__(
         self,
@@ -123,3 +114,19 @@ class DigitsDataModule(BuiltinLoaders, L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
         return self._loader(self._val, train=False)
+
+
+class DigitsDataModule(_DigitsData, L.LightningDataModule):
+    """UCI handwritten digits (scikit-learn's bundled copy): 10 classes, real labels, a real validation accuracy.
+
+    Args:
+        image_size: side of the upscaled square images, or [height, width] (default 32).
+        channels: channels per image; the grey level is repeated (default 3, as torchvision models expect).
+        val_fraction: share of each class held out for validation (default 0.2: 1,438 training
+            and 359 validation images).
+        seed: seed of the split (the same on every rank; the trainer's seed shuffles the batches).
+        batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
+        pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).
+    """
+
+    _dtrain_behaviour = _DigitsData

@@ -21,6 +21,7 @@ estimate with `torch.cuda.max_memory_allocated` where a GPU exists.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -259,11 +260,37 @@ def gpu_memory_of(spec: Any, flag: str | None) -> int | None:
     return spec_gpu_memory(spec)
 
 
-def _optimizer_of(model: Any) -> tuple[torch.optim.Optimizer | None, list[str]]:
+class _TrainerStandIn:
+    """What configure_optimizers may read of its Trainer before one exists: the run's length, for a
+    learning-rate schedule (the built-in model's cosine schedule). A schedule keeps no per-parameter
+    state, so its length does not change the estimate: where the data cannot tell the batches of an
+    epoch here, one step an epoch stands in."""
+
+    def __init__(self, settings: Any, batches_per_epoch: int | None) -> None:
+        self.max_steps = getattr(settings, "max_steps", -1)
+        self.max_epochs = getattr(settings, "max_epochs", None)
+        accumulate = getattr(settings, "accumulate_grad_batches", 1) or 1
+        steps_per_epoch = max(1, math.ceil((batches_per_epoch or 1) / accumulate))
+        if self.max_steps is not None and self.max_steps > 0:
+            self.estimated_stepping_batches = float(self.max_steps)
+        elif self.max_epochs is not None and self.max_epochs > 0:
+            self.estimated_stepping_batches = float(self.max_epochs * steps_per_epoch)
+        else:
+            self.estimated_stepping_batches = math.inf  # as Lightning's Trainer says of a run without an end
+
+
+def _optimizer_of(model: Any, trainer: _TrainerStandIn) -> tuple[torch.optim.Optimizer | None, list[str]]:
+    model.trainer = trainer
     try:
         configured = model.configure_optimizers()
-    except Exception as exc:  # noqa: BLE001 - e.g. a schedule that needs the Trainer: assume Adam and say so
-        return None, [f"configure_optimizers() needs a Trainer ({type(exc).__name__}); assumed Adam"]
+    except Exception as exc:  # noqa: BLE001 - it needs what only training has: estimate Adam's state and say so
+        note = (
+            f"configure_optimizers() read what only a running Trainer has ({type(exc).__name__}: {exc}); "
+            "estimated with Adam's state (two buffers per parameter), the built-in model's default"
+        )
+        return None, [note]
+    finally:
+        model.trainer = None  # training_step runs below as outside a Trainer: its self.log() records nothing
     if isinstance(configured, dict):
         configured = configured.get("optimizer")
     elif isinstance(configured, (list, tuple)) and configured:
@@ -271,27 +298,34 @@ def _optimizer_of(model: Any) -> tuple[torch.optim.Optimizer | None, list[str]]:
     return (configured, []) if isinstance(configured, torch.optim.Optimizer) else (None, ["no optimizer found; assumed Adam"])
 
 
-def _batch_maker(model: Any, data: Any, sample_shape: tuple[int, ...]) -> tuple[Callable[[int], Any], str]:
+def _batch_maker(
+    model: Any, data: Any, sample_shape: tuple[int, ...]
+) -> tuple[Callable[[int], Any], str, int | None]:
     """A function batch_size -> a training batch: from the data module when it can give one, else
-    (images, labels) of the configured input shape."""
+    (images, labels) of the configured input shape; and the batches of one epoch, where known."""
     try:
         if data is None:
             raise LookupError("no data module")
         data.setup("fit")
-        real = next(iter(data.train_dataloader()))
+        loader = data.train_dataloader()
+        real = next(iter(loader))
 
         def from_data(batch: int) -> Any:
             return _slice(real, batch)
 
         _slice(real, 2)
-        return from_data, "a batch of the job's own data"
+        try:
+            batches: int | None = len(loader)
+        except TypeError:  # an iterable loader has no length
+            batches = None
+        return from_data, "a batch of the job's own data", batches
     except Exception:  # noqa: BLE001 - the job's own data cannot be sampled here: synthetic inputs of the model's shape instead
         classes = int(getattr(model, "num_classes", None) or getattr(data, "num_classes", None) or 10)
 
         def synthetic(batch: int) -> Any:
             return torch.randn(batch, *sample_shape), torch.randint(0, classes, (batch,))
 
-        return synthetic, f"synthetic images of shape {list(sample_shape)} (the data is not readable here)"
+        return synthetic, f"synthetic images of shape {list(sample_shape)} (the data is not readable here)", None
 
 
 def _slice(batch: Any, size: int) -> Any:
@@ -310,13 +344,13 @@ def estimate_job(model: Any, data: Any, sample_shape: tuple[int, ...], settings:
                  batches: tuple[int, int] = MEASURED_BATCHES) -> JobEstimate:
     """Estimate for a model and data module already built from the job's spec."""
     precision = settings.precision
-    optimizer, notes = _optimizer_of(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # data loaders' own deprecation notices: nothing a user can act on here
+        make_batch, source, batches_per_epoch = _batch_maker(model, data, sample_shape)
+    optimizer, notes = _optimizer_of(model, _TrainerStandIn(settings, batches_per_epoch))
     slots = optimizer_slots(optimizer) if optimizer is not None else (2, "assumed Adam: exp_avg, exp_avg_sq")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # data loaders' own deprecation notices: nothing a user can act on here
-        make_batch, source = _batch_maker(model, data, sample_shape)
     model.train()
     if precision in ("16-true", "bf16-true", "64-true"):
         model.to(_ACTIVATION_DTYPE[precision])

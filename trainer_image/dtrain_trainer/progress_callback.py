@@ -58,7 +58,8 @@ class ThroughputMeter:
     def images_per_second(self) -> float | None:
         if self._images == 0 or self._seconds <= 0:
             return None
-        return self._images / self._seconds
+        # One decimal: what `kubectl get dtr` prints in IMG/S as it is (the column cannot format).
+        return round(self._images / self._seconds, 1)
 
 
 def batch_size_of(batch: Any) -> int | None:
@@ -222,11 +223,16 @@ class _ProgressBehaviour:
                 found[name] = number
         return found
 
+    def _epoch(self, trainer: L.Trainer) -> int:
+        """The epoch of the latest batch: the final checkpoint is reported after the fit loop, when
+        current_epoch has moved one past the last epoch trained."""
+        return self.last_epoch if self.last_epoch is not None else trainer.current_epoch
+
     def _report(self, trainer: L.Trainer, epoch_end: bool) -> None:
         self._read_loss()
         metrics = self.metrics(trainer)
         self.reporter.progress(
-            epoch=trainer.current_epoch,
+            epoch=self._epoch(trainer),
             step=trainer.global_step,
             totalSteps=self.total_steps,
             loss=self.last_loss,
@@ -245,7 +251,7 @@ class _ProgressBehaviour:
         return {
             "loss": self.last_loss,
             "step": trainer.global_step,
-            "epoch": self.last_epoch if self.last_epoch is not None else trainer.current_epoch,
+            "epoch": self._epoch(trainer),
             "imagesPerSecond": self.meter.images_per_second(),
             "metrics": (metrics := self.metrics(trainer)),
             "validation": validation_text(metrics),

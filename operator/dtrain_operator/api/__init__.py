@@ -43,12 +43,10 @@ from dtrain_operator.api.common import (
     MAX_PATH_LENGTH,
     MAX_SEED,
     MAX_TIMEOUT_SECONDS,
-    QUANTITY_PATTERN,
     ApiModel,
     EnginePrecision,
     EnvVar,
     InitArgs,
-    KubeObject,
     LocalObjectReference,
     Phase,
     Precision,
@@ -64,6 +62,7 @@ from dtrain_operator.api.job import (
     immutable_spec,
     with_env_values,
 )
+from dtrain_operator.api.kubernetes import QUANTITY_PATTERN
 from dtrain_operator.api.spec import (
     BUILTIN_IMAGE_FOLDER_DATA,
     BUILTIN_MODEL,
@@ -139,7 +138,6 @@ __all__ = [
     "HardwareCompatibilityLevel",
     "InitArgs",
     "InputShapeRange",
-    "KubeObject",
     "LocalObjectReference",
     "LoggingSettings",
     "NcclDebug",

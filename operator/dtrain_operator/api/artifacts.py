@@ -9,14 +9,16 @@ from pydantic import ConfigDict, Field, model_validator
 from dtrain_operator.api import contract
 from dtrain_operator.api.common import (
     MAX_BATCH,
-    MAX_IMAGE_LENGTH,
     MAX_MAP_ENTRIES,
     MAX_OBJECT_NAME,
     MAX_PATH_LENGTH,
     ApiModel,
     EnginePrecision,
+    ImageReference,
     Resources,
 )
+from dtrain_operator.api.kube_objects import refusal
+from dtrain_operator.api.safe_yaml import key_step
 from dtrain_operator.api.storage import DIR_PATTERN
 
 
@@ -54,11 +56,19 @@ HardwareCompatibilityLevel = Literal["none", "ampere+", "same-compute-capability
 PrecisionConstraints = Literal["none", "prefer", "obey"]
 # An axis as long as 16 Mi elements: long enough for any sequence length a GPU holds.
 MAX_AXIS_LENGTH = 2**24
-ShapeList = Annotated[list[Annotated[int, Field(ge=1, le=MAX_AXIS_LENGTH)]], Field(min_length=1, max_length=8)]
+MAX_RANK = 8
+ShapeList = Annotated[list[Annotated[int, Field(ge=1, le=MAX_AXIS_LENGTH)]], Field(min_length=1, max_length=MAX_RANK)]
+# An input's name as `dtrain build-engine` reads it in NAME:DxD,NAME:DxD (trtexec's syntax: the
+# last ':' ends the name, so that ONNX names such as `input:0` pass): no ',', no space at either end.
+INPUT_NAME_PATTERN = r"^[^,\s]([^,]*[^,\s])?$"
 
 
 class InputShapeRange(ApiModel):
     """The shapes one input takes in an optimisation profile (trtexec --minShapes/--optShapes/--maxShapes)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "self.min.size() == self.opt.size() && self.opt.size() == self.max.size() && [" + ", ".join(map(str, range(MAX_RANK))) + "].all(i, i >= self.min.size() || (self.min[i] <= self.opt[i] && self.opt[i] <= self.max[i]))", "message": "min, opt and max need the same rank and min <= opt <= max on every axis"},
+    ]})
 
     min: ShapeList
     """Smallest shape, every axis, e.g. [1, 3, 224, 224]."""
@@ -67,12 +77,24 @@ class InputShapeRange(ApiModel):
     max: ShapeList
     """Largest shape."""
 
+    @model_validator(mode="after")
+    def _ordered(self) -> InputShapeRange:
+        if not len(self.min) == len(self.opt) == len(self.max):
+            raise ValueError(f"min, opt and max have ranks {len(self.min)}, {len(self.opt)} and {len(self.max)}: "
+                             "give every axis of the input in each")
+        if not all(low <= opt <= high for low, opt, high in zip(self.min, self.opt, self.max)):
+            raise ValueError(f"needs min <= opt <= max on every axis, got {self.min}, {self.opt}, {self.max}")
+        return self
+
 
 class EngineProfile(ApiModel):
     """One optimisation profile: a shape range for each input with a dynamic axis."""
 
-    inputs: Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], InputShapeRange], Field(min_length=1, max_length=MAX_MAP_ENTRIES)]
-    """Shape ranges by input name."""
+    inputs: Annotated[
+        dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME, pattern=INPUT_NAME_PATTERN)], InputShapeRange],
+        Field(min_length=1, max_length=MAX_MAP_ENTRIES),
+    ]
+    """Shape ranges by input name (the ONNX model's input names; no ',' and no space at either end)."""
 
 
 class EngineSettings(ApiModel):
@@ -84,7 +106,7 @@ class EngineSettings(ApiModel):
 
     enabled: bool = True
     """Build the engine after training succeeds."""
-    image: Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_LENGTH)] = contract.DEFAULT_ENGINE_IMAGE
+    image: ImageReference = contract.DEFAULT_ENGINE_IMAGE
     """A TensorRT-capable image with dtrain's `tensorrt` extra installed."""
     precision: EnginePrecision = "fp16"
     """Engine precision: fp32, fp16, bf16 or int8 (int8 needs a quantized ONNX model)."""
@@ -133,6 +155,20 @@ class EngineSettings(ApiModel):
             raise ValueError(
                 f"need minBatch <= optBatch <= maxBatch, got {self.min_batch} <= {opt} <= {self.max_batch}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _profiles_agree(self) -> EngineSettings:
+        """TensorRT needs each dynamic input in every profile, and an input has one rank."""
+        first = self.profiles[0].inputs if self.profiles else {}
+        for index, profile in enumerate((self.profiles or [])[1:], start=1):
+            if set(profile.inputs) != set(first):
+                raise refusal(f".profiles[{index}].inputs", f"names {sorted(profile.inputs)}, profile 0 "
+                              f"{sorted(first)}: every profile gives a shape range for the same inputs")
+            for name, shapes in profile.inputs.items():
+                if len(shapes.min) != len(first[name].min):
+                    raise refusal(f".profiles[{index}].inputs{key_step(name)}", f"has rank {len(shapes.min)}, "
+                                  f"{len(first[name].min)} in profile 0: an input has the same rank in every profile")
         return self
 
     @property

@@ -4,35 +4,34 @@ what a user may write, and the core Kubernetes-like types dtrain looks into."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from dtrain_operator.api import contract
+from dtrain_operator.api import contract, kubernetes
 from dtrain_operator.api.free_form import check_free_form
+from dtrain_operator.api.kube_objects import EnvVarSource, quantity_problem, refusal
+from dtrain_operator.api.safe_yaml import echo, key_step
 
-# A Kubernetes object or list item whose schema the API server knows (Volume,
-# Affinity, Toleration, ...). We pass it through and let the API server validate it.
-KubeObject = Annotated[
-    dict[str, Any],
-    AfterValidator(check_free_form),
-    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
-]
 # Free-form arguments for a user's class (LightningCLI's init_args).
 InitArgs = Annotated[
     dict[str, Any],
     AfterValidator(check_free_form),
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
-QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
-    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
-# A resource quantity as Kubernetes writes it: 4, "500m", "16Gi".
+# A resource quantity as Kubernetes writes it: 4, "500m", "16Gi". A fraction is a string ("0.5"):
+# the API server takes an integer or a string here, as the CRD says.
 Quantity = Annotated[
-    int | float | str,
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
+    int | str,
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": kubernetes.QUANTITY_PATTERN,
+        }
+    ),
 ]
 # One GPU's memory: a Kubernetes quantity with its unit (a bare number would be bytes, never meant).
 MEMORY_SIZE_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,3})?(Ki|Mi|Gi|Ti|K|M|G|T)$"
@@ -61,6 +60,44 @@ MAX_SEED = 2**32 - 1  # numpy's seed range, which Lightning's seed_everything us
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600  # a week
 MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600  # ten years
 MAX_BATCH = 65536
+
+
+def _format(error: Callable[[str], str | None]) -> AfterValidator:
+    """A check of a string by one of api.kubernetes' rules, with that rule's message."""
+
+    def check(value: str) -> str:
+        problem = error(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(check)
+
+
+# Names that Kubernetes checks where a pod uses them. json_schema_extra gives the CRD each pattern;
+# pydantic checks the rule itself, so as to say in words what is wrong.
+DnsSubdomain = Annotated[
+    str,
+    Field(min_length=1, max_length=kubernetes.MAX_DNS1123_SUBDOMAIN_LENGTH,
+          json_schema_extra={"pattern": kubernetes.DNS1123_SUBDOMAIN_PATTERN}),
+    _format(kubernetes.dns_subdomain_error),
+]
+LabelKey = Annotated[
+    str,
+    Field(min_length=1, max_length=kubernetes.MAX_DNS1123_SUBDOMAIN_LENGTH + 64,
+          json_schema_extra={"pattern": kubernetes.QUALIFIED_NAME_PATTERN}),
+    _format(kubernetes.qualified_name_error),
+]
+LabelValue = Annotated[
+    str,
+    Field(max_length=kubernetes.MAX_LABEL_VALUE_LENGTH, json_schema_extra={"pattern": kubernetes.LABEL_VALUE_PATTERN}),
+    _format(kubernetes.label_value_error),
+]
+ImageReference = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_IMAGE_LENGTH, json_schema_extra={"pattern": kubernetes.IMAGE_PATTERN}),
+    _format(kubernetes.image_error),
+]
 
 Precision = Literal["64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]
 EnginePrecision = Literal["fp32", "fp16", "bf16", "int8"]
@@ -113,7 +150,7 @@ class EnvVar(ApiModel):
     """Name of the variable. Names the operator sets (PET_*, DTRAIN_*, MASTER_ADDR, RANK, ...) are reserved."""
     value: Annotated[str, Field(max_length=MAX_ENV_VALUE_LENGTH)] | None = None
     """Value of the variable."""
-    value_from: KubeObject | None = None
+    value_from: EnvVarSource | None = None
     """Source of the value (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)."""
 
     @field_validator("name")
@@ -124,6 +161,12 @@ class EnvVar(ApiModel):
         if re.match(contract.NCCL_ENV_PATTERN, name):
             raise ValueError(f"{name} is an NCCL setting: put it under spec.nccl (or spec.nccl.env) instead")
         return name
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value and self.value_from is not None:
+            raise refusal(".valueFrom", "may not be set when value is not empty: give one of value and valueFrom")
+        return self
 
 
 class Resources(ApiModel):
@@ -137,9 +180,49 @@ class Resources(ApiModel):
     @field_validator("limits", "requests")
     @classmethod
     def _quantities(cls, values: dict[str, Any]) -> dict[str, Any]:
-        for key, value in values.items():
-            if isinstance(value, bool) or not re.match(QUANTITY_PATTERN, str(value)):
-                raise ValueError(f"{key}: {value!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
+        for name, value in values.items():
+            problem = _resource_name_problem(name) or quantity_problem(value)
+            amount = kubernetes.parse_quantity(value)
+            if problem is None and amount is not None and amount < 0:
+                problem = "", f"{echo(value)} is negative"
+            if problem is None and amount is not None and _is_extended(name) and amount != amount.to_integral_value():
+                problem = "", f"{echo(value)} must be an integer: {name} is counted in whole devices"
+            if problem:
+                raise refusal(key_step(name) + problem[0], problem[1])
         return values
 
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        for name, request in self.requests.items():
+            limit = self.limits.get(name)
+            at = ".requests" + key_step(name)
+            if limit is None:
+                if _is_extended(name):
+                    raise refusal(at, f"{name} cannot be overcommitted: set limits{key_step(name)} to the same value")
+                continue
+            wanted, most = kubernetes.parse_quantity(request), kubernetes.parse_quantity(limit)
+            if wanted is not None and most is not None and wanted > most:
+                raise refusal(at, f"{echo(request)} is more than the limit {echo(limit)}")
+            if _is_extended(name) and wanted != most:
+                raise refusal(at, f"{echo(request)} must equal the limit {echo(limit)}: {name} cannot be overcommitted")
+        return self
 
+
+# Resources every container has; any other is an extended resource (a device plugin's, e.g. nvidia.com/gpu).
+_STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def _is_extended(name: str) -> bool:
+    return name not in _STANDARD_RESOURCES and not name.startswith("hugepages-")
+
+
+def _resource_name_problem(name: str) -> tuple[str, str] | None:
+    if not _is_extended(name):
+        return None
+    prefix, _, _ = name.partition("/")
+    if "/" not in name or "kubernetes.io" in prefix or kubernetes.qualified_name_error(name):
+        return "", (
+            f"{echo(name)} is not a container resource: {', '.join(_STANDARD_RESOURCES)}, hugepages-<size> "
+            "or a device plugin's domain/name (e.g. nvidia.com/gpu, set here from devicesPerNode)"
+        )
+    return None

@@ -76,6 +76,13 @@ TERMINATION_MESSAGE_MAX_BYTES = 4096
 CONFIG_MOUNT_DIR = "/etc/dtrain"
 CONFIG_FILE_NAME = "config.yaml"
 CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE_NAME}"
+# The volumes the operator adds to the pods (the config, /dev/shm, spec.storage's claim): a job's
+# own volumes may not take their names, nor its mounts their places.
+CONFIG_VOLUME = "dtrain-config"
+SHM_VOLUME = "dshm"
+STORAGE_VOLUME = "dtrain-storage"
+SHM_MOUNT_PATH = "/dev/shm"
+OPERATOR_VOLUMES = (CONFIG_VOLUME, SHM_VOLUME, STORAGE_VOLUME)
 
 # Names a user's `env` may not set: torchrun's contract, what torchrun itself
 # sets in each process, and dtrain's own variables.

@@ -36,6 +36,26 @@ _KEPT_KEYWORDS = (
     "x-kubernetes-validations",
 )
 _SCALAR_TYPES = (str, int, float, bool)
+# The columns of `kubectl get dtr` after NAME; `dtrain get` prints the same ones, then LOSS and ETA.
+PRINTER_COLUMNS: tuple[dict[str, str], ...] = (
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "Nodes",
+        "type": "string",
+        "jsonPath": ".status.nodesReady",
+        "description": "Running worker pods / all",
+    },
+    {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch"},
+    {"name": "Img/s", "type": "number", "jsonPath": ".status.progress.imagesPerSecond"},
+    {
+        "name": "Val",
+        "type": "string",
+        "jsonPath": ".status.progress.validation",
+        "description": "The first validation metric, e.g. val_loss=0.412",
+    },
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)
 
 
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +124,7 @@ def _finish(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if key_pattern:
             out.setdefault("x-kubernetes-validations", []).append(
                 {
-                    "rule": f"self.all(k, k.matches('{key_pattern}'))",
+                    "rule": f"self.all(k, k.matches({_cel_string(key_pattern)}))",
                     "message": f"every key must match {key_pattern}",
                 }
             )
@@ -113,30 +133,43 @@ def _finish(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _cel_string(text: str) -> str:
+    """`text` as a CEL string literal (a regex's backslashes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _unchanged(field: str) -> str:
+    """CEL: the field is as it was (both absent, or both present and equal)."""
+    return f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})"
+
+
 def _immutability_rules(spec_schema: dict[str, Any]) -> list[dict[str, str]]:
-    """Transition rules that keep the spec as created, except runPolicy.suspend and ttlSecondsAfterFinished.
+    """Transition rules that keep the spec the operator runs (core.accepted): it records the spec at
+    creation and applies no later edit, except runPolicy.suspend and ttlSecondsAfterFinished at any
+    time and `scheduling` (where the pods run) while the job is suspended, as for a suspended
+    Kubernetes Job, so that Kueue can place a job and resume it in one update.
 
-    Fields holding free-form Kubernetes objects (volumes, affinity, initArgs, ...) are
-    compared by the operator instead: the API server's cost estimate for comparing
-    values of unknown shape can exceed the CEL budget and make the whole CRD invalid.
+    Free-form values (initArgs, volumes, affinity) are compared whole: kube-apiserver estimates `==`
+    at a tenth of the smaller operand's size bound, which is 0 for an object and maxItems for a
+    list, and at run time compares the fields its schema does not name as well.
     """
-
-    def comparable(schema: dict[str, Any]) -> bool:
-        if schema.get("x-kubernetes-preserve-unknown-fields"):
-            return False
-        children = list(schema.get("properties", {}).values())
-        for key in ("items", "additionalProperties"):
-            if isinstance(schema.get(key), dict):
-                children.append(schema[key])
-        return all(comparable(child) for child in children)
-
     rules = []
-    for field, schema in spec_schema["properties"].items():
-        if field == "runPolicy" or not comparable(schema):
+    for field in spec_schema["properties"]:
+        if field == "runPolicy":
+            continue
+        if field == "scheduling":
+            rules.append(
+                {
+                    "rule": f"({_unchanged(field)}) || (has(oldSelf.runPolicy) && has(oldSelf.runPolicy.suspend) "
+                    "&& oldSelf.runPolicy.suspend)",
+                    "message": "spec.scheduling may change only while the job is suspended: set runPolicy.suspend "
+                    "to true first; the change may resume the job in the same update",
+                }
+            )
             continue
         rules.append(
             {
-                "rule": f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})",
+                "rule": _unchanged(field),
                 "message": f"spec.{field} is immutable: delete and re-create the DistributedTraining to change it",
             }
         )
@@ -150,7 +183,7 @@ def _immutability_rules(spec_schema: dict[str, Any]) -> list[dict[str, str]]:
             continue
         run_policy.setdefault("x-kubernetes-validations", []).append(
             {
-                "rule": f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})",
+                "rule": _unchanged(field),
                 "message": f"spec.runPolicy.{field} is immutable (only suspend and ttlSecondsAfterFinished may change)",
             }
         )
@@ -214,25 +247,7 @@ def crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {
-                            "name": "Nodes",
-                            "type": "string",
-                            "jsonPath": ".status.nodesReady",
-                            "description": "Running worker pods / all",
-                        },
-                        {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch"},
-                        {"name": "Img/s", "type": "number", "jsonPath": ".status.progress.imagesPerSecond"},
-                        {
-                            "name": "Val",
-                            "type": "string",
-                            "jsonPath": ".status.progress.validation",
-                            "description": "The first validation metric, e.g. val_loss=0.412",
-                        },
-                        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
+                    "additionalPrinterColumns": [dict(column) for column in PRINTER_COLUMNS],
                     "schema": {"openAPIV3Schema": openapi_schema()},
                 }
             ],

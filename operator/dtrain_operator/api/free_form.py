@@ -41,8 +41,9 @@ def check_free_form(value: Any) -> Any:
     return value
 
 
-def credential_keys(value: Any, is_credential: Callable[[str], bool]) -> list[str]:
-    """Dotted paths of the keys in `value` that `is_credential` names a credential."""
+def credential_paths(value: Any, is_credential_name: Callable[[str], bool], holds_credential: Callable[[str], bool]) -> list[str]:
+    """Dotted paths in `value` of what looks like a credential: a value under a key that names one
+    (`hf_token`), or a string that holds one (`Bearer ...`, `https://user:password@...`)."""
     found: list[str] = []
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
@@ -50,9 +51,12 @@ def credential_keys(value: Any, is_credential: Callable[[str], bool]) -> list[st
         if isinstance(item, dict):
             for key, child in item.items():
                 child_path = f"{path}.{key}" if path else str(key)
-                if is_credential(str(key)) and not isinstance(child, (dict, list)):
+                if is_credential_name(str(key)) and not isinstance(child, (dict, list)):
                     found.append(child_path)
-                stack.append((child, child_path))
+                else:
+                    stack.append((child, child_path))
         elif isinstance(item, list):
             stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+        elif isinstance(item, str) and holds_credential(item):
+            found.append(path)
     return sorted(found)

@@ -7,11 +7,12 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dtrain_operator.api import contract, storage
 from dtrain_operator.api.artifacts import ArtifactSettings, ExportSettings
 from dtrain_operator.api.common import DNS1035_PATTERN, MAX_NAME_LENGTH, ApiModel, EnvVar
+from dtrain_operator.api.kube_objects import metadata_problem, refusal
 from dtrain_operator.api.spec import (
     BUILTIN_MODEL,
     BUILTIN_SYNTHETIC_DATA,
@@ -27,7 +28,7 @@ from dtrain_operator.api.status import DistributedTrainingStatus, StatusModel
 
 
 class ObjectMeta(StatusModel):
-    """Standard object metadata; only the name is checked here."""
+    """Standard object metadata: the name as dtrain needs it, the rest as the API server checks it."""
 
     name: Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=DNS1035_PATTERN)]
     """Name of the job: lowercase letters, digits and '-', starting with a letter, at most 45 characters."""
@@ -35,6 +36,14 @@ class ObjectMeta(StatusModel):
     """Namespace of the job."""
     uid: str | None = None
     """Set by the API server: tells a job from an earlier one of the same name (checkpoints record it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_the_api_server_reads_it(cls, data: Any) -> Any:
+        problem = metadata_problem(data) if isinstance(data, dict) else None
+        if problem is not None:
+            raise refusal(*problem)
+        return data
 
 
 class DistributedTraining(ApiModel):
@@ -46,7 +55,7 @@ class DistributedTraining(ApiModel):
     """DistributedTraining"""
     metadata: ObjectMeta
     """Standard object metadata."""
-    spec: DistributedTrainingSpec = Field(default_factory=DistributedTrainingSpec)
+    spec: DistributedTrainingSpec
     """What to train, on how many nodes, and what to build from it."""
     status: DistributedTrainingStatus | None = None
     """Observed state."""

@@ -17,7 +17,7 @@ REDACTED = "***"
 # Words that name a credential when they end a key (`hf_token`, `dbPassword`,
 # `AWS_SECRET_ACCESS_KEY`): split on `_`, `-`, `.` and camelCase before matching.
 _CREDENTIAL_WORDS = frozenset(
-    {"token", "password", "passwd", "pwd", "secret", "secrets", "credential", "credentials", "apikey"}
+    {"token", "password", "passwd", "pwd", "secret", "secrets", "credential", "credentials", "apikey", "authorization"}
 )
 # `key` alone is a credential only in these pairs (`sort_key` is not; `api_key` is).
 _CREDENTIAL_KEY_PREFIXES = frozenset({"api", "access", "private", "secret", "auth", "signing", "encryption"})
@@ -58,6 +58,11 @@ def redact_text(text: str) -> str:
     for pattern, replacement in _TEXT_PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+def holds_credential(text: str) -> bool:
+    """Whether `text` holds something redact_text hides: `user:password@` in a URL, a bearer token, a JWT, ..."""
+    return redact_text(text) != text
 
 
 def redact_mapping(value: Any) -> Any:

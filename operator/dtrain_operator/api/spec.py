@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -14,8 +15,6 @@ from dtrain_operator.api.common import (
     MAX_BATCH,
     MAX_CLASS_PATH_LENGTH,
     MAX_DURATION_SECONDS,
-    MAX_IMAGE_LENGTH,
-    MAX_LABEL_VALUE_LENGTH,
     MAX_MAP_ENTRIES,
     MAX_MEMORY_SIZE_LENGTH,
     MAX_OBJECT_NAME,
@@ -24,15 +23,20 @@ from dtrain_operator.api.common import (
     MAX_TIMEOUT_SECONDS,
     MEMORY_SIZE_PATTERN,
     ApiModel,
+    DnsSubdomain,
     EnvVar,
+    ImageReference,
     InitArgs,
-    KubeObject,
+    LabelKey,
+    LabelValue,
     LocalObjectReference,
     Precision,
     Resources,
 )
-from dtrain_operator.api.free_form import credential_keys
-from dtrain_operator.api.redaction import is_credential_name
+from dtrain_operator.api.free_form import credential_paths
+from dtrain_operator.api.kube_objects import Affinity, Toleration, Volume, VolumeMount, refusal
+from dtrain_operator.api.redaction import holds_credential, is_credential_name
+from dtrain_operator.api.safe_yaml import echo
 from dtrain_operator.api.storage import CEL_SHARED_STORAGE_MESSAGE, CEL_SHARED_STORAGE_RULE, DIR_PATTERN, Storage
 
 
@@ -47,7 +51,7 @@ class ClassSpec(ApiModel):
     @field_validator("init_args")
     @classmethod
     def _no_credentials(cls, init_args: dict[str, Any]) -> dict[str, Any]:
-        found = credential_keys(init_args, is_credential_name)
+        found = credential_paths(init_args, is_credential_name, holds_credential)
         if found:
             raise ValueError(
                 f"{', '.join(found)} looks like a credential; initArgs are stored in a ConfigMap that namespace viewers "
@@ -107,11 +111,23 @@ class LoggingSettings(ApiModel):
     logger: Literal["tensorboard", "csv", "mlflow"] = "tensorboard"
     """tensorboard: event files in <artifacts.dir>/logs (tensorboard --logdir there). csv: <artifacts.dir>/logs/version_0/metrics.csv. mlflow: an MLflow run named after the job (the image needs mlflow or mlflow-skinny). A gang restart continues the same log."""
     mlflow_tracking_uri: Annotated[str, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = None
-    """MLflow tracking server for logger mlflow, e.g. http://mlflow.mlops:5000 (default: MLFLOW_TRACKING_URI from the environment, e.g. spec.env)."""
+    """MLflow tracking server for logger mlflow, e.g. http://mlflow.mlops:5000 (default: MLFLOW_TRACKING_URI from the environment, e.g. spec.env). No credentials here: it is stored in the job's ConfigMap; set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) with spec.env[].valueFrom.secretKeyRef."""
     mlflow_experiment_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
     """MLflow experiment for logger mlflow (default: the job's name)."""
     metrics: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]], Field(max_length=32)] = Field(default_factory=list)
     """Metrics the model logs (self.log) that progress, status.progress.metrics and the summary report, besides val_loss, val_acc and every metric logged with prog_bar=True."""
+
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _no_credentials(cls, uri: str | None) -> str | None:
+        if uri is not None and holds_credential(uri):
+            raise ValueError(
+                "holds a credential; it is stored in a ConfigMap that namespace viewers can read: set "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) from a Secret "
+                "with spec.env[].valueFrom.secretKeyRef"
+            )
+        return uri
 
 
 NcclDebug = Literal["VERSION", "WARN", "INFO", "TRACE"]
@@ -227,17 +243,15 @@ class SchedulingSettings(ApiModel):
         {"rule": '!has(self.gang) || !self.gang.enabled || has(self.schedulerName)', "message": 'gang.enabled needs schedulerName: volcano, or the name of your scheduler-plugins scheduler'},
     ]})
 
-    scheduler_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
+    scheduler_name: DnsSubdomain | None = None
     """Scheduler of the worker pods, e.g. volcano or scheduler-plugins-scheduler. Gang scheduling picks the PodGroup kind from it."""
-    priority_class_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
+    priority_class_name: DnsSubdomain | None = None
     """PriorityClass of the worker pods."""
-    node_selector: Annotated[
-        dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE_LENGTH)]], Field(max_length=MAX_MAP_ENTRIES)
-    ] = Field(default_factory=dict)
+    node_selector: Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
     """Node labels the worker pods must match, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}."""
-    tolerations: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
+    tolerations: Annotated[list[Toleration], Field(max_length=64)] = Field(default_factory=list)
     """Tolerations of the worker pods (core/v1 Toleration)."""
-    affinity: KubeObject | None = None
+    affinity: Affinity | None = None
     """Affinity of the worker pods (core/v1 Affinity)."""
     gang: GangScheduling = Field(default_factory=GangScheduling)
     """Gang scheduling."""
@@ -260,7 +274,7 @@ class DistributedTrainingSpec(ApiModel):
         {"rule": CEL_SHARED_STORAGE_RULE, "message": CEL_SHARED_STORAGE_MESSAGE},
     ]})
 
-    image: Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_LENGTH)] = contract.DEFAULT_TRAINER_IMAGE
+    image: ImageReference = contract.DEFAULT_TRAINER_IMAGE
     """Trainer image: dtrain's trainer image or one built FROM it with your own code."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """When the kubelet pulls the image."""
@@ -278,13 +292,13 @@ class DistributedTrainingSpec(ApiModel):
     """CPU and memory of each worker container (GPUs come from devicesPerNode)."""
     env: Annotated[list[EnvVar], Field(max_length=256)] = Field(default_factory=list)
     """Extra environment variables of the trainer container."""
-    volumes: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
+    volumes: Annotated[list[Volume], Field(max_length=64)] = Field(default_factory=list)
     """Extra volumes of the worker pods (core/v1 Volume), e.g. a PVC with the data set."""
-    volume_mounts: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
+    volume_mounts: Annotated[list[VolumeMount], Field(max_length=64)] = Field(default_factory=list)
     """Extra volume mounts of the trainer container (core/v1 VolumeMount)."""
     host_network: bool = False
     """Run worker pods in the host's network namespace. Only some NCCL/RDMA setups need this; it weakens isolation."""
-    service_account_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] = contract.DEFAULT_WORKER_SERVICE_ACCOUNT
+    service_account_name: DnsSubdomain = contract.DEFAULT_WORKER_SERVICE_ACCOUNT
     """Service account of the worker pods: it needs `patch` on distributedtrainings/status to report progress."""
     master_port: Annotated[int, Field(ge=1024, le=65535)] = contract.DEFAULT_MASTER_PORT
     """Port of torchrun's rendezvous on node 0."""
@@ -328,6 +342,36 @@ class DistributedTrainingSpec(ApiModel):
             )
         if self.engine.enabled and not self.export.onnx.enabled:
             raise ValueError("engine.enabled needs export.onnx.enabled: the engine is built from model.onnx")
+        return self
+
+    @model_validator(mode="after")
+    def _volumes_fit_the_pods(self) -> DistributedTrainingSpec:
+        """Volume names and mount paths as the API server checks them in a pod, beside the operator's own."""
+        names: set[str] = set()
+        for index, volume in enumerate(self.volumes):
+            name = volume["name"]
+            if name in contract.OPERATOR_VOLUMES:
+                raise refusal(f".volumes[{index}].name", f"{echo(name)} is the name of a volume the operator adds "
+                              f"({', '.join(contract.OPERATOR_VOLUMES)}); choose another")
+            if name in names:
+                raise refusal(f".volumes[{index}].name", f"{echo(name)} names two volumes")
+            names.add(name)
+        mountable = names | ({contract.STORAGE_VOLUME} if self.storage else set())
+        operators = {contract.CONFIG_MOUNT_DIR: "the trainer's config", contract.SHM_MOUNT_PATH: "shared memory"}
+        taken = {posixpath.normpath(self.storage.mount_path): "spec.storage"} if self.storage else {}
+        for index, mount in enumerate(self.volume_mounts):
+            if mount["name"] not in mountable:
+                raise refusal(f".volumeMounts[{index}].name", f"{echo(mount['name'])} names no volume of spec.volumes"
+                              + (" or spec.storage" if self.storage else ""))
+            path = posixpath.normpath(mount["mountPath"])
+            inside = next((p for p in operators if path == p or path.startswith(f"{p}/")), None)
+            if inside is not None:
+                raise refusal(f".volumeMounts[{index}].mountPath", f"{echo(mount['mountPath'])} would cover "
+                              f"{inside}, where the operator mounts {operators[inside]}; mount it elsewhere")
+            if path in taken:
+                raise refusal(f".volumeMounts[{index}].mountPath",
+                              f"{echo(mount['mountPath'])} is already the mountPath of {taken[path]}")
+            taken[path] = f"spec.volumeMounts[{index}]"
         return self
 
     @property

@@ -1,12 +1,15 @@
-"""Validate job files: YAML documents in, DistributedTraining objects or one line per error out.
+"""Validate job files: a file of one YAML document in, a DistributedTraining or a few lines of errors out.
 
-`dtrain validate`, `dtrain run` and the operator (InvalidSpec) report errors through
-the same functions, so a user sees the same message wherever the spec is checked.
+`dtrain validate`, `dtrain submit`, `dtrain run` and the operator (InvalidSpec) check and
+report through the same functions, so a file is refused (and said to be) the same way
+wherever it is checked. Every line is escaped and capped: whatever a file holds, the answer
+is a screenful of plain text.
 """
 
 from __future__ import annotations
 
 import difflib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,38 +20,79 @@ from pydantic_core import ErrorDetails
 
 from dtrain_operator import api
 from dtrain_operator.api import contract
+from dtrain_operator.api.kube_objects import FIELD_ERROR
 from dtrain_operator.api.redaction import REDACTED, is_credential_name, redact_text
-from dtrain_operator.api.safe_yaml import YamlRefused, echo, load_documents
+from dtrain_operator.api.safe_yaml import YamlRefused, echo, key_path, load_documents, printable, read_job_file
+
+# Lines one file's errors print before the rest are counted: a screenful, whatever the file holds.
+MAX_ERROR_LINES = 10
+# The exit code of `dtrain validate`, `submit` and `run` for an invalid job file (argparse's for bad usage).
+EXIT_INVALID_JOB = 2
 from dtrain_operator.api.storage import missing_shared_storage
 
 
 @dataclass
 class DocumentResult:
-    """One YAML document of a file: the parsed job, or the errors that stop it."""
+    """A job file or object: the parsed job, or the errors that stop it."""
 
     source: str
     job: api.DistributedTraining | None = None
     errors: list[str] = field(default_factory=list)
+    document: Any = None
+    """The object as it was read (what `dtrain submit` sends to the API server)."""
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
+def _unwrap(annotation: Any) -> Any:
+    """`annotation` without Annotated's metadata and without the `| None` of an optional field."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if _is_union(annotation) and len(members) == 1:
+        return _unwrap(members[0])
+    return annotation
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+def _walk(loc: tuple[Any, ...], root: type[BaseModel]) -> tuple[str, Any]:
+    """The path that `loc` stands for, as the user wrote it, and the type found there (None past
+    what the model knows). Pydantic's own parts are left out: a union branch's name
+    (`constrained-int`) and the `[key]` it adds to an error in a map's key."""
+    text, after_key = "", False
+    annotation: Any = root
+    for part in loc:
+        annotation = _unwrap(annotation)
+        if after_key and part == "[key]":
+            after_key = False
+            continue
+        after_key = False
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = next((f for n, f in annotation.model_fields.items() if (f.alias or n) == part), None)
+            annotation = field.annotation if field else None
+        elif typing.get_origin(annotation) is dict:
+            annotation, after_key = typing.get_args(annotation)[1], True
+        elif typing.get_origin(annotation) is list:
+            annotation = typing.get_args(annotation)[0]
+        elif _is_union(annotation):
+            annotation = _first_model(annotation)
+            continue
+        else:
+            annotation = None
+        text = f"{text}[{part}]" if isinstance(part, int) else key_path(text, part)
+    return text, annotation
+
+
 def _model_at(loc: tuple[Any, ...], root: type[BaseModel] = api.DistributedTraining) -> type[BaseModel] | None:
     """The pydantic model that holds the field at `loc` (for "did you mean" hints)."""
-    model: type[BaseModel] = root
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        match = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
-        if match is None:
-            return None
-        inner = _first_model(match.annotation)
-        if inner is None:
-            return None
-        model = inner
-    return model
+    _, annotation = _walk(loc, root)
+    annotation = _unwrap(annotation)
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
 def _first_model(annotation: Any) -> type[BaseModel] | None:
@@ -61,16 +105,8 @@ def _first_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _path(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif part in ("function-after", "function-before") or "[" in str(part):
-            continue  # pydantic's names for validator and union branches, not fields
-        else:
-            text += f".{part}" if text else str(part)
-    return text or "(document)"
+def _path(loc: tuple[Any, ...], root: type[BaseModel] = api.DistributedTraining) -> str:
+    return _walk(loc, root)[0] or "(document)"
 
 
 def _may_hold_a_secret(loc: tuple[Any, ...]) -> bool:
@@ -80,20 +116,22 @@ def _may_hold_a_secret(loc: tuple[Any, ...]) -> bool:
     return "env" in loc and loc[-1] == "value"
 
 
-def format_error(error: ErrorDetails, root: type[BaseModel] = api.DistributedTraining) -> str:
-    """One pydantic error as `field.path: what is wrong; what is allowed`."""
+def format_error(
+    error: ErrorDetails, root: type[BaseModel] = api.DistributedTraining, listed: set[str] | None = None
+) -> str:
+    """One pydantic error as `field.path: what is wrong; what is allowed`. An unknown field's line lists
+    the known ones only the first time for each parent that `listed` records."""
     loc = tuple(error["loc"])
     kind = error["type"]
     value = error.get("input")
-    path = _path(loc)
+    path = _path(loc, root)
     if _may_hold_a_secret(loc):
         value = REDACTED
+    if kind == FIELD_ERROR:
+        context = error.get("ctx", {})
+        return f"{path if loc else ''}{context['path']}: {context['message']}"
     if kind == "extra_forbidden":
-        parent = _model_at(loc[:-1], root)
-        known = _field_names(parent) if parent else []
-        hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
-        suggestion = f"; did you mean '{hint[0]}'?" if hint else (f"; known fields: {', '.join(known)}" if known else "")
-        return f"{path}: unknown field{suggestion}"
+        return f"{path}: unknown field{_known_fields_hint(loc, root, listed)}"
     if kind == "missing":
         return f"{path}: required field is missing"
     if kind in ("literal_error", "enum"):
@@ -107,19 +145,72 @@ def format_error(error: ErrorDetails, root: type[BaseModel] = api.DistributedTra
     return f"{path}: {message} (got {redact_text(echo(value))})"
 
 
-def format_validation_error(exc: ValidationError, root: type[BaseModel] = api.DistributedTraining) -> list[str]:
+def _known_fields_hint(loc: tuple[Any, ...], root: type[BaseModel], listed: set[str] | None) -> str:
+    parent = _model_at(loc[:-1], root)
+    known = _field_names(parent) if parent else []
+    hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    if hint:
+        return f"; did you mean '{hint[0]}'?"
+    parent_path = _path(loc[:-1], root)
+    if not known or (listed is not None and parent_path in listed):
+        return ""
+    if listed is not None:
+        listed.add(parent_path)
+    return f"; known fields: {', '.join(known)}"
+
+
+def format_validation_error(
+    exc: ValidationError, root: type[BaseModel] = api.DistributedTraining, limit: int = MAX_ERROR_LINES
+) -> list[str]:
+    """One line per field in error, at most `limit` of them, then how many more there are: a file with
+    thousands of unknown keys gets a short answer, in time linear in their number."""
     lines: list[str] = []
+    paths: set[str] = set()
+    listed: set[str] = set()
+    unknown_left = other_left = 0
     for error in exc.errors():
-        line = format_error(error, root)
+        path = _path(tuple(error["loc"]), root)
         # A union reports one error per branch; one line per field is enough.
-        if not any(existing.split(":")[0] == line.split(":")[0] for existing in lines):
-            lines.append(line)
+        if path in paths:
+            continue
+        paths.add(path)
+        if len(lines) < limit:
+            lines.append(format_error(error, root, listed))
+        elif error["type"] == "extra_forbidden":
+            unknown_left += 1
+        else:
+            other_left += 1
+    if unknown_left and not other_left:
+        lines.append(f"... and {unknown_left:,} more unknown fields")
+    elif unknown_left or other_left:
+        lines.append(f"... and {unknown_left + other_left:,} more errors")
     return lines
 
 
+def _without_nulls(value: Any, annotation: Any) -> Any:
+    """`value` without the nulls the API server drops before it validates: a field or a map value the
+    schema types, left null when its content was commented out (`trainer:` with only comments).
+    Free-form values (initArgs, volumes) keep theirs, as the API server does; an unknown field keeps
+    its null, to be named as unknown."""
+    annotation = _unwrap(annotation)
+    if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        fields = {f.alias or name: f.annotation for name, f in annotation.model_fields.items()}
+        return {k: _without_nulls(v, fields.get(k)) for k, v in value.items() if k not in fields or v is not None}
+    if isinstance(value, dict) and typing.get_origin(annotation) is dict:
+        item = typing.get_args(annotation)[1]
+        if _unwrap(item) is Any:
+            return value
+        return {k: _without_nulls(v, item) for k, v in value.items() if v is not None}
+    if isinstance(value, list) and typing.get_origin(annotation) is list:
+        item = typing.get_args(annotation)[0]
+        return [_without_nulls(v, item) for v in value]
+    return value
+
+
 def validate_object(obj: Any, source: str = "", cluster: bool = True) -> DocumentResult:
-    """Check one already-parsed document; `cluster`: also what only a cluster needs (shared storage)."""
-    result = DocumentResult(source=source)
+    """Check one already-parsed object, as the operator reads a stored one; `cluster`: also what only a
+    cluster needs (shared storage)."""
+    result = DocumentResult(source=source, document=obj)
     if not isinstance(obj, dict):
         result.errors.append(f"expected a mapping (a Kubernetes object), got {type(obj).__name__}")
         return result
@@ -132,9 +223,10 @@ def validate_object(obj: Any, source: str = "", cluster: bool = True) -> Documen
         return result
     try:
         # Strict, as the API server is: "2" is not an integer, true is not 1, "no" is not false.
-        result.job = api.DistributedTraining.model_validate(obj, strict=True)
+        result.job = api.DistributedTraining.model_validate(_without_nulls(obj, api.DistributedTraining), strict=True)
     except ValidationError as exc:
-        result.errors.extend(format_validation_error(exc))
+        # Every echoed part is escaped already; this is the net for messages that embed a key or a value.
+        result.errors.extend(printable(line) for line in format_validation_error(exc))
     if cluster and result.job is not None:
         problem = missing_shared_storage(result.job.spec, result.job.namespace, result.job.name)
         if problem:
@@ -143,37 +235,48 @@ def validate_object(obj: Any, source: str = "", cluster: bool = True) -> Documen
     return result
 
 
-def validate_text(text: str, source: str, cluster: bool = True) -> list[DocumentResult]:
-    """Every document of a YAML text; YAML syntax errors, hostile YAML and empty files are errors too."""
+def validate_job_document(obj: Any, source: str = "", cluster: bool = True) -> DocumentResult:
+    """Check an object a user gives to be created (a job file, a dict): validate_object's checks, and
+    none of the annotations that only the operator writes (the record it keeps of an accepted job)."""
+    result = validate_object(obj, source, cluster)
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    for key in annotations if isinstance(annotations, dict) else ():
+        if isinstance(key, str) and contract.is_operator_annotation(key):
+            result.job = None
+            where = key_path("metadata.annotations", key)
+            result.errors.append(f"{where}: set only by the dtrain operator; remove it from the job file")
+    return result
+
+
+def validate_text(text: str, source: str, cluster: bool = True) -> DocumentResult:
+    """The one DistributedTraining of a YAML text; YAML syntax errors, hostile YAML, empty files and files
+    with several documents are errors too (`dtrain validate`, `submit` and `run` take one job per file)."""
     try:
         documents = load_documents(text)
     except YamlRefused as exc:
         where = f"{source}:{exc.line}:{exc.column}" if exc.line else source
-        return [DocumentResult(source=where, errors=[str(exc)])]
+        return DocumentResult(source=where, errors=[printable(str(exc))])
     if not documents:
-        return [DocumentResult(source=source, errors=["the file holds no YAML document"])]
-    many = len(documents) > 1
-    return [validate_object(doc, f"{source}#{i + 1}" if many else source, cluster) for i, doc in enumerate(documents)]
+        return DocumentResult(source=source, errors=["the file holds no YAML document"])
+    if len(documents) > 1:
+        return DocumentResult(
+            source=source, errors=[f"holds {len(documents)} YAML documents; give one DistributedTraining per file"]
+        )
+    return validate_job_document(documents[0], source, cluster)
 
 
-def validate_file(path: str | Path, cluster: bool = True) -> list[DocumentResult]:
-    path = Path(path)
+def validate_file(path: str | Path, cluster: bool = True) -> DocumentResult:
+    source = printable(str(path))
     try:
-        text = path.read_text()
-    except OSError as exc:
-        return [DocumentResult(source=str(path), errors=[f"cannot read the file: {exc.strerror}"])]
-    except UnicodeDecodeError:
-        return [DocumentResult(source=str(path), errors=["not a text (UTF-8) file"])]
-    return validate_text(text, str(path), cluster)
+        text = read_job_file(path)
+    except YamlRefused as exc:
+        return DocumentResult(source=source, errors=[str(exc)])
+    return validate_text(text, source, cluster)
 
 
 def load_job(path: str | Path) -> tuple[api.DistributedTraining | None, list[str]]:
-    """The single DistributedTraining of a job file, or `source: error` lines, for `dtrain run`: its nodes share
+    """The DistributedTraining of a job file, or `source: error` lines, for `dtrain run`: its nodes share
     this machine's disk, so what only a cluster needs (shared storage) is not asked for."""
-    results = validate_file(path, cluster=False)
-    errors = [f"{r.source}: {e}" for r in results for e in r.errors]
-    if errors:
-        return None, errors
-    if len(results) != 1:
-        return None, [f"{path}: holds {len(results)} DistributedTrainings; give a file with one"]
-    return results[0].job, []
+    result = validate_file(path, cluster=False)
+    return result.job, [f"{result.source}: {error}" for error in result.errors]

@@ -23,14 +23,16 @@ import yaml
 
 from dtrain_operator import api
 from dtrain_operator.api import records
+from dtrain_operator.api.crd import PRINTER_COLUMNS
 from dtrain_operator.api.results import EngineResults, TrainerResults
+from dtrain_operator.api.validation import EXIT_INVALID_JOB
 from dtrain_operator.client import Client, DtrainError, InvalidJob, ProgressUpdate
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_INVALID = 2
 WATCH_POLL_SECONDS = 2.0
-GET_COLUMNS = ("NAME", "PHASE", "NODES", "EPOCH", "IMG/S", "RESTARTS", "AGE", "LOSS", "ETA")
+# `kubectl get dtr`'s columns (the CRD's printer columns), then two of dtrain's own.
+GET_COLUMNS = ("NAME", *(column["name"].upper() for column in PRINTER_COLUMNS), "LOSS", "ETA")
 
 
 # --- Shared -------------------------------------------------------------------------------------
@@ -42,7 +44,7 @@ def _client(args: argparse.Namespace) -> Client:
 
 def _fail(error: DtrainError) -> int:
     print(f"error: {error}", file=sys.stderr)
-    return EXIT_INVALID if isinstance(error, InvalidJob) else EXIT_FAILED
+    return EXIT_INVALID_JOB if isinstance(error, InvalidJob) else EXIT_FAILED
 
 
 def stored(job: api.DistributedTraining) -> dict[str, Any]:
@@ -114,17 +116,20 @@ def get_row(job: api.DistributedTraining, now: datetime) -> list[str]:
     status = job.status or api.DistributedTrainingStatus()
     created = (job.metadata.model_extra or {}).get("creationTimestamp")
     eta = eta_seconds(job, update)
-    return [
-        job.name,
-        status.phase or "",
-        status.nodes_ready or "",
-        "" if update.epoch is None else str(update.epoch),
-        "" if update.images_per_second is None else f"{update.images_per_second:g}",
-        str(status.restarts),
-        age(created, now),
-        "" if update.loss is None else f"{update.loss:.4g}",
-        "" if eta is None else format_duration(eta),
-    ]
+    progress = status.progress
+    cells = {
+        "NAME": job.name,
+        "PHASE": status.phase or "",
+        "NODES": status.nodes_ready or "",
+        "EPOCH": "" if update.epoch is None else str(update.epoch),
+        "IMG/S": "" if update.images_per_second is None else f"{update.images_per_second:g}",
+        "VAL": (progress.validation if progress is not None else None) or "",
+        "RESTARTS": str(status.restarts),
+        "AGE": age(created, now),
+        "LOSS": "" if update.loss is None else f"{update.loss:.4g}",
+        "ETA": "" if eta is None else format_duration(eta),
+    }
+    return [cells[column] for column in GET_COLUMNS]
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from dtrain_operator.api import contract
+from dtrain_operator.cli.lazy import lazy
+from dtrain_operator.cli.operator_command import add_operator_command
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -17,40 +18,36 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_api_docs(args: argparse.Namespace) -> int:
+    from dtrain_operator.api.reference import api_reference
+
+    sys.stdout.write(api_reference())
+    return 0
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from dtrain_operator.api.validation import validate_file
+    from dtrain_operator.api.validation import EXIT_INVALID_JOB, validate_file
 
     failed = False
     estimate_code = 0
     for path in args.files:
-        for result in validate_file(path):
-            if result.errors:
-                failed = True
-                for error in result.errors:
-                    print(f"{result.source}: {error}", file=sys.stderr)
-            elif result.job is not None:
-                spec = result.job.spec
-                if not args.quiet:
-                    print(
-                        f"{result.source}: ok: DistributedTraining {result.job.name} "
-                        f"({spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es))"
-                    )
-                if args.estimate:
-                    from dtrain_trainer.memory_report import print_estimate
+        result = validate_file(path)
+        if result.errors:
+            failed = True
+            for error in result.errors:
+                print(f"{result.source}: {error}", file=sys.stderr)
+        elif result.job is not None:
+            spec = result.job.spec
+            if not args.quiet:
+                print(
+                    f"{result.source}: ok: DistributedTraining {result.job.name} "
+                    f"({spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es))"
+                )
+            if args.estimate:
+                from dtrain_trainer.memory_report import print_estimate
 
-                    estimate_code = max(estimate_code, print_estimate(result.job, args.gpu_memory))
-    return 1 if failed else estimate_code
-
-
-def _lazy(module: str, function: str = "main") -> Callable[[argparse.Namespace], int]:
-    """A subcommand whose implementation lives in another module, imported only when run."""
-
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        return int(getattr(importlib.import_module(module), function)(args) or 0)
-
-    return run
+                estimate_code = max(estimate_code, print_estimate(result.job, args.gpu_memory))
+    return EXIT_INVALID_JOB if failed else estimate_code
 
 
 def _cluster_options(parser: argparse.ArgumentParser, output: bool = False) -> None:
@@ -78,7 +75,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "--no-estimate", action="store_true", help="do not estimate per-GPU memory (it builds the model on the CPU)"
     )
     _cluster_options(p, output=True)
-    p.set_defaults(func=_lazy(verbs, "submit"))
+    p.set_defaults(func=lazy(verbs, "submit"))
 
     p = sub.add_parser(
         "get",
@@ -87,7 +84,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("name", nargs="?", metavar="NAME")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
     _cluster_options(p, output=True)
-    p.set_defaults(func=_lazy(verbs, "get"))
+    p.set_defaults(func=lazy(verbs, "get"))
 
     p = sub.add_parser(
         "watch",
@@ -98,7 +95,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("name", metavar="NAME")
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between reads (default 2)")
     _cluster_options(p)
-    p.set_defaults(func=_lazy(verbs, "watch"))
+    p.set_defaults(func=lazy(verbs, "watch"))
 
     p = sub.add_parser("logs", help="print the trainer log of one worker pod (rank 0 by default)")
     p.add_argument("name", metavar="NAME")
@@ -107,21 +104,29 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines")
     p.add_argument("-p", "--previous", action="store_true", help="the log of the previous container")
     _cluster_options(p)
-    p.set_defaults(func=_lazy(verbs, "logs"))
+    p.set_defaults(func=lazy(verbs, "logs"))
 
     p = sub.add_parser("delete", help="delete jobs (their pods, Service, ConfigMap and engine Job go with them)")
     p.add_argument("names", nargs="+", metavar="NAME")
     p.add_argument("--wait", action="store_true", help="return once each job is gone")
     _cluster_options(p)
-    p.set_defaults(func=_lazy(verbs, "delete"))
+    p.set_defaults(func=lazy(verbs, "delete"))
 
 
 def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """crd and validate: the API, and job files checked against it."""
+    """crd, api-docs and validate: the API, and job files checked against it."""
     p = sub.add_parser("crd", help="print the DistributedTraining CustomResourceDefinition (generated from the model)")
     p.set_defaults(func=_cmd_crd)
+    p = sub.add_parser("api-docs", help="print the API reference in Markdown, docs/api.md (generated from the model)")
+    p.set_defaults(func=_cmd_api_docs)
 
-    p = sub.add_parser("validate", help="check job files; one line per error naming the field")
+    p = sub.add_parser(
+        "validate",
+        help="check job files; one line per error naming the field",
+        description="Check each FILE (one DistributedTraining per file) as the API server and the operator would. "
+        "Exit codes: 0 every file valid, 2 a file invalid (as `dtrain submit` and `dtrain run` say it), "
+        "3 with --estimate when a batch does not fit.",
+    )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument(
@@ -134,131 +139,6 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--gpu-memory", metavar="SIZE", help="memory of one GPU for --estimate's verdict, e.g. 32Gi or 80G"
     )
     p.set_defaults(func=_cmd_validate)
-
-
-# layout: one flat list of the command's flags, in the order --help shows them, reads best as one list.
-def _add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """operator: the controller, with its flags (the chart passes them)."""
-    p = sub.add_parser(
-        "operator",
-        help="run the operator (what the operator Deployment runs)",
-        description=(
-            "Run the dtrain operator: it turns each DistributedTraining into a Service, a ConfigMap and a gang "
-            "of worker pods, restarts the gang when a worker fails, builds the engine in a Job, and reports "
-            "status. Credentials: the pod's service account in a cluster, else $KUBECONFIG (or ~/.kube/config)."
-        ),
-    )
-    scope = p.add_mutually_exclusive_group()
-    scope.add_argument(
-        "-n",
-        "--namespace",
-        action="append",
-        dest="namespaces",
-        metavar="NS",
-        help="watch only this namespace (repeat for several; needs a Role in each)",
-    )
-    scope.add_argument(
-        "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default; needs a ClusterRole)"
-    )
-    p.add_argument("--health-port", type=int, default=8080, help="port of the /healthz liveness endpoint (default 8080)")
-    p.add_argument("--metrics-port", type=int, default=8081, help="port of the Prometheus /metrics (default 8081)")
-    p.add_argument(
-        "--qps",
-        type=float,
-        default=500.0,
-        help="client-side limit on the operator's own API requests, per second on average (default 500; "
-        "the API server's Priority and Fairness protects it; lower it for clusters older than Kubernetes 1.29)",
-    )
-    p.add_argument(
-        "--burst", type=int, default=1000, help="requests allowed at once above --qps before it applies (default 1000)"
-    )
-    p.add_argument(
-        "--network-policy",
-        action="store_true",
-        help="create a NetworkPolicy per job that admits ingress to its pods (the rendezvous port included) "
-        "only from the job's own pods",
-    )
-    p.add_argument(
-        "--refuse-host-access",
-        action="store_true",
-        help="refuse jobs that ask for hostNetwork or hostPath volumes (condition InvalidSpec naming the field) "
-        f"unless their namespace carries the label {contract.LABEL_ALLOW_HOST_ACCESS}=true",
-    )
-    p.add_argument(
-        "--watch-timeout",
-        type=int,
-        default=300,
-        metavar="SECONDS",
-        help="re-open every watch after this long, so that a stream that died silently reconnects (default 300)",
-    )
-    p.add_argument(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="hold a coordination.k8s.io Lease while reconciling, so that several replicas can run and one acts "
-        "(default on; --no-leader-elect for a single replica)",
-    )
-    p.add_argument(
-        "--leader-elect-lease-duration",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="how long a standby waits after the Lease last changed before it takes over (default 10)",
-    )
-    p.add_argument(
-        "--leader-elect-renew-deadline",
-        type=float,
-        default=7.0,
-        metavar="SECONDS",
-        help="how long the leader tries to renew the Lease before it gives up and exits (default 7)",
-    )
-    p.add_argument(
-        "--leader-elect-retry-period",
-        type=float,
-        default=2.0,
-        metavar="SECONDS",
-        help="how often candidates try to acquire, and the leader renews, the Lease (default 2)",
-    )
-    p.add_argument(
-        "--leader-elect-resource-name", default="dtrain-operator", metavar="NAME", help="the Lease's name"
-    )
-    p.add_argument(
-        "--state-key-secret",
-        metavar="NAME",
-        default="dtrain-operator-state-key",
-        help="the Secret, in the operator's own namespace, holding the key that signs its record of each job "
-        "(created at the first start when missing; default dtrain-operator-state-key)",
-    )
-    p.add_argument(
-        "--leader-elect-resource-namespace",
-        metavar="NS",
-        help="the Lease's namespace: the operator's own (default $POD_NAMESPACE, else the service account's "
-        "namespace, else default)",
-    )
-    p.add_argument(
-        "--stuck-terminating-timeout",
-        type=float,
-        default=150.0,
-        metavar="SECONDS",
-        help="a deleted worker pod still there this long after its deletion is stuck: it is named in a condition "
-        "and an Event, and force-deleted once its node stopped reporting (default 150; keep it above the pods' "
-        "termination grace period)",
-    )
-    p.add_argument(
-        "--image-pull-timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="a worker pod that still cannot pull its image this long after it was scheduled fails the job with "
-        "ImagePullFailed (default 300)",
-    )
-    p.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level (default INFO)"
-    )
-    p.add_argument(
-        "--log-format", default="plain", choices=["plain", "json"], help="plain text or one JSON object a line"
-    )
-    p.set_defaults(func=_lazy("dtrain_operator.controller.main"))
 
 
 def _add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -283,7 +163,7 @@ def _add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         action="store_true",
         help="continue from the checkpoint an earlier run left in the workdir (default: start afresh)",
     )
-    p.set_defaults(func=_lazy("dtrain_operator.local.run"))
+    p.set_defaults(func=lazy("dtrain_operator.local.run"))
 
 
 # layout: one flat list of the command's flags, in the order --help shows them, reads best as one list.
@@ -366,7 +246,7 @@ def _add_engine_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--use-cuda-graph", action="store_true", help="also time through a CUDA graph (trtexec --useCudaGraph)")
     p.add_argument("--dry-run", action="store_true", help="print the build plan as JSON and stop: no TensorRT or GPU needed, nothing written")
     p.add_argument("--tensorrt-version", metavar="X.Y", help="the TensorRT a --dry-run plans for (default: the one installed, else 10.13)")
-    p.set_defaults(func=_lazy("dtrain_engine.main"))
+    p.set_defaults(func=lazy("dtrain_engine.main"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -377,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _add_file_commands(sub)
-    _add_operator_command(sub)
+    add_operator_command(sub)
     _add_run_command(sub)
     _add_cluster_commands(sub)
     _add_engine_command(sub)

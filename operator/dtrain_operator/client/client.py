@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtrain_operator import api
 from dtrain_operator.api import contract
-from dtrain_operator.api.validation import DocumentResult, validate_file, validate_object
+from dtrain_operator.api.validation import DocumentResult, validate_file, validate_job_document
 from dtrain_operator.client.credentials import load_configuration
 from dtrain_operator.client.errors import (
     AlreadyExists,
@@ -44,6 +44,10 @@ INSTALL_HINT = (
     "install the operator (helm install dtrain helm/dtrain-operator -n dtrain-system --create-namespace, "
     "or kubectl apply -k manifests/), or pick the cluster that has it with --context"
 )
+# dtrain is not published to PyPI, where `pip install 'dtrain[client]'` would look for it: it installs
+# from a checkout of its repository or from a wheel built there.
+INSTALL_CLIENT = "pip install './[client]' in a checkout of dtrain, or its wheel with [client] (see docs/cluster.md)"
+UPGRADE_CLIENT = "pip install -U './[client]' in a newer checkout, or its wheel with [client]"
 
 
 def _worker_rank(pod: Mapping[str, Any]) -> int | None:
@@ -76,9 +80,7 @@ class Client:
         try:
             from kubernetes import client
         except ImportError as exc:
-            raise DtrainError(
-                "the dtrain client needs the kubernetes package: pip install 'dtrain[client]'"
-            ) from exc
+            raise DtrainError(f"the dtrain client needs the kubernetes package: {INSTALL_CLIENT}") from exc
         configuration, credential_namespace, self.credentials = load_configuration(
             str(kubeconfig) if kubeconfig else None, context
         )
@@ -210,40 +212,32 @@ class Client:
     @staticmethod
     def validate(job: JobSource) -> api.DistributedTraining:
         """The job as the API model, or InvalidJob with the lines `dtrain validate` prints."""
-        documents, _ = Client._documents(job)
-        return documents[0].job  # type: ignore[return-value]
+        return Client._checked(job).job  # type: ignore[return-value]
 
     @staticmethod
-    def _documents(job: JobSource) -> tuple[list[DocumentResult], dict[str, Any]]:
+    def _checked(job: JobSource) -> DocumentResult:
+        """The job checked as `dtrain validate` checks a file, with the object to send as it was given."""
         if isinstance(job, api.DistributedTraining):
             wire = job.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
             wire.setdefault("apiVersion", contract.API_VERSION)
             wire.setdefault("kind", contract.KIND)
-            results, raw = [validate_object(wire, "job")], wire
+            result = validate_job_document(wire, "job")
         elif isinstance(job, Mapping):
-            raw = json.loads(json.dumps(dict(job)))  # a plain, deep copy: JSON is what the API server takes
-            results = [validate_object(raw, "job")]
+            # A plain, deep copy: JSON is what the API server takes.
+            result = validate_job_document(json.loads(json.dumps(dict(job))), "job")
         else:
-            results = validate_file(job)
-            raw = {}
-        errors = [f"{r.source}: {e}" for r in results for e in r.errors]
-        if errors:
-            raise InvalidJob(errors)
-        if len(results) != 1:
-            raise InvalidJob([f"{job}: holds {len(results)} DistributedTrainings; give a file with one"])
-        if not raw:
-            from dtrain_operator.api.safe_yaml import load_documents
-
-            raw = load_documents(Path(job).read_text())[0]  # type: ignore[arg-type]
-        return results, raw
+            result = validate_file(job)
+        if result.errors:
+            raise InvalidJob([f"{result.source}: {error}" for error in result.errors])
+        return result
 
     def submit(
         self, job: JobSource, namespace: str | None = None, annotations: Mapping[str, str] | None = None
     ) -> api.DistributedTraining:
         """Validate the job (a file, a dict or the model) and create it, with `annotations` added to
         its own; returns the created job."""
-        results, raw = self._documents(job)
-        model = results[0].job
+        result = self._checked(job)
+        model, raw = result.job, result.document
         assert model is not None
         raw.pop("status", None)
         meta = raw.setdefault("metadata", {})
@@ -303,7 +297,7 @@ class Client:
             first = format_validation_error(exc)[0]
             raise DtrainError(
                 f"the cluster's DistributedTraining {name} does not fit this dtrain's API model ({first}); "
-                "the operator there is probably newer: upgrade dtrain (pip install -U 'dtrain[client]')"
+                f"the operator there is probably newer: upgrade dtrain ({UPGRADE_CLIENT})"
             ) from exc
 
     # --- Waiting and progress ---------------------------------------------------------------------

@@ -117,14 +117,14 @@ def reported_stage(progress: Progress | None, gang: Mapping[int, PodObservation]
 
 
 def stuck_terminating(workers: Sequence[PodObservation], now: datetime, limits: Limits) -> list[PodObservation]:
-    """Worker pods deleted longer ago than limits.stuck_terminating_seconds and still there."""
+    """Worker pods still there limits.stuck_terminating_seconds after their grace period ended."""
     return sorted(
         (
             p
             for p in workers
             if p.deleting
-            and p.deleted_at is not None
-            and (now - p.deleted_at).total_seconds() >= limits.stuck_terminating_seconds
+            and p.grace_ends_at is not None
+            and (now - p.grace_ends_at).total_seconds() >= limits.stuck_terminating_seconds
         ),
         key=lambda p: p.name,
     )

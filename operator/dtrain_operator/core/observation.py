@@ -33,7 +33,9 @@ class PodObservation:
     lost: bool = False
     owner_uid: str | None = None
     finished_at: datetime | None = None
-    deleted_at: datetime | None = None
+    grace_ends_at: datetime | None = None
+    """metadata.deletionTimestamp of a pod being deleted: the API server sets it to the time of the delete
+    request plus the grace period (deletionGracePeriodSeconds), when the kubelet kills what is left."""
     ready: bool = False
     waiting_reason: str = ""
     """The trainer container's waiting reason (ErrImagePull, ImagePullBackOff, ContainerCreating, ...)."""
@@ -45,7 +47,7 @@ class Limits:
     """How long the operator waits on the cluster before it says so and acts (the operator's flags)."""
 
     stuck_terminating_seconds: float = 150.0
-    """A deleted pod still there this long after its deletion is stuck (its node may be gone)."""
+    """A deleted pod still there this long after its grace period ended is stuck (its node may be gone)."""
     image_pull_seconds: float = 300.0
     """A worker pod that cannot pull its image this long after it was scheduled fails the job (ImagePullFailed)."""
 

@@ -83,9 +83,9 @@ def _stuck(
     stuck = stuck_terminating(workers, now, limits)
     force = tuple(p for p in stuck if not p.ready)
     waiting = [
-        _seconds_until(p.deleted_at + timedelta(seconds=limits.stuck_terminating_seconds), now)
+        _seconds_until(p.grace_ends_at + timedelta(seconds=limits.stuck_terminating_seconds), now)
         for p in workers
-        if p.deleting and p.deleted_at is not None and p not in stuck
+        if p.deleting and p.grace_ends_at is not None and p not in stuck
     ]
     return force, min(waiting, default=None)
 

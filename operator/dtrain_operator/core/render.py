@@ -29,8 +29,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 TRAINER_CONTAINER = "trainer"
 ENGINE_CONTAINER = "engine"
 RENDEZVOUS_PORT_NAME = "rendezvous"
-CONFIG_VOLUME = "dtrain-config"
-SHM_VOLUME = "dshm"
 VOLCANO_SCHEDULER = "volcano"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -247,8 +245,8 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
         "env": worker_env(job, rank),
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
         "volumeMounts": [
-            {"name": CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True},
-            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True},
+            {"name": contract.SHM_VOLUME, "mountPath": contract.SHM_MOUNT_PATH},
             *storage_mounts(job),
             *spec.volume_mounts,
         ],
@@ -273,9 +271,9 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
         "securityContext": dict(_POD_SECURITY),
         "containers": [container],
         "volumes": [
-            {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}},
+            {"name": contract.CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}},
             # NCCL and DataLoader workers share memory through /dev/shm; the default 64 MiB is far too small.
-            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+            {"name": contract.SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             *storage_volumes(job),
             *spec.volumes,
         ],

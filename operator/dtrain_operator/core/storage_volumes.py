@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtrain_operator.api import DistributedTraining, storage
+from dtrain_operator.api import DistributedTraining, contract, storage
 
-STORAGE_VOLUME = "dtrain-storage"
+STORAGE_VOLUME = contract.STORAGE_VOLUME
 GCS_CREDENTIALS_VOLUME = "dtrain-gcs-credentials"
 GCS_CREDENTIALS_DIR = "/var/run/secrets/dtrain/gcs"
 # botocore (boto3, s3fs) reads the S3 endpoint from this variable.

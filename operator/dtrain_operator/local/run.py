@@ -31,7 +31,7 @@ import yaml
 from dtrain_operator.api import DistributedTraining, StepTimes, contract, records
 from dtrain_operator.api.results import TrainerResults, read_termination_message
 from dtrain_operator.api.storage import missing_shared_storage
-from dtrain_operator.api.validation import load_job
+from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job
 from dtrain_operator.core import policy, progress_deadline, render, stragglers
 from dtrain_operator.local.display import Display
 from dtrain_operator.local.gang import Gang, become_child_subreaper
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 EXIT_FAILED = 1
-EXIT_INVALID = 2
 POLL_SECONDS = 0.25
 # How often the process trees are walked for descendants (they change rarely).
 TREE_WALK_SECONDS = 1.0
@@ -397,14 +396,14 @@ def main(args: argparse.Namespace) -> int:
     if job is None:
         for error in errors:
             print(error, file=sys.stderr)
-        return EXIT_INVALID
+        return EXIT_INVALID_JOB
     root = Path(args.workdir) if args.workdir else default_workdir(job, Path.cwd())
     workdir = Workdir(root.resolve())
     try:
         local = localize(job, Overrides(args.nodes, args.devices_per_node), workdir, cuda_devices_here(job))
     except PlanError as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return EXIT_INVALID_JOB
     display = Display.for_stream(sys.stdout)
     for warning in local.warnings:
         display.warn(warning)

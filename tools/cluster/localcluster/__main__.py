@@ -77,11 +77,21 @@ def _wait_nodes_ready(count: int) -> None:
     processes.wait_until(ready, f"{count} Ready nodes", 120)
 
 
+def _build_images() -> None:
+    """The images the pods run from, in this machine's containers-storage (their unchanged layers reused)."""
+    print("cluster: building the operator, trainer and engine images (tools/build-local-images.sh; the first "
+          "build takes several minutes, then unchanged layers are reused)", flush=True)
+    result = subprocess.run(["bash", str(layout.REPO / "tools" / "build-local-images.sh")], check=False,
+                            env={**os.environ, "REGISTRY": layout.IMAGE_REGISTRY, "VERSION": layout.version()})
+    if result.returncode != 0:
+        raise ClusterError("the image build failed (above); make cluster PODS_FROM=host runs the pods from this "
+                           "machine's environment instead")
+
+
 def _install_operator() -> None:
-    version = layout.REPO.joinpath("pyproject.toml").read_text().split('version = "', 1)[1].split('"', 1)[0]
     command = [str(HELM), f"--kubeconfig={layout.KUBECONFIG}", "upgrade", "--install", RELEASE,
                str(layout.REPO / "helm" / "dtrain-operator"), "-n", OPERATOR_NAMESPACE, "--create-namespace",
-               "--set", "image.repository=localhost/dtrain/dtrain-operator", "--set", f"image.tag={version}",
+               "--set", f"image.repository={layout.IMAGE_REGISTRY}/dtrain-operator", "--set", f"image.tag={layout.version()}",
                "--set", "image.pullPolicy=Never",
                # The trainers' service account where the README's jobs go (the release namespace has one too).
                "--set", "trainerRbac.namespaces={default}", "--wait", "--timeout=5m"]
@@ -101,8 +111,11 @@ def up(args: argparse.Namespace) -> int:
     _check_ports(nodes)
     started = time.monotonic()
     controlplane.build()
+    if args.pods_from == "images":
+        _build_images()
     layout.STATE.mkdir(parents=True, exist_ok=True)
-    layout.CONFIG.write_text(json.dumps({"nodes": args.nodes, "gpusPerNode": args.gpus_per_node}))
+    layout.CONFIG.write_text(json.dumps({"nodes": args.nodes, "gpusPerNode": args.gpus_per_node,
+                                         "podsFrom": args.pods_from}))
     pki.make_all(nodes)
     admin = pki.client("admin", "kubernetes-admin", "system:masters")
     pki.kubeconfig(layout.KUBECONFIG, "kubernetes-admin", *admin)
@@ -118,7 +131,7 @@ def up(args: argparse.Namespace) -> int:
         node.folder.mkdir(parents=True, exist_ok=True)
         processes.start(_kubelet_name(node.index), [
             sys.executable, "-m", "localcluster", "kubelet", f"--node={node.index}", f"--cpu={args.cpu_per_node}",
-            f"--memory={args.memory_per_node}", f"--gpus={args.gpus_per_node}",
+            f"--memory={args.memory_per_node}", f"--gpus={args.gpus_per_node}", f"--pods-from={args.pods_from}",
         ], env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
             cwd=layout.REPO / "tools" / "cluster")
     _wait_nodes_ready(len(nodes))
@@ -127,8 +140,8 @@ def up(args: argparse.Namespace) -> int:
         _install_operator()
     server = kubectl("version", "-o", "json").stdout
     version = json.loads(server)["serverVersion"]["gitVersion"]
-    print(f"cluster: Kubernetes {version} with {len(nodes)} nodes is up in {time.monotonic() - started:.0f} s; "
-          f"the operator is {'Available' if not args.no_operator else 'not installed'}")
+    print(f"cluster: Kubernetes {version} with {len(nodes)} nodes (pods from {args.pods_from}) is up in "
+          f"{time.monotonic() - started:.0f} s; the operator is {'Available' if not args.no_operator else 'not installed'}")
     print(f"export KUBECONFIG={layout.KUBECONFIG}")
     return 0
 
@@ -149,7 +162,10 @@ def volume_manifest(name: str, namespace: str, size: str) -> str:
 
 def volume(args: argparse.Namespace) -> int:
     """A shared claim for spec.storage, as a ReadWriteMany storage class would give one."""
-    (layout.VOLUMES / args.namespace / args.name).mkdir(parents=True, exist_ok=True)
+    folder = layout.VOLUMES / args.namespace / args.name
+    folder.mkdir(parents=True, exist_ok=True)
+    # Writable by the pods' non-root users, as a shared file system's export for a team would be.
+    folder.chmod(0o1777)
     result = subprocess.run([str(KUBECTL), f"--kubeconfig={layout.KUBECONFIG}", "apply", "-f", "-"],
                             input=volume_manifest(args.name, args.namespace, args.size), text=True, check=False)
     return result.returncode
@@ -163,6 +179,17 @@ def _unmount_under(folder: Path) -> None:
         subprocess.run(["umount", "-l", target], check=False, capture_output=True)
 
 
+def _remove_pod_roots() -> None:
+    """The pods' root filesystems (buildah working containers) a killed kubelet left."""
+    if shutil.which("buildah") is None:
+        return
+    listed = subprocess.run(["buildah", "containers", "--format", "{{.ContainerName}}"], capture_output=True,
+                            text=True, check=False)
+    for name in listed.stdout.split():
+        if name.startswith("dtrain-pod-"):
+            subprocess.run(["buildah", "rm", name], capture_output=True, check=False)
+
+
 def down(_: argparse.Namespace) -> int:
     kubelets = [n for n in processes.names() if n.startswith("kubelet-")]
     for name in kubelets + ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]:
@@ -172,6 +199,7 @@ def down(_: argparse.Namespace) -> int:
                    check=False)
     network.teardown()
     _unmount_under(layout.NODES)
+    _remove_pod_roots()
     for path in (layout.RUN, layout.ETCD_DATA, layout.NODES, layout.VOLUMES, layout.PKI, layout.LOGS):
         shutil.rmtree(path, ignore_errors=True)
     for path in (layout.KUBECONFIG, layout.CONFIG):
@@ -205,6 +233,9 @@ def main(argv: list[str]) -> int:
     start.add_argument("--cpu-per-node", default="4")
     start.add_argument("--memory-per-node", default="16Gi")
     start.add_argument("--no-operator", action="store_true", help="do not install the operator")
+    start.add_argument("--pods-from", choices=("images", "host"), default=os.environ.get("PODS_FROM") or "images",
+                       help="run containers from their images (default; built when missing) or from this machine's "
+                       "Python environment (quick local loops)")
     start.set_defaults(run=up)
     commands.add_parser("down", help="stop the cluster and remove its state").set_defaults(run=down)
     commands.add_parser("status", help="what runs").set_defaults(run=status)

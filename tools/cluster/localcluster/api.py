@@ -19,10 +19,17 @@ log = logging.getLogger("localcluster.api")
 
 
 class ApiError(Exception):
+    """A request that did not succeed: the HTTP status, or 0 when the API server did not answer."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+
+    @property
+    def transient(self) -> bool:
+        """Worth sending again: no answer (the API server stopped, a timeout), 429 or a 5xx."""
+        return self.status == 0 or self.status == 429 or self.status >= 500
 
 
 def client_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -50,19 +57,40 @@ class Api:
     ) -> dict[str, Any]:
         assert self._session is not None
         data = None if body is None else json.dumps(body)
-        async with self._session.request(
-            method, self.server + path, data=data, params=params or None,
-            headers={"Content-Type": content_type, "Accept": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=30),
-        ) as reply:
-            text = await reply.text()
-            if reply.status >= 300:
-                try:
-                    message = json.loads(text).get("message", text)
-                except ValueError:
-                    message = text
-                raise ApiError(reply.status, message[:500])
-            return json.loads(text) if text else {}
+        try:
+            async with self._session.request(
+                method, self.server + path, data=data, params=params or None,
+                headers={"Content-Type": content_type, "Accept": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=30),
+            ) as reply:
+                text = await reply.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise ApiError(0, str(exc) or type(exc).__name__) from exc
+        if reply.status >= 300:
+            try:
+                message = json.loads(text).get("message", text)
+            except ValueError:
+                message = text
+            raise ApiError(reply.status, message[:500])
+        return json.loads(text) if text else {}
+
+    async def persist(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+                      gone: tuple[int, ...] = (404,)) -> None:
+        """Send until the API server takes it, through outages (as a kubelet's status manager does); an
+        answer in `gone` means there is nothing left to do it to. Other refusals are logged and dropped."""
+        delay = 0.5
+        while True:
+            try:
+                await self.request(method, path, body, content_type)
+                return
+            except ApiError as exc:
+                if exc.status in gone:
+                    return
+                if not exc.transient:
+                    log.warning("%s %s refused: %s", method, path, exc)
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     async def patch(self, path: str, body: Any, kind: str = "merge") -> dict[str, Any]:
         content_type = {"merge": "application/merge-patch+json", "strategic": "application/strategic-merge-patch+json"}

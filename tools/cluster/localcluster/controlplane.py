@@ -9,6 +9,7 @@ import socket
 import ssl
 import subprocess
 import urllib.request
+from collections.abc import Sequence
 
 from . import layout, pki, processes
 
@@ -93,7 +94,8 @@ def start_etcd() -> None:
     processes.wait_until(lambda: _healthy(f"{url}/health"), "etcd's /health", 60, "etcd")
 
 
-def start_apiserver() -> None:
+def start_apiserver(extra_flags: Sequence[str] = ()) -> None:
+    """`extra_flags`: a caller's own additions (bench/operator_scale.py's audit log)."""
     cert, key = pki.serving("apiserver", "kube-apiserver", [])
     kubelet_cert, kubelet_key = pki.client("apiserver-kubelet-client", "kube-apiserver-kubelet-client")
     ca_cert, _ = pki.ca()
@@ -115,7 +117,7 @@ def start_apiserver() -> None:
         "--kubelet-preferred-address-types=InternalIP",
         "--allow-privileged=false",
         f"--feature-gates={FEATURE_GATES}", f"--runtime-config={RUNTIME_CONFIG}",
-        "--profiling=false", "--v=1",
+        "--profiling=false", "--v=1", *extra_flags,
     ])
     admin = pki.client("admin", "kubernetes-admin", "system:masters")
     processes.wait_until(

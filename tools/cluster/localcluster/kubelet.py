@@ -16,9 +16,11 @@ What it does, as a kubelet does:
   with a zero grace period;
 - serves `kubectl logs` (`/containerLogs/...`) over HTTPS to the API server's client certificate.
 
-What stands in: there is no container runtime here. The container's `command` + `args` run with
-this machine's Python environment (its bin/ first on PATH), not from the image (no cgroup limits,
-no image pull); there is no CoreDNS and no kube-proxy: each pod's hosts file is written from the
+What stands in: there is no container runtime here. Each container runs from its image's root
+filesystem in the local containers-storage (images.py: a copy-on-write layer of its own, the
+image's ENTRYPOINT, CMD, ENV, WORKDIR and USER, securityContext's user, groups, read-only root and
+dropped capabilities), or, with `--pods-from host`, with this machine's Python environment; there
+are no cgroup limits and no registry to pull from; there is no CoreDNS and no kube-proxy: each pod's hosts file is written from the
 EndpointSlices of its namespace, and KUBERNETES_SERVICE_HOST names the API server's own address
 (ClusterIPs do not route). One container per pod; no liveness or startup probes, no exec.
 """
@@ -45,6 +47,7 @@ import aiohttp.web
 
 from . import images, layout, network, pki
 from .api import Api, ApiError
+from .securitycontext import container_user
 from .volumes import PodVolumes, VolumeNotReady
 
 log = logging.getLogger("localcluster.kubelet")
@@ -56,6 +59,9 @@ DEFAULT_GRACE_SECONDS = 30
 LOG_TAIL_LINES = 80
 LOG_TAIL_BYTES = 2048
 MAX_BACKOFF_SECONDS = 60
+IMAGE_BACKOFF_SECONDS = 10  # the kubelet's image pull back-off: 10 s, doubling up to 5 minutes
+MAX_IMAGE_BACKOFF_SECONDS = 300
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODS_PER_NODE = 110
 
 
@@ -74,6 +80,12 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _log_failure(task: asyncio.Task) -> None:
+    """A pod's task that failed is a kubelet bug: said in the log, never silent."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a pod's task failed", exc_info=task.exception())
+
+
 @dataclass
 class PodRun:
     uid: str
@@ -90,6 +102,15 @@ class PodRun:
     terminating: bool = False
     task: asyncio.Task | None = None
     last_state: dict[str, Any] = field(default_factory=dict)
+    image: images.ImageConfig | None = None
+    waiting: dict[str, Any] = field(default_factory=dict)  # why the container is not running yet
+    pending_status: dict[str, Any] = field(default_factory=dict)  # not yet taken by the API server
+    status_sender: asyncio.Task | None = None
+
+    @property
+    def root_name(self) -> str:
+        """The buildah working container that holds this pod's root filesystem."""
+        return f"dtrain-pod-{self.uid}"
 
     @property
     def container(self) -> dict[str, Any]:
@@ -117,8 +138,9 @@ class PodRun:
 
 
 class Kubelet:
-    def __init__(self, node: layout.Node, cpu: str, memory: str, gpus: int) -> None:
+    def __init__(self, node: layout.Node, cpu: str, memory: str, gpus: int, pods_from: str = "images") -> None:
         self.node = node
+        self.pods_from = pods_from
         self.capacity = {"cpu": cpu, "memory": memory, "pods": str(PODS_PER_NODE)}
         if gpus:
             self.capacity["nvidia.com/gpu"] = str(gpus)
@@ -182,7 +204,7 @@ class Kubelet:
                     await self.api.request("POST", lease_path.rsplit("/", 1)[0], lease)
                 await self.api.patch(f"/api/v1/nodes/{self.node.name}/status", {"status": self._node_status()},
                                      "strategic")
-            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except ApiError as exc:
                 log.warning("heartbeat: %s", exc)
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
@@ -225,6 +247,7 @@ class Kubelet:
                 run.task = asyncio.create_task(self._lost(run))
                 return
             run.task = asyncio.create_task(self.run_pod(run))
+            run.task.add_done_callback(_log_failure)
         run.pod = pod
         if meta.get("deletionTimestamp") and not run.terminating:
             run.terminating = True
@@ -239,8 +262,22 @@ class Kubelet:
     # --- One pod -----------------------------------------------------------------------------------
 
     async def patch_status(self, run: PodRun, status: dict[str, Any]) -> None:
-        with contextlib.suppress(ApiError):  # a pod deleted meanwhile: its status no longer matters
-            await self.api.patch(f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status", {"status": status})
+        """The pod's status, as the kubelet's status manager keeps it: the newest value of each field is
+        sent, again and again while the API server does not answer; a pod deleted meanwhile is left be."""
+        run.pending_status.update(status)
+        if run.status_sender is None or run.status_sender.done():
+            run.status_sender = asyncio.create_task(self._send_status(run))
+
+    async def _send_status(self, run: PodRun) -> None:
+        while run.pending_status:
+            status, run.pending_status = run.pending_status, {}
+            try:
+                await self.api.patch(f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status", {"status": status})
+            except ApiError as exc:
+                if not exc.transient:
+                    return  # 404: the pod is gone
+                run.pending_status = {**status, **run.pending_status}
+                await asyncio.sleep(1)
 
     def _container_status(self, run: PodRun, state: dict[str, Any]) -> list[dict[str, Any]]:
         container = run.container
@@ -277,14 +314,14 @@ class Kubelet:
             "containerStatuses": self._container_status(run, {"waiting": {"reason": "ContainerCreating"}}),
         })
         try:
-            spec_file = await self.prepare(run)
+            init = await self.prepare(run)
         except Exception as exc:  # a pod that cannot start is reported, never a dead kubelet
             log.exception("pod %s/%s cannot start", run.namespace, run.name)
             await self.finish(run, 128, "ContainerCannotRun", str(exc)[:1000])
             return
         backoff = 1.0
         while not run.terminating:
-            code = await self.start_and_wait(run, spec_file)
+            code = await self.start_and_wait(run, init)
             policy = run.pod["spec"].get("restartPolicy", "Always")
             if run.terminating or policy == "Never" or (policy == "OnFailure" and code == 0):
                 break
@@ -299,7 +336,29 @@ class Kubelet:
         code = exit_code(run.process.returncode) if run.process and run.process.returncode is not None else 137
         await self.finish(run, code, "Completed" if code == 0 else "Error", self.termination_message(run, code))
 
-    async def start_and_wait(self, run: PodRun, spec_file: Path) -> int:
+    async def start_and_wait(self, run: PodRun, init: dict[str, Any]) -> int:
+        """One start of the container: a fresh root from its image (as a runtime makes a new container),
+        the user it runs as, podinit's spec, the process; until it exits."""
+        root = None
+        if self.pods_from == "images":
+            root = await asyncio.to_thread(images.mount_root, run.container["image"], run.root_name)
+        user, refused = (None, None) if root is None else container_user(run.pod, run.container, run.image.user, root)
+        if refused:
+            await self.report_waiting(run, "CreateContainerConfigError", refused)
+            while not run.terminating:
+                await asyncio.sleep(1)
+            return 128
+        if user is not None:
+            self.own_volumes(run, init["mounts"], user)
+        spec_file = run.folder / "podinit.json"
+        spec_file.write_text(json.dumps({**init, "rootfs": root, "user": user}, indent=1))
+        try:
+            return await self._run_process(run, spec_file)
+        finally:
+            if root is not None:
+                await asyncio.to_thread(images.remove_root, run.root_name)
+
+    async def _run_process(self, run: PodRun, spec_file: Path) -> int:
         log_file = (run.folder / "container.log").open("ab")
         assert run.net is not None
         run.process = await asyncio.create_subprocess_exec(
@@ -310,6 +369,7 @@ class Kubelet:
             env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}, start_new_session=True,
         )
         log_file.close()
+        run.waiting = {}
         run.started_at = now()
         probe = run.container.get("readinessProbe")
         run.ready = probe is None
@@ -405,9 +465,62 @@ class Kubelet:
             return str((meta.get(kind.split(".")[1]) or {}).get(key.rstrip("']"), ""))
         raise RuntimeError(f"fieldRef {path!r} is not supported by this kubelet")
 
-    async def prepare(self, run: PodRun) -> Path:
+    async def pull(self, run: PodRun) -> None:
+        """The image's configuration, as a kubelet pulls: an image missing from the store is reported
+        (ErrImagePull, then ImagePullBackOff; ErrImageNeverPull for `Never`) and looked for again."""
+        image = run.container.get("image", "")
+        if self.pods_from == "host":
+            run.image = images.dockerfile_config(image)
+            return
+        backoff = IMAGE_BACKOFF_SECONDS
+        while not run.terminating:
+            try:
+                run.image = images.store_config(image)
+                return
+            except images.ImageNotPresent as exc:
+                never = run.container.get("imagePullPolicy") == "Never"
+                reason = "ErrImageNeverPull" if never else "ErrImagePull"
+                message = (f'Container image "{image}" is not present with pull policy of Never' if never else
+                           f'failed to pull image "{image}": not in this node\'s image store ({exc}), and this node '
+                           "pulls from no registry (make images builds dtrain's)")
+                await self.report_waiting(run, reason, message)
+                await asyncio.sleep(backoff / 2)
+                if not never:
+                    await self.report_waiting(run, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+                await asyncio.sleep(backoff / 2)
+                backoff = min(backoff * 2, MAX_IMAGE_BACKOFF_SECONDS)
+        raise RuntimeError("deleted while its image was missing")
+
+    async def report_waiting(self, run: PodRun, reason: str, message: str) -> None:
+        if run.waiting == {"reason": reason, "message": message}:
+            return
+        run.waiting = {"reason": reason, "message": message}
+        await self.patch_status(run, {"phase": "Pending", "conditions": self._conditions(run, True),
+                                      "containerStatuses": self._container_status(run, {"waiting": run.waiting})})
+
+    def own_volumes(self, run: PodRun, mounts: list[dict[str, Any]], user: dict[str, Any]) -> None:
+        """fsGroup, as a kubelet applies it: the pod's writable volumes belong to the group, setgid, group-writable;
+        the termination-message file is the container user's."""
+        group = (run.pod["spec"].get("securityContext") or {}).get("fsGroup")
+        for mount in mounts:
+            source = mount.get("source")
+            if not source or not source.startswith(str(run.folder)):
+                continue  # claims: their PersistentVolume's own permissions, as for hostPath volumes
+            path = Path(source)
+            if mount["type"] == "file":
+                os.chown(path, user["uid"], user["gid"])
+                path.chmod(0o666)
+            elif group is not None and not mount.get("readOnly"):
+                for item in [path, *path.rglob("*")]:
+                    os.chown(item, -1, group)
+                    item.chmod(item.stat().st_mode | (0o2070 if item.is_dir() else 0o060))
+
+    async def prepare(self, run: PodRun) -> dict[str, Any]:
+        """Everything a start of the container needs, but its root filesystem (made at each start)."""
         spec, container, folder = run.pod["spec"], run.container, run.folder
         folder.mkdir(parents=True, exist_ok=True)
+        await self.pull(run)
+        assert run.image is not None
         run.net = network.PodNetwork(self.node, self.free.pop(0))
         run.net.create(self.hosts_for(run))
         volumes = PodVolumes(self.api, run.pod, folder, lambda path: self.field_value(run, path))
@@ -429,39 +542,45 @@ class Kubelet:
         termination.write_text("")
         mounts.append({"type": "file", "source": str(termination),
                        "target": container.get("terminationMessagePath", "/dev/termination-log")})
+        argv = images.argv(container, run.image)
+        if not argv:
+            raise RuntimeError(f"the container has no command, and its image {container.get('image')!r} none either")
+        host = self.pods_from == "host"
         home = folder / "home"
         home.mkdir(exist_ok=True)
-        argv = images.argv(container)
-        if not argv:
-            raise RuntimeError(f"the container has no command, and this kubelet knows no entrypoint of {container.get('image')!r}")
-        spec_file = folder / "podinit.json"
-        spec_file.write_text(json.dumps({
+        context = {**(spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
+        return {
             "hostname": spec.get("hostname") or run.name,
             "mounts": mounts,
-            "workingDir": container.get("workingDir") or str(home),
+            "workingDir": container.get("workingDir") or run.image.workdir or (str(home) if host else "/"),
             "argv": argv,
-            "env": await self.environment(run, volumes, home),
+            "env": await self.environment(run, volumes, str(home) if host else "/"),
             "ledger": str(self.node.folder / "created-mountpoints"),
             "devScratch": str(folder / "dev"),
-        }, indent=1))
-        return spec_file
+            "readOnlyRootFilesystem": bool(context.get("readOnlyRootFilesystem")),
+            "dropAllCapabilities": "ALL" in ((context.get("capabilities") or {}).get("drop") or []),
+            "noNewPrivileges": context.get("allowPrivilegeEscalation") is False,
+        }
 
-    async def environment(self, run: PodRun, volumes: PodVolumes, home: Path) -> dict[str, str]:
-        env = {
-            "PATH": f"{self.env_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(home),
+    async def environment(self, run: PodRun, volumes: PodVolumes, home: str) -> dict[str, str]:
+        assert run.image is not None
+        if self.pods_from == "host":
+            env = {"PATH": f"{self.env_bin}:{DEFAULT_PATH}", "HOME": home, "PYTHONUNBUFFERED": "1",
+                   "PYTHONDONTWRITEBYTECODE": "1"}
+            if os.environ.get("PYTHONPATH"):
+                env["PYTHONPATH"] = os.environ["PYTHONPATH"]  # a user's modules, "in the image"
+        else:
+            env = {"PATH": DEFAULT_PATH, "HOME": home, **run.image.env}
+        env.update({
             "HOSTNAME": run.pod["spec"].get("hostname") or run.name,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
             # No kube-proxy: the API server's own address stands for the kubernetes Service's ClusterIP.
             "KUBERNETES_SERVICE_HOST": layout.BRIDGE_ADDRESS,
             "KUBERNETES_SERVICE_PORT": str(layout.APISERVER_PORT),
             "KUBERNETES_SERVICE_PORT_HTTPS": str(layout.APISERVER_PORT),
             "KUBERNETES_PORT": f"tcp://{layout.BRIDGE_ADDRESS}:{layout.APISERVER_PORT}",
-        }
-        for name in ("OMP_NUM_THREADS", "PYTHONPATH"):
-            if os.environ.get(name):
-                env[name] = os.environ[name]
+        })
+        if os.environ.get("OMP_NUM_THREADS"):
+            env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]  # the node's CPU share: no cgroup limits here
         for var in run.container.get("env") or []:
             source = var.get("valueFrom") or {}
             if "fieldRef" in source:
@@ -530,10 +649,10 @@ class Kubelet:
         await self._remove(run.namespace, run.name, run.uid)
 
     async def _remove(self, namespace: str, name: str, uid: str) -> None:
-        """The kubelet's last word on a terminated pod: delete it with a zero grace period."""
+        """The kubelet's last word on a terminated pod: delete it with a zero grace period (through an
+        outage of the API server; 404 or a precondition that no longer holds: it is gone already)."""
         options = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
-        with contextlib.suppress(ApiError):
-            await self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", options)
+        await self.api.persist("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", options, gone=(404, 409))
 
     def kill_all(self, run: PodRun) -> None:
         for pid in run.all_pids():
@@ -614,9 +733,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cpu", default="4")
     parser.add_argument("--memory", default="16Gi")
     parser.add_argument("--gpus", type=int, default=0)
+    parser.add_argument("--pods-from", choices=("images", "host"), default="images")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kubelet = Kubelet(layout.Node(args.node), args.cpu, args.memory, args.gpus)
+    kubelet = Kubelet(layout.Node(args.node), args.cpu, args.memory, args.gpus, args.pods_from)
     loop = asyncio.new_event_loop()
     task = loop.create_task(kubelet.run())
     loop.add_signal_handler(signal.SIGTERM, task.cancel)

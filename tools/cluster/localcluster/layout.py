@@ -8,7 +8,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 STATE = Path(os.environ.get("DTRAIN_CLUSTER_DIR", REPO / ".cluster"))
-BIN = STATE / "bin"
+# A throwaway state directory (a benchmark's control plane) can keep using the one built binary.
+BIN = Path(os.environ.get("DTRAIN_CLUSTER_BIN", STATE / "bin"))
 CONTROLPLANE_BINARY = BIN / "controlplane"
 PKI = STATE / "pki"
 LOGS = STATE / "logs"
@@ -20,6 +21,13 @@ KUBECONFIG = STATE / "kubeconfig"
 CONFIG = STATE / "cluster.json"  # what `up` was asked for (nodes, GPUs), read by `status` and the kubelets
 
 KUBERNETES_VERSION = "v1.36.3"
+# Where `make images` puts dtrain's images (its default REGISTRY), tagged with the package's version.
+IMAGE_REGISTRY = "localhost/dtrain"
+
+
+def version() -> str:
+    """The package's version: the images' tag."""
+    return (REPO / "pyproject.toml").read_text().split('version = "', 1)[1].split('"', 1)[0]
 
 # The pods' network: a bridge in the machine's own network namespace, with the API server's address
 # on it; node i's pods get addresses in 10.250.i.0/24, all on the one /16. No route leaves it.
@@ -31,14 +39,23 @@ SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 CLUSTER_DOMAIN = "cluster.local"
 
-ETCD_CLIENT_PORT = 2379
-ETCD_PEER_PORT = 2380
-APISERVER_PORT = 6443
-CONTROLLER_MANAGER_PORT = 10257
-SCHEDULER_PORT = 10259
+
+
+def _port(name: str, default: int) -> int:
+    return int(os.environ.get(f"DTRAIN_{name}", default))
+
+
+# Overridable (DTRAIN_ETCD_CLIENT_PORT, ...; DTRAIN_APISERVER_HOST for the URL, e.g. 127.0.0.1 when no
+# bridge is set up) so that a second control plane, with its own DTRAIN_CLUSTER_DIR, can run beside
+# `make cluster` (bench/operator_scale.py starts etcd and kube-apiserver so). Read at import, as STATE is.
+ETCD_CLIENT_PORT = _port("ETCD_CLIENT_PORT", 2379)
+ETCD_PEER_PORT = _port("ETCD_PEER_PORT", 2380)
+APISERVER_PORT = _port("APISERVER_PORT", 6443)
+CONTROLLER_MANAGER_PORT = _port("CONTROLLER_MANAGER_PORT", 10257)
+SCHEDULER_PORT = _port("SCHEDULER_PORT", 10259)
 KUBELET_FIRST_PORT = 10250  # node i serves its pods' logs on KUBELET_FIRST_PORT + i - 1
 
-APISERVER_URL = f"https://{BRIDGE_ADDRESS}:{APISERVER_PORT}"
+APISERVER_URL = f"https://{os.environ.get('DTRAIN_APISERVER_HOST', BRIDGE_ADDRESS)}:{APISERVER_PORT}"
 SERVICE_ACCOUNT_ISSUER = f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}"
 
 

@@ -49,6 +49,8 @@ class PodVolumes:
         except ApiError as exc:
             if exc.status == 404:
                 return None
+            if exc.transient:
+                raise VolumeNotReady(f"{kind}/{name}: {exc}") from exc
             raise
 
     async def config_map_data(self, name: str, optional: bool = False) -> dict[str, bytes]:
@@ -84,9 +86,14 @@ class PodVolumes:
         }
         if not audience:
             del request["spec"]["audiences"]  # the API server's own audience
-        reply = await self.api.request(
-            "POST", f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{account}/token", request
-        )
+        try:
+            reply = await self.api.request(
+                "POST", f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{account}/token", request
+            )
+        except ApiError as exc:
+            if exc.transient:
+                raise VolumeNotReady(f"a token for {account}: {exc}") from exc
+            raise
         return reply["status"]["token"].encode()
 
     async def claim_path(self, claim: str) -> str:
@@ -97,7 +104,12 @@ class PodVolumes:
         volume_name = (pvc.get("spec") or {}).get("volumeName")
         if not volume_name or (pvc.get("status") or {}).get("phase") != "Bound":
             raise VolumeNotReady(f'persistentvolumeclaim "{claim}" is not bound')
-        pv = await self.api.request("GET", f"/api/v1/persistentvolumes/{volume_name}")
+        try:
+            pv = await self.api.request("GET", f"/api/v1/persistentvolumes/{volume_name}")
+        except ApiError as exc:
+            if exc.transient:
+                raise VolumeNotReady(f"persistentvolume {volume_name}: {exc}") from exc
+            raise
         source = pv["spec"].get("hostPath") or pv["spec"].get("local")
         if not source:
             raise RuntimeError(f"persistentvolume {volume_name}: this kubelet mounts hostPath and local volumes only")

@@ -181,8 +181,8 @@ def report_stuck_pods(c: StatusComputation) -> None:
             PODS_STUCK,
             True,
             "TerminationTimeout",
-            f"{names}: deleted more than {c.limits.stuck_terminating_seconds:g} s ago and still terminating (is the "
-            "node gone?). A new pod cannot take the name of one still there, so the gang waits for them; the "
+            f"{names}: still terminating {c.limits.stuck_terminating_seconds:g} s after the end of the grace period "
+            "(is the node gone?). A new pod cannot take the name of one still there, so the gang waits for them; the "
             "operator force-deletes those whose node stopped reporting (Ready is not True)",
         )
     else:

@@ -99,7 +99,7 @@ def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
         owner_uid=controller_uid(meta),
         finished_at=parse_time(terminated.get("finishedAt"))
         or parse_time((disruption or {}).get("lastTransitionTime")),
-        deleted_at=parse_time(meta.get("deletionTimestamp")),
+        grace_ends_at=parse_time(meta.get("deletionTimestamp")),
         waiting_reason=str(((state.get("waiting") or {}).get("reason")) or ""),
         scheduled_at=next(
             (

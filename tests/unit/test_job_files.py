@@ -1,0 +1,345 @@
+"""`dtrain validate` refuses what the cluster would refuse, accepts what it would accept, and answers
+any file with a short, clean, escaped answer: tables of small job files, each with the line it gets.
+
+Issue 29, items 2 and 3: values PyYAML raises on, files of thousands of unknown keys, special files,
+keys that forge lines, nulls the API server drops, Kubernetes fields passed through to pods, engine
+profiles, credentials, and the operator's own annotations.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from dtrain_operator.api import contract
+from dtrain_operator.api.safe_yaml import load_documents
+from dtrain_operator.api.validation import EXIT_INVALID_JOB, validate_file, validate_job_document, validate_text
+from dtrain_operator.cli import main as cli
+
+HEAD = """\
+apiVersion: dtrain.dev/v1alpha1
+kind: DistributedTraining
+metadata:
+  name: job
+spec:
+  accelerator: cpu
+  storage: {url: s3://dtrain-tests/jobs}
+"""
+
+
+def job_text(spec: str = "", metadata: str = "") -> str:
+    """HEAD with `spec` (YAML at the spec's indentation) and `metadata` lines added; a `spec` that names its
+    own storage replaces HEAD's."""
+    text = HEAD.replace("  name: job\n", "  name: job\n" + metadata)
+    if "\n  storage:" in "\n" + spec:
+        text = text.replace("  storage: {url: s3://dtrain-tests/jobs}\n", "")
+    return text + spec
+
+
+def errors_of(text: str) -> list[str]:
+    return validate_text(text, "job.yaml").errors
+
+
+# --- Item 2: values as kubectl reads them ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["2024-02-30", "2024-13-01", "2024-01-01T10:00:00-25:00", "2024-01-01", "2001-12-14 21:59:43.10 -5"])
+def test_an_implicit_timestamp_is_the_string_written(value):
+    """kubectl (sigs.k8s.io/yaml) keeps timestamps as strings: an impossible date is no error, and no date is a datetime."""
+    [document] = load_documents(f"a: {value}\n")
+    assert document == {"a": value}
+
+
+def test_a_date_in_a_string_field_is_accepted():
+    assert errors_of(job_text("  logging:\n    mlflowExperimentName: 2024-02-30\n")) == []
+
+
+# --- Item 2: bounded output, linear time ---------------------------------------------------------------
+
+
+def test_thousands_of_unknown_keys_get_a_capped_answer_fast(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(job_text("".join(f"  unknownField{i}: {i}\n" for i in range(12_000))))
+    started = time.process_time()
+    code = cli.main(["validate", str(path)])
+    cpu_seconds = time.process_time() - started
+    lines = capsys.readouterr().err.splitlines()
+    assert code == EXIT_INVALID_JOB
+    assert len(lines) == 11 and lines[-1] == f"{path}: ... and 11,990 more unknown fields"
+    # The known fields are listed once, not on every line.
+    assert sum("known fields:" in line for line in lines) == 1
+    assert sum(len(line) for line in lines) < 3000
+    assert cpu_seconds < 1.0, f"{cpu_seconds:.2f} s of CPU"
+
+
+def test_errors_of_other_kinds_are_capped_too():
+    lines = errors_of(job_text("  env:\n" + "".join(f"    - name: PET_{i}\n" for i in range(15))))
+    assert len(lines) == 11 and lines[-1] == "... and 5 more errors"
+
+
+# --- Item 2: special files ---------------------------------------------------------------------------------
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "job.yaml"
+    os.mkfifo(fifo)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dtrain_operator.cli", "validate", str(fifo)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == EXIT_INVALID_JOB
+    assert proc.stderr == f"{fifo}: not a regular file (a FIFO): give a job file\n"
+
+
+@pytest.mark.parametrize("path,kind", [("/dev/zero", "a character device"), ("/dev/null", "a character device"), ("/", "a directory")])
+def test_a_device_or_a_directory_is_refused_before_a_byte_is_read(path, kind):
+    if not os.path.exists(path):
+        pytest.skip(f"{path} does not exist here")
+    assert validate_file(path).errors == [f"not a regular file ({kind}): give a job file"]
+
+
+def test_a_file_over_the_api_servers_limit_is_refused(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"#" * (3 * 1024 * 1024 + 1))
+    assert validate_file(path).errors == ["the file is over 3 MiB, the API server's request limit"]
+
+
+# --- Item 2: what is echoed is escaped ------------------------------------------------------------------------
+
+
+def test_a_key_cannot_forge_a_line(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(job_text('  "x\\n/tmp/job.yaml: ok: DistributedTraining job (1 node(s) x 1 cpu process(es))": 1\n'))
+    assert cli.main(["validate", str(path)]) == EXIT_INVALID_JOB
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith(f'{path}: spec["x\\n/tmp/job.yaml: ok: ')
+
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        # A terminal escape sequence in a key and in a value.
+        ('  "\\e[31mred": 1\n', 'spec["\\x1b[31mred"]: unknown field'),
+        ('  image: "\\e]0;title\\a"\n', "spec.image: "),
+        # A bidi override and a line separator.
+        ('  "a\\u202eb": 1\n', 'spec["a\\u202eb"]: unknown field'),
+        ('  "a\\u2028b": 1\n', 'spec["a\\u2028b"]: unknown field'),
+        # Keys shown as typed, quoted where they are not plain names.
+        ("  nodes[0]: 2\n", 'spec["nodes[0]"]: unknown field'),
+        ("  trainer.maxEpochs: 2\n", 'spec["trainer.maxEpochs"]: unknown field'),
+        ('  scheduling:\n    nodeSelector: {"a b": c}\n', 'spec.scheduling.nodeSelector["a b"]: '),
+    ],
+)
+def test_echoed_keys_and_values_are_escaped(spec, expected):
+    [line] = errors_of(job_text(spec))
+    assert line.startswith(expected), line
+    assert line.isprintable(), line
+
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("  trainer:\n    limitTrainBatches: many\n", "spec.trainer.limitTrainBatches: "),
+        ("  resources:\n    limits:\n      cpu: [1]\n", "spec.resources.limits.cpu: "),
+        ("  nccl:\n    env:\n      bad key: x\n", 'spec.nccl.env["bad key"]: '),
+    ],
+)
+def test_paths_never_show_pydantics_own_names(spec, expected):
+    lines = errors_of(job_text(spec))
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+    assert not any(word in lines[0] for word in ("constrained-", "[key]", "function-", "'int'", ".str:")), lines[0]
+
+
+# --- Item 3: a file is refused where the cluster refuses it -----------------------------------------------------
+
+
+def test_a_file_without_spec_is_refused_as_the_crd_requires_it():
+    assert errors_of(HEAD.split("spec:")[0]) == ["spec: required field is missing"]
+    assert errors_of(HEAD.split("spec:")[0] + "spec:\n") == ["spec: required field is missing"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "  trainer:\n    # batchSize: 64\n",
+        "  env:\n",
+        "  model:\n    classPath: dtrain_trainer.models.ImageClassifier\n    initArgs: null\n",
+        "  scheduling:\n    nodeSelector:\n    tolerations:\n",
+        "  resources:\n    limits:\n      # cpu: 4\n",
+        "  env:\n    - name: A\n      value: null\n",
+        "  runPolicy:\n    activeDeadlineSeconds: ~\n",
+    ],
+)
+def test_a_section_left_null_is_absent_as_the_api_server_reads_it(spec):
+    assert errors_of(job_text(spec)) == []
+
+
+def test_nulls_inside_init_args_are_kept():
+    result = validate_text(job_text("  model:\n    classPath: a.B\n    initArgs:\n      weights: null\n"), "job.yaml")
+    assert result.job is not None and result.job.spec.model.init_args == {"weights": None}
+
+
+VOLUME = "  volumes:\n    - name: data\n      persistentVolumeClaim: {claimName: imagenet}\n"
+
+# (what is wrong, spec YAML, the start of the one line it gets)
+REFUSED = [
+    ("env value with valueFrom", "  env:\n    - name: A\n      value: x\n      valueFrom: {fieldRef: {fieldPath: metadata.name}}\n", "spec.env[0].valueFrom: may not be set when value is not empty"),
+    ("env empty valueFrom", "  env:\n    - name: A\n      valueFrom: {}\n", "spec.env[0].valueFrom: must set one source"),
+    ("env two sources", "  env:\n    - name: A\n      valueFrom: {fieldRef: {fieldPath: metadata.name}, secretKeyRef: {name: s, key: k}}\n", "spec.env[0].valueFrom: sets "),
+    ("env unsupported fieldRef", "  env:\n    - name: A\n      valueFrom: {fieldRef: {fieldPath: spec.containers}}\n", "spec.env[0].valueFrom.fieldRef.fieldPath: 'spec.containers' is not supported"),
+    ("env fieldRef label key", "  env:\n    - name: A\n      valueFrom: {fieldRef: {fieldPath: \"metadata.labels['a b']\"}}\n", "spec.env[0].valueFrom.fieldRef.fieldPath: "),
+    ("env unsupported resource", "  env:\n    - name: A\n      valueFrom: {resourceFieldRef: {resource: limits.gpu}}\n", "spec.env[0].valueFrom.resourceFieldRef.resource: 'limits.gpu' is not supported"),
+    ("env secret without key", "  env:\n    - name: A\n      valueFrom: {secretKeyRef: {name: s}}\n", "spec.env[0].valueFrom.secretKeyRef.key: required field is missing"),
+    ("env secret name", "  env:\n    - name: A\n      valueFrom: {secretKeyRef: {name: My_Secret, key: k}}\n", "spec.env[0].valueFrom.secretKeyRef.name: "),
+    ("env source misspelt", "  env:\n    - name: A\n      valueFrom: {secretRef: {name: s}}\n", "spec.env[0].valueFrom.secretRef: unknown field; did you mean 'secretKeyRef'?"),
+    ("volume without name", "  volumes:\n    - emptyDir: {}\n", "spec.volumes[0].name: required field is missing"),
+    ("volume name not a DNS label", "  volumes:\n    - name: Data\n      emptyDir: {}\n", "spec.volumes[0].name: 'Data' must be a DNS-1123 label"),
+    ("volume without a source", "  volumes:\n    - name: data\n", "spec.volumes[0]: must set one volume source"),
+    ("volume with two sources", "  volumes:\n    - name: data\n      emptyDir: {}\n      configMap: {name: c}\n", "spec.volumes[0]: sets configMap and emptyDir"),
+    ("volume source of the wrong type", "  volumes:\n    - name: data\n      emptyDir: yes\n", "spec.volumes[0].emptyDir: must be an object"),
+    ("volume claim without a name", "  volumes:\n    - name: data\n      persistentVolumeClaim: {}\n", "spec.volumes[0].persistentVolumeClaim.claimName: required field is missing"),
+    ("volume of the operator's", "  volumes:\n    - name: dshm\n      emptyDir: {}\n", "spec.volumes[0].name: 'dshm' is the name of a volume the operator adds"),
+    ("two volumes of one name", VOLUME + "    - name: data\n      emptyDir: {}\n", "spec.volumes[1].name: 'data' names two volumes"),
+    ("emptyDir size not a quantity", "  volumes:\n    - name: data\n      emptyDir: {sizeLimit: lots}\n", "spec.volumes[0].emptyDir.sizeLimit: 'lots' is not a Kubernetes quantity"),
+    ("mount of no volume", VOLUME + "  volumeMounts:\n    - name: dat\n      mountPath: /data\n", "spec.volumeMounts[0].name: 'dat' names no volume of spec.volumes"),
+    ("mount of the config volume", VOLUME + "  volumeMounts:\n    - name: dtrain-config\n      mountPath: /data\n", "spec.volumeMounts[0].name: 'dtrain-config' names no volume"),
+    ("mount without a path", VOLUME + "  volumeMounts:\n    - name: data\n", "spec.volumeMounts[0].mountPath: required field is missing"),
+    ("mount over shared memory", VOLUME + "  volumeMounts:\n    - name: data\n      mountPath: /dev/shm/\n", "spec.volumeMounts[0].mountPath: '/dev/shm/' would cover /dev/shm"),
+    ("mount inside the config", VOLUME + "  volumeMounts:\n    - name: data\n      mountPath: /etc/dtrain/extra\n", "spec.volumeMounts[0].mountPath: '/etc/dtrain/extra' would cover /etc/dtrain"),
+    ("mount at the storage path", VOLUME + "  storage: {claimName: shared}\n  volumeMounts:\n    - name: data\n      mountPath: /workspace\n", "spec.volumeMounts[0].mountPath: '/workspace' is already the mountPath of spec.storage"),
+    ("two mounts at one path", VOLUME + "  volumeMounts:\n    - {name: data, mountPath: /data}\n    - {name: data, mountPath: /data/}\n", "spec.volumeMounts[1].mountPath: '/data/' is already the mountPath of spec.volumeMounts[0]"),
+    ("mount subPath out of the volume", VOLUME + "  volumeMounts:\n    - {name: data, mountPath: /data, subPath: ../etc}\n", "spec.volumeMounts[0].subPath: '../etc' must be a relative path"),
+    ("toleration not an object", "  scheduling:\n    tolerations: [gpu]\n", "spec.scheduling.tolerations[0]: Input should be a valid dictionary"),
+    ("toleration operator", "  scheduling:\n    tolerations: [{key: gpu, operator: Is}]\n", "spec.scheduling.tolerations[0].operator: 'Is' is not allowed"),
+    ("toleration Exists with a value", "  scheduling:\n    tolerations: [{key: gpu, operator: Exists, value: x}]\n", "spec.scheduling.tolerations[0].value: must be empty"),
+    ("toleration seconds without NoExecute", "  scheduling:\n    tolerations: [{key: gpu, operator: Exists, tolerationSeconds: 60}]\n", "spec.scheduling.tolerations[0].effect: must be NoExecute"),
+    ("toleration seconds as a string", "  scheduling:\n    tolerations: [{key: gpu, operator: Exists, effect: NoExecute, tolerationSeconds: '60'}]\n", "spec.scheduling.tolerations[0].tolerationSeconds: must be an integer"),
+    ("affinity of the wrong shape", "  scheduling:\n    affinity: {nodeAffinity: [a]}\n", "spec.scheduling.affinity.nodeAffinity: must be an object"),
+    ("affinity misspelt", "  scheduling:\n    affinity: {nodeAfinity: {}}\n", "spec.scheduling.affinity.nodeAfinity: unknown field; did you mean 'nodeAffinity'?"),
+    ("affinity operator", "  scheduling:\n    affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: gpu, operator: Has}]}]}}}\n", "spec.scheduling.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator: 'Has' is not allowed"),
+    ("affinity In without values", "  scheduling:\n    affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: gpu, operator: In}]}]}}}\n", "spec.scheduling.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values: must list at least one value"),
+    ("affinity weight", "  scheduling:\n    affinity: {nodeAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 0, preference: {}}]}}\n", "spec.scheduling.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight: 0 must be between 1 and 100"),
+    ("affinity without topologyKey", "  scheduling:\n    affinity: {podAntiAffinity: {requiredDuringSchedulingIgnoredDuringExecution: [{labelSelector: {}}]}}\n", "spec.scheduling.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey: required field is missing"),
+    ("negative quantity", "  resources:\n    requests: {memory: -1Gi}\n", "spec.resources.requests.memory: '-1Gi' is negative"),
+    ("request above limit", "  resources:\n    requests: {cpu: '8'}\n    limits: {cpu: 4}\n", "spec.resources.requests.cpu: '8' is more than the limit 4"),
+    ("fractional device", "  engine:\n    resources:\n      limits: {nvidia.com/gpu: '1.5'}\n", 'spec.engine.resources.limits["nvidia.com/gpu"]: \'1.5\' must be an integer'),
+    ("device request without limit", "  resources:\n    requests: {example.com/fpga: 1}\n", 'spec.resources.requests["example.com/fpga"]: example.com/fpga cannot be overcommitted'),
+    ("unknown resource", "  resources:\n    limits: {gpu: 1}\n", "spec.resources.limits.gpu: 'gpu' is not a container resource"),
+    ("profiles naming other inputs", "  engine:\n    profiles:\n      - inputs: {x: {min: [1], opt: [2], max: [4]}}\n      - inputs: {y: {min: [1], opt: [2], max: [4]}}\n", "spec.engine.profiles[1].inputs: names ['y'], profile 0 ['x']"),
+    ("profiles of other ranks", "  engine:\n    profiles:\n      - inputs: {x: {min: [1], opt: [2], max: [4]}}\n      - inputs: {x: {min: [1, 1], opt: [2, 2], max: [4, 4]}}\n", "spec.engine.profiles[1].inputs.x: has rank 2, 1 in profile 0"),
+    ("profile min above max", "  engine:\n    profiles:\n      - inputs: {x: {min: [8, 3], opt: [4, 3], max: [2, 3]}}\n", "spec.engine.profiles[0].inputs.x: needs min <= opt <= max on every axis"),
+    ("profile input name with a comma", "  engine:\n    profiles:\n      - inputs: {'a,b': {min: [1], opt: [1], max: [1]}}\n", 'spec.engine.profiles[0].inputs["a,b"]: '),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", REFUSED, ids=[case[0] for case in REFUSED])
+def test_what_a_pod_could_never_have_is_refused_in_one_line(case, spec, expected):
+    lines = errors_of(job_text(spec))
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+# (what is wrong, metadata YAML, the start of the one line it gets)
+REFUSED_METADATA = [
+    ("namespace not a DNS label", "  namespace: Team_A\n", "metadata.namespace: 'Team_A' must be a DNS-1123 label"),
+    ("namespace a number", "  namespace: 7\n", "metadata.namespace: must be a string"),
+    ("labels a string", "  labels: team-a\n", "metadata.labels: must be an object"),
+    ("label value a number", "  labels: {team: 7}\n", "metadata.labels.team: must be a string"),
+    ("label key", "  labels: {'my team': a}\n", 'metadata.labels["my team"]: the key must be a qualified name'),
+    ("label value", "  labels: {team: 'a b'}\n", "metadata.labels.team: 'a b' must be empty or"),
+    ("annotation key", "  annotations: {'-note': a}\n", 'metadata.annotations["-note"]: the key must be a qualified name'),
+    ("annotation value a number", "  annotations: {note: 1}\n", "metadata.annotations.note: must be a string"),
+    ("metadata misspelt", "  label: {a: b}\n", "metadata.label: unknown field; did you mean 'labels'?"),
+    ("operator's state annotation", "  annotations: {dtrain.dev/state: x}\n", 'metadata.annotations["dtrain.dev/state"]: set only by the dtrain operator; remove it from the job file'),
+    ("kopf's bookkeeping annotation", "  annotations: {dtrain.dev/last-handled-configuration: x}\n", 'metadata.annotations["dtrain.dev/last-handled-configuration"]: set only by the dtrain operator'),
+]
+
+
+@pytest.mark.parametrize("case,metadata,expected", REFUSED_METADATA, ids=[case[0] for case in REFUSED_METADATA])
+def test_metadata_is_checked_as_the_api_server_checks_it(case, metadata, expected):
+    lines = errors_of(job_text(metadata=metadata))
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+ACCEPTED = [
+    ("env from the pod", "  env:\n    - name: A\n      value: ''\n      valueFrom: {fieldRef: {fieldPath: \"metadata.labels['app.kubernetes.io/name']\"}}\n"),
+    ("env from a secret", "  env:\n    - name: HF_TOKEN\n      valueFrom: {secretKeyRef: {name: hf, key: token, optional: true}}\n"),
+    ("env from a resource", "  env:\n    - name: MEM\n      valueFrom: {resourceFieldRef: {resource: limits.memory, divisor: 1Mi}}\n"),
+    ("volumes and mounts", VOLUME + "    - name: scratch\n      emptyDir: {medium: Memory, sizeLimit: 1Gi}\n  volumeMounts:\n    - {name: data, mountPath: /data, readOnly: true}\n    - {name: scratch, mountPath: /scratch, subPath: run}\n"),
+    ("a mount of the storage volume", "  storage: {claimName: shared}\n  volumeMounts:\n    - {name: dtrain-storage, mountPath: /data, subPath: datasets}\n"),
+    ("a mount inside the storage path", VOLUME + "  storage: {claimName: shared}\n  volumeMounts:\n    - {name: data, mountPath: /workspace/data}\n"),
+    ("tolerations", "  scheduling:\n    tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n      - {operator: Exists}\n      - {key: spot, value: 'true', effect: NoExecute, tolerationSeconds: 60}\n"),
+    ("affinity", "  scheduling:\n    affinity:\n      nodeAffinity:\n        requiredDuringSchedulingIgnoredDuringExecution:\n          nodeSelectorTerms: [{matchExpressions: [{key: nvidia.com/gpu.product, operator: In, values: [A100]}]}]\n      podAntiAffinity:\n        preferredDuringSchedulingIgnoredDuringExecution:\n          - weight: 100\n            podAffinityTerm: {topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: {dtrain.dev/role: worker}}}\n"),
+    ("names", "  serviceAccountName: trainer.team-a\n  scheduling:\n    schedulerName: volcano\n    priorityClassName: high-priority\n    nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3, pool: ''}\n"),
+    ("images", "  image: registry.example:5000/team/trainer:1.0@sha256:" + "a" * 64 + "\n  engine:\n    image: localhost/engine\n"),
+    ("quantities", "  resources:\n    requests: {cpu: 500m, memory: 1.5Gi, ephemeral-storage: 1e9}\n    limits: {cpu: 2, memory: 2Gi, example.com/fpga: 1, hugepages-2Mi: 1Gi}\n"),
+    ("profiles", "  engine:\n    profiles:\n      - inputs: {'input:0': {min: [1, 3], opt: [4, 3], max: [8, 3]}, mask: {min: [1], opt: [1], max: [1]}}\n      - inputs: {'input:0': {min: [8, 3], opt: [8, 3], max: [16, 3]}, mask: {min: [1], opt: [1], max: [1]}}\n"),
+]
+
+
+@pytest.mark.parametrize("case,spec", ACCEPTED, ids=[case[0] for case in ACCEPTED])
+def test_what_the_api_server_takes_is_accepted(case, spec):
+    assert errors_of(job_text(spec)) == []
+
+
+def test_metadata_the_api_server_takes_is_accepted():
+    metadata = (
+        "  namespace: team-a\n  labels: {app.kubernetes.io/name: dtrain, team: ''}\n"
+        f"  annotations: {{{contract.ANNOTATION_MEMORY_ESTIMATE}: '{{}}', Example.com/Note: any text}}\n"
+    )
+    assert errors_of(job_text(metadata=metadata)) == []
+
+
+def test_the_operator_reads_its_own_annotations_on_a_stored_job():
+    """Only a file (or a dict) given to be created is refused them; a stored job carries them."""
+    stored = yaml.safe_load(job_text(metadata=f"  annotations: {{{contract.ANNOTATION_STATE}: x}}\n"))
+    from dtrain_operator.api.validation import validate_object
+
+    assert validate_object(stored).errors == []
+    assert validate_job_document(stored).errors != []
+
+
+# --- Item 3: credentials ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("  logging:\n    logger: mlflow\n    mlflowTrackingUri: https://alice:hunter2hunter2@mlflow.example\n",
+         "spec.logging.mlflowTrackingUri: holds a credential"),
+        ("  model:\n    classPath: a.B\n    initArgs: {headers: {Authorization: Bearer abcdefghijklmnop}}\n",
+         "spec.model.initArgs: headers.Authorization looks like a credential"),
+        ("  data:\n    classPath: a.B\n    initArgs: {url: 'https://bob:hunter2hunter2@data.example/x'}\n",
+         "spec.data.initArgs: url looks like a credential"),
+    ],
+)
+def test_a_credential_is_refused_with_the_way_to_pass_it_and_never_echoed(spec, expected):
+    [line] = errors_of(job_text(spec))
+    assert line.startswith(expected), line
+    assert "secretKeyRef" in line
+    assert "hunter2" not in line and "abcdefghijklmnop" not in line
+
+
+def test_an_echoed_value_is_redacted():
+    [line] = errors_of(job_text("  image: https://alice:hunter2hunter2@registry.example/x\n"))
+    assert line.startswith("spec.image: ") and "hunter2" not in line and "alice:***@" in line
+
+
+# --- Item 3: one exit code for an invalid file ---------------------------------------------------------------------
+
+
+def test_validate_exits_as_submit_and_run_do_for_an_invalid_file(tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text(job_text() + "---\n" + job_text())
+    for command in (["validate"], ["run", "--no-engine"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "dtrain_operator.cli", *command, str(path)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert proc.returncode == EXIT_INVALID_JOB == 2, proc.stderr
+        assert proc.stderr == f"{path}: holds 2 YAML documents; give one DistributedTraining per file\n"

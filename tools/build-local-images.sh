@@ -18,3 +18,6 @@ export OPERATOR_BASE="$BASE" TRAINER_BASE="$BASE" ENGINE_BASE="$BASE"
 export TORCH_PACKAGES="${CI_TORCH_PACKAGES:-torch==2.14.1 torchvision==0.29.1}"
 export ENGINE_EXTRA=trainer REQUIRE_TENSORRT=0
 make images ${REGISTRY:+REGISTRY="$REGISTRY"} ${VERSION:+VERSION="$VERSION"}
+# A rebuilt image leaves its predecessor untagged, several GB each for the trainer and the engine:
+# removed here, so that the image store does not fill the disk build after build.
+buildah rmi --prune >/dev/null 2>&1 || true

@@ -495,6 +495,8 @@ def scenario_user_image(figures: Figures) -> None:
         raise Failed(f"{name}-0's container is not rooted in its image: {root!r}")
     finished(name)
     delete(name)
+    eventually(lambda: not worker_pods(name), f"{name}: its pods gone", 120)
+    subprocess.run(["buildah", "rmi", USER_IMAGE], capture_output=True, check=False)  # several GB: not kept
 
 
 def scenario_image_missing(figures: Figures) -> None:

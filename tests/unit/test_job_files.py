@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -59,22 +58,19 @@ def test_a_date_in_a_string_field_is_accepted():
     assert errors_of(job_text("  logging:\n    mlflowExperimentName: 2024-02-30\n")) == []
 
 
-# --- Item 2: bounded output, linear time ---------------------------------------------------------------
+# --- Item 2: bounded output (its linear time: bench/validate_scale.py) ---------------------------------------------------------------
 
 
-def test_thousands_of_unknown_keys_get_a_capped_answer_fast(tmp_path, capsys):
+def test_thousands_of_unknown_keys_get_a_capped_answer(tmp_path, capsys):
     path = tmp_path / "job.yaml"
     path.write_text(job_text("".join(f"  unknownField{i}: {i}\n" for i in range(12_000))))
-    started = time.process_time()
     code = cli.main(["validate", str(path)])
-    cpu_seconds = time.process_time() - started
     lines = capsys.readouterr().err.splitlines()
     assert code == EXIT_INVALID_JOB
     assert len(lines) == 11 and lines[-1] == f"{path}: ... and 11,990 more unknown fields"
     # The known fields are listed once, not on every line.
     assert sum("known fields:" in line for line in lines) == 1
     assert sum(len(line) for line in lines) < 3000
-    assert cpu_seconds < 1.0, f"{cpu_seconds:.2f} s of CPU"
 
 
 def test_errors_of_other_kinds_are_capped_too():

@@ -23,8 +23,8 @@ PIP := $(PY) -m pip
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 INSTALLED := $(VENV)/.dtrain-installed
 TOOLS := .tools/bin/helm .tools/bin/kubectl
-# The tests' S3 server (SeaweedFS, built from its pinned Go module: minutes the first time, then cached).
-S3SERVER := .tools/bin/weed
+# The tests' S3 server (the Versity S3 Gateway, built from its pinned Go module: a minute or two the first time, then cached).
+S3SERVER := .tools/bin/versitygw
 
 # Where the images go: $(REGISTRY)/dtrain-{operator,trainer,engine}:$(VERSION).
 REGISTRY ?= localhost/dtrain

@@ -5,7 +5,7 @@ optimizer state). Each is written `--repeats` times with the trainer's writers:
 
 - **local**: AtomicCheckpointIO (a temporary file, fsync, rename), into a temporary directory on this disk;
 - **s3**: checkpoint_store.upload_checkpoint (torch.save streamed into a multipart upload, 16 MiB parts),
-  to the real S3 server the tests use (SeaweedFS `weed mini` on 127.0.0.1, tests/s3server.py; built by
+  to the real S3 server the tests use (versitygw on 127.0.0.1, tests/s3server.py; built by
   tools/s3server/build.sh). A loopback server: a cloud bucket adds the network's time.
 
 Reported: the median seconds of a save, the same per 100 MB (the figure "checkpoint upload time per 100 MB"),
@@ -119,7 +119,7 @@ def run(sizes_mb: list[int], repeats: int) -> list[dict[str, Any]]:
                         raise RuntimeError(f"the upload failed: {upload.error}")
 
                 rows.append(measure("local disk", size, repeats, to_disk))
-                rows.append(measure("s3 (SeaweedFS on 127.0.0.1)", size, repeats, to_s3))
+                rows.append(measure("s3 (versitygw on 127.0.0.1)", size, repeats, to_s3))
                 del checkpoint
         finally:
             server.stop()

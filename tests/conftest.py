@@ -11,7 +11,7 @@ from tests.s3server import S3Server
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """SeaweedFS's S3 server on 127.0.0.1 with a temporary data directory and made-up keys; stopped at the end."""
+    """The Versity S3 Gateway on 127.0.0.1 with a temporary data directory and made-up keys; stopped at the end."""
     server = S3Server.start_new(tmp_path_factory.mktemp("s3server"))
     try:
         yield server

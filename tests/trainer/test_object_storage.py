@@ -1,4 +1,4 @@
-"""Checkpoints and artifacts on s3://, against a real S3 server (SeaweedFS, tests/s3server.py), with real trainer processes.
+"""Checkpoints and artifacts on s3://, against a real S3 server (versitygw, tests/s3server.py), with real trainer processes.
 
 Exact resume from the bucket; a checkpoint whose upload was cut short is never the one resumed from; the
 server going away mid-training delays or misses checkpoints but leaves none half-written; an unreachable

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Build the tests' S3 server (SeaweedFS `weed`, pinned in go.mod and go.sum) into .tools/bin/weed.
+# Build the tests' S3 server (the Versity S3 Gateway, pinned in go.mod and go.sum) into
+# .tools/bin/versitygw.
 # Go's module and build caches are reused, so only the first build is slow (see docs/storage.md
 # for how long a cold one takes). The binary is rebuilt when go.mod or go.sum is newer than it.
-#   bash tools/s3server/build.sh [OUT]        (default: .tools/bin/weed at the repository root)
+#   bash tools/s3server/build.sh [OUT]        (default: .tools/bin/versitygw at the repository root)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-out="${1:-$root/.tools/bin/weed}"
+out="${1:-$root/.tools/bin/versitygw}"
 if [[ -x "$out" && "$out" -nt "$here/go.mod" && "$out" -nt "$here/go.sum" ]]; then
     exit 0
 fi
@@ -15,6 +16,6 @@ mkdir -p "$(dirname "$out")"
 cd "$here"
 start=$SECONDS
 # -mod=readonly: go.mod and go.sum are the pin; a build never changes them. Niced: it takes both cores.
-nice -n 10 go build -mod=readonly -trimpath -ldflags='-s -w' -o "$out.tmp" github.com/seaweedfs/seaweedfs/weed
+nice -n 10 go build -mod=readonly -trimpath -ldflags='-s -w' -o "$out.tmp" github.com/versity/versitygw/cmd/versitygw
 mv "$out.tmp" "$out"
 echo "built $out in $(( SECONDS - start )) s"

@@ -54,7 +54,7 @@ def url_scheme(path: str) -> str | None:
 
 
 class S3Settings(ApiModel):
-    """An S3-compatible service other than AWS's own (MinIO, Ceph RGW, SeaweedFS), or an AWS region."""
+    """An S3-compatible service other than AWS's own (MinIO, Ceph RGW, versitygw), or an AWS region."""
 
     endpoint: Annotated[str, Field(pattern=HTTP_URL_PATTERN, max_length=MAX_PATH_LENGTH)] | None = None
     """The service's URL, e.g. http://minio.storage:9000 (default: AWS S3). Credentials never go here."""

@@ -219,6 +219,35 @@ def test_the_server_gone_for_a_while_delays_or_misses_checkpoints_but_training_g
         server.stop()
 
 
+def test_with_on_write_failure_fail_a_checkpoint_not_written_stops_training(tmp_path: Path) -> None:
+    server = S3Server.start_new(tmp_path / "server")  # its own: this test stops it for good
+    try:
+        config = s3_config(
+            tmp_path, server, "stop-on-miss",
+            model={"classPath": USER_MODEL, "initArgs": {"step_sleep": 0.25}},
+            trainer={"maxSteps": 200, "numWorkers": 0}, checkpoint={"everyNSteps": 2, "onWriteFailure": "Fail"},
+            export={"onnx": {"enabled": False}},
+        )
+        progress = tmp_path / "progress.jsonl"
+        trainer = start_trainer(write_config(tmp_path, config), progress, **server.env())
+        try:
+            wait_for(lambda: any(r["event"] == "checkpoint" for r in records(progress)), 120, "the first checkpoint")
+            server.stop()
+            _, stderr = trainer.communicate(timeout=RUN_TIMEOUT_SECONDS)
+        finally:
+            trainer.kill()
+            trainer.wait()
+        assert trainer.returncode == 1, stderr[-3000:]
+        missed = [r for r in records(progress) if r["event"] == "checkpoint" and r.get("ok") is False]
+        assert len(missed) == 1, missed
+        assert f"checkpoint of step {missed[0]['step']} not saved" in stderr
+        assert "checkpoint.onWriteFailure is Fail: training stops" in stderr
+        steps = [r["step"] for r in records(progress) if r["event"] == "progress"]
+        assert max(steps, default=0) < 200  # stopped, not trained to the end
+    finally:
+        server.stop()
+
+
 def test_an_unreachable_bucket_fails_the_start_at_once_naming_the_url(tmp_path: Path, s3_server: S3Server) -> None:
     url = s3_server.url("unreachable/checkpoints")
     config_path = write_config(tmp_path, s3_config(tmp_path, s3_server, "unreachable"))

@@ -109,11 +109,14 @@ def decide_resume(checkpoint: Mapping[str, Any], path: str, config: TrainerConfi
     return True, f"checkpoint.foreign Resume: resuming from {path} although {reason}"
 
 
-def reported_failure(step: int, url: str, error: str | None) -> str:
-    return (
-        f"checkpoint of step {step} not saved: {url} could not be written after retries ({error}); "
-        "training goes on and the next checkpoint tries again"
-    )
+class CheckpointWriteFailed(RuntimeError):
+    """A checkpoint not written, with checkpoint.onWriteFailure: Fail: training stops here."""
+
+
+def reported_failure(step: int, url: str, error: str | None, stop: bool = False) -> str:
+    then = ("checkpoint.onWriteFailure is Fail: training stops" if stop
+            else "training goes on and the next checkpoint tries again")
+    return f"checkpoint of step {step} not saved: {url} could not be written after retries ({error}); {then}"
 
 
 def report_saved(reporter: ProgressReporter, step: int, path: str, upload: object_store.Upload | None) -> None:
@@ -122,9 +125,11 @@ def report_saved(reporter: ProgressReporter, step: int, path: str, upload: objec
     reporter.event(Event.CHECKPOINT, step=step, path=path, ok=True, **timing)
 
 
-def report_failed(reporter: ProgressReporter, step: int, upload: object_store.Upload) -> None:
-    """A checkpoint that could not be uploaded: said in the log and the records; training goes on."""
-    message = reported_failure(step, upload.url, upload.error)
+def report_failed(reporter: ProgressReporter, step: int, upload: object_store.Upload, stop: bool = False) -> None:
+    """A checkpoint that could not be uploaded: said in the log and the records; training goes on unless `stop`."""
+    message = reported_failure(step, upload.url, upload.error, stop)
     log.warning(message)
     reporter.event(Event.CHECKPOINT, step=step, path=upload.url, ok=False, error=upload.error, attempts=upload.attempts)
     reporter.event(Event.WARNING, message=message)
+    if stop:
+        raise CheckpointWriteFailed(message)

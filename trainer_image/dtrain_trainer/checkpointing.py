@@ -10,7 +10,7 @@ and says so. The resume choice also skips a file that is not a complete zip arch
 
 On object storage (s3://, gs://) the step checkpoint is uploaded once and `last.json` names
 it (dtrain_trainer.checkpoint_store); an upload that fails after its retries is reported and
-training goes on. Every checkpoint records the job it belongs to (checkpoint_store.OWNER_KEY).
+training goes on (or stops: checkpoint.onWriteFailure). Every checkpoint records the job it belongs to (checkpoint_store.OWNER_KEY).
 """
 
 from __future__ import annotations

@@ -110,7 +110,9 @@ def build_trainer(
         every_n_steps=config.checkpoint.every_n_steps,
         keep_last=config.checkpoint.keep_last,
         on_saved=lambda step, path, upload: checkpoint_store.report_saved(reporter, step, path, upload),
-        on_failed=lambda step, upload: checkpoint_store.report_failed(reporter, step, upload),
+        on_failed=lambda step, upload: checkpoint_store.report_failed(
+            reporter, step, upload, stop=config.checkpoint.on_write_failure == "Fail"
+        ),
     )
     checkpoint_io = atomic_checkpoint_io_class(package)()
     checkpoint_io.on_writing = progress.checkpoint_writing

@@ -202,6 +202,8 @@ class CheckpointSettings(ApiModel):
     """Save a checkpoint every this many optimizer steps (and always at the end)."""
     keep_last: Annotated[int, Field(ge=1, le=1000)] = 3
     """Keep this many step checkpoints besides last.ckpt."""
+    on_write_failure: Literal["Continue", "Fail"] = "Continue"
+    """A checkpoint that cannot be uploaded to object storage after its retries: Continue (report it, the CheckpointMissed condition and Warning Event, and train on; the next checkpoint tries again) or Fail (stop training: the worker exits with code 1, and restartPolicy decides, e.g. a gang restart from the last checkpoint written)."""
     foreign: Literal["Refuse", "StartFresh", "Resume"] = "Refuse"
     """What the trainer does when dir holds the checkpoint of another job, of an earlier job of the same name, or of this job with another model, data or trainer spec: Refuse (fail with exit 78, naming it), StartFresh (train from scratch with a Warning; its checkpoints then replace the other's) or Resume (resume from it all the same, with a Warning)."""
 

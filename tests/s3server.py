@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "cluster"))
 
-from localcluster import objectstore  # noqa: E402  (tools/cluster is no installed package)
+# tools/cluster is no installed package: its path is added above.
+from localcluster import objectstore
 
 BUCKET = "dtrain-test"
 START_TIMEOUT_SECONDS = 60

@@ -48,7 +48,9 @@ QUICKSTART = REPO / "examples" / "quickstart.yaml"
 QUICKSTART_STEPS_VARIABLE = "E2E_QUICKSTART_MAX_STEPS"
 TRAINING_TIMEOUT = 900.0
 ENGINE_RESOURCES = {"limits": {"cpu": "1", "memory": "4Gi"}}
-CLAIM = "e2e-data"
+# The claim the README's walkthrough names (its step 2), made by tests/cluster/__main__.py.
+CLAIM = "dtrain-shared"
+README = REPO / "README.md"
 TRAINER_IMAGE = f"{layout.IMAGE_REGISTRY}/dtrain-trainer:{layout.version()}"
 ENGINE_IMAGE = f"{layout.IMAGE_REGISTRY}/dtrain-engine:{layout.version()}"
 USER_IMAGE = f"{layout.IMAGE_REGISTRY}/e2e-lit-model:{layout.version()}"
@@ -95,17 +97,48 @@ def children(name: str) -> list[str]:
     return found
 
 
-def quickstart_job() -> dict[str, Any]:
-    """examples/quickstart.yaml as the README's cluster walkthrough has a user complete it: the images, the
-    shared claim, per-job folders on it, the engine's ONNX Runtime fallback; maxSteps only when
-    E2E_QUICKSTART_MAX_STEPS says so (a slow machine)."""
-    job = yaml.safe_load(QUICKSTART.read_text())
+def walkthrough_commands(storage: str) -> str:
+    """The shell lines of the README's "3. Submit." that make my-job.yaml, as a user runs them: with the
+    claim's printf line (storage "claim"), or with the object-storage one uncommented instead ("s3")."""
+    text = README.read_text()
+    step = text[text.index("**3. Submit.**"):text.index("**4. Watch.**")]
+    block = step.split("```", 2)[1]
+    lines = []
+    for line in block.splitlines():
+        if line.startswith("dtrain submit"):
+            continue  # the scenario applies the file itself, and checks it first
+        if storage == "s3" and line.startswith("printf '  storage:\\n    claimName"):
+            continue
+        if storage == "s3" and line.startswith("#   printf"):
+            line = line.removeprefix("#   ")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def quickstart_job(storage: str = "claim") -> dict[str, Any]:
+    """examples/quickstart.yaml completed by the README's own walkthrough commands (its images and storage
+    line), run with bash; then what this cluster needs beyond a GPU cluster: the engine's ONNX Runtime
+    fallback (no TensorRT here), and for "s3" the cluster's gateway and its Secret instead of the README's
+    placeholders; maxSteps only when E2E_QUICKSTART_MAX_STEPS says so (a slow machine)."""
+    with tempfile.TemporaryDirectory(prefix="dtrain-e2e-walkthrough-") as folder:
+        Path(folder, "examples").symlink_to(REPO / "examples")
+        ran = subprocess.run(["bash", "-euo", "pipefail", "-c", walkthrough_commands(storage)], cwd=folder, text=True,
+                             capture_output=True, check=False, env={**os.environ, "REGISTRY": layout.IMAGE_REGISTRY})
+        if ran.returncode != 0:
+            raise Failed(f"the README's walkthrough commands failed ({ran.returncode}): {ran.stderr[-1500:]}")
+        job = yaml.safe_load(Path(folder, "my-job.yaml").read_text())
+    if (job["spec"].get("image"), job["spec"]["engine"].get("image")) != (TRAINER_IMAGE, ENGINE_IMAGE):
+        raise Failed(f"the walkthrough's images are not the ones make cluster built: {job['spec']}")
+    expected_storage = {"claimName": CLAIM} if storage == "claim" else {"url": "s3://my-bucket/dtrain",
+                                                                       "credentialsSecret": "s3-creds"}
+    if job["spec"].get("storage") != expected_storage:
+        raise Failed(f"the walkthrough's storage line gave {job['spec'].get('storage')}, not {expected_storage}")
+    if storage == "s3":
+        job["metadata"]["name"] += "-s3"
+        job["spec"]["storage"] = {"url": f"s3://{layout.S3_BUCKET}/e2e", "s3": {"endpoint": layout.S3_ENDPOINT},
+                                  "credentialsSecret": layout.S3_SECRET}
     job["metadata"]["namespace"] = NS
-    name = job["metadata"]["name"]
-    job["spec"].update(image=TRAINER_IMAGE, storage={"claimName": CLAIM},
-                       checkpoint={**job["spec"]["checkpoint"], "dir": f"/workspace/{name}/checkpoints"},
-                       artifacts={"dir": f"/workspace/{name}/artifacts"})
-    job["spec"]["engine"].update(image=ENGINE_IMAGE, fallback="onnxruntime", resources=ENGINE_RESOURCES)
+    job["spec"]["engine"].update(fallback="onnxruntime", resources=ENGINE_RESOURCES)
     if os.environ.get(QUICKSTART_STEPS_VARIABLE):
         job["spec"]["trainer"]["maxSteps"] = int(os.environ[QUICKSTART_STEPS_VARIABLE])
     return job
@@ -139,7 +172,7 @@ def scenario_quickstart(figures: Figures) -> None:
     if not engine_jobs or not any(c["type"] == "Complete" and c["status"] == "True"
                                   for c in engine_jobs[0].get("status", {}).get("conditions", [])):
         raise Failed(f"the engine Job did not complete: {json.dumps(engine_jobs)[:500]}")
-    claim = layout.VOLUMES / NS / CLAIM / name / "artifacts"
+    claim = layout.VOLUMES / NS / CLAIM / NS / name / "artifacts"  # the per-job default under the claim
     for artifact in (contract.ONNX_FILE_NAME, contract.ENGINE_REPORT_FILE_NAME):
         if not (claim / artifact).is_file() or artifact not in json.dumps(final.get("artifacts") or {}):
             raise Failed(f"{artifact} is not on the claim ({claim}) and in status.artifacts: {final.get('artifacts')}")
@@ -188,6 +221,41 @@ def scenario_worker_killed(figures: Figures) -> None:
     final = finished(name)
     if final["restarts"] != 1:
         raise Failed(f"restarts {final['restarts']}, expected 1")
+    kubectl("delete", "dtr", name, "-n", NS, "--wait=false")
+
+
+def scenario_object_storage(figures: Figures) -> None:
+    """The quick start with the README's s3:// line, on make cluster's S3 gateway: a worker SIGKILLed mid-epoch
+    → the gang resumes from the bucket's checkpoint → the engine Job reads model.onnx from the bucket and
+    writes its report there; the status names the URLs."""
+    job = quickstart_job("s3")
+    name = job["metadata"]["name"]
+    prefix = layout.OBJECTS / layout.S3_BUCKET / "e2e" / NS / name  # the gateway keeps each object as a file
+    apply(job)
+    eventually(lambda: checkpoint_step(name) > 0, f"{name}: a checkpoint in the bucket", 600)
+    saved = status(name)["lastCheckpoint"]
+    if not str(saved.get("path", "")).startswith(f"s3://{layout.S3_BUCKET}/e2e/{NS}/{name}/checkpoints/"):
+        raise Failed(f"status.lastCheckpoint is not in the bucket: {saved}")
+    victim = next(p for p in worker_pods(name) if p["metadata"]["name"] == f"{name}-1")
+    pids = trainer_pids(victim)
+    if not pids:
+        raise Failed(f"no trainer process found in pod {name}-1")
+    kill(pids)
+    killed = time.monotonic()
+    eventually(lambda: status(name).get("restarts") == 1, f"{name}: a gang restart", 120)
+    final = finished(name, TRAINING_TIMEOUT)
+    figures["s3: worker killed → Succeeded (s)"] = time.monotonic() - killed
+    logs = kubectl("logs", f"{name}-0", "-n", NS).stdout
+    resumed = re.search(rf"resumed from s3://{layout.S3_BUCKET}/e2e/{NS}/{name}/checkpoints/(\S+) at step (\d+)", logs)
+    if not resumed or int(resumed.group(2)) < saved["step"]:
+        raise Failed(f"{name}-0 did not resume from the bucket's checkpoint (step >= {saved['step']}):\n{logs[-1500:]}")
+    for leaf in ("checkpoints/" + contract.LAST_POINTER_FILE_NAME, "artifacts/" + contract.ONNX_FILE_NAME,
+                 "artifacts/" + contract.ENGINE_REPORT_FILE_NAME):
+        if not (prefix / leaf).is_file():
+            raise Failed(f"{leaf} is not in the bucket (the gateway's {prefix})")
+    if f"s3://{layout.S3_BUCKET}/e2e/{NS}/{name}/artifacts/" not in json.dumps(final.get("artifacts") or {}):
+        raise Failed(f"status.artifacts does not name the bucket: {final.get('artifacts')}")
+    print(f"resumed from {resumed.group(1)} at step {resumed.group(2)}; model.onnx and the engine report in the bucket")
     kubectl("delete", "dtr", name, "-n", NS, "--wait=false")
 
 
@@ -625,6 +693,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("quickstart", "the quick start: kubectl apply → training → engine Job → kubectl delete; then dtrain run",
      scenario_quickstart),
     ("worker-kill", "worker SIGKILL → gang restart → resume at the checkpoint", scenario_worker_killed),
+    ("object-storage", "the quick start on s3://: worker SIGKILL → resume from the bucket → engine Job on the bucket",
+     scenario_object_storage),
     ("network-cut", "network cut → restart within the collective timeout", scenario_network_cut),
     ("hang", "a hang (link cut, long collective timeout) → progress deadline → gang restart", scenario_hang),
     ("straggler", "one pod's link slowed (tc tbf) → the straggler Event names that pod", scenario_straggler),

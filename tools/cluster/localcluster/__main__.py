@@ -1,7 +1,8 @@
 """`python -m localcluster up|down|status` (run from tools/cluster; `make cluster`, `make cluster-down`).
 
-    up [--nodes N] [--gpus-per-node G]   build what is missing, start the control plane, N kubelets and
-                                         the operator (helm install), return when the operator is Available
+    up [--nodes N] [--gpus-per-node G]   build what is missing, start the control plane, N kubelets, an S3
+                                         gateway for spec.storage.url and the operator (helm install),
+                                         return when the operator is Available
     down                                 stop everything `up` started and remove its state
     status                               what runs
     volume NAME [-n NAMESPACE]           a ReadWriteMany claim for spec.storage.claimName
@@ -13,18 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from . import controlplane, layout, network, pki, processes
+from . import controlplane, layout, network, objectstore, pki, processes
 
 HELM = layout.REPO / ".tools" / "bin" / "helm"
 KUBECTL = layout.REPO / ".tools" / "bin" / "kubectl"
 OPERATOR_NAMESPACE = "dtrain-system"
 RELEASE = "dtrain"
+S3_GATEWAY = "s3-gateway"
 
 
 class ClusterError(RuntimeError):
@@ -46,7 +49,7 @@ def _kubelet_name(index: int) -> str:
 def _check_ports(nodes: list[layout.Node]) -> None:
     ports = {layout.ETCD_CLIENT_PORT: "etcd", layout.ETCD_PEER_PORT: "etcd (peers)",
              layout.APISERVER_PORT: "kube-apiserver", layout.CONTROLLER_MANAGER_PORT: "kube-controller-manager",
-             layout.SCHEDULER_PORT: "kube-scheduler"}
+             layout.SCHEDULER_PORT: "kube-scheduler", layout.S3_PORT: "the S3 gateway"}
     ports.update({node.kubelet_port: f"the kubelet of {node.name}" for node in nodes})
     for port, what in ports.items():
         if controlplane.port_in_use(port):
@@ -88,6 +91,34 @@ def _build_images() -> None:
                            "machine's environment instead")
 
 
+def _start_object_store() -> dict[str, str]:
+    """The pods' S3 gateway on the bridge with its bucket; returns its root keys (also in layout.S3_KEYS)."""
+    try:
+        objectstore.build()
+    except subprocess.CalledProcessError as exc:
+        raise ClusterError("the S3 gateway's build failed (above): bash tools/s3server/build.sh shows why") from exc
+    keys = {"AWS_ACCESS_KEY_ID": "dtrain" + secrets.token_hex(6), "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(24)}
+    layout.S3_KEYS.touch(mode=0o600)
+    layout.S3_KEYS.write_text(json.dumps(keys))
+    layout.OBJECTS.mkdir(parents=True, exist_ok=True)
+    processes.start(S3_GATEWAY, objectstore.gateway_argv(f"{layout.BRIDGE_ADDRESS}:{layout.S3_PORT}", layout.OBJECTS),
+                    env=objectstore.gateway_env(keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"]))
+    objectstore.wait_until_answering(layout.S3_ENDPOINT, lambda: processes.running(S3_GATEWAY) is not None, 60,
+                                     lambda: processes.tail(S3_GATEWAY))
+    objectstore.create_bucket(layout.S3_ENDPOINT, keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"], layout.S3_BUCKET)
+    return keys
+
+
+def object_store_secrets(keys: dict[str, str]) -> str:
+    """The gateway's keys as the Secret spec.storage.credentialsSecret names, in each namespace the README uses."""
+    objects: list[dict[str, object]] = []
+    for namespace in layout.S3_SECRET_NAMESPACES:
+        objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        objects.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                        "metadata": {"name": layout.S3_SECRET, "namespace": namespace}, "stringData": keys})
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+
+
 def _install_operator() -> None:
     command = [str(HELM), f"--kubeconfig={layout.KUBECONFIG}", "upgrade", "--install", RELEASE,
                str(layout.REPO / "helm" / "dtrain-operator"), "-n", OPERATOR_NAMESPACE, "--create-namespace",
@@ -120,10 +151,15 @@ def up(args: argparse.Namespace) -> int:
     admin = pki.client("admin", "kubernetes-admin", "system:masters")
     pki.kubeconfig(layout.KUBECONFIG, "kubernetes-admin", *admin)
     network.setup_bridge()
+    print(f"cluster: starting the S3 gateway on {layout.S3_ENDPOINT} (bucket {layout.S3_BUCKET})", flush=True)
+    s3_keys = _start_object_store()
     print("cluster: starting etcd and kube-apiserver", flush=True)
     controlplane.start_etcd()
     controlplane.start_apiserver()
     kubectl("apply", "-f", str(layout.REPO / "tools" / "cluster" / "manifests" / "kubelet-hosts.yaml"))
+    # On stdin, not in argv: the keys stay out of the process list.
+    subprocess.run([str(KUBECTL), f"--kubeconfig={layout.KUBECONFIG}", "apply", "-f", "-"], check=True, timeout=120,
+                   input=object_store_secrets(s3_keys), text=True, capture_output=True)
     controlplane.start_controller_manager()
     controlplane.start_scheduler()
     print(f"cluster: starting {len(nodes)} kubelets", flush=True)
@@ -142,6 +178,9 @@ def up(args: argparse.Namespace) -> int:
     version = json.loads(server)["serverVersion"]["gitVersion"]
     print(f"cluster: Kubernetes {version} with {len(nodes)} nodes (pods from {args.pods_from}) is up in "
           f"{time.monotonic() - started:.0f} s; the operator is {'Available' if not args.no_operator else 'not installed'}")
+    print(f"cluster: object storage: spec.storage {{url: s3://{layout.S3_BUCKET}/<prefix>, s3: {{endpoint: "
+          f"{layout.S3_ENDPOINT}}}, credentialsSecret: {layout.S3_SECRET}}} (the Secret is in "
+          f"{' and '.join(layout.S3_SECRET_NAMESPACES)})")
     print(f"export KUBECONFIG={layout.KUBECONFIG}")
     return 0
 
@@ -192,7 +231,7 @@ def _remove_pod_roots() -> None:
 
 def down(_: argparse.Namespace) -> int:
     kubelets = [n for n in processes.names() if n.startswith("kubelet-")]
-    for name in kubelets + ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]:
+    for name in kubelets + ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd", S3_GATEWAY]:
         processes.stop(name)
     # The pods' processes run in sessions of their own: whatever a kubelet left is ended here.
     subprocess.run(["pkill", "-KILL", "-f", str(layout.REPO / "tools" / "cluster" / "localcluster" / "podinit.py")],
@@ -200,9 +239,9 @@ def down(_: argparse.Namespace) -> int:
     network.teardown()
     _unmount_under(layout.NODES)
     _remove_pod_roots()
-    for path in (layout.RUN, layout.ETCD_DATA, layout.NODES, layout.VOLUMES, layout.PKI, layout.LOGS):
+    for path in (layout.RUN, layout.ETCD_DATA, layout.NODES, layout.VOLUMES, layout.OBJECTS, layout.PKI, layout.LOGS):
         shutil.rmtree(path, ignore_errors=True)
-    for path in (layout.KUBECONFIG, layout.CONFIG):
+    for path in (layout.KUBECONFIG, layout.CONFIG, layout.S3_KEYS):
         path.unlink(missing_ok=True)
     print("cluster: stopped; nothing of it runs")
     return 0

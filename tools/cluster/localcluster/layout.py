@@ -18,6 +18,8 @@ ETCD_DATA = STATE / "etcd"
 NODES = STATE / "nodes"  # one folder per node: its pods, volumes, kubelet credentials
 VOLUMES = STATE / "volumes"  # the folders behind hostPath PersistentVolumes (shared by every node)
 KUBECONFIG = STATE / "kubeconfig"
+OBJECTS = STATE / "objects"  # the S3 gateway's buckets, one folder each
+S3_KEYS = STATE / "s3-keys.json"  # the gateway's root keys, made at `up` (mode 0600)
 CONFIG = STATE / "cluster.json"  # what `up` was asked for (nodes, GPUs), read by `status` and the kubelets
 
 KUBERNETES_VERSION = "v1.36.3"
@@ -54,9 +56,17 @@ APISERVER_PORT = _port("APISERVER_PORT", 6443)
 CONTROLLER_MANAGER_PORT = _port("CONTROLLER_MANAGER_PORT", 10257)
 SCHEDULER_PORT = _port("SCHEDULER_PORT", 10259)
 KUBELET_FIRST_PORT = 10250  # node i serves its pods' logs on KUBELET_FIRST_PORT + i - 1
+S3_PORT = _port("S3_PORT", 9000)
 
 APISERVER_URL = f"https://{os.environ.get('DTRAIN_APISERVER_HOST', BRIDGE_ADDRESS)}:{APISERVER_PORT}"
 SERVICE_ACCOUNT_ISSUER = f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}"
+
+# Object storage for spec.storage.url: an S3 gateway on the bridge, one bucket, and its keys in a Secret
+# of that name in each namespace the README's jobs use (the Secret's keys are the SDK's variables).
+S3_ENDPOINT = f"http://{BRIDGE_ADDRESS}:{S3_PORT}"
+S3_BUCKET = "dtrain"
+S3_SECRET = "dtrain-s3"
+S3_SECRET_NAMESPACES = ("default", "dtrain-system")
 
 
 @dataclass(frozen=True)

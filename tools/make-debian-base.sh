@@ -4,7 +4,7 @@
 #   tools/make-debian-base.sh [IMAGE_NAME]        default: localhost/dtrain-base:bookworm
 # The image has python/pip on PATH as the Dockerfiles call them (pip may install into the system
 # Python: this is an image, not a host), CA certificates, and useradd. Does nothing when the
-# image exists already (FORCE=1 remakes it).
+# image exists already at this script's BASE_REVISION (FORCE=1 remakes it).
 set -euo pipefail
 
 IMAGE="${1:-localhost/dtrain-base:bookworm}"
@@ -19,8 +19,11 @@ if [[ -z "$MIRROR" ]]; then
   exit 1
 fi
 BUILDAH="${BUILDAH:-buildah}"
+# Raised when what the base holds changes, so that an older one is remade (2: a current pip).
+BASE_REVISION=2
 
-if $BUILDAH inspect --type image "$IMAGE" >/dev/null 2>&1 && [[ "${FORCE:-0}" != 1 ]]; then
+existing="$($BUILDAH inspect --type image --format '{{index .ImageAnnotations "dev.dtrain.base-revision"}}' "$IMAGE" 2>/dev/null || true)"
+if [[ "$existing" == "$BASE_REVISION" && "${FORCE:-0}" != 1 ]]; then
   echo "make-debian-base: $IMAGE exists"
   exit 0
 fi
@@ -42,7 +45,15 @@ container="$($BUILDAH from scratch)"
 mount="$($BUILDAH mount "$container")"
 cp -a "$root"/. "$mount"/
 $BUILDAH umount "$container" >/dev/null
-$BUILDAH config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash "$container"
+# bookworm's pip (23.0) backtracks for an hour through torch's CUDA wheels on the trainer extra's
+# object-storage packages (s3fs, gcsfs); a current pip resolves them in seconds, as the public
+# PyTorch bases' pip does. This machine's CA bundle (PIP_CERT, e.g. a proxy's) for this one download.
+$BUILDAH run --isolation chroot -v "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}:/tmp/pip-ca.crt:ro" "$container" -- \
+  env PIP_FIND_LINKS= PIP_CERT=/tmp/pip-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \
+  python3 -m pip install --no-cache-dir --quiet --root-user-action=ignore --upgrade 'pip>=25.1' \
+  || { echo "make-debian-base: upgrading pip in the base failed (above)" >&2; exit 1; }
+$BUILDAH config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash \
+  --annotation "dev.dtrain.base-revision=$BASE_REVISION" "$container"
 $BUILDAH commit --quiet "$container" "$IMAGE" >/dev/null
 $BUILDAH rm "$container" >/dev/null
 echo "make-debian-base: $IMAGE ($($BUILDAH inspect --type image --format '{{.FromImageID}}' "$IMAGE" | cut -c1-12))"

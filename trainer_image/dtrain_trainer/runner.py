@@ -78,6 +78,19 @@ EXIT_OK = 0
 EXIT_CONFIG_ERROR = contract.TRAINER_EXIT_INVALID_CONFIG
 
 
+def _step_checkpoint(config: TrainerConfig, reporter: ProgressReporter, package: str) -> Any:
+    """The step-checkpoint callback, reporting each checkpoint saved or missed (and stopping on a miss
+    when checkpoint.onWriteFailure is Fail)."""
+    stop_on_miss = config.checkpoint.on_write_failure == "Fail"
+    return step_checkpoint_class(package)(
+        dirpath=config.checkpoint_dir,
+        every_n_steps=config.checkpoint.every_n_steps,
+        keep_last=config.checkpoint.keep_last,
+        on_saved=lambda step, path, upload: checkpoint_store.report_saved(reporter, step, path, upload),
+        on_failed=lambda step, upload: checkpoint_store.report_failed(reporter, step, upload, stop=stop_on_miss),
+    )
+
+
 def build_trainer(
     config: TrainerConfig,
     reporter: ProgressReporter | None = None,
@@ -105,15 +118,7 @@ def build_trainer(
     progress = progress_callback_class(package)(
         reporter, default_batch_size=settings.batch_size, metric_names=config.logging.metrics
     )
-    checkpoint = step_checkpoint_class(package)(
-        dirpath=config.checkpoint_dir,
-        every_n_steps=config.checkpoint.every_n_steps,
-        keep_last=config.checkpoint.keep_last,
-        on_saved=lambda step, path, upload: checkpoint_store.report_saved(reporter, step, path, upload),
-        on_failed=lambda step, upload: checkpoint_store.report_failed(
-            reporter, step, upload, stop=config.checkpoint.on_write_failure == "Fail"
-        ),
-    )
+    checkpoint = _step_checkpoint(config, reporter, package)
     checkpoint_io = atomic_checkpoint_io_class(package)()
     checkpoint_io.on_writing = progress.checkpoint_writing
     checkpoint_io.owner = checkpoint_store.owner_of(config).to_wire()

@@ -165,11 +165,12 @@ def build_tensorrt_fp16(onnx_path: Path, batches: list[int], workdir: Path) -> A
     """An fp16 engine built by dtrain's own builder (what `dtrain build-engine` runs), for batches min..max."""
     from dtrain_engine.device import TorchCudaDevice
     from dtrain_engine.onnx_model import convert_to_float16, inspect_onnx
-    from dtrain_engine.plan import BuildOptions, plan_build
+    from dtrain_engine.plan import plan_build
     from dtrain_engine.tensorrt_runtime import TensorRTEngine, TensorRTLog, build_engine, tensorrt_version
+    from dtrain_operator.api.engine_options import EngineBuildOptions
 
     model = inspect_onnx(str(onnx_path))
-    options = BuildOptions(precision="fp16", min_batch=min(batches), opt_batch=max(batches), max_batch=max(batches))
+    options = EngineBuildOptions(precision="fp16", min_batch=min(batches), opt_batch=max(batches), max_batch=max(batches))
     plan = plan_build(model, options, tensorrt_version())
     source = str(onnx_path)
     if plan.onnx_conversion == "float16":

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 from bench.engine_cases import CASES, EngineCase, dynamic_sequence, fp32_mlp, qdq_int8, two_inputs
 from dtrain_engine import main as engine
 from dtrain_engine.onnx_model import inspect_onnx
-from dtrain_engine.plan import BuildOptions, plan_build
+from dtrain_engine.plan import plan_build
+from dtrain_operator.api.engine_options import EngineBuildOptions
 
 
 def _get(document: dict[str, Any], dotted: str) -> Any:
@@ -173,7 +174,7 @@ def test_a_second_dynamic_axis_needs_shapes(build_engine, tmp_path: Path) -> Non
 
 
 def test_two_inputs_share_the_batch_profile(tmp_path: Path) -> None:
-    plan = plan_build(inspect_onnx(str(two_inputs(tmp_path / "two.onnx"))), BuildOptions(min_batch=2, max_batch=4))
+    plan = plan_build(inspect_onnx(str(two_inputs(tmp_path / "two.onnx"))), EngineBuildOptions(min_batch=2, max_batch=4))
     assert [point.shapes for point in plan.points()] == [{"image": (2, 8), "mask": (2, 8)}, {"image": (4, 8), "mask": (4, 8)}]
     assert plan.tensorrt_assumed and plan.tensorrt_version == "10.13"
 
@@ -210,12 +211,12 @@ def test_fp8_and_int4_quantization_are_told_apart(tmp_path: Path) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(path))
     model = inspect_onnx(str(path))
     assert model.quantized_types == {"FP8", "INT4"}
-    plan = plan_build(model, BuildOptions(precision="fp16"), "10.8")
+    plan = plan_build(model, EngineBuildOptions(precision="fp16"), "10.8")
     assert plan.builder_flags == ("FP16", "FP8", "INT4") and plan.executed_precision == "int4" and plan.bound == 1e-1
 
 
 def test_the_engine_jobs_command_parses_into_the_options_the_spec_asks_for() -> None:
-    """spec.engine -> the engine Job's command (render) -> build-engine's parser -> BuildOptions: nothing lost."""
+    """spec.engine -> the engine Job's command (render) -> build-engine's parser -> the options model: nothing lost."""
     from dtrain_operator.api import DistributedTraining, contract
     from dtrain_operator.cli import main as cli
     from dtrain_operator.core import render
@@ -230,9 +231,10 @@ def test_the_engine_jobs_command_parses_into_the_options_the_spec_asks_for() -> 
         {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "j", "namespace": "n"}, "spec": spec}
     )
     args = cli.build_parser().parse_args(render.engine_command(job)[1:])
-    assert engine.build_options(args) == BuildOptions(
-        precision="fp32", shapes=(("x:1x32", "x:4x32", "x:8x32"),), workspace_mib=4096, tf32=True,
-        hardware_compatibility="same-compute-capability", version_compatible=True, refit=True, strip_weights=True,
-        builder_optimization_level=1, layer_precisions=(("fc1", "fp16"), ("fc2", "bf16")), precision_constraints="prefer",
-        plugin_libraries=("/opt/libroi.so",), cuda_graph=True, timing_cache="/workspace/n/j/artifacts/timing.cache",
+    assert engine.build_options(args) == EngineBuildOptions(
+        precision="fp32", profiles=[{"inputs": {"x": {"min": [1, 32], "opt": [4, 32], "max": [8, 32]}}}], tf32=True,
+        hardware_compatibility_level="same-compute-capability", version_compatible=True, refit=True, strip_weights=True,
+        builder_optimization_level=1, layer_precisions={"fc1": "fp16", "fc2": "bf16"}, precision_constraints="prefer",
+        plugin_libraries=["/opt/libroi.so"], use_cuda_graph=True,
     )
+    assert args.timing_cache == "/workspace/n/j/artifacts/timing.cache"

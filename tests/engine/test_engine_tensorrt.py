@@ -23,7 +23,8 @@ from dtrain_engine.onnx_model import (
     describe_parser_error,
     inspect_onnx,
 )
-from dtrain_engine.plan import HARDWARE_COMPATIBILITY, BuildOptions, plan_build
+from dtrain_engine.plan import HARDWARE_COMPATIBILITY, plan_build
+from dtrain_operator.api.engine_options import EngineBuildOptions
 
 ENGINE_TENSORRT = Path(probe.__file__).with_name("tensorrt_runtime.py")
 
@@ -139,10 +140,10 @@ def test_every_builder_flag_a_plan_names_is_in_the_tensorrt_api_for_its_major(tm
     api = _tensorrt_api()
     models = {"mlp": inspect_onnx(str(fp32_mlp(tmp_path / "mlp.onnx"))), "qdq": inspect_onnx(str(qdq_int8(tmp_path / "qdq.onnx")))}
     option_sets = [
-        BuildOptions(precision=p, tf32=t, refit=r, strip_weights=s, version_compatible=True, hardware_compatibility=h)
+        EngineBuildOptions(precision=p, tf32=t, refit=r, strip_weights=s, version_compatible=True, hardware_compatibility_level=h)
         for p in ("fp32", "fp16", "bf16") for t in (False, True) for r in (False, True) for s in (False, True)
         for h in HARDWARE_COMPATIBILITY
-    ] + [BuildOptions(precision="fp32", layer_precisions=(("fc1", "fp16"), ("fc2", "bf16")), precision_constraints="obey")]
+    ] + [EngineBuildOptions(precision="fp32", layer_precisions={"fc1": "fp16", "fc2": "bf16"}, precision_constraints="obey")]
     for version in ("10.8", "10.13", "11.0"):
         major = int(version.split(".")[0])
         for name, model in models.items():
@@ -208,7 +209,7 @@ def _model(weight_types: set[str] = frozenset({"float32"}), quantized: bool = Fa
 
 
 def plan_precision(major: int, precision, model: OnnxModelInfo):
-    return plan_build(model, BuildOptions(precision=precision), f"{major}.13")
+    return plan_build(model, EngineBuildOptions(precision=precision), f"{major}.13")
 
 
 @pytest.mark.parametrize(
@@ -245,7 +246,7 @@ def test_int8_needs_a_quantized_model(major: int) -> None:
     plan = plan_precision(major, "int8", _model(quantized=True))
     assert plan.builder_flags == () and plan.strongly_typed  # 10.13 and 11: Q/DQ models are strongly typed
     assert plan.onnx_conversion is None
-    older = plan_build(_model(quantized=True), BuildOptions(precision="int8"), "10.8")
+    older = plan_build(_model(quantized=True), EngineBuildOptions(precision="int8"), "10.8")
     assert (older.strongly_typed, older.builder_flags) == (False, ("INT8",))
 
 

@@ -123,11 +123,12 @@ def _model(static_batch: int | None) -> OnnxModelInfo:
 
 def _run(notes: list[str]) -> EngineRun:
     from dtrain_engine.check import LatencyStats, Timing
-    from dtrain_engine.plan import BuildOptions, plan_build
+    from dtrain_engine.plan import plan_build
     from dtrain_engine.report import TimedPoint
+    from dtrain_operator.api.engine_options import EngineBuildOptions
 
     model = _model(None)
-    plan = plan_build(model, BuildOptions(precision="fp32", min_batch=1, max_batch=8))
+    plan = plan_build(model, EngineBuildOptions(precision="fp32", min_batch=1, max_batch=8))
     run = EngineRun(
         backend="onnxruntime-cpu", onnx=model, onnx_sha256="0" * 64, requested_precision="fp16",
         executed_precision="fp32", bound=1e-3, plan=plan, device="CPU", timing=TimingSettings(),

@@ -160,9 +160,9 @@ def test_engine_job():
     assert container["command"] == [
         "dtrain", "build-engine", "--onnx", "s3://dtrain-test/jobs/ml/mnist/artifacts/model.onnx",
         "--out", "s3://dtrain-test/jobs/ml/mnist/artifacts/model.plan",
-        "--precision", "fp16", "--min-batch", "1", "--opt-batch", "8", "--max-batch", "16", "--workspace-mib", "4096",
         "--timing-cache", "s3://dtrain-test/jobs/ml/mnist/artifacts/timing.cache",
         "--report", "s3://dtrain-test/jobs/ml/mnist/artifacts/engine-report.json",
+        "--min-batch", "1", "--opt-batch", "8", "--max-batch", "16",
     ]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     custom_resources = {"resources": {"limits": {"nvidia.com/gpu": 2, "memory": "32Gi"}}}
@@ -236,7 +236,8 @@ def test_network_policy_is_valid_kubernetes_and_admits_only_the_jobs_pods(versio
 
 
 def test_engine_build_options_become_build_engine_flags():
-    """Each spec.engine build option is the `dtrain build-engine` flag of the same name; defaults add none."""
+    """Each spec.engine build option is the `dtrain build-engine` flag of the same name, in the spec's order;
+    an option at the command's default adds none."""
     engine = {
         "precision": "fp32", "tf32": True, "hardwareCompatibilityLevel": "ampere+", "versionCompatible": True,
         "refit": True, "stripWeights": True, "builderOptimizationLevel": 5, "layerPrecisions": {"fc*": "fp16"},
@@ -247,19 +248,31 @@ def test_engine_build_options_become_build_engine_flags():
         ],
     }
     command = render.engine_command(MNIST.with_spec(engine=engine).as_model())
-    flags = command[command.index("--precision"):command.index("--workspace-mib")]
+    flags = command[command.index("--report") + 2:]
     assert flags == [
         "--precision", "fp32",
         "--min-shapes", "tokens:1x1", "--opt-shapes", "tokens:4x64", "--max-shapes", "tokens:8x128",
         "--min-shapes", "tokens:16x1", "--opt-shapes", "tokens:16x64", "--max-shapes", "tokens:16x512",
-        "--tf32", "--version-compatible", "--refit", "--strip-weights", "--use-cuda-graph",
-        "--hardware-compatibility-level", "ampere+", "--builder-optimization-level", "5",
-        "--layer-precisions", "fc*:fp16", "--precision-constraints", "obey", "--plugin-library", "/opt/plugins/libroi.so",
+        "--tf32", "--hardware-compatibility-level", "ampere+", "--version-compatible", "--refit", "--strip-weights",
+        "--builder-optimization-level", "5", "--layer-precisions", "fc*:fp16", "--precision-constraints", "obey",
+        "--plugin-library", "/opt/plugins/libroi.so", "--use-cuda-graph",
     ]
     default = render.engine_command(MNIST.as_model())
-    assert default[default.index("--precision"):default.index("--workspace-mib")] == [
-        "--precision", "fp16", "--min-batch", "1", "--opt-batch", "32", "--max-batch", "32",
-    ]
+    assert default[default.index("--report") + 2:] == ["--min-batch", "1", "--opt-batch", "32", "--max-batch", "32"]
+
+
+def test_build_engine_help_documents_each_spec_engine_build_option():
+    """The command's help is the field's description, so that the two cannot say different things."""
+    from dtrain_operator.api import EngineSettings, artifacts
+    from dtrain_operator.cli import main as cli
+
+    (engine_parser,) = (
+        action.choices["build-engine"] for action in cli.build_parser()._actions if action.dest == "command"
+    )
+    helps = {" ".join(str(action.help).split()) for action in engine_parser._actions}
+    for name, field in EngineSettings.model_fields.items():
+        if any(isinstance(marker, artifacts.BuildFlag) for marker in field.metadata) and name != "profiles":
+            assert any(str(field.description).rstrip(".") in text for text in helps), name
 
 
 def test_the_engine_fallback_is_the_jobs_choice_rendered_as_the_flag():

@@ -1,4 +1,5 @@
-"""`dtrain build-engine`'s flags: the checks that need neither the model nor a library, and the build options."""
+"""`dtrain build-engine`'s flags: the checks that need neither the model nor a library, and the build options
+(api.engine_options reads them into spec.engine's model)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import argparse
 import os
 
 from dtrain_engine.onnx_model import ENGINE_SUFFIXES, check_batch_flags, usage_error
-from dtrain_engine.plan import BuildOptions
-from dtrain_operator.api import contract
+from dtrain_operator.api import contract, engine_options
+from dtrain_operator.api.engine_options import EngineBuildOptions
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -31,46 +32,16 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise usage_error(f"--report {report} is named like an engine ({'/'.join(ENGINE_SUFFIXES)}): name it .json")
     if args.timing_cache is not None and os.path.isdir(args.timing_cache):
         raise usage_error(f"--timing-cache {args.timing_cache} is a directory: give a file name, e.g. timing.cache")
-    counts = {flag: len(values or []) for flag, values in (
-        ("--min-shapes", args.min_shapes), ("--opt-shapes", args.opt_shapes), ("--max-shapes", args.max_shapes))}
-    if len(set(counts.values())) > 1:
-        raise usage_error(
-            "give --min-shapes, --opt-shapes and --max-shapes once per optimisation profile each, got "
-            + ", ".join(f"{flag} x{count}" for flag, count in counts.items())
-        )
     if args.tensorrt_version is not None and not args.dry_run:
         raise usage_error("--tensorrt-version plans a --dry-run; a build uses the TensorRT installed here")
 
 
-def _layer_precisions(values: list[str] | None) -> tuple[tuple[str, str], ...]:
-    pairs = []
-    for item in (part.strip() for value in values or [] for part in value.split(",") if part.strip()):
-        pattern, _, precision = item.rpartition(":")
-        pairs.append((pattern, precision))
-    return tuple(pairs)
-
-
-def build_options(args: argparse.Namespace) -> BuildOptions:
-    """The flags as engine_plan takes them."""
-    return BuildOptions(
-        precision=args.precision,
-        min_batch=args.min_batch,
-        opt_batch=args.opt_batch,
-        max_batch=args.max_batch,
-        shapes=tuple(zip(args.min_shapes or [], args.opt_shapes or [], args.max_shapes or [])),
-        workspace_mib=args.workspace_mib,
-        tf32=args.tf32,
-        hardware_compatibility=args.hardware_compatibility_level,
-        version_compatible=args.version_compatible,
-        refit=args.refit,
-        strip_weights=args.strip_weights,
-        builder_optimization_level=args.builder_optimization_level,
-        layer_precisions=_layer_precisions(args.layer_precisions),
-        precision_constraints=args.precision_constraints,
-        plugin_libraries=tuple(args.plugin_library or []),
-        cuda_graph=args.use_cuda_graph,
-        timing_cache=args.timing_cache,
-    )
+def build_options(args: argparse.Namespace) -> EngineBuildOptions:
+    """The build options the flags give, checked by spec.engine's own model."""
+    try:
+        return engine_options.from_flags(args)
+    except engine_options.BuildFlagError as error:
+        raise usage_error(str(error)) from None
 
 
 def report_path(args: argparse.Namespace) -> str:

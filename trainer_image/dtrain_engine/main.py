@@ -34,7 +34,7 @@ from dtrain_engine.onnx_model import (
     inspect_onnx,
     usage_error,
 )
-from dtrain_engine.plan import BuildOptions, BuildPlan, plan_build
+from dtrain_engine.plan import BuildPlan, plan_build
 from dtrain_engine.probe import Platform, probe_platform, probe_tensorrt, unavailable_error
 from dtrain_engine.pytorch import find_pytorch_source
 from dtrain_engine.report import (
@@ -47,6 +47,7 @@ from dtrain_engine.report import (
     termination_summary,
     write_atomic,
 )
+from dtrain_operator.api.engine_options import EngineBuildOptions
 
 FALLBACK_ONNXRUNTIME = "onnxruntime"
 
@@ -85,9 +86,9 @@ def _versions(tensorrt_version: str | None) -> dict[str, str]:
 # --- The command --------------------------------------------------------------------------------
 
 
-def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: BuildOptions, platform: Platform | None) -> int:
+def _dry_run(args: argparse.Namespace, model: OnnxModelInfo, options: EngineBuildOptions, platform: Platform | None) -> int:
     version = args.tensorrt_version or (platform.tensorrt_version if platform else probe_tensorrt()[0])
-    plan = plan_build(model, options, version)
+    plan = plan_build(model, options, version, args.timing_cache)
     document = {
         "onnx": {
             "path": model.path,
@@ -112,8 +113,8 @@ def _build_engine(args: argparse.Namespace, platform: Platform | None) -> int:
         platform, reasons = probe_platform()
     # Planned for the TensorRT here; without one, for the default version: the profiles and exact
     # outputs are what the fallback checks, and a bad flag is a usage error either way.
-    plan = plan_build(model, options, platform.tensorrt_version if platform else None)
-    if platform is None and args.fallback != FALLBACK_ONNXRUNTIME:
+    plan = plan_build(model, options, platform.tensorrt_version if platform else None, args.timing_cache)
+    if platform is None and options.fallback != FALLBACK_ONNXRUNTIME:
         raise unavailable_error(reasons)
     lookup = None if args.no_baseline else find_pytorch_source(args.onnx, args.pytorch_checkpoint, args.model_config)
     for warning in lookup.warnings if lookup else []:
@@ -154,7 +155,7 @@ def _new_run(
         onnx=model,
         onnx_sha256=_sha256(model.path),
         onnx_external_data=external_data,
-        requested_precision=args.precision,
+        requested_precision=plan.requested_precision,
         executed_precision=executed,
         bound=plan.bound if platform else accuracy_bound(executed),
         plan=plan,
@@ -209,7 +210,7 @@ def _print_outcome(
         print(note)
     print(format_table(report))
     if run.engine_path:
-        print(f"engine: {run.engine_path} ({run.engine_bytes} bytes, TensorRT {platform.tensorrt_version if platform else ''}, {args.precision})")
+        print(f"engine: {run.engine_path} ({run.engine_bytes} bytes, TensorRT {platform.tensorrt_version if platform else ''}, {run.requested_precision})")
     print(f"report: {path}")
     if not run.accuracy_passed:
         print(f"dtrain build-engine: error: accuracy check failed: {accuracy_failure(run)}", file=sys.stderr)

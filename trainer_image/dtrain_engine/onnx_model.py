@@ -11,20 +11,17 @@ from __future__ import annotations
 import heapq
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from dtrain_common.onnx_files import external_data_files
+from dtrain_operator.api.artifacts import DEFAULT_MAX_BATCH, DEFAULT_MIN_BATCH
+from dtrain_operator.api.common import EnginePrecision as Precision
 
 EXIT_CHECK_FAILED = 1  # the build, the accuracy check or a runtime failed
 EXIT_USAGE = 2  # bad arguments or an input the command cannot use
 EXIT_UNAVAILABLE = 3  # TensorRT or a CUDA GPU is missing and no fallback was asked for
-
-DEFAULT_MIN_BATCH = 1
-DEFAULT_MAX_BATCH = 32
-
-Precision = Literal["fp32", "fp16", "bf16", "int8"]
 
 # Max relative error (max|y - y_ref| / max|y_ref|) allowed against a reference, by the
 # precision the model under test ran in. int8 has no bound in the issue: 5e-2 is ours, and

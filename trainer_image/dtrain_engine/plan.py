@@ -1,6 +1,7 @@
 """The build plan: every decision `dtrain build-engine` makes before TensorRT runs, in one function.
 
-`plan_build(model, options, tensorrt_version)` decides the network creation flags, the
+`plan_build(model, options, tensorrt_version)`, with spec.engine's build options as the command
+read them (api.engine_options), decides the network creation flags, the
 builder flags set and cleared, the memory-pool limits (bytes), every optimisation profile's
 shapes per input, the plugins, the precision and its accuracy bound, and why. `--dry-run`
 prints `BuildPlan.to_json()` without TensorRT or a GPU; the real build
@@ -21,46 +22,20 @@ from dtrain_engine.onnx_model import (
     BatchSizes,
     EngineError,
     OnnxModelInfo,
-    Precision,
     Shape,
     resolve_batch_sizes,
     usage_error,
 )
 from dtrain_engine.precision_plan import PrecisionPlan, plan_precision
+from dtrain_operator.api.engine_options import SHAPE_FLAGS, EngineBuildOptions
 
 # What a dry run plans for when no TensorRT is installed: the API tensorrt-stubs describes.
 DEFAULT_TENSORRT_VERSION = "10.13"
-DEFAULT_BUILDER_OPTIMIZATION_LEVEL = 3  # TensorRT's and trtexec's default
-MAX_BUILDER_OPTIMIZATION_LEVEL = 5
 # trtexec's spelling -> TensorRT's HardwareCompatibilityLevel member.
 HARDWARE_COMPATIBILITY = {"none": "NONE", "ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE_CAPABILITY"}
 PRECISION_CONSTRAINT_FLAGS = {"prefer": "PREFER_PRECISION_CONSTRAINTS", "obey": "OBEY_PRECISION_CONSTRAINTS"}
 # A layer precision -> (TensorRT DataType member, the builder flag a weakly typed build needs for it).
 LAYER_PRECISIONS: dict[str, tuple[str, str | None]] = {"fp32": ("FLOAT", None), "fp16": ("HALF", "FP16"), "bf16": ("BF16", "BF16")}
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """What the user asked for (flags or spec.engine), before it meets the model."""
-
-    precision: Precision = "fp16"
-    min_batch: int | None = None
-    opt_batch: int | None = None
-    max_batch: int | None = None
-    # One (min, opt, max) triple of trtexec-style shape lists ("images:1x3x224x224,mask:1x224") per profile.
-    shapes: tuple[tuple[str, str, str], ...] = ()
-    workspace_mib: int = 4096
-    tf32: bool = False
-    hardware_compatibility: str = "none"
-    version_compatible: bool = False
-    refit: bool = False
-    strip_weights: bool = False
-    builder_optimization_level: int = DEFAULT_BUILDER_OPTIMIZATION_LEVEL
-    layer_precisions: tuple[tuple[str, str], ...] = ()  # (layer name or fnmatch pattern, fp32/fp16/bf16)
-    precision_constraints: str = "none"
-    plugin_libraries: tuple[str, ...] = ()
-    cuda_graph: bool = False
-    timing_cache: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,35 +145,18 @@ class BuildPlan:
 # --- Shapes -------------------------------------------------------------------------------
 
 
-def parse_shapes(text: str, flag: str) -> dict[str, Shape]:
-    """trtexec's shape list: `name:1x3x224x224,other:1x128` (the last ':' separates the name)."""
-    shapes: dict[str, Shape] = {}
-    for item in (part.strip() for part in text.split(",") if part.strip()):
-        name, separator, dims = item.rpartition(":")
-        try:
-            shape = tuple(int(d) for d in dims.lower().split("x"))
-        except ValueError:
-            shape = ()
-        if not separator or not name or not shape or min(shape) < 1:
-            raise usage_error(f"{flag} {text}: write each input as NAME:DxDxD with sizes of at least 1, e.g. images:1x3x224x224")
-        shapes[name] = shape
-    return shapes
-
-
-def _explicit_profiles(model: OnnxModelInfo, options: BuildOptions) -> tuple[dict[str, ShapeRange], ...]:
+def _explicit_profiles(model: OnnxModelInfo, options: EngineBuildOptions) -> tuple[dict[str, ShapeRange], ...]:
     by_name = {tensor.name: tensor for tensor in model.inputs}
     profiles = []
-    for index, texts in enumerate(options.shapes):
-        parsed = [parse_shapes(text, flag) for text, flag in zip(texts, ("--min-shapes", "--opt-shapes", "--max-shapes"))]
-        where = f"profile {index} (--min-shapes/--opt-shapes/--max-shapes occurrence {index + 1})"
-        names = set().union(*parsed)
-        unknown = sorted(names - set(by_name))
+    for index, engine_profile in enumerate(options.profiles or []):
+        given = engine_profile.inputs
+        where = f"profile {index} ({SHAPE_FLAGS} occurrence {index + 1})"
+        unknown = sorted(set(given) - set(by_name))
         if unknown:
             raise usage_error(f"{where} names input(s) {unknown} that the model does not have; its inputs: {sorted(by_name)}")
         profile: dict[str, ShapeRange] = {}
         for tensor in model.inputs:
-            given = [shapes.get(tensor.name) for shapes in parsed]
-            if all(shape is None for shape in given):
+            if tensor.name not in given:
                 if tensor.dynamic_axes:
                     raise usage_error(
                         f"{where} gives no shape for input {tensor.describe()}, which has dynamic axes {tensor.dynamic_axes}"
@@ -206,17 +164,14 @@ def _explicit_profiles(model: OnnxModelInfo, options: BuildOptions) -> tuple[dic
                 static = tuple(int(d) for d in tensor.shape)
                 profile[tensor.name] = ShapeRange(static, static, static)
                 continue
-            if any(shape is None for shape in given):
-                raise usage_error(f"{where} must give input '{tensor.name}' a min, an opt and a max shape")
-            low, opt, high = (shape for shape in given if shape is not None)
+            shapes = given[tensor.name]
+            low, opt, high = tuple(shapes.min), tuple(shapes.opt), tuple(shapes.max)
             for shape in (low, opt, high):
                 if len(shape) != len(tensor.shape):
                     raise usage_error(f"{where}: {tensor.name}:{'x'.join(map(str, shape))} has rank {len(shape)}, the input {tensor.describe()} {len(tensor.shape)}")
                 fixed = [(axis, d) for axis, d in enumerate(tensor.shape) if isinstance(d, int) and shape[axis] != d]
                 if fixed:
                     raise usage_error(f"{where}: input {tensor.describe()} has axis {fixed[0][0]} fixed at {fixed[0][1]}, not {shape[fixed[0][0]]}")
-            if not all(a <= b <= c for a, b, c in zip(low, opt, high)):
-                raise usage_error(f"{where}: input '{tensor.name}' needs min <= opt <= max on every axis, got {list(low)}, {list(opt)}, {list(high)}")
             profile[tensor.name] = ShapeRange(low, opt, high)
         profiles.append(profile)
     return tuple(profiles)
@@ -238,11 +193,11 @@ def _batch_profile(model: OnnxModelInfo, batches: BatchSizes) -> dict[str, Shape
     return profile
 
 
-def plan_profiles(model: OnnxModelInfo, options: BuildOptions) -> tuple[dict[str, ShapeRange], ...]:
-    if options.shapes:
+def plan_profiles(model: OnnxModelInfo, options: EngineBuildOptions) -> tuple[dict[str, ShapeRange], ...]:
+    if options.profiles:
         given = [flag for flag, value in (("--min-batch", options.min_batch), ("--opt-batch", options.opt_batch), ("--max-batch", options.max_batch)) if value is not None]
         if given:
-            raise usage_error(f"{'/'.join(given)} and --min-shapes/--opt-shapes/--max-shapes both given: the shapes set the batch axis too; give one or the other")
+            raise usage_error(f"{'/'.join(given)} and {SHAPE_FLAGS} both given: the shapes set the batch axis too; give one or the other")
         return _explicit_profiles(model, options)
     return (_batch_profile(model, resolve_batch_sizes(model, options.min_batch, options.opt_batch, options.max_batch)),)
 
@@ -265,24 +220,15 @@ def _loosest(*precisions: str) -> str:
 # --- The plan ------------------------------------------------------------------------------
 
 
-def check_options(options: BuildOptions) -> None:
-    """The checks that need no model."""
-    if options.workspace_mib < 1:
-        raise usage_error(f"--workspace-mib {options.workspace_mib}: the builder workspace must be at least 1 MiB")
-    if not 0 <= options.builder_optimization_level <= MAX_BUILDER_OPTIMIZATION_LEVEL:
-        raise usage_error(f"--builder-optimization-level {options.builder_optimization_level}: use 0 to {MAX_BUILDER_OPTIMIZATION_LEVEL} (TensorRT's default is 3)")
-    if options.hardware_compatibility not in HARDWARE_COMPATIBILITY:
-        raise usage_error(f"--hardware-compatibility-level {options.hardware_compatibility}: use one of {', '.join(HARDWARE_COMPATIBILITY)}")
-    for pattern, precision in options.layer_precisions:
-        if precision not in LAYER_PRECISIONS or not pattern:
-            raise usage_error(f"--layer-precisions {pattern}:{precision}: write LAYER:PRECISION with a precision of {', '.join(LAYER_PRECISIONS)}")
-    for library in options.plugin_libraries:
+def check_options(options: EngineBuildOptions) -> None:
+    """The checks that need no model and that the options model cannot make: the plugins are there."""
+    for library in options.plugin_libraries or []:
         if not os.path.isfile(library):
             raise usage_error(f"--plugin-library {library}: no such file")
 
 
 def _plan_layer_precisions(
-    options: BuildOptions, precision: PrecisionPlan, version: tuple[int, int], model: OnnxModelInfo
+    options: EngineBuildOptions, precision: PrecisionPlan, version: tuple[int, int], model: OnnxModelInfo
 ) -> tuple[list[tuple[str, str]], str]:
     """--layer-precisions as (pattern, DataType member), and the precision the engine is judged by with them.
 
@@ -296,7 +242,7 @@ def _plan_layer_precisions(
                 f"(TensorRT {version[0]}.{version[1]}{', a Q/DQ model' if model.quantized else ''}): the ONNX types decide "
                 "there; put Cast nodes in the model instead"
             )
-        for pattern, layer_precision in options.layer_precisions:
+        for pattern, layer_precision in options.layer_precisions.items():
             data_type, needed_flag = LAYER_PRECISIONS[layer_precision]
             layer_precisions.append((pattern, data_type))
             if needed_flag and needed_flag not in flags:
@@ -305,7 +251,7 @@ def _plan_layer_precisions(
         constraint = options.precision_constraints if options.precision_constraints != "none" else "prefer"
         flags.append(PRECISION_CONSTRAINT_FLAGS[constraint])
         reasons.append(
-            f"per-layer precisions {dict(options.layer_precisions)} with {constraint} precision constraints"
+            f"per-layer precisions {options.layer_precisions} with {constraint} precision constraints"
             + (" (trtexec's choice when --layer-precisions comes without --precision-constraints)" if options.precision_constraints == "none" else "")
             + f": judged against {executed}'s bound"
         )
@@ -314,7 +260,7 @@ def _plan_layer_precisions(
     return layer_precisions, executed
 
 
-def _plan_runtime(options: BuildOptions, model: OnnxModelInfo) -> tuple[list[str], list[str], bool]:
+def _plan_runtime(options: EngineBuildOptions, model: OnnxModelInfo) -> tuple[list[str], list[str], bool]:
     """The builder flags for version compatibility, refit and stripped weights, the notes on them, and the CUDA graph."""
     flags: list[str] = []
     notes: list[str] = []
@@ -328,15 +274,18 @@ def _plan_runtime(options: BuildOptions, model: OnnxModelInfo) -> tuple[list[str
         notes.append("weight-stripped: the plan holds no refittable weights; the check refits it from the ONNX model first")
 
     data_dependent = model.data_dependent_outputs
-    cuda_graph = options.cuda_graph
+    cuda_graph = options.use_cuda_graph
     if cuda_graph and data_dependent:
         cuda_graph = False
         notes.append(f"no CUDA graph: outputs {list(data_dependent)} have data-dependent shapes, which a graph cannot capture")
     return flags, notes, cuda_graph
 
 
-def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: str | None = None) -> BuildPlan:
-    """The whole build plan for `model` on TensorRT `tensorrt_version` (None: DEFAULT_TENSORRT_VERSION, assumed)."""
+def plan_build(
+    model: OnnxModelInfo, options: EngineBuildOptions, tensorrt_version: str | None = None, timing_cache: str | None = None
+) -> BuildPlan:
+    """The whole build plan for `model` on TensorRT `tensorrt_version` (None: DEFAULT_TENSORRT_VERSION, assumed),
+    reading and writing the timing cache file `timing_cache` (None: none)."""
     check_options(options)
     assumed = tensorrt_version is None
     version = _version(tensorrt_version or DEFAULT_TENSORRT_VERSION)
@@ -356,11 +305,11 @@ def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: st
         strongly_typed=precision.strongly_typed,
         builder_flags=tuple(dict.fromkeys(flags)),
         cleared_flags=tuple(cleared),
-        workspace_bytes=options.workspace_mib << 20,
+        workspace_bytes=options.workspace_mi_b << 20,
         builder_optimization_level=options.builder_optimization_level,
-        hardware_compatibility=HARDWARE_COMPATIBILITY[options.hardware_compatibility],
+        hardware_compatibility=HARDWARE_COMPATIBILITY[options.hardware_compatibility_level],
         profiles=profiles,
-        plugin_libraries=tuple(os.path.abspath(p) for p in options.plugin_libraries),
+        plugin_libraries=tuple(options.plugin_libraries or []),
         requested_precision=options.precision,
         executed_precision=executed,
         bound=ACCURACY_BOUNDS[executed],
@@ -373,6 +322,6 @@ def plan_build(model: OnnxModelInfo, options: BuildOptions, tensorrt_version: st
         cuda_graph=cuda_graph,
         refit_from_onnx=options.strip_weights,
         engine_host_code_allowed=options.version_compatible,
-        timing_cache=options.timing_cache,
+        timing_cache=timing_cache,
         notes=tuple(notes),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -51,6 +52,17 @@ class ExportSettings(ApiModel):
     """ONNX export."""
 
 
+@dataclass(frozen=True)
+class BuildFlag:
+    """Marks a spec.engine field as a `dtrain build-engine` option (api.engine_options writes, adds and
+    reads the flags); pydantic keeps it in the field's metadata and leaves it out of the schema."""
+
+    name: str | None = None  # default: the field's name as --kebab-case
+
+
+DEFAULT_MIN_BATCH = 1
+DEFAULT_MAX_BATCH = 32
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
 EngineLayerPrecision = Literal["fp32", "fp16", "bf16"]
 HardwareCompatibilityLevel = Literal["none", "ampere+", "same-compute-capability"]
 PrecisionConstraints = Literal["none", "prefer", "obey"]
@@ -98,7 +110,8 @@ class EngineProfile(ApiModel):
 
 
 class EngineSettings(ApiModel):
-    """The follow-up Job that builds a TensorRT engine from model.onnx."""
+    """The follow-up Job that builds a TensorRT engine from model.onnx. The fields marked BuildFlag are
+    `dtrain build-engine`'s options too, declared here once (api.engine_options)."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": 'self.minBatch <= self.maxBatch && (!has(self.optBatch) || (self.minBatch <= self.optBatch && self.optBatch <= self.maxBatch))', "message": 'need minBatch <= optBatch <= maxBatch'},
@@ -108,44 +121,44 @@ class EngineSettings(ApiModel):
     """Build the engine after training succeeds."""
     image: ImageReference = contract.DEFAULT_ENGINE_IMAGE
     """A TensorRT-capable image with dtrain's `tensorrt` extra installed."""
-    precision: EnginePrecision = "fp16"
+    precision: Annotated[EnginePrecision, BuildFlag()] = "fp16"
     """Engine precision: fp32, fp16, bf16 or int8 (int8 needs a quantized ONNX model)."""
-    min_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 1
+    min_batch: Annotated[BatchSize, BuildFlag()] = DEFAULT_MIN_BATCH
     """Smallest batch size the engine accepts."""
-    opt_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] | None = None
+    opt_batch: Annotated[BatchSize | None, BuildFlag()] = None
     """Batch size TensorRT tunes for (default: maxBatch)."""
-    max_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 32
+    max_batch: Annotated[BatchSize, BuildFlag()] = DEFAULT_MAX_BATCH
     """Largest batch size the engine accepts."""
-    workspace_mi_b: Annotated[int, Field(ge=16, le=1_048_576, alias="workspaceMiB")] = 4096
+    workspace_mi_b: Annotated[int, Field(ge=16, le=1_048_576, alias="workspaceMiB"), BuildFlag("--workspace-mib")] = 4096
     """Builder workspace memory limit in MiB."""
     resources: Resources | None = None
     """Resources of the engine container (default: one nvidia.com/gpu)."""
     backoff_limit: Annotated[int, Field(ge=0, le=100)] = 1
     """Retries of the engine Job before it is marked failed."""
-    fallback: Literal["none", "onnxruntime"] = "none"
+    fallback: Annotated[Literal["none", "onnxruntime"], BuildFlag()] = "none"
     """Where the engine image has no TensorRT or its node no GPU: none fails the engine Job (exit 3); onnxruntime checks and times model.onnx with ONNX Runtime on the CPU instead and builds no engine (a cluster without TensorRT; `dtrain build-engine --fallback`)."""
-    # The build options below are `dtrain build-engine` flags, with trtexec's defaults.
-    profiles: Annotated[list[EngineProfile], Field(min_length=1, max_length=8)] | None = None
+    # The build options below have trtexec's defaults.
+    profiles: Annotated[Annotated[list[EngineProfile], Field(min_length=1, max_length=8)] | None, BuildFlag()] = None
     """Optimisation profiles with per-input min/opt/max shapes (trtexec --minShapes/--optShapes/--maxShapes, once per profile); when set, minBatch/optBatch/maxBatch are not used. Needed for a dynamic axis besides the batch axis."""
-    tf32: bool = False
+    tf32: Annotated[bool, BuildFlag()] = False
     """Let fp32 builds use TF32 (trtexec's default; off here, as in polygraphy, so fp32 meets its 1e-3 bound)."""
-    hardware_compatibility_level: HardwareCompatibilityLevel = "none"
+    hardware_compatibility_level: Annotated[HardwareCompatibilityLevel, BuildFlag()] = "none"
     """GPUs the engine must run on besides the builder's (trtexec --hardwareCompatibilityLevel, default none)."""
-    version_compatible: bool = False
+    version_compatible: Annotated[bool, BuildFlag()] = False
     """Build an engine that later TensorRT versions can run (trtexec --versionCompatible)."""
-    refit: bool = False
+    refit: Annotated[bool, BuildFlag()] = False
     """Build a refittable engine, for pipelines that retrain (trtexec --refit)."""
-    strip_weights: bool = False
+    strip_weights: Annotated[bool, BuildFlag()] = False
     """Build a weight-stripped engine, refitted from model.onnx before use (trtexec --stripWeights)."""
-    builder_optimization_level: Annotated[int, Field(ge=0, le=5)] = 3
+    builder_optimization_level: Annotated[int, Field(ge=0, le=5), BuildFlag()] = 3
     """Builder optimisation level 0-5: higher builds longer for a faster engine (trtexec --builderOptimizationLevel, default 3)."""
-    layer_precisions: Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], EngineLayerPrecision], Field(max_length=MAX_MAP_ENTRIES)] | None = None
+    layer_precisions: Annotated[Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], EngineLayerPrecision], Field(max_length=MAX_MAP_ENTRIES)] | None, BuildFlag()] = None
     """Per-layer precision by layer name or * pattern (trtexec --layerPrecisions); weakly typed builds only."""
-    precision_constraints: PrecisionConstraints = "none"
+    precision_constraints: Annotated[PrecisionConstraints, BuildFlag()] = "none"
     """How strictly layerPrecisions hold (trtexec --precisionConstraints, default none; prefer when layerPrecisions is set)."""
-    plugin_libraries: Annotated[list[Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)]], Field(max_length=16)] | None = None
+    plugin_libraries: Annotated[Annotated[list[Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)]], Field(max_length=16)] | None, BuildFlag("--plugin-library")] = None
     """TensorRT plugin libraries to load, absolute paths in the engine image (trtexec --dynamicPlugins)."""
-    use_cuda_graph: bool = False
+    use_cuda_graph: Annotated[bool, BuildFlag()] = False
     """Also time the engine through a CUDA graph (trtexec --useCudaGraph)."""
 
     @model_validator(mode="after")

@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from dtrain_operator.api import engine_options
 from dtrain_operator.cli.lazy import lazy
 from dtrain_operator.cli.operator_command import add_operator_command
 
@@ -166,7 +167,6 @@ def _add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.set_defaults(func=lazy("dtrain_operator.local.run"))
 
 
-# layout: one flat list of the command's flags, in the order --help shows them, reads best as one list.
 def _add_engine_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """build-engine: the engine Job's command, also usable by hand."""
     p = sub.add_parser(
@@ -179,18 +179,8 @@ def _add_engine_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     p.add_argument("--onnx", required=True, metavar="PATH", help="the ONNX model")
     p.add_argument("--out", required=True, metavar="PATH", help="where the engine (.plan) is written")
-    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"], help="default fp16")
-    p.add_argument("--min-batch", type=int, metavar="N", help="default 1 (a static-batch model: its batch)")
-    p.add_argument("--opt-batch", type=int, metavar="N", help="batch size TensorRT tunes for (default: --max-batch)")
-    p.add_argument("--max-batch", type=int, metavar="N", help="default 32 (a static-batch model: its batch)")
-    p.add_argument("--workspace-mib", type=int, default=4096, metavar="N", help="builder workspace limit (default 4096)")
     p.add_argument("--timing-cache", metavar="PATH", help="TensorRT timing cache, read and written")
     p.add_argument("--report", metavar="PATH", help="JSON report (default: engine-report.json next to --out)")
-    p.add_argument(
-        "--fallback",
-        choices=["onnxruntime"],
-        help="without TensorRT or a CUDA GPU, check and time the ONNX model with ONNX Runtime instead",
-    )
     p.add_argument(
         "--pytorch-checkpoint",
         metavar="PATH",
@@ -213,37 +203,7 @@ def _add_engine_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="time budget per backend and batch size; at least 5 runs are timed (default 10)",
     )
     p.add_argument("--seed", type=int, metavar="N", help="seed of the random check batches (default: fresh)")
-    # What trtexec users expect, with trtexec's defaults (its flag in each help text).
-    shapes = "per input, e.g. images:1x3x224x224,mask:1x224x224; once per optimisation profile"
-    p.add_argument("--min-shapes", action="append", metavar="SHAPES", help=f"smallest shapes {shapes} (trtexec --minShapes)")
-    p.add_argument("--opt-shapes", action="append", metavar="SHAPES", help=f"shapes TensorRT tunes for {shapes} (trtexec --optShapes)")
-    p.add_argument("--max-shapes", action="append", metavar="SHAPES", help=f"largest shapes {shapes} (trtexec --maxShapes)")
-    p.add_argument("--tf32", action="store_true", help="let fp32 builds use TF32 (default off, as polygraphy; trtexec --noTF32 is our default)")
-    p.add_argument(
-        "--hardware-compatibility-level", default="none", choices=["none", "ampere+", "same-compute-capability"],
-        help="GPUs the engine must run on besides this one (trtexec --hardwareCompatibilityLevel, default none)",
-    )
-    p.add_argument("--version-compatible", action="store_true", help="an engine later TensorRT versions can run (trtexec --versionCompatible)")
-    p.add_argument("--refit", action="store_true", help="a refittable engine, for pipelines that retrain (trtexec --refit)")
-    p.add_argument(
-        "--strip-weights", action="store_true",
-        help="a weight-stripped engine, refitted from the ONNX model before use (trtexec --stripWeights)",
-    )
-    p.add_argument(
-        "--builder-optimization-level", type=int, default=3, metavar="N",
-        help="0-5: higher builds longer for faster engines (trtexec --builderOptimizationLevel, default 3)",
-    )
-    p.add_argument(
-        "--layer-precisions", action="append", metavar="LAYER:PRECISION",
-        help="per-layer precision, fp32/fp16/bf16; LAYER may be a * pattern; comma-separated or repeated (trtexec --layerPrecisions)",
-    )
-    p.add_argument(
-        "--precision-constraints", default="none", choices=["none", "prefer", "obey"],
-        help="how strictly layer precisions hold (trtexec --precisionConstraints, default none; prefer when "
-        "--layer-precisions is given without it, as trtexec does)",
-    )
-    p.add_argument("--plugin-library", action="append", metavar="PATH", help="a TensorRT plugin library to load; repeatable (trtexec --dynamicPlugins)")
-    p.add_argument("--use-cuda-graph", action="store_true", help="also time through a CUDA graph (trtexec --useCudaGraph)")
+    engine_options.add_flags(p)  # the build options: spec.engine's fields, help and all
     p.add_argument("--dry-run", action="store_true", help="print the build plan as JSON and stop: no TensorRT or GPU needed, nothing written")
     p.add_argument("--tensorrt-version", metavar="X.Y", help="the TensorRT a --dry-run plans for (default: the one installed, else 10.13)")
     p.set_defaults(func=lazy("dtrain_engine.main"))

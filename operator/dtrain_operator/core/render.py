@@ -16,11 +16,10 @@ import yaml
 
 from dtrain_operator.api import (
     DistributedTraining,
-    EngineProfile,
-    EngineSettings,
     Resources,
     TrainerConfig,
     contract,
+    engine_options,
     storage,
 )
 from dtrain_operator.core.storage_volumes import storage_env, storage_mounts, storage_volumes
@@ -287,43 +286,8 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def _shapes_flag(profile: EngineProfile, bound: str) -> str:
-    return ",".join(f"{name}:{'x'.join(map(str, getattr(shapes, bound)))}" for name, shapes in profile.inputs.items())
-
-
-def _engine_build_flags(engine: EngineSettings) -> list[str]:
-    """The spec's build options as `dtrain build-engine` flags; a default adds nothing."""
-    if engine.profiles:
-        shapes = [
-            flag for profile in engine.profiles for bound in ("min", "opt", "max")
-            for flag in (f"--{bound}-shapes", _shapes_flag(profile, bound))
-        ]
-    else:
-        shapes = [
-            "--min-batch", str(engine.min_batch), "--opt-batch", str(engine.resolved_opt_batch),
-            "--max-batch", str(engine.max_batch),
-        ]
-    switches = [
-        ("--tf32", engine.tf32), ("--version-compatible", engine.version_compatible), ("--refit", engine.refit),
-        ("--strip-weights", engine.strip_weights), ("--use-cuda-graph", engine.use_cuda_graph),
-    ]
-    flags = [*shapes, *(flag for flag, on in switches if on)]
-    if engine.hardware_compatibility_level != "none":
-        flags += ["--hardware-compatibility-level", engine.hardware_compatibility_level]
-    if engine.builder_optimization_level != 3:
-        flags += ["--builder-optimization-level", str(engine.builder_optimization_level)]
-    if engine.layer_precisions:
-        flags += ["--layer-precisions", ",".join(f"{layer}:{p}" for layer, p in engine.layer_precisions.items())]
-    if engine.precision_constraints != "none":
-        flags += ["--precision-constraints", engine.precision_constraints]
-    for library in engine.plugin_libraries or []:
-        flags += ["--plugin-library", library]
-    return flags
-
-
 def engine_command(job: DistributedTraining) -> list[str]:
     """`dtrain build-engine` on the artifacts training left in artifacts.dir."""
-    engine = job.spec.engine
     artifacts = storage.artifacts_dir(job.spec, job.namespace, job.name).rstrip("/")
     return [
         "dtrain",
@@ -332,16 +296,11 @@ def engine_command(job: DistributedTraining) -> list[str]:
         f"{artifacts}/{contract.ONNX_FILE_NAME}",
         "--out",
         f"{artifacts}/{contract.ENGINE_FILE_NAME}",
-        "--precision",
-        engine.precision,
-        *_engine_build_flags(engine),
-        "--workspace-mib",
-        str(engine.workspace_mi_b),
         "--timing-cache",
         f"{artifacts}/{contract.TIMING_CACHE_FILE_NAME}",
         "--report",
         f"{artifacts}/{contract.ENGINE_REPORT_FILE_NAME}",
-        *(["--fallback", engine.fallback] if engine.fallback != "none" else []),
+        *engine_options.to_flags(engine_options.from_spec(job.spec.engine)),
     ]
 
 

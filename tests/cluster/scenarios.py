@@ -135,8 +135,10 @@ def quickstart_job(storage: str = "claim") -> dict[str, Any]:
         raise Failed(f"the walkthrough's storage line gave {job['spec'].get('storage')}, not {expected_storage}")
     if storage == "s3":
         job["metadata"]["name"] += "-s3"
-        job["spec"]["storage"] = {"url": f"s3://{layout.S3_BUCKET}/e2e", "s3": {"endpoint": layout.S3_ENDPOINT},
-                                  "credentialsSecret": layout.S3_SECRET}
+        # A prefix of this run's own: a job of the same name in an earlier run's prefix is another job,
+        # whose checkpoints the trainer rightly refuses (checkpoint.foreign).
+        job["spec"]["storage"] = {"url": f"s3://{layout.S3_BUCKET}/e2e-{time.strftime('%H%M%S')}",
+                                  "s3": {"endpoint": layout.S3_ENDPOINT}, "credentialsSecret": layout.S3_SECRET}
     job["metadata"]["namespace"] = NS
     job["spec"]["engine"].update(fallback="onnxruntime", resources=ENGINE_RESOURCES)
     if os.environ.get(QUICKSTART_STEPS_VARIABLE):
@@ -230,11 +232,13 @@ def scenario_object_storage(figures: Figures) -> None:
     writes its report there; the status names the URLs."""
     job = quickstart_job("s3")
     name = job["metadata"]["name"]
-    prefix = layout.OBJECTS / layout.S3_BUCKET / "e2e" / NS / name  # the gateway keeps each object as a file
+    url = f"{job['spec']['storage']['url']}/{NS}/{name}"  # the per-job default under spec.storage.url
+    # The gateway keeps each object as a file under its bucket's folder.
+    prefix = layout.OBJECTS / url.removeprefix("s3://")
     apply(job)
     eventually(lambda: checkpoint_step(name) > 0, f"{name}: a checkpoint in the bucket", 600)
     saved = status(name)["lastCheckpoint"]
-    if not str(saved.get("path", "")).startswith(f"s3://{layout.S3_BUCKET}/e2e/{NS}/{name}/checkpoints/"):
+    if not str(saved.get("path", "")).startswith(f"{url}/checkpoints/"):
         raise Failed(f"status.lastCheckpoint is not in the bucket: {saved}")
     victim = next(p for p in worker_pods(name) if p["metadata"]["name"] == f"{name}-1")
     pids = trainer_pids(victim)
@@ -246,14 +250,14 @@ def scenario_object_storage(figures: Figures) -> None:
     final = finished(name, TRAINING_TIMEOUT)
     figures["s3: worker killed → Succeeded (s)"] = time.monotonic() - killed
     logs = kubectl("logs", f"{name}-0", "-n", NS).stdout
-    resumed = re.search(rf"resumed from s3://{layout.S3_BUCKET}/e2e/{NS}/{name}/checkpoints/(\S+) at step (\d+)", logs)
+    resumed = re.search(rf"resumed from {re.escape(url)}/checkpoints/(\S+) at step (\d+)", logs)
     if not resumed or int(resumed.group(2)) < saved["step"]:
         raise Failed(f"{name}-0 did not resume from the bucket's checkpoint (step >= {saved['step']}):\n{logs[-1500:]}")
     for leaf in ("checkpoints/" + contract.LAST_POINTER_FILE_NAME, "artifacts/" + contract.ONNX_FILE_NAME,
                  "artifacts/" + contract.ENGINE_REPORT_FILE_NAME):
         if not (prefix / leaf).is_file():
             raise Failed(f"{leaf} is not in the bucket (the gateway's {prefix})")
-    if f"s3://{layout.S3_BUCKET}/e2e/{NS}/{name}/artifacts/" not in json.dumps(final.get("artifacts") or {}):
+    if f"{url}/artifacts/" not in json.dumps(final.get("artifacts") or {}):
         raise Failed(f"status.artifacts does not name the bucket: {final.get('artifacts')}")
     print(f"resumed from {resumed.group(1)} at step {resumed.group(2)}; model.onnx and the engine report in the bucket")
     kubectl("delete", "dtr", name, "-n", NS, "--wait=false")

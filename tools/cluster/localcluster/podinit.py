@@ -171,6 +171,9 @@ def main(spec_path: str) -> None:
         if mount.get("readOnly"):
             _mount("-o", "remount,bind,ro", target)
     socket.sethostname(spec["hostname"])
+    # As runc does: a working directory the image lacks (a WORKDIR no layer filled) is made, before a
+    # read-only root is remounted so.
+    os.makedirs(inside(spec["workingDir"]), exist_ok=True)
     if root:
         _enter_root(root, spec.get("readOnlyRootFilesystem", False))
     if spec.get("user"):

@@ -163,9 +163,9 @@ def tensorrt_unavailable_reason() -> str | None:
 
 def build_tensorrt_fp16(onnx_path: Path, batches: list[int], workdir: Path) -> Any:
     """An fp16 engine built by dtrain's own builder (what `dtrain build-engine` runs), for batches min..max."""
+    from dtrain_engine.build_plan import plan_build
     from dtrain_engine.device import TorchCudaDevice
     from dtrain_engine.onnx_model import convert_to_float16, inspect_onnx
-    from dtrain_engine.plan import plan_build
     from dtrain_engine.tensorrt_runtime import TensorRTEngine, TensorRTLog, build_engine, tensorrt_version
     from dtrain_operator.api.engine_options import EngineBuildOptions
 

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 
 from bench.engine_cases import CASES, EngineCase, dynamic_sequence, fp32_mlp, qdq_int8, two_inputs
 from dtrain_engine import main as engine
+from dtrain_engine.build_plan import plan_build
 from dtrain_engine.onnx_model import inspect_onnx
-from dtrain_engine.plan import plan_build
 from dtrain_operator.api.engine_options import EngineBuildOptions
 
 

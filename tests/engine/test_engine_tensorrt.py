@@ -14,6 +14,7 @@ from repaired_tensorrt_stubs import installed_stub_root, write_repaired_stubs
 
 from bench.engine_cases import fp32_mlp, qdq_int8
 from dtrain_engine import probe
+from dtrain_engine.build_plan import HARDWARE_COMPATIBILITY, plan_build
 from dtrain_engine.onnx_model import (
     EXIT_UNAVAILABLE,
     EngineError,
@@ -23,7 +24,6 @@ from dtrain_engine.onnx_model import (
     describe_parser_error,
     inspect_onnx,
 )
-from dtrain_engine.plan import HARDWARE_COMPATIBILITY, plan_build
 from dtrain_operator.api.engine_options import EngineBuildOptions
 
 ENGINE_TENSORRT = Path(probe.__file__).with_name("tensorrt_runtime.py")

@@ -122,8 +122,8 @@ def _model(static_batch: int | None) -> OnnxModelInfo:
 
 
 def _run(notes: list[str]) -> EngineRun:
+    from dtrain_engine.build_plan import plan_build
     from dtrain_engine.check import LatencyStats, Timing
-    from dtrain_engine.plan import plan_build
     from dtrain_engine.report import TimedPoint
     from dtrain_operator.api.engine_options import EngineBuildOptions
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from rich.console import Console
 
 from dtrain_operator.local.display import Display, ProgressView, format_duration
-from dtrain_operator.local.plan import Workdir
-from dtrain_operator.local.progress import JsonlTail
+from dtrain_operator.local.launch_plan import Workdir
+from dtrain_operator.local.progress_file import JsonlTail
 from dtrain_operator.local.summary import collect_summary
 from tests.builders import a_job
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from dtrain_operator.local.display import Display
-from dtrain_operator.local.plan import Workdir
+from dtrain_operator.local.launch_plan import Workdir
 from dtrain_operator.local.summary import collect_summary
 from tests.builders import a_job
 

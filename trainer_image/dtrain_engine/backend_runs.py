@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from dtrain_engine.build_plan import BuildPlan, ShapePoint
 from dtrain_engine.check import Backend, OnnxRuntimeCpu, compare_outputs, non_finite_outputs, random_batch
 from dtrain_engine.onnx_model import EngineError, OnnxModelInfo, usage_error
-from dtrain_engine.plan import BuildPlan, ShapePoint
 from dtrain_engine.probe import Platform
 from dtrain_engine.pytorch import PyTorchEager, SourceLookup, load_pytorch_model
 from dtrain_engine.report import NO_ENGINE_MESSAGE, EngineRun, TimedPoint, layer_summary

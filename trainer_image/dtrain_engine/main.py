@@ -1,6 +1,6 @@
 """`dtrain build-engine`: ONNX -> TensorRT engine, checked against references and timed.
 
-plan.py decides the whole build (`--dry-run` prints that plan and stops). With TensorRT
+build_plan.py decides the whole build (`--dry-run` prints that plan and stops). With TensorRT
 and a CUDA GPU the engine is built from it (tensorrt_runtime), run on fresh random inputs at
 every profile's min, opt and max shapes, compared with ONNX Runtime on the CPU and with the
 PyTorch model when one is known, timed with CUDA events next to PyTorch eager, and written
@@ -24,6 +24,7 @@ from typing import Any
 from dtrain_engine import staging
 from dtrain_engine.arguments import build_options, check_arguments, report_path
 from dtrain_engine.backend_runs import PyTorchModel, accuracy_failure, load_pytorch, run_onnxruntime, run_tensorrt
+from dtrain_engine.build_plan import BuildPlan, plan_build
 from dtrain_engine.check import OnnxRuntimeCpu, TimingSettings
 from dtrain_engine.onnx_model import (
     EXIT_CHECK_FAILED,
@@ -34,7 +35,6 @@ from dtrain_engine.onnx_model import (
     inspect_onnx,
     usage_error,
 )
-from dtrain_engine.plan import BuildPlan, plan_build
 from dtrain_engine.probe import Platform, probe_platform, probe_tensorrt, unavailable_error
 from dtrain_engine.pytorch import find_pytorch_source
 from dtrain_engine.report import (

@@ -3,7 +3,7 @@ and outputs (with every dynamic axis), its explicit quantization and the quantiz
 the external data files beside it, and the batch sizes a default profile serves.
 
 Everything here is pure or reads only the ONNX file (never its weights), so the decisions
-are tested on machines without TensorRT or a GPU. plan.py decides the build from it.
+are tested on machines without TensorRT or a GPU. build_plan.py decides the build from it.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from dtrain_engine.build_plan import BuildPlan, ShapePoint
 from dtrain_engine.check import Comparison, Timing, TimingSettings
 from dtrain_engine.onnx_model import OnnxModelInfo
-from dtrain_engine.plan import BuildPlan, ShapePoint
 from dtrain_operator.api import contract
 from dtrain_operator.api.engine_report import REPORT_SCHEMA, EngineReport
 from dtrain_operator.api.results import EngineResults

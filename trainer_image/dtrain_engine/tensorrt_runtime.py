@@ -30,6 +30,7 @@ from typing import Any, cast
 import numpy as np
 import tensorrt as trt
 
+from dtrain_engine.build_plan import BuildPlan
 from dtrain_engine.check import (
     GPU_CLOCK,
     GRAPH_CLOCK,
@@ -41,7 +42,6 @@ from dtrain_engine.check import (
 )
 from dtrain_engine.device import Device, DeviceBuffer
 from dtrain_engine.onnx_model import EXIT_USAGE, EngineError, describe_parser_error
-from dtrain_engine.plan import BuildPlan
 
 # Every module attribute, enum member and method this module uses, by the TensorRT majors
 # that have it. tests/engine walks these on the real module where TensorRT imports (API

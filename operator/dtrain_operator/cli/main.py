@@ -8,8 +8,9 @@ import sys
 from collections.abc import Sequence
 
 from dtrain_operator.api import engine_options
-from dtrain_operator.cli.lazy import lazy
+from dtrain_operator.cli import subcommands
 from dtrain_operator.cli.operator_command import add_operator_command
+from dtrain_operator.cli.subcommands import in_this_image
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -62,7 +63,6 @@ def _cluster_options(parser: argparse.ArgumentParser, output: bool = False) -> N
 
 def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """submit, get, watch, logs, delete: jobs on a cluster (dtrain_operator.cli.cluster, on client.Client)."""
-    verbs = "dtrain_operator.cli.cluster"
     p = sub.add_parser(
         "submit",
         help="validate a job file and create the job on the cluster",
@@ -76,7 +76,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "--no-estimate", action="store_true", help="do not estimate per-GPU memory (it builds the model on the CPU)"
     )
     _cluster_options(p, output=True)
-    p.set_defaults(func=lazy(verbs, "submit"))
+    p.set_defaults(func=in_this_image(subcommands.submit))
 
     p = sub.add_parser(
         "get",
@@ -85,7 +85,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("name", nargs="?", metavar="NAME")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
     _cluster_options(p, output=True)
-    p.set_defaults(func=lazy(verbs, "get"))
+    p.set_defaults(func=in_this_image(subcommands.get))
 
     p = sub.add_parser(
         "watch",
@@ -96,7 +96,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("name", metavar="NAME")
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between reads (default 2)")
     _cluster_options(p)
-    p.set_defaults(func=lazy(verbs, "watch"))
+    p.set_defaults(func=in_this_image(subcommands.watch))
 
     p = sub.add_parser("logs", help="print the trainer log of one worker pod (rank 0 by default)")
     p.add_argument("name", metavar="NAME")
@@ -105,13 +105,13 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines")
     p.add_argument("-p", "--previous", action="store_true", help="the log of the previous container")
     _cluster_options(p)
-    p.set_defaults(func=lazy(verbs, "logs"))
+    p.set_defaults(func=in_this_image(subcommands.logs))
 
     p = sub.add_parser("delete", help="delete jobs (their pods, Service, ConfigMap and engine Job go with them)")
     p.add_argument("names", nargs="+", metavar="NAME")
     p.add_argument("--wait", action="store_true", help="return once each job is gone")
     _cluster_options(p)
-    p.set_defaults(func=lazy(verbs, "delete"))
+    p.set_defaults(func=in_this_image(subcommands.delete))
 
 
 def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -164,7 +164,7 @@ def _add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         action="store_true",
         help="continue from the checkpoint an earlier run left in the workdir (default: start afresh)",
     )
-    p.set_defaults(func=lazy("dtrain_operator.local.run"))
+    p.set_defaults(func=in_this_image(subcommands.run_locally))
 
 
 def _add_engine_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -206,7 +206,7 @@ def _add_engine_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     engine_options.add_flags(p)  # the build options: spec.engine's fields, help and all
     p.add_argument("--dry-run", action="store_true", help="print the build plan as JSON and stop: no TensorRT or GPU needed, nothing written")
     p.add_argument("--tensorrt-version", metavar="X.Y", help="the TensorRT a --dry-run plans for (default: the one installed, else 10.13)")
-    p.set_defaults(func=lazy("dtrain_engine.main"))
+    p.set_defaults(func=in_this_image(subcommands.build_engine))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from dtrain_operator.api import contract
-from dtrain_operator.cli.lazy import lazy
+from dtrain_operator.cli import subcommands
+from dtrain_operator.cli.subcommands import in_this_image
 
 
 # layout: one flat list of the command's flags, in the order --help shows them, reads best as one list.
@@ -130,4 +131,4 @@ def add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument(
         "--log-format", default="plain", choices=["plain", "json"], help="plain text or one JSON object a line"
     )
-    p.set_defaults(func=lazy("dtrain_operator.controller.main"))
+    p.set_defaults(func=in_this_image(subcommands.operator))

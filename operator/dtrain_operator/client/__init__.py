@@ -33,7 +33,7 @@ from dtrain_operator.client.errors import (
     PermissionDenied,
     WaitTimeout,
 )
-from dtrain_operator.client.progress import ProgressUpdate
+from dtrain_operator.client.progress_updates import ProgressUpdate
 
 __all__ = [
     "AlreadyExists",

@@ -28,7 +28,7 @@ from dtrain_operator.client.errors import (
     PermissionDenied,
     WaitTimeout,
 )
-from dtrain_operator.client.progress import ProgressUpdate
+from dtrain_operator.client.progress_updates import ProgressUpdate
 
 if TYPE_CHECKING:
     from typing_extensions import Self

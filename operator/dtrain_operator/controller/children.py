@@ -1,4 +1,4 @@
-"""Carrying out a plan (core.plan): deletions first, then creations, every call safe to repeat.
+"""Carrying out a plan (core.child_plan): deletions first, then creations, every call safe to repeat.
 
 Each child gets its owner reference here (`adopt`), and a child whose name is taken by an object this
 job does not own is never adopted: it is a ChildConflict. What was written is remembered in the job's
@@ -21,8 +21,8 @@ from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Exp
 from dtrain_operator.controller.kube import ApiError, KubeClient
 from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
 from dtrain_operator.core import render
+from dtrain_operator.core.child_plan import Plan
 from dtrain_operator.core.observation import JobKey, PodObservation
-from dtrain_operator.core.plan import Plan
 
 logger = logging.getLogger(__name__)
 

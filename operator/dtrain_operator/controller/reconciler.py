@@ -4,7 +4,7 @@ kopf watches DistributedTrainings, worker/engine pods and engine Jobs (server-si
 selectors) and keeps the latter two in its indexes; every event queues the owning job here.
 A queued job is reconciled by one worker at a time: its status is computed (status/compute.py) from the
 operator's own record of the job (trusted.py, never from what the status says) and patched when
-it differs, Events are posted, the record is updated, then the plan (core/plan.py) is carried out (children.py):
+it differs, Events are posted, the record is updated, then the plan (core/child_plan.py) is carried out (children.py):
 deletions, then creations. A status or record that cannot be read is reported and nothing is
 carried out. No list call is made per reconcile; only the Lease holder reconciles (leader.py).
 
@@ -54,10 +54,10 @@ from dtrain_operator.controller.status.invalid import invalid_status, unreadable
 from dtrain_operator.controller.workqueue import WorkQueue
 from dtrain_operator.core import progress_deadline
 from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
-from dtrain_operator.core.gang import current_gang, succeeded_ranks
+from dtrain_operator.core.child_plan import plan_children
+from dtrain_operator.core.gang_state import current_gang, succeeded_ranks
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
 from dtrain_operator.core.observation import EngineJobObservation, JobKey, Limits, Observed, PodObservation
-from dtrain_operator.core.plan import plan_children
 
 logger = logging.getLogger(__name__)
 

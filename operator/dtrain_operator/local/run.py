@@ -34,8 +34,7 @@ from dtrain_operator.api.storage import missing_shared_storage
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job
 from dtrain_operator.core import policy, progress_deadline, render, stragglers
 from dtrain_operator.local.display import Display
-from dtrain_operator.local.gang import Gang, become_child_subreaper
-from dtrain_operator.local.plan import (
+from dtrain_operator.local.launch_plan import (
     LocalJob,
     NodeLaunch,
     Overrides,
@@ -49,7 +48,8 @@ from dtrain_operator.local.plan import (
     node_launches,
     worker_exit_code,
 )
-from dtrain_operator.local.progress import JsonlTail
+from dtrain_operator.local.process_gang import Gang, become_child_subreaper
+from dtrain_operator.local.progress_file import JsonlTail
 from dtrain_operator.local.summary import RunSummary, collect_summary
 
 if TYPE_CHECKING:

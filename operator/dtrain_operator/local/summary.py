@@ -13,8 +13,8 @@ from typing import Any
 
 from dtrain_operator.api import DistributedTraining, records
 from dtrain_operator.api.engine_report import EngineReport
-from dtrain_operator.local.plan import Workdir
-from dtrain_operator.local.progress import JsonlTail
+from dtrain_operator.local.launch_plan import Workdir
+from dtrain_operator.local.progress_file import JsonlTail
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dtrain_operator.controller.status.conditions import (
     Conditions,
 )
 from dtrain_operator.controller.status.observe import termination_results
-from dtrain_operator.core.gang import (
+from dtrain_operator.core.gang_state import (
     engine_pod_awaited,
     message_tail,
 )

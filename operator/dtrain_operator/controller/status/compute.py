@@ -2,7 +2,7 @@
 the whole new status out. No I/O and no clock of its own.
 
 This is where a phase is decided. The operator patches the difference (`status_patch`) and posts the
-Events that `status_events` asks for; `plan.py` decides which children to create and delete from the
+Events that `status_events` asks for; `core/child_plan.py` decides which children to create and delete from the
 status computed here. The trainer writes `progress` and `lastCheckpoint`: they are read here (the
 Exporting phase) and never written.
 """
@@ -43,7 +43,7 @@ from dtrain_operator.controller.status.conditions import (
 )
 from dtrain_operator.core import policy, progress_deadline, stragglers
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
-from dtrain_operator.core.gang import (
+from dtrain_operator.core.gang_state import (
     current_gang,
     image_pull_deadline,
     node_counts,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from dtrain_operator.local.plan import NodeLaunch
+from dtrain_operator.local.launch_plan import NodeLaunch
 
 _PR_SET_CHILD_SUBREAPER = 36
 

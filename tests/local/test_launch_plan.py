@@ -9,7 +9,7 @@ import pytest
 
 from dtrain_operator.api import contract
 from dtrain_operator.core import render
-from dtrain_operator.local.plan import (
+from dtrain_operator.local.launch_plan import (
     Overrides,
     PlanError,
     Workdir,

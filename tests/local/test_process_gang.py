@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from dtrain_operator.local.gang import Gang
-from dtrain_operator.local.plan import NodeLaunch
+from dtrain_operator.local.launch_plan import NodeLaunch
+from dtrain_operator.local.process_gang import Gang
 
 # A launcher like torchrun: the worker goes into a session of its own; the worker starts a child.
 LAUNCHER = textwrap.dedent(

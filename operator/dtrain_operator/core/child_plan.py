@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
 from dtrain_operator.core import progress_deadline
-from dtrain_operator.core.gang import (
+from dtrain_operator.core.gang_state import (
     current_gang,
     engine_pod_awaited,
     image_pull_deadline,

@@ -202,10 +202,8 @@ def scenario_quickstart(figures: Figures) -> None:
         figures["quick start with dtrain run (s)"] = time.monotonic() - start
 
 
-def scenario_worker_killed(figures: Figures) -> None:
-    name = "e2e-kill"
-    apply(small_job(name))
-    eventually(lambda: progress_step(name) >= 10, f"{name}: step 10 reported", 300)
+def kill_rank_1_and_await_restart(name: str) -> float:
+    """SIGKILL to rank 1's training process; returns when the operator has restarted the gang (the kill's time)."""
     victim = next(p for p in worker_pods(name) if p["metadata"]["name"] == f"{name}-1")
     pids = trainer_pids(victim)
     if not pids:
@@ -213,6 +211,14 @@ def scenario_worker_killed(figures: Figures) -> None:
     kill(pids)
     killed = time.monotonic()
     eventually(lambda: status(name).get("restarts") == 1, f"{name}: a gang restart", 120)
+    return killed
+
+
+def scenario_worker_killed(figures: Figures) -> None:
+    name = "e2e-kill"
+    apply(small_job(name))
+    eventually(lambda: progress_step(name) >= 10, f"{name}: step 10 reported", 300)
+    killed = kill_rank_1_and_await_restart(name)
     before = (status(name).get("progress") or {}).get("updatedAt")
     eventually(lambda: (status(name).get("progress") or {}).get("updatedAt") != before
                and status(name).get("phase") == "Running", f"{name}: training again", 300)
@@ -240,13 +246,7 @@ def scenario_object_storage(figures: Figures) -> None:
     saved = status(name)["lastCheckpoint"]
     if not str(saved.get("path", "")).startswith(f"{url}/checkpoints/"):
         raise Failed(f"status.lastCheckpoint is not in the bucket: {saved}")
-    victim = next(p for p in worker_pods(name) if p["metadata"]["name"] == f"{name}-1")
-    pids = trainer_pids(victim)
-    if not pids:
-        raise Failed(f"no trainer process found in pod {name}-1")
-    kill(pids)
-    killed = time.monotonic()
-    eventually(lambda: status(name).get("restarts") == 1, f"{name}: a gang restart", 120)
+    killed = kill_rank_1_and_await_restart(name)
     final = finished(name, TRAINING_TIMEOUT)
     figures["s3: worker killed → Succeeded (s)"] = time.monotonic() - killed
     logs = kubectl("logs", f"{name}-0", "-n", NS).stdout

@@ -180,27 +180,38 @@ def test_a_checkpoint_killed_mid_upload_is_never_the_one_resumed_from(
     assert f"resumed from {directory}/{pointer['checkpoint']} at step {pointer['step']}" in resumed.stderr
 
 
+def train_through_an_outage(
+    tmp_path: Path, server: S3Server, prefix: str, max_steps: int, checkpoint: dict[str, Any], back_after: float | None
+) -> tuple[int, str, Path]:
+    """A slow trainer on `server`, which is stopped after the first checkpoint and started again `back_after`
+    seconds later (None: never). Returns the trainer's exit code, its stderr and its progress records' file."""
+    config = s3_config(
+        tmp_path, server, prefix,
+        model={"classPath": USER_MODEL, "initArgs": {"step_sleep": 0.25}},
+        trainer={"maxSteps": max_steps, "numWorkers": 0}, checkpoint={"everyNSteps": 2, **checkpoint},
+        export={"onnx": {"enabled": False}},
+    )
+    progress = tmp_path / "progress.jsonl"
+    trainer = start_trainer(write_config(tmp_path, config), progress, **server.env())
+    try:
+        wait_for(lambda: any(r["event"] == "checkpoint" for r in records(progress)), 120, "the first checkpoint")
+        server.stop()
+        if back_after is not None:
+            time.sleep(back_after)
+            server.start()
+        _, stderr = trainer.communicate(timeout=RUN_TIMEOUT_SECONDS)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    return trainer.returncode, stderr, progress
+
+
 def test_the_server_gone_for_a_while_delays_or_misses_checkpoints_but_training_goes_on(tmp_path: Path) -> None:
     server = S3Server.start_new(tmp_path / "server")  # its own: this test stops it
     try:
-        config = s3_config(
-            tmp_path, server, "outage",
-            model={"classPath": USER_MODEL, "initArgs": {"step_sleep": 0.25}},
-            trainer={"maxSteps": 60, "numWorkers": 0}, checkpoint={"everyNSteps": 2, "keepLast": 50},
-            export={"onnx": {"enabled": False}},
-        )
-        progress = tmp_path / "progress.jsonl"
-        trainer = start_trainer(write_config(tmp_path, config), progress, **server.env())
-        try:
-            wait_for(lambda: any(r["event"] == "checkpoint" for r in records(progress)), 120, "the first checkpoint")
-            server.stop()
-            time.sleep(12)
-            server.start()
-            _, stderr = trainer.communicate(timeout=RUN_TIMEOUT_SECONDS)
-        finally:
-            trainer.kill()
-            trainer.wait()
-        assert trainer.returncode == 0, stderr[-3000:]
+        # 30 s down, as the issue asks: longer than one checkpoint's retries (object_store.RETRY_DELAYS_SECONDS).
+        returncode, stderr, progress = train_through_an_outage(tmp_path, server, "outage", 60, {"keepLast": 50}, 30)
+        assert returncode == 0, stderr[-3000:]
         saves = [r for r in records(progress) if r["event"] == "checkpoint"]
         late_or_missed = [r for r in saves if r.get("attempts", 1) > 1 or r.get("ok") is False]
         assert late_or_missed, saves
@@ -222,22 +233,10 @@ def test_the_server_gone_for_a_while_delays_or_misses_checkpoints_but_training_g
 def test_with_on_write_failure_fail_a_checkpoint_not_written_stops_training(tmp_path: Path) -> None:
     server = S3Server.start_new(tmp_path / "server")  # its own: this test stops it for good
     try:
-        config = s3_config(
-            tmp_path, server, "stop-on-miss",
-            model={"classPath": USER_MODEL, "initArgs": {"step_sleep": 0.25}},
-            trainer={"maxSteps": 200, "numWorkers": 0}, checkpoint={"everyNSteps": 2, "onWriteFailure": "Fail"},
-            export={"onnx": {"enabled": False}},
+        returncode, stderr, progress = train_through_an_outage(
+            tmp_path, server, "stop-on-miss", 200, {"onWriteFailure": "Fail"}, None
         )
-        progress = tmp_path / "progress.jsonl"
-        trainer = start_trainer(write_config(tmp_path, config), progress, **server.env())
-        try:
-            wait_for(lambda: any(r["event"] == "checkpoint" for r in records(progress)), 120, "the first checkpoint")
-            server.stop()
-            _, stderr = trainer.communicate(timeout=RUN_TIMEOUT_SECONDS)
-        finally:
-            trainer.kill()
-            trainer.wait()
-        assert trainer.returncode == 1, stderr[-3000:]
+        assert returncode == 1, stderr[-3000:]
         missed = [r for r in records(progress) if r["event"] == "checkpoint" and r.get("ok") is False]
         assert len(missed) == 1, missed
         assert f"checkpoint of step {missed[0]['step']} not saved" in stderr

@@ -91,7 +91,7 @@ class RunResult:
 
 def benchmark_job(workload: Workload, workdir: Path) -> DistributedTraining:
     """The quick-start job, as one node of `processes` processes, sized by the workload."""
-    result = validate_file(str(QUICKSTART))
+    result = validate_file(str(QUICKSTART), cluster=False)  # read as dtrain run reads it: its nodes share a disk
     if result.job is None:
         raise SystemExit(f"{QUICKSTART} does not validate: {result.errors}")
     spec = result.job.spec.model_copy(deep=True)

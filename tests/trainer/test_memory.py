@@ -106,6 +106,7 @@ def _job_file(tmp_path: Path, **trainer) -> Path:
     job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     job["spec"]["model"]["initArgs"]["arch"] = "resnet18"
     job["spec"]["trainer"].update(trainer)
+    job["spec"]["storage"] = {"claimName": "dtrain-shared"}  # a cluster's job: dtrain validate asks for shared storage
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path

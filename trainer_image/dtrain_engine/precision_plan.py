@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from dtrain_engine.onnx_model import (
     ACCURACY_BOUNDS,
     OnnxModelInfo,
-    Precision,
     quantized_precision,
     require_quantized_for_int8,
     usage_error,
 )
+from dtrain_operator.api.common import EnginePrecision as Precision
 
 # NVIDIA deprecated weak typing in 10.12 and builds explicitly quantized models strongly typed
 # since; before it, a weakly typed network needs the INT8 (FP8, INT4, FP4) flag for Q/DQ layers.

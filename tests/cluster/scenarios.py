@@ -651,20 +651,41 @@ def scenario_tokens(figures: Figures) -> None:
     code, text = status_patch("e2e-other", {"progress": {"step": 1}})
     if code not in (403, 404):
         raise Failed(f"the trainer's token reached another job's status: {code} {text[:300]}")
-    for verb, resource in (("get", "secrets"), ("create", "pods"), ("patch", "distributedtrainings.dtrain.dev")):
+    jobs = f"/apis/{contract.API_VERSION}/namespaces/{NS}/{contract.PLURAL}"
+    for who, credential, refusals in (("a made-up token", "not-a-token", (401,)), ("no token", None, (401, 403))):
+        code, text = request_with_token(credential, "GET", jobs)
+        if code not in refusals:
+            raise Failed(f"{who} listed the jobs: {code} {text[:300]}")
+    code, text = request_with_token(token, "GET", "/apis")  # discovery: every authenticated user
+    if code != 200:
+        raise Failed(f"the trainer's token could not read the API's discovery: {code} {text[:300]}")
+    for verb, resource in (("get", "secrets"), ("create", "pods"), ("list", "pods"),
+                           ("get", "distributedtrainings.dtrain.dev"), ("patch", "distributedtrainings.dtrain.dev")):
         allowed = kubectl("auth", "can-i", verb, resource, "-n", NS, kubeconfig=trainer, check=False).stdout.strip()
         if allowed != "no":
             raise Failed(f"the trainer's token may {verb} {resource}")
     operator = "system:serviceaccount:dtrain-system:dtrain-operator"
-    checks: list[tuple[str, str, str, str]] = [
-        ("yes", "create", "pods", NS), ("yes", "patch", "distributedtrainings.dtrain.dev/status", NS),
-        ("no", "get", "secrets", NS), ("no", "get", "secrets", "kube-system"), ("no", "create", "clusterrolebindings", NS),
-        ("yes", "get", "secrets/dtrain-operator-state-key", "dtrain-system"),
+    # The trainers' service account of a namespace the chart does not bind it in.
+    unbound_trainer = "system:serviceaccount:elsewhere:dtrain-trainer"
+    status_subresource = "--subresource=status"
+    # (who, the expected answer, verb, resource; the namespace and subresource as kubectl auth can-i takes them)
+    checks: list[tuple[str, str, str, str, tuple[str, ...]]] = [
+        (operator, "yes", "list", "distributedtrainings.dtrain.dev", ("--all-namespaces",)),
+        (operator, "yes", "list", "pods", ("-n", NS)),
+        (operator, "yes", "create", "pods", ("-n", NS)),
+        # Its own record, the dtrain.dev/state annotation, is on the object.
+        (operator, "yes", "patch", "distributedtrainings.dtrain.dev", ("-n", NS)),
+        (operator, "yes", "patch", "distributedtrainings.dtrain.dev", ("-n", NS, status_subresource)),
+        (operator, "no", "get", "secrets", ("-n", NS)),
+        (operator, "no", "get", "secrets", ("-n", "kube-system")),
+        (operator, "no", "create", "clusterrolebindings", ("-n", NS)),
+        (operator, "yes", "get", "secrets/dtrain-operator-state-key", ("-n", "dtrain-system")),
+        (unbound_trainer, "no", "patch", "distributedtrainings.dtrain.dev", ("-n", NS, status_subresource)),
     ]
-    for expected, verb, resource, namespace in checks:
-        answer = kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={operator}", check=False).stdout.strip()
+    for who, expected, verb, resource, where in checks:
+        answer = kubectl("auth", "can-i", verb, resource, *where, f"--as={who}", check=False).stdout.strip()
         if answer != expected:
-            raise Failed(f"the operator may {verb} {resource} in {namespace}: {answer}, expected {expected}")
+            raise Failed(f"{who} may {verb} {resource} {' '.join(where)}: {answer}, expected {expected}")
     kubectl("delete", "dtr", name, "-n", NS, "--wait=false")
 
 

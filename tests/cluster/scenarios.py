@@ -701,6 +701,14 @@ CRD_REFUSALS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
      "needs shared storage"),
 ]
 
+# What the CRD's transition rules (oldSelf) refuse on an edit of a job that is not suspended.
+CRD_EDIT_REFUSALS: list[tuple[dict[str, Any], str]] = [
+    ({"nodes": 3}, "spec.nodes is immutable"),
+    ({"runPolicy": {"backoffLimit": 9}}, "spec.runPolicy.backoffLimit is immutable"),
+    ({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}]}, "spec.volumes is immutable"),
+    ({"scheduling": {"affinity": {"nodeAffinity": {}}}}, "spec.scheduling may change only while the job is suspended"),
+]
+
 
 # Of the bad jobs dtrain validate refuses (refusal_corpus), those the CRD's schema and CEL rules do not
 # say, by why: the API server accepts them, and dtrain validate and the operator (its InvalidSpec
@@ -761,6 +769,24 @@ def scenario_crd_refusals(figures: Figures) -> None:
         if result.returncode == 0 or fragment not in result.stderr:
             raise Failed(f"{title}: expected the API server to refuse it naming {fragment!r}: {result.stderr.strip()[:400]}")
         print(f"refused at kubectl apply: {title}: {result.stderr.strip().splitlines()[0][:160]}")
+    # Edits, tried with --dry-run=server on a job that is not suspended but whose pods no node takes.
+    edited = "e2e-edited"
+    apply(small_job(edited, scheduling={"nodeSelector": {"dtrain.dev/e2e": "no-such-node"}}))
+
+    def edit(change: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return kubectl("patch", "dtr", edited, "-n", NS, "--type=merge", "--dry-run=server",
+                       "-p", json.dumps({"spec": change}), check=False)
+
+    for change, fragment in CRD_EDIT_REFUSALS:
+        result = edit(change)
+        if result.returncode == 0 or fragment not in result.stderr:
+            raise Failed(f"an edit of {change}: expected the API server to refuse it with {fragment!r}: "
+                         f"{(result.stderr or result.stdout).strip()[:400]}")
+        print(f"refused at kubectl patch: {result.stderr.strip().splitlines()[0][:160]}")
+    result = edit({"runPolicy": {"ttlSecondsAfterFinished": 60}})
+    if result.returncode != 0:
+        raise Failed(f"an edit of a mutable field was refused: {result.stderr.strip()[:400]}")
+    delete(edited)
     # Every bad job dtrain validate refuses: the API server refuses it too, naming the field, unless the
     # CRD cannot say it (CRD_CANNOT_EXPRESS, listed here as the server accepts them).
     accepted, misnamed, refused = [], [], 0
@@ -786,7 +812,8 @@ def scenario_crd_refusals(figures: Figures) -> None:
 
 
 SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
-    ("crd-refusals", "what the CRD refuses at kubectl apply, with the API server's own message", scenario_crd_refusals),
+    ("crd-refusals", "what the CRD refuses at kubectl apply and on an edit, with the API server's own message",
+     scenario_crd_refusals),
     ("forged-record", "the operator's record: refused at the API with a user's own credentials", scenario_forged_record),
     ("quickstart", "the quick start: kubectl apply → training → engine Job → kubectl delete; then dtrain run",
      scenario_quickstart),

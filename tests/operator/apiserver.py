@@ -17,8 +17,9 @@ operator relies on real API-server behaviour. Each extension is small and stands
   stalled (left open but silent, as a dead connection); an error with `retry_after` carries the
   `Retry-After` header and `details.retryAfterSeconds`, as the API server's 429 (priority and
   fairness, max-in-flight) does;
-- admission: hooks (`admission`, e.g. crd_admission.py) that check or refuse an object on create
-  and update, before it is stored;
+- admission: hooks (`admission`, e.g. admission_refusals.py) that check or refuse an object on
+  create and update, before it is stored; a DistributedTraining is stored as sent (no CRD schema
+  or CEL rules, as with a CRD from before them: the real API server's are `make e2e`'s);
 - GET of one Namespace (`/api/v1/namespaces/NAME`), which kmock reads as a namespace prefix;
 - a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
   for comparing the operator's calls with its RBAC rules.

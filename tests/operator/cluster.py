@@ -4,6 +4,10 @@ played by the tests over HTTP. The jobs the tests submit come from tests/builder
 
 The kubelet writes statuses the way a real one does (container statuses with name, image,
 imageID, ready, restartCount and state; termination messages; eviction conditions).
+
+A DistributedTraining is stored as the test sends it, as with a CRD from before its schema and
+CEL rules: what the operator does with whatever reaches it is tested here; what the CRD refuses
+is the real API server's (`make e2e`'s crd-refusals) and the unit tests' (tests/crd_admission.py).
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from typing import Any
 
 import kmock
 
-from dtrain_operator.api import contract, crd
+from dtrain_operator.api import contract
 
+from .admission_refusals import Refusals
 from .apiserver import ApiServer, now_rfc3339
-from .crd_admission import CrdAdmission, Refusals
 
 OPERATOR_AGENTS = ("kopf/", "dtrain-operator/")
 # Where the chart (helm template's defaults) puts the operator's service account.
@@ -153,8 +157,6 @@ class Cluster:
         self.tmp = tmp
         self.kubeconfig = write_kubeconfig(tmp / "kubeconfig", str(api.url).rstrip("/"))
         self.operators: list[OperatorProcess] = []
-        # The CRD's schema, defaults and CEL rules, enforced on create and update as kube-apiserver does.
-        self.crd_admission = CrdAdmission(crd.crd())
         self.refusals = Refusals()  # creates the API server refuses, as a real cluster's admission does
 
     # --- The operator ------------------------------------------------------------------------------
@@ -181,10 +183,6 @@ class Cluster:
             timeout=60,
         )
         return process
-
-    def without_crd_validation(self) -> None:
-        """The API server stores custom resources unchecked, as with a CRD from before its rules."""
-        self.api.admission.remove(self.crd_admission.hook)
 
     def logs(self) -> str:
         return "\n".join(p.log_tail() for p in self.operators[-1:])
@@ -464,7 +462,7 @@ async def running_cluster(tmp: Path):
     async with ApiServer() as api, kmock.Server(api):
         api.declare_resources()
         cluster = Cluster(api, tmp)
-        api.admission += [cluster.crd_admission.hook, cluster.refusals.hook]
+        api.admission.append(cluster.refusals.hook)
         try:
             yield cluster
         finally:

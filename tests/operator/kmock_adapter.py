@@ -1,6 +1,6 @@
 """kmock as the test API server uses it: the one module that names what of kmock it relies on.
 
-The test API server (apiserver.py) and its extensions (crd_admission.py, pod_logs.py)
+The test API server (apiserver.py) and its extensions (admission_refusals.py, pod_logs.py)
 import kmock's request, payload and error types from here. Tested with kmock 0.8, which
 pyproject.toml pins (`kmock>=0.8,<0.9`), because the server relies on more than kmock documents:
 kmock is built to answer what a test scripts, while apiserver.ApiServer extends its

@@ -93,13 +93,14 @@ def token_kubeconfig(name: str, token: str) -> Path:
     return path
 
 
-def request_with_token(token: str, method: str, path: str, body: Any) -> tuple[int, str]:
-    """One API request with a bearer token, as a pod's client sends it: (HTTP status, body)."""
+def request_with_token(token: str | None, method: str, path: str, body: Any = None) -> tuple[int, str]:
+    """One API request with a bearer token, as a pod's client sends it (None: an anonymous one): (HTTP status, body)."""
     context = ssl.create_default_context(cafile=str(pki.ca()[0]))
-    request = urllib.request.Request(
-        layout.APISERVER_URL + path, data=json.dumps(body).encode(), method=method,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"},
-    )
+    headers = {"Content-Type": "application/merge-patch+json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(layout.APISERVER_URL + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, context=context, timeout=30) as reply:
             return reply.status, reply.read().decode()

@@ -651,20 +651,41 @@ def scenario_tokens(figures: Figures) -> None:
     code, text = status_patch("e2e-other", {"progress": {"step": 1}})
     if code not in (403, 404):
         raise Failed(f"the trainer's token reached another job's status: {code} {text[:300]}")
-    for verb, resource in (("get", "secrets"), ("create", "pods"), ("patch", "distributedtrainings.dtrain.dev")):
+    jobs = f"/apis/{contract.API_VERSION}/namespaces/{NS}/{contract.PLURAL}"
+    for who, credential, refusals in (("a made-up token", "not-a-token", (401,)), ("no token", None, (401, 403))):
+        code, text = request_with_token(credential, "GET", jobs)
+        if code not in refusals:
+            raise Failed(f"{who} listed the jobs: {code} {text[:300]}")
+    code, text = request_with_token(token, "GET", "/apis")  # discovery: every authenticated user
+    if code != 200:
+        raise Failed(f"the trainer's token could not read the API's discovery: {code} {text[:300]}")
+    for verb, resource in (("get", "secrets"), ("create", "pods"), ("list", "pods"),
+                           ("get", "distributedtrainings.dtrain.dev"), ("patch", "distributedtrainings.dtrain.dev")):
         allowed = kubectl("auth", "can-i", verb, resource, "-n", NS, kubeconfig=trainer, check=False).stdout.strip()
         if allowed != "no":
             raise Failed(f"the trainer's token may {verb} {resource}")
     operator = "system:serviceaccount:dtrain-system:dtrain-operator"
-    checks: list[tuple[str, str, str, str]] = [
-        ("yes", "create", "pods", NS), ("yes", "patch", "distributedtrainings.dtrain.dev/status", NS),
-        ("no", "get", "secrets", NS), ("no", "get", "secrets", "kube-system"), ("no", "create", "clusterrolebindings", NS),
-        ("yes", "get", "secrets/dtrain-operator-state-key", "dtrain-system"),
+    # The trainers' service account of a namespace the chart does not bind it in.
+    unbound_trainer = "system:serviceaccount:elsewhere:dtrain-trainer"
+    status_subresource = "--subresource=status"
+    # (who, the expected answer, verb, resource; the namespace and subresource as kubectl auth can-i takes them)
+    checks: list[tuple[str, str, str, str, tuple[str, ...]]] = [
+        (operator, "yes", "list", "distributedtrainings.dtrain.dev", ("--all-namespaces",)),
+        (operator, "yes", "list", "pods", ("-n", NS)),
+        (operator, "yes", "create", "pods", ("-n", NS)),
+        # Its own record, the dtrain.dev/state annotation, is on the object.
+        (operator, "yes", "patch", "distributedtrainings.dtrain.dev", ("-n", NS)),
+        (operator, "yes", "patch", "distributedtrainings.dtrain.dev", ("-n", NS, status_subresource)),
+        (operator, "no", "get", "secrets", ("-n", NS)),
+        (operator, "no", "get", "secrets", ("-n", "kube-system")),
+        (operator, "no", "create", "clusterrolebindings", ("-n", NS)),
+        (operator, "yes", "get", "secrets/dtrain-operator-state-key", ("-n", "dtrain-system")),
+        (unbound_trainer, "no", "patch", "distributedtrainings.dtrain.dev", ("-n", NS, status_subresource)),
     ]
-    for expected, verb, resource, namespace in checks:
-        answer = kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={operator}", check=False).stdout.strip()
+    for who, expected, verb, resource, where in checks:
+        answer = kubectl("auth", "can-i", verb, resource, *where, f"--as={who}", check=False).stdout.strip()
         if answer != expected:
-            raise Failed(f"the operator may {verb} {resource} in {namespace}: {answer}, expected {expected}")
+            raise Failed(f"{who} may {verb} {resource} {' '.join(where)}: {answer}, expected {expected}")
     kubectl("delete", "dtr", name, "-n", NS, "--wait=false")
 
 
@@ -678,6 +699,14 @@ CRD_REFUSALS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     # Two nodes and pod-local directories: checkpoints the gang cannot share (docs/storage.md).
     ("no shared storage", lambda s: [s.pop("storage"), s.pop("checkpoint"), s.pop("artifacts")],
      "needs shared storage"),
+]
+
+# What the CRD's transition rules (oldSelf) refuse on an edit of a job that is not suspended.
+CRD_EDIT_REFUSALS: list[tuple[dict[str, Any], str]] = [
+    ({"nodes": 3}, "spec.nodes is immutable"),
+    ({"runPolicy": {"backoffLimit": 9}}, "spec.runPolicy.backoffLimit is immutable"),
+    ({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}}]}, "spec.volumes is immutable"),
+    ({"scheduling": {"affinity": {"nodeAffinity": {}}}}, "spec.scheduling may change only while the job is suspended"),
 ]
 
 
@@ -740,6 +769,24 @@ def scenario_crd_refusals(figures: Figures) -> None:
         if result.returncode == 0 or fragment not in result.stderr:
             raise Failed(f"{title}: expected the API server to refuse it naming {fragment!r}: {result.stderr.strip()[:400]}")
         print(f"refused at kubectl apply: {title}: {result.stderr.strip().splitlines()[0][:160]}")
+    # Edits, tried with --dry-run=server on a job that is not suspended but whose pods no node takes.
+    edited = "e2e-edited"
+    apply(small_job(edited, scheduling={"nodeSelector": {"dtrain.dev/e2e": "no-such-node"}}))
+
+    def edit(change: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return kubectl("patch", "dtr", edited, "-n", NS, "--type=merge", "--dry-run=server",
+                       "-p", json.dumps({"spec": change}), check=False)
+
+    for change, fragment in CRD_EDIT_REFUSALS:
+        result = edit(change)
+        if result.returncode == 0 or fragment not in result.stderr:
+            raise Failed(f"an edit of {change}: expected the API server to refuse it with {fragment!r}: "
+                         f"{(result.stderr or result.stdout).strip()[:400]}")
+        print(f"refused at kubectl patch: {result.stderr.strip().splitlines()[0][:160]}")
+    result = edit({"runPolicy": {"ttlSecondsAfterFinished": 60}})
+    if result.returncode != 0:
+        raise Failed(f"an edit of a mutable field was refused: {result.stderr.strip()[:400]}")
+    delete(edited)
     # Every bad job dtrain validate refuses: the API server refuses it too, naming the field, unless the
     # CRD cannot say it (CRD_CANNOT_EXPRESS, listed here as the server accepts them).
     accepted, misnamed, refused = [], [], 0
@@ -765,7 +812,8 @@ def scenario_crd_refusals(figures: Figures) -> None:
 
 
 SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
-    ("crd-refusals", "what the CRD refuses at kubectl apply, with the API server's own message", scenario_crd_refusals),
+    ("crd-refusals", "what the CRD refuses at kubectl apply and on an edit, with the API server's own message",
+     scenario_crd_refusals),
     ("forged-record", "the operator's record: refused at the API with a user's own credentials", scenario_forged_record),
     ("quickstart", "the quick start: kubectl apply → training → engine Job → kubectl delete; then dtrain run",
      scenario_quickstart),

@@ -17,10 +17,10 @@ operator relies on real API-server behaviour. Each extension is small and stands
   stalled (left open but silent, as a dead connection); an error with `retry_after` carries the
   `Retry-After` header and `details.retryAfterSeconds`, as the API server's 429 (priority and
   fairness, max-in-flight) does;
-- admission: hooks (`admission`, e.g. crd_admission.py) that check or refuse an object on create
-  and update, before it is stored;
+- admission: hooks (`admission`, e.g. admission_refusals.py) that check or refuse an object on
+  create and update, before it is stored; a DistributedTraining is stored as sent (no CRD schema
+  or CEL rules, as with a CRD from before them: the real API server's are `make e2e`'s);
 - GET of one Namespace (`/api/v1/namespaces/NAME`), which kmock reads as a namespace prefix;
-- RBAC when given an authorizer (tests/operator/authz.py: bearer tokens, the chart's roles);
 - a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
   for comparing the operator's calls with its RBAC rules.
 
@@ -311,8 +311,6 @@ class ApiServer(kmock.KubernetesEmulator):
         for hook in self.admission:
             new = hook(request, new, old)
         return new
-    # RBAC (tests/operator/authz.py): `authorize(request)` raises 401/403; None allows everything.
-    authorizer: Any = None
 
     def declare_resources(self) -> None:
         for name, kind, has_status in RESOURCES:
@@ -345,8 +343,6 @@ class ApiServer(kmock.KubernetesEmulator):
     # --- Request handling ------------------------------------------------------------------------
 
     async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
-        if self.authorizer is not None:
-            self.authorizer.authorize(request)
         resource = request.resource
         one_namespace = _ONE_NAMESPACE.match(request.url.path) if request.method == "GET" else None
         if one_namespace:

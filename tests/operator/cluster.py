@@ -4,6 +4,10 @@ played by the tests over HTTP. The jobs the tests submit come from tests/builder
 
 The kubelet writes statuses the way a real one does (container statuses with name, image,
 imageID, ready, restartCount and state; termination messages; eviction conditions).
+
+A DistributedTraining is stored as the test sends it, as with a CRD from before its schema and
+CEL rules: what the operator does with whatever reaches it is tested here; what the CRD refuses
+is the real API server's (`make e2e`'s crd-refusals) and the unit tests' (tests/crd_admission.py).
 """
 
 from __future__ import annotations
@@ -22,16 +26,14 @@ from typing import Any
 
 import kmock
 
-from dtrain_operator.api import contract, crd
+from dtrain_operator.api import contract
 
+from .admission_refusals import Refusals
 from .apiserver import ApiServer, now_rfc3339
-from .authz import Authorizer, User
-from .crd_admission import CrdAdmission, Refusals
 
 OPERATOR_AGENTS = ("kopf/", "dtrain-operator/")
 # Where the chart (helm template's defaults) puts the operator's service account.
 OPERATOR_NAMESPACE = "dtrain-system"
-OPERATOR_SERVICE_ACCOUNT = "dtrain-operator"
 DTR = kmock.resource(f"{contract.API_VERSION}/{contract.PLURAL}")
 PODS = kmock.resource("v1/pods")
 TIMEOUT = 30.0
@@ -43,7 +45,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def write_kubeconfig(path: Path, server: str, token: str = "test-token") -> Path:
+def write_kubeconfig(path: Path, server: str) -> Path:
     path.write_text(
         f"""apiVersion: v1
 kind: Config
@@ -52,7 +54,7 @@ clusters:
   cluster: {{server: "{server}"}}
 users:
 - name: operator
-  user: {{token: {token}}}
+  user: {{token: test-token}}
 contexts:
 - name: emulator
   context: {{cluster: emulator, user: operator, namespace: default}}
@@ -150,15 +152,11 @@ def container_status(pod: dict[str, Any], state: dict[str, Any], ready: bool) ->
 class Cluster:
     """The API server plus what a cluster's kubelets and Job controller do, driven over HTTP."""
 
-    def __init__(self, api: ApiServer, tmp: Path, operator_token: str = "test-token", token: str | None = None) -> None:
+    def __init__(self, api: ApiServer, tmp: Path) -> None:
         self.api = api
         self.tmp = tmp
-        self.kubeconfig = write_kubeconfig(tmp / "kubeconfig", str(api.url).rstrip("/"), operator_token)
-        # The test's own requests, as kubectl's: an admin's token when the API server checks RBAC.
-        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self.kubeconfig = write_kubeconfig(tmp / "kubeconfig", str(api.url).rstrip("/"))
         self.operators: list[OperatorProcess] = []
-        # The CRD's schema, defaults and CEL rules, enforced on create and update as kube-apiserver does.
-        self.crd_admission = CrdAdmission(crd.crd())
         self.refusals = Refusals()  # creates the API server refuses, as a real cluster's admission does
 
     # --- The operator ------------------------------------------------------------------------------
@@ -186,10 +184,6 @@ class Cluster:
         )
         return process
 
-    def without_crd_validation(self) -> None:
-        """The API server stores custom resources unchecked, as with a CRD from before its rules."""
-        self.api.admission.remove(self.crd_admission.hook)
-
     def logs(self) -> str:
         return "\n".join(p.log_tail() for p in self.operators[-1:])
 
@@ -215,7 +209,7 @@ class Cluster:
     # --- The API, as kubectl -----------------------------------------------------------------------
 
     async def _request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        headers = {"Content-Type": content_type, **self._auth}
+        headers = {"Content-Type": content_type}
         async with self.api.request(method, path, json=body, headers=headers) as response:
             data = await response.json(content_type=None)
             if response.status >= 300:
@@ -463,19 +457,12 @@ class Cluster:
 
 
 @contextlib.asynccontextmanager
-async def running_cluster(tmp: Path, authorizer: Authorizer | None = None):
-    """An API server on a local port, with the resources declared and a namespace or two.
-
-    With an `authorizer` (authz.py, e.g. the chart's RBAC) every request needs a token: the
-    operator gets its service account's (in OPERATOR_NAMESPACE), the test an admin's."""
-    async with ApiServer(authorizer=authorizer) as api, kmock.Server(api):
+async def running_cluster(tmp: Path):
+    """An API server on a local port, with the resources declared and a namespace or two."""
+    async with ApiServer() as api, kmock.Server(api):
         api.declare_resources()
-        if authorizer is None:
-            cluster = Cluster(api, tmp)
-        else:
-            operator = authorizer.issue(User.service_account(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT))
-            cluster = Cluster(api, tmp, operator, authorizer.admin_token())
-        api.admission += [cluster.crd_admission.hook, cluster.refusals.hook]
+        cluster = Cluster(api, tmp)
+        api.admission.append(cluster.refusals.hook)
         try:
             yield cluster
         finally:

@@ -1,11 +1,11 @@
 """kmock as the test API server uses it: the one module that names what of kmock it relies on.
 
-The test API server (apiserver.py) and its extensions (authz.py, crd_admission.py, pod_logs.py)
+The test API server (apiserver.py) and its extensions (admission_refusals.py, pod_logs.py)
 import kmock's request, payload and error types from here. Tested with kmock 0.8, which
 pyproject.toml pins (`kmock>=0.8,<0.9`), because the server relies on more than kmock documents:
 kmock is built to answer what a test scripts, while apiserver.ApiServer extends its
 KubernetesEmulator where the operator relies on a real API server's behaviour (resourceVersions,
-watch replays, the status subresource, finalizers, RBAC, admission), and for that it overrides
+watch replays, the status subresource, finalizers, admission), and for that it overrides
 and uses members kmock keeps private:
 
 - KubernetesEmulator's request hooks: `_handle` (every request), `_serve_list` and

@@ -14,7 +14,7 @@ import pytest
 from dtrain_operator import api
 from dtrain_operator.api import contract, crd
 from tests import celrules
-from tests.operator.crd_admission import CrdAdmission, cel_causes
+from tests.crd_admission import CrdAdmission, cel_causes
 from tests.unit.test_api import BAD_SPECS, LOCAL_EXAMPLES, base_job, example_objects, with_spec
 
 SCHEMA = crd.openapi_schema()
@@ -213,8 +213,7 @@ def test_good_specs_pass_every_rule(name, obj):
 
 
 def _stored(obj: dict) -> dict:
-    stored, _ = ADMISSION.check(obj)
-    return stored
+    return ADMISSION.check(obj)
 
 
 def _edited(stored: dict, path: str, value) -> dict:

@@ -1,19 +1,16 @@
-"""What kube-apiserver does to a custom resource before it stores it, for the test API server:
-prune or refuse unknown fields, fill in defaults, check the structural schema, then run the
-CRD's CEL rules (x-kubernetes-validations, with oldSelf on update) with a real CEL engine
-(tests/celrules.py). A refused object gets 422 Invalid with the API server's message shape:
+"""What kube-apiserver does to a custom resource before it stores it, for the unit tests of the
+CRD's rules (tests/unit/test_crd_cel.py): prune or refuse unknown fields, fill in defaults, check
+the structural schema, then run the CRD's CEL rules (x-kubernetes-validations, with oldSelf on
+update) with a real CEL engine (tests/celrules.py). A refused object raises `Refused`: 400
+BadRequest for an unknown field under strict field validation, 422 Invalid with the API server's
+message shape otherwise:
 
     DistributedTraining.dtrain.dev "job" is invalid: spec.engine: Invalid value: "object": need minBatch <= ...
 
-and the causes in `details`, as `kubectl apply` prints them.
-
-Also here: the refusals of a pod (or Service, ConfigMap, PodGroup, Job) create that a real
-cluster makes and an emulator does not — Pod Security admission, a ResourceQuota, a missing
-service account, an invalid field — each with the API server's own message, for the tests of
-how the operator reports them (`Refusals`).
-
-apiserver.ApiServer calls every hook in its `admission` list on create and update
-(`hook(request, new, old)` returns the object to store, or raises KubernetesError).
+The real API server's refusals of the same rules are `make e2e`'s `crd-refusals` scenario
+(tests/cluster/scenarios.py): the create-time ones over the whole table of bad specs, the
+transition rules over a few edits; this module runs every rule, on create and on update, in
+the unit tests' time.
 """
 
 from __future__ import annotations
@@ -21,12 +18,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from collections.abc import Callable
 from typing import Any
 
 from tests import celrules
 
-from .kmock_adapter import KubernetesError
+
+class Refused(Exception):
+    """The API server's refusal of an object: its HTTP status, reason and message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
 
 
 @dataclasses.dataclass
@@ -232,20 +235,19 @@ class CrdAdmission:
         spec = crd["spec"]
         [version] = [v for v in spec["versions"] if v.get("storage")]
         self.group = spec["group"]
-        self.plural = spec["names"]["plural"]
         self.kind = spec["names"]["kind"]
         self.schema = version["schema"]["openAPIV3Schema"]
         self.structural = StructuralSchema(self.schema)
 
     def check(self, obj: dict[str, Any], old: dict[str, Any] | None = None,
-              field_validation: str = "Strict") -> tuple[dict[str, Any], list[str]]:
-        """The object as it would be stored and the warnings, or KubernetesError(422)."""
+              field_validation: str = "Strict") -> dict[str, Any]:
+        """The object as it would be stored, or Refused (400 or 422). `field_validation` as the
+        request's parameter: Strict (kubectl apply's) refuses unknown fields, Ignore drops them."""
         new = copy.deepcopy(obj)
         name = (new.get("metadata") or {}).get("name", "")
         dropped = self.structural.prune(new)
-        warnings = [f'unknown field "{path}"' for path in dropped]
         if dropped and field_validation == "Strict":
-            raise KubernetesError(
+            raise Refused(
                 400, "BadRequest",
                 "strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in dropped),
             )
@@ -255,125 +257,8 @@ class CrdAdmission:
             causes = cel_causes(celrules.with_object_meta(self.schema), new, old)
         if causes:
             raise self.invalid(name, causes)
-        return new, warnings if field_validation == "Warn" else []
-
-    def invalid(self, name: str, causes: list[Cause]) -> KubernetesError:
-        listed = str(causes[0]) if len(causes) == 1 else "[" + ", ".join(str(c) for c in causes) + "]"
-        message = f'{self.kind}.{self.group} "{name}" is invalid: {listed}'
-        details = {
-            "name": name, "group": self.group, "kind": self.kind,
-            "causes": [{"reason": c.type, "message": c.message, "field": c.field} for c in causes],
-        }
-        return KubernetesError(422, "Invalid", message, details)
-
-    def hook(self, request: Any, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
-        """For ApiServer.admission: creates and updates of this resource (not of its status)."""
-        resource = request.resource
-        if resource.group != self.group or resource.plural != self.plural or request.subresource:
-            return new
-        mode = request.params.get("fieldValidation", "Strict" if old is None else "Ignore")
-        checked, _ = self.check(new, old, mode)
-        if old is not None:
-            checked["status"] = new.get("status")  # the status is the status subresource's
-            if checked["status"] is None:
-                checked.pop("status")
-        return checked
-
-
-# --- Refusals a real cluster makes -------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Refusal:
-    matches: Callable[[Any, dict[str, Any]], bool]
-    status: int
-    reason: str
-    message: Callable[[dict[str, Any]], str]
-    times: int | None = None
-
-
-class Refusals:
-    """Creates that a real API server refuses, each with its own words (ApiServer.admission hook)."""
-
-    def __init__(self) -> None:
-        self.refusals: list[Refusal] = []
-        self.refused = 0
-
-    def _add(self, refusal: Refusal) -> Refusal:
-        self.refusals.append(refusal)
-        return refusal
-
-    @staticmethod
-    def _kind_is(plural: str) -> Callable[[Any, dict[str, Any]], bool]:
-        return lambda request, obj: request.resource.plural == plural
-
-    def pod_security(self, level: str = "baseline") -> Refusal:
-        """Pod Security admission enforcing `level` in the namespace: hostNetwork and hostPath forbidden."""
-
-        def violations(obj: dict[str, Any]) -> list[str]:
-            spec = obj.get("spec") or {}
-            found = []
-            if spec.get("hostNetwork"):
-                found.append("host namespaces (hostNetwork=true)")
-            host_paths = [v["name"] for v in spec.get("volumes") or [] if "hostPath" in v]
-            if host_paths:
-                names = ", ".join(f'"{n}"' for n in host_paths)
-                found.append(f"hostPath volumes (volume{'s' if len(host_paths) > 1 else ''} {names})")
-            return found
-
-        return self._add(Refusal(
-            lambda request, obj: request.resource.plural == "pods" and bool(violations(obj)),
-            403, "Forbidden",
-            lambda obj: f'pods "{obj["metadata"]["name"]}" is forbidden: violates PodSecurity "{level}:latest": '
-            + ", ".join(violations(obj)),
-        ))
-
-    def quota(self, resource: str = "requests.nvidia.com/gpu", limit: str = "4", times: int | None = None) -> Refusal:
-        """A ResourceQuota exceeded (for `times` creates, or until removed)."""
-        return self._add(Refusal(
-            self._kind_is("pods"), 403, "Forbidden",
-            lambda obj: f'pods "{obj["metadata"]["name"]}" is forbidden: exceeded quota: team-quota, '
-            f"requested: {resource}=8, used: {resource}={limit}, limited: {resource}={limit}",
-            times,
-        ))
-
-    def missing_service_account(self) -> Refusal:
-        """The ServiceAccount admission plugin: the pod's service account does not exist."""
-
-        def message(obj: dict[str, Any]) -> str:
-            account = (obj.get("spec") or {}).get("serviceAccountName", "default")
-            namespace = obj["metadata"].get("namespace", "default")
-            return (f'pods "{obj["metadata"]["name"]}" is forbidden: error looking up service account '
-                    f'{namespace}/{account}: serviceaccount "{account}" not found')
-
-        return self._add(Refusal(self._kind_is("pods"), 403, "Forbidden", message))
-
-    def invalid(self, plural: str = "pods", field: str = "spec.containers[0].resources.requests",
-                detail: str = 'Invalid value: "64": must be less than or equal to cpu limit of 8') -> Refusal:
-        """Validation of a built-in kind: 422 Invalid."""
-        kinds = {"pods": "Pod", "services": "Service", "configmaps": "ConfigMap", "jobs": "Job.batch",
-                 "podgroups": "PodGroup.scheduling.volcano.sh"}
-        return self._add(Refusal(
-            self._kind_is(plural), 422, "Invalid",
-            lambda obj: f'{kinds.get(plural, plural)} "{obj["metadata"]["name"]}" is invalid: {field}: {detail}',
-        ))
-
-    def remove(self, refusal: Refusal) -> None:
-        self.refusals.remove(refusal)
-
-    def clear(self) -> None:
-        self.refusals.clear()
-
-    def hook(self, request: Any, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
-        if old is not None:
-            return new
-        for refusal in list(self.refusals):
-            if refusal.times == 0:
-                self.refusals.remove(refusal)
-                continue
-            if refusal.matches(request, new):
-                if refusal.times is not None:
-                    refusal.times -= 1
-                self.refused += 1
-                raise KubernetesError(refusal.status, refusal.reason, refusal.message(new))
         return new
+
+    def invalid(self, name: str, causes: list[Cause]) -> Refused:
+        listed = str(causes[0]) if len(causes) == 1 else "[" + ", ".join(str(c) for c in causes) + "]"
+        return Refused(422, "Invalid", f'{self.kind}.{self.group} "{name}" is invalid: {listed}')

@@ -69,7 +69,7 @@ $(S3SERVER): tools/s3server/go.mod tools/s3server/go.sum tools/s3server/build.sh
 	bash tools/s3server/build.sh $@
 
 test: lint $(TOOLS) $(S3SERVER)
-	OMP_NUM_THREADS=1 $(PY) -m pytest
+	OMP_NUM_THREADS=1 $(PY) -m pytest --durations=25
 
 # Root and network namespaces (ip netns, veth, bridge): see the README's "End to end" section.
 # E2E_QUICKSTART_MAX_STEPS=N shortens the quick start scenario on a slow machine (maxSteps only);

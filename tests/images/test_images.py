@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from dtrain_operator import api
-from dtrain_operator.api import contract
+from dtrain_operator.api import contract, storage
 from dtrain_operator.core import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,6 +133,7 @@ def trained(tmp_path_factory) -> Path:
     doc["spec"]["nodes"] = 1
     doc["spec"]["trainer"]["maxEpochs"] = 1  # CI time: the quick start's model and data, one epoch
     job = api.DistributedTraining.model_validate(doc)
+    assert storage.artifacts_dir(job.spec, "default", job.metadata.name) == str(ARTIFACTS)
     config_dir = work / "etc-dtrain"
     config_dir.mkdir()
     config_map = render.render_config_map(job)
@@ -158,11 +159,16 @@ def trained(tmp_path_factory) -> Path:
     return workspace
 
 
+# The quick start's directories in /workspace: per job, under the namespace and the name (api.storage).
+JOB_DIR = Path("default", "quickstart")
+ARTIFACTS = Path("/workspace", JOB_DIR, "artifacts")
+
+
 def test_the_trainer_image_trains_one_node_of_the_quick_start(trained: Path):
-    artifacts = trained / "artifacts"
+    artifacts = trained / JOB_DIR / "artifacts"
     assert (artifacts / contract.ONNX_FILE_NAME).stat().st_size > 0
     assert json.loads((artifacts / contract.ARTIFACTS_FILE_NAME).read_text())
-    assert (trained / "checkpoints" / "last.ckpt").exists()
+    assert (trained / JOB_DIR / "checkpoints" / "last.ckpt").exists()
     assert json.loads((trained / "termination-log").read_text())
 
 
@@ -174,7 +180,7 @@ def test_the_trainer_image_has_both_lightning_packages():
 
 
 def test_the_engine_image_says_tensorrt_is_missing_then_falls_back_to_onnx_runtime(trained: Path):
-    engine = ["dtrain", "build-engine", "--onnx", "/workspace/artifacts/model.onnx",
+    engine = ["dtrain", "build-engine", "--onnx", str(ARTIFACTS / contract.ONNX_FILE_NAME),
               "--out", "/workspace/engine/model.plan", "--precision", "fp32", "--min-batch", "1",
               "--opt-batch", "8", "--max-batch", "32"]
     binds = {trained: "/workspace"}

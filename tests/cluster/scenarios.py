@@ -526,9 +526,10 @@ def scenario_control_plane_outage(figures: Figures) -> None:
         eventually(lambda before=before: progress_step(name) > before + 2,
                    f"{name}: progress reported again after {component}", 180)
         figures[f"{component} stopped 20 s → progress reported again (s, from the stop)"] = time.monotonic() - stopped
-    final = finished(name)
-    if final["restarts"] != 0:
-        raise Failed(f"{final['restarts']} restarts spent on the outages")
+    # Not waited to its end: how long 80 epochs take depends on the machine's load, not on the outages.
+    after = status(name)
+    if after.get("phase") != "Running" or after.get("restarts"):
+        raise Failed(f"after the outages: phase {after.get('phase')}, {after.get('restarts')} restarts spent")
     delete(name)
 
 

@@ -68,11 +68,8 @@ lint: $(INSTALLED)
 $(S3SERVER): tools/s3server/go.mod tools/s3server/go.sum tools/s3server/build.sh
 	bash tools/s3server/build.sh $@
 
-# One pytest worker per core (at most 4: the training tests start 2-3 processes each); TEST_WORKERS=0 runs in one.
-TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n > 4 ? 4 : n )))
-
 test: lint $(TOOLS) $(S3SERVER)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25
+	OMP_NUM_THREADS=1 $(PY) -m pytest --durations=25
 
 # Root and network namespaces (ip netns, veth, bridge): see the README's "End to end" section.
 # E2E_QUICKSTART_MAX_STEPS=N shortens the quick start scenario on a slow machine (maxSteps only);

@@ -26,6 +26,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# torch first, in a layer of its own: a change to dtrain's sources reuses it (a base with torch skips it).
+RUN if [ -n "$TORCH_PACKAGES" ]; then pip install --no-cache-dir $TORCH_PACKAGES; fi
 COPY pyproject.toml README.md ./
 # Only what the engine Job runs: the API layer, the `dtrain` command (the Job runs `dtrain build-engine`,
 # rendered by dtrain_operator.core.render.engine_command), the engine and what it shares with the
@@ -39,8 +41,7 @@ COPY trainer_image/dtrain_common trainer_image/dtrain_common
 COPY trainer_image/dtrain_trainer trainer_image/dtrain_trainer
 # Keep the base image's torch, torchvision and TensorRT: pin what is installed so that pip
 # never replaces them with PyPI builds (NVIDIA's own constraints, if any, still apply).
-RUN if [ -n "$TORCH_PACKAGES" ]; then pip install --no-cache-dir $TORCH_PACKAGES; fi \
- && pip list --format=freeze | grep -iE '^(torch|torchvision|tensorrt|tensorrt[-_]cu[0-9]+.*|numpy)==' > /tmp/base-pins.txt \
+RUN pip list --format=freeze | grep -iE '^(torch|torchvision|tensorrt|tensorrt[-_]cu[0-9]+.*|numpy)==' > /tmp/base-pins.txt \
  && PIP_CONSTRAINT="${PIP_CONSTRAINT:+$PIP_CONSTRAINT }/tmp/base-pins.txt" \
     pip install --no-cache-dir ".[${DTRAIN_EXTRA}]" \
  && rm -rf /src /tmp/base-pins.txt \

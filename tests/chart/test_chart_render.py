@@ -95,18 +95,19 @@ def test_defaults_install_a_cluster_wide_operator() -> None:
     assert {r["apiGroups"][0] for r in roles["dtrain-operator-leader-election"]["rules"]} == {"coordination.k8s.io"}
     key_rules = roles["dtrain-operator-state-key"]["rules"]
     assert {(tuple(r["verbs"]), tuple(r.get("resourceNames", ()))) for r in key_rules} == {
-        (("create",), ()), (("get",), ("dtrain-operator-state-key",))
+        (("create",), ()), (("get",), ("dtrain-operator-state-key", "dtrain-operator-report-tls"))
     }
     assert "--state-key-secret=dtrain-operator-state-key" in operator_container(objects)["args"]
-    binding = one(objects, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == "dtrain-operator"
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-operator", "namespace": NAMESPACE}]
+    bindings = {b["roleRef"]["name"]: b for b in of_kind(objects, "ClusterRoleBinding")}
+    assert set(bindings) == {"dtrain-operator", "dtrain-operator-token-review"}
+    for binding in bindings.values():
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-operator", "namespace": NAMESPACE}]
 
 
 def test_probes_and_ports_use_the_operator_ports() -> None:
     container = operator_container(helm_template({"operator": {"healthPort": 9440}, "metrics": {"port": 9441}}))
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"health": 9440, "metrics": 9441}
+    assert ports == {"health": 9440, "metrics": 9441, "reports": 8443}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     parsed = cli.build_parser().parse_args(["operator", *container["args"]])
@@ -142,14 +143,19 @@ def test_namespaced_install_uses_roles_in_each_watched_namespace() -> None:
     assert sorted(b["metadata"]["namespace"] for b in operator_bindings) == ["team-a", "team-b"]
     for binding in operator_bindings:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-operator", "namespace": NAMESPACE}]
-    # Nothing cluster-wide for the operator, and the same rules as a cluster-wide install.
-    assert [r["metadata"]["name"] for r in of_kind(objects, "ClusterRole")] == ["dtrain-operator-trainer"]
-    assert not of_kind(objects, "ClusterRoleBinding")
-    cluster_wide = rbac_rules(of_kind(helm_template(), "ClusterRole"), "operator")
+    # Nothing cluster-wide for the operator but the TokenReview of the report endpoint, and the same
+    # rules as a cluster-wide install.
+    assert [r["metadata"]["name"] for r in of_kind(objects, "ClusterRole")] == ["dtrain-operator-token-review"]
+    assert granted(of_kind(objects, "ClusterRole")[0]["rules"]) == {("authentication.k8s.io", "tokenreviews", "create")}
+    assert [b["metadata"]["name"] for b in of_kind(objects, "ClusterRoleBinding")] == ["dtrain-operator-token-review"]
+    cluster_wide = rbac_rules(
+        [r for r in of_kind(helm_template(), "ClusterRole") if not r["metadata"]["name"].endswith("-token-review")]
+    )
     for role in roles:
         assert role["rules"] == cluster_wide
     own_rules = [r for role in apart for r in role["rules"]]
-    assert own_rules == [r for r in rbac_rules(helm_template(), "operator") if r not in cluster_wide]
+    token_review = [r for r in rbac_rules(objects) if r["resources"] == ["tokenreviews"]]
+    assert token_review + own_rules == [r for r in rbac_rules(helm_template(), "operator") if r not in cluster_wide]
 
 
 def test_operator_needs_nothing_cluster_scoped() -> None:
@@ -170,30 +176,41 @@ def test_owner_reference_permission_enforcement_adds_only_finalizers_update() ->
     assert plain <= enforced
 
 
-def test_trainer_rbac_is_one_verb_on_status() -> None:
+def test_trainers_hold_no_api_permission() -> None:
+    """The trainers' ServiceAccount is bound to nothing and mounts no token: rank 0 reports to the operator."""
     objects = helm_template(VALUE_SETS["namespaced"][0])
-    assert granted(rbac_rules(objects, "trainer")) == {("dtrain.dev", "distributedtrainings/status", "patch")}
+    assert not rbac_rules(objects, "trainer")
     accounts = [sa for sa in of_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "dtrain-trainer"]
     assert sorted(sa["metadata"]["namespace"] for sa in accounts) == ["team-a", "team-b"]
-    bindings = [b for b in of_kind(objects, "RoleBinding") if b["metadata"]["name"] == "dtrain-trainer"]
-    for binding in bindings:
-        namespace = binding["metadata"]["namespace"]
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": "dtrain-operator-trainer",
-        }
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-trainer", "namespace": namespace}]
+    assert all(sa["automountServiceAccountToken"] is False for sa in accounts)
+    for binding in [*of_kind(objects, "RoleBinding"), *of_kind(objects, "ClusterRoleBinding")]:
+        assert all(subject["name"] != "dtrain-trainer" for subject in binding["subjects"])
+    assert not of_kind(objects, "ValidatingAdmissionPolicy") or all(
+        "trainer" not in policy["metadata"]["name"] for policy in of_kind(objects, "ValidatingAdmissionPolicy")
+    )
+
+
+def test_report_service_fronts_every_replica() -> None:
+    """Headless, on the operator's pods and report port, named as the operator's --report-service flag says."""
+    objects = helm_template({"replicas": 2})
+    service = next(s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "dtrain-operator")
+    assert service["spec"]["clusterIP"] == "None"
+    container = operator_container(objects)
+    assert "--report-service=dtrain-operator" in container["args"]
+    assert "--report-tls-secret=dtrain-operator-report-tls" in container["args"]
+    assert {"name": "reports", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
+    assert service["spec"]["selector"] == deployment(objects)["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [{"name": "reports", "port": 8443, "targetPort": "reports", "protocol": "TCP"}]
 
 
 def test_trainer_service_account_is_the_jobs_default() -> None:
     """A job that names no service account runs as the one the chart creates."""
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-    assert values["trainerRbac"]["serviceAccountName"] == contract.DEFAULT_WORKER_SERVICE_ACCOUNT
+    assert values["trainerServiceAccount"]["name"] == contract.DEFAULT_WORKER_SERVICE_ACCOUNT
 
 
 def test_trainer_namespaces_when_watching_everything() -> None:
-    objects = helm_template({"trainerRbac": {"namespaces": ["research", NAMESPACE]}})
+    objects = helm_template({"trainerServiceAccount": {"namespaces": ["research", NAMESPACE]}})
     accounts = [sa for sa in of_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "dtrain-trainer"]
     assert [sa["metadata"]["namespace"] for sa in accounts] == [NAMESPACE, "research"]
 
@@ -212,14 +229,17 @@ def test_service_monitor_only_where_the_monitoring_api_exists() -> None:
     assert "no ServiceMonitor was created" in helm_notes(values)
     objects = helm_template(values, api_versions=[MONITORING_API])
     monitor = one(objects, "ServiceMonitor")
-    service = one(objects, "Service")
+    services = {s["metadata"]["name"]: s for s in of_kind(objects, "Service")}
     selector = monitor["spec"]["selector"]["matchLabels"]
-    assert selector.items() <= service["metadata"]["labels"].items()
+    assert selector.items() <= services["dtrain-operator-metrics"]["metadata"]["labels"].items()
+    # Not the report Service, which has no metrics port.
+    assert not selector.items() <= services["dtrain-operator"]["metadata"]["labels"].items()
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"] == [
         {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
     ]
     # The Service reaches the operator pod's metrics port.
+    service = services["dtrain-operator-metrics"]
     pod_labels = deployment(objects)["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
@@ -228,7 +248,7 @@ def test_service_monitor_only_where_the_monitoring_api_exists() -> None:
 def test_metrics_service_can_be_turned_off() -> None:
     values = {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}}
     objects = helm_template(values, api_versions=[MONITORING_API])
-    assert not of_kind(objects, "Service")
+    assert [s["metadata"]["name"] for s in of_kind(objects, "Service")] == ["dtrain-operator"]  # the report Service
     assert not of_kind(objects, "ServiceMonitor")
 
 
@@ -262,7 +282,7 @@ def test_notes_tell_the_next_commands() -> None:
     notes = helm_notes()
     assert "kubectl -n dtrain-system rollout status deployment/dtrain-operator" in notes
     assert "kubectl apply -n dtrain-system -f examples/quickstart.yaml" in notes
-    assert "--clusterrole=dtrain-operator-trainer --serviceaccount=NS:dtrain-trainer" in notes
+    assert "kubectl -n NS create serviceaccount dtrain-trainer" in notes
     namespaced = helm_notes(VALUE_SETS["namespaced"][0])
     assert "watching: team-a, team-b" in namespaced
     assert "kubectl apply -n team-a -f examples/quickstart.yaml" in namespaced
@@ -287,7 +307,8 @@ BAD_VALUES = [
     ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}}, "/metrics/serviceMonitor/interval"),
     ({"rbac": {"create": "yes"}}, "/rbac/create"),
     ({"imagePullSecrets": ["regcred"]}, "/imagePullSecrets/0"),
-    ({"trainerRbac": {"serviceAccountName": "Trainer"}}, "/trainerRbac/serviceAccountName"),
+    ({"trainerServiceAccount": {"name": "Trainer"}}, "/trainerServiceAccount/name"),
+    ({"report": {"port": 0}}, "/report/port"),
     ({"watchNamespace": ["team-a"]}, "watchNamespace"),
 ]
 

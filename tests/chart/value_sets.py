@@ -19,7 +19,7 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "no-rbac": (
         {
             "rbac": {"create": False},
-            "trainerRbac": {"create": False},
+            "trainerServiceAccount": {"create": False},
             "serviceAccount": {"create": False, "name": "platform-operator"},
             "crds": {"install": False},
         },
@@ -60,7 +60,7 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
             },
             "priorityClassName": "system-cluster-critical",
             "operator": {"logLevel": "DEBUG", "logFormat": "json", "qps": 50, "burst": 100, "watchTimeout": 120},
-            "trainerRbac": {"namespaces": ["research"]},
+            "trainerServiceAccount": {"namespaces": ["research"]},
         },
         (),
     ),

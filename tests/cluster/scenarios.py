@@ -36,7 +36,6 @@ from .kube import (
     request_with_token,
     status,
     throttle,
-    token_kubeconfig,
     trainer_pids,
     user_kubeconfig,
     worker_pods,
@@ -499,6 +498,12 @@ def scenario_leader_failover(figures: Figures) -> None:
         killed = time.monotonic()
         eventually(lambda: lease_holder() not in ("", leader), "another replica holding the Lease", 120, every=0.2)
         figures["operator leader's pod lost → the standby leads (s)"] = time.monotonic() - killed
+        # Rank 0's reports find the new leader (the old one's address is gone, the standby's 503 passed).
+        step = progress_step(name)
+        reported = eventually(lambda: progress_step(name) > step or status(name, NS).get("phase") == "Succeeded",
+                              f"{name}: progress written by the new leader", 300, every=0.2)
+        if reported and progress_step(name) > step:
+            figures["operator leader's pod lost → progress in the status again (s)"] = time.monotonic() - killed
         final = finished(name)
         if final["restarts"] != 0:
             raise Failed(f"a restart across the failover: {final['restarts']}")
@@ -629,45 +634,92 @@ def scenario_forged_record(figures: Figures) -> None:
     kubectl("delete", "dtr", "e2e-forged", "-n", NS, "--wait=false", kubeconfig=alice)
 
 
+REPORT_SERVICE = "dtrain-operator.dtrain-system.svc"
+# Run in a pod's network namespace (its hosts file is the cluster's DNS here): one report to the
+# operator's Service, each address in turn past a standby's 503; prints the HTTP status.
+POST_REPORT = """
+import http.client, json, socket, ssl, sys
+host, port, path, ca, token = sys.argv[1:6]
+body = json.dumps({"records": [{"event": "progress", "step": 1, "time": "2026-12-02T00:00:00Z"}]})
+status = 0
+for address in sorted({i[4][0] for i in socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)}):
+    context = ssl.create_default_context(cafile=ca)
+    sock = context.wrap_socket(socket.create_connection((address, int(port)), 10), server_hostname=host)
+    connection = http.client.HTTPSConnection(host, int(port))
+    connection.sock = sock
+    connection.request("POST", path, body, {"Authorization": f"Bearer {token}"} if token else {})
+    status = connection.getresponse().status
+    if status != 503:
+        break
+print(status)
+"""
+
+
+def report_from(pod: dict[str, Any], job: str, ca: Path, token: str | None) -> int:
+    """The HTTP status the operator answers a report from inside `pod`'s network namespace."""
+    result = subprocess.run(
+        ["ip", "netns", "exec", pod_netns(pod), sys.executable, "-c", POST_REPORT, REPORT_SERVICE,
+         str(contract.DEFAULT_REPORT_PORT), contract.report_path(NS, job), str(ca), token or ""],
+        check=False, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise Failed(f"a report from {pod['metadata']['name']} did not reach the operator: {result.stderr[-600:]}")
+    return int(result.stdout.split()[-1])
+
+
 def scenario_tokens(figures: Figures) -> None:
-    """The trainer's token (bound to rank 0's pod) and the operator's, as the API server judges them."""
+    """Workers hold no API permission: progress reaches the status through the operator alone, which
+    takes it only with a token for its audience bound to the job's rank-0 pod (the API server's
+    TokenReview); the API server refuses that token, and every token of the trainers' account."""
     name = "e2e-tokens"
     apply(small_job(name, trainer={**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 40}))
     eventually(lambda: len([p for p in worker_pods(name) if p["status"].get("phase") == "Running"]) == 2,
                f"{name}: two Running workers", 300)
-    token = kubectl("create", "token", "dtrain-trainer", "-n", NS, "--bound-object-kind=Pod",
-                    f"--bound-object-name={name}-0").stdout.strip()
-    trainer = token_kubeconfig("trainer", token)
+    rank0, rank1 = (pod(f"{name}-{rank}") for rank in (0, 1))
+    for worker in (rank0, rank1):
+        if worker["spec"].get("automountServiceAccountToken") is not False:
+            raise Failed(f"{worker['metadata']['name']} mounts a token for the API server")
+    projected = [v["projected"] for v in rank0["spec"]["volumes"] if "projected" in v]
+    audiences = [s["serviceAccountToken"]["audience"] for p in projected for s in p["sources"]]
+    if audiences != [contract.OPERATOR_TOKEN_AUDIENCE] or any("projected" in v for v in rank1["spec"]["volumes"]):
+        raise Failed(f"rank 0 should hold one token, for the operator; it holds {audiences}")
+    # Rank 0's records reach the status, which only the operator writes.
+    eventually(lambda: (get("dtr", name, NS).get("status", {}).get("progress") or {}).get("gangGeneration") == 0,
+               f"{name}: progress in the status, stamped by the operator", 300)
+    writers = {f.get("manager") for f in get("dtr", name, NS)["metadata"].get("managedFields", [])
+               if f.get("subresource") == "status"}
+    figures["status writers"] = ", ".join(sorted(str(w) for w in writers))
 
-    def status_patch(job: str, body: dict[str, Any]) -> tuple[int, str]:
-        path = f"/apis/{contract.API_VERSION}/namespaces/{NS}/{contract.PLURAL}/{job}/status"
-        return request_with_token(token, "PATCH", path, {"status": body})
+    ca = layout.STATE / "e2e-operator-ca.crt"
+    ca.write_text(get("configmap", name, NS)["data"][contract.OPERATOR_CA_FILE_NAME])
 
-    code, text = status_patch(name, {"progress": {"step": 1}})
-    if code != 200:
-        raise Failed(f"the trainer's token could not report progress: {code} {text[:300]}")
-    code, text = status_patch(name, {"phase": "Succeeded"})
-    if code != 403 or "a trainer may change only status.progress" not in text:
-        raise Failed(f"the trainer's token changed the phase: {code} {text[:300]}")
-    code, text = status_patch("e2e-other", {"progress": {"step": 1}})
-    if code not in (403, 404):
-        raise Failed(f"the trainer's token reached another job's status: {code} {text[:300]}")
-    jobs = f"/apis/{contract.API_VERSION}/namespaces/{NS}/{contract.PLURAL}"
-    for who, credential, refusals in (("a made-up token", "not-a-token", (401,)), ("no token", None, (401, 403))):
-        code, text = request_with_token(credential, "GET", jobs)
-        if code not in refusals:
-            raise Failed(f"{who} listed the jobs: {code} {text[:300]}")
-    code, text = request_with_token(token, "GET", "/apis")  # discovery: every authenticated user
-    if code != 200:
-        raise Failed(f"the trainer's token could not read the API's discovery: {code} {text[:300]}")
-    for verb, resource in (("get", "secrets"), ("create", "pods"), ("list", "pods"),
-                           ("get", "distributedtrainings.dtrain.dev"), ("patch", "distributedtrainings.dtrain.dev")):
-        allowed = kubectl("auth", "can-i", verb, resource, "-n", NS, kubeconfig=trainer, check=False).stdout.strip()
-        if allowed != "no":
-            raise Failed(f"the trainer's token may {verb} {resource}")
+    def minted(pod_name: str, audience: str | None) -> str:
+        args = ["create", "token", "dtrain-trainer", "-n", NS, "--bound-object-kind=Pod", f"--bound-object-name={pod_name}"]
+        return kubectl(*args, *([f"--audience={audience}"] if audience else [])).stdout.strip()
+
+    rank0_token = minted(f"{name}-0", contract.OPERATOR_TOKEN_AUDIENCE)
+    cases = [
+        ("no token", None, 401),
+        ("a made-up token", "not-a-token", 401),
+        ("rank 0's token for the API server's audience", minted(f"{name}-0", None), 401),
+        ("rank 1's token for the operator", minted(f"{name}-1", contract.OPERATOR_TOKEN_AUDIENCE), 403),
+        ("rank 0's token for the operator", rank0_token, 204),
+    ]
+    for who, token, expected in cases:
+        answer = report_from(rank1, name, ca, token)
+        if answer != expected:
+            raise Failed(f"a report with {who} was answered {answer}, expected {expected}")
+    # The API server refuses the operator's audience, and the trainers' account may do nothing.
+    code, text = request_with_token(rank0_token, "GET", "/apis")
+    if code != 401:
+        raise Failed(f"the API server took a token for the operator's audience: {code} {text[:300]}")
+    trainer = "system:serviceaccount:default:dtrain-trainer"
+    for verb, resource, extra in (("patch", "distributedtrainings.dtrain.dev", ("--subresource=status",)),
+                                  ("get", "distributedtrainings.dtrain.dev", ()), ("list", "pods", ()),
+                                  ("get", "secrets", ()), ("create", "pods", ())):
+        answer = kubectl("auth", "can-i", verb, resource, "-n", NS, *extra, f"--as={trainer}", check=False).stdout.strip()
+        if answer != "no":
+            raise Failed(f"the trainers' service account may {verb} {resource}: {answer}")
     operator = "system:serviceaccount:dtrain-system:dtrain-operator"
-    # The trainers' service account of a namespace the chart does not bind it in.
-    unbound_trainer = "system:serviceaccount:elsewhere:dtrain-trainer"
     status_subresource = "--subresource=status"
     # (who, the expected answer, verb, resource; the namespace and subresource as kubectl auth can-i takes them)
     checks: list[tuple[str, str, str, str, tuple[str, ...]]] = [
@@ -677,11 +729,12 @@ def scenario_tokens(figures: Figures) -> None:
         # Its own record, the dtrain.dev/state annotation, is on the object.
         (operator, "yes", "patch", "distributedtrainings.dtrain.dev", ("-n", NS)),
         (operator, "yes", "patch", "distributedtrainings.dtrain.dev", ("-n", NS, status_subresource)),
+        (operator, "yes", "create", "tokenreviews.authentication.k8s.io", ()),
         (operator, "no", "get", "secrets", ("-n", NS)),
         (operator, "no", "get", "secrets", ("-n", "kube-system")),
         (operator, "no", "create", "clusterrolebindings", ("-n", NS)),
         (operator, "yes", "get", "secrets/dtrain-operator-state-key", ("-n", "dtrain-system")),
-        (unbound_trainer, "no", "patch", "distributedtrainings.dtrain.dev", ("-n", NS, status_subresource)),
+        (operator, "yes", "get", "secrets/dtrain-operator-report-tls", ("-n", "dtrain-system")),
     ]
     for who, expected, verb, resource, where in checks:
         answer = kubectl("auth", "can-i", verb, resource, *where, f"--as={who}", check=False).stdout.strip()
@@ -830,7 +883,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("suspend", "suspend and resume", scenario_suspend_resume),
     ("delete", "delete → every process gone, the pods' network namespaces removed", scenario_delete),
     ("engine-backoff", "engine Job failing → retried up to its backoffLimit → job Failed", scenario_engine_backoff),
-    ("tokens", "the trainer's and the operator's tokens, as RBAC and the admission policies judge them", scenario_tokens),
+    ("tokens", "workers hold no API permission: progress through the operator, tokens as the API server and the "
+     "operator's TokenReview judge them", scenario_tokens),
     ("user-image", "a user's image FROM the trainer image (examples/Containerfile) trains to Succeeded", scenario_user_image),
     ("image-missing", "an image in no store → ErrImagePull, ImagePullBackOff, the operator's condition", scenario_image_missing),
     ("leader-failover", "two operator replicas: the leader's pod lost → the standby leads", scenario_leader_failover),

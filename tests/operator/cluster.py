@@ -76,6 +76,9 @@ class OperatorProcess:
         self.args = args
         self.health_port = free_port()
         self.metrics_port = free_port()
+        # The report endpoint as the chart starts it (its TLS Secret, the pods' token volume and CA);
+        # rank 0's reports themselves need the API server's TokenReview: make e2e's scenario `tokens`.
+        self.report_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -90,6 +93,8 @@ class OperatorProcess:
             "operator",
             f"--health-port={self.health_port}",
             f"--metrics-port={self.metrics_port}",
+            "--report-service=dtrain-operator",
+            f"--report-port={self.report_port}",
             "--qps=500",
             "--burst=500",
             "--watch-timeout=20",

@@ -4,7 +4,9 @@ recorded as (verb, apiGroup, resource[/subresource]) and compared with the rende
 from __future__ import annotations
 
 import json
+import ssl
 
+import aiohttp
 import kmock
 
 from dtrain_operator.api import contract
@@ -94,11 +96,24 @@ def difference_report(used: set, granted: set) -> str:
     return f"used but not granted: {missing}\ngranted but never used: {extra}"
 
 
+async def a_report(cluster: Cluster, port: int, namespace: str = NS, job: str = "cosched") -> None:
+    """One report to the operator's report endpoint: it asks the API server for a TokenReview (this
+    API server has none to give, so the report is refused; the real one answers in `make e2e`)."""
+    ca = next(c for c in cluster.objects("v1/configmaps", namespace, job) if contract.OPERATOR_CA_FILE_NAME in c["data"])
+    context = ssl.create_default_context(cadata=ca["data"][contract.OPERATOR_CA_FILE_NAME])
+    context.check_hostname = False  # 127.0.0.1, not the Service's name
+    async with aiohttp.ClientSession() as session:
+        url = f"https://127.0.0.1:{port}{contract.report_path(namespace, job)}"
+        async with session.post(url, json={"records": []}, headers={"Authorization": "Bearer t"}, ssl=context) as reply:
+            assert reply.status in (401, 503)
+
+
 async def test_cluster_role_grants_exactly_what_the_operator_uses(cluster: Cluster):
     from tests.chart.helm import granted, helm_template, rbac_rules
 
-    await cluster.start_operator()
+    operator = await cluster.start_operator()
     await full_lifecycle(cluster)
+    await a_report(cluster, operator.report_port)
     # The Lease renewed at least once (a patch), every retry period.
     await cluster.eventually(lambda: ("coordination.k8s.io", "leases", "patch") in operator_calls(cluster), "a renewal")
     used = operator_calls(cluster)
@@ -111,18 +126,22 @@ async def test_cluster_role_grants_exactly_what_the_operator_uses(cluster: Clust
 async def test_namespaced_install_grants_what_the_operator_uses_in_each_namespace(cluster: Cluster):
     from tests.chart.helm import granted, helm_template, of_kind, rbac_rules
 
-    await cluster.start_operator("--namespace=team-a", "--namespace=team-b")
+    operator = await cluster.start_operator("--namespace=team-a", "--namespace=team-b")
     await cluster.apply(a_cpu_job("scoped").in_namespace("team-a").with_nodes(1).as_dict())
     await cluster.run_all("team-a", "scoped", 1)
     await cluster.phase("team-a", "scoped", "Running")
     await cluster.exit("team-a", "scoped-0", 1)
     await cluster.eventually(lambda: cluster.status("team-a", "scoped").get("restarts") == 1, "a restart")
     await cluster.apply(a_cpu_job("elsewhere").in_namespace("team-c").with_nodes(1).as_dict())
+    await a_report(cluster, operator.report_port, "team-a", "scoped")
 
     objects = helm_template({"watchNamespaces": ["team-a", "team-b"]})
     used = operator_calls(cluster)
+    # The one cluster-wide call: the report endpoint's TokenReview (cluster-scoped in the API).
     cluster_scoped = granted(rbac_rules(of_kind(objects, "ClusterRole")))
-    assert cluster_scoped == set(), f"a namespaced operator makes no cluster-wide call, but it is granted {cluster_scoped}"
+    token_review = {("authentication.k8s.io", "tokenreviews", "create")}
+    assert cluster_scoped == token_review, f"a namespaced operator makes one cluster-wide call, but it is granted {cluster_scoped}"
+    used -= token_review
     # Its Lease and the key of its records live in its own namespace (the release's), with Roles of their own there.
     own_namespace_calls = {call for call in used if call[:2] in (("coordination.k8s.io", "leases"), ("", "secrets"))}
     assert ("coordination.k8s.io", "leases", "create") in own_namespace_calls, "leader election made no call"

@@ -12,14 +12,11 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from dtrain_operator.api import contract
@@ -98,77 +95,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    content_type: str
-    body: Any
-
-
-@dataclass
-class FakeApiServer:
-    """A stand-in for the Kubernetes API server's status endpoint, over real HTTP.
-
-    It records every request; `status` is the reply code; `release` must be set before
-    a request gets its reply (so a test can hold the server still).
-    """
-
-    url: str
-    requests: list[Request] = field(default_factory=list)
-    status: int = 200
-    release: threading.Event = field(default_factory=threading.Event)
-
-    def kubeconfig(self, directory: Path) -> Path:
-        path = directory / "kubeconfig"
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "test", "cluster": {"server": self.url}}],
-                    "users": [{"name": "test", "user": {"token": "test-token"}}],
-                    "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-                    "current-context": "test",
-                }
-            )
-        )
-        return path
-
-
-@pytest.fixture
-def api_server() -> Iterator[FakeApiServer]:
-    server_state: dict[str, FakeApiServer] = {}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_PATCH(self) -> None:
-            state = server_state["server"]
-            length = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(length) or b"null")
-            state.requests.append(Request("PATCH", self.path, self.headers.get("Content-Type", ""), body))
-            state.release.wait(30)
-            reply = json.dumps({"apiVersion": contract.API_VERSION, "kind": contract.KIND, **(body or {})}).encode()
-            self.send_response(state.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state = FakeApiServer(url=f"http://127.0.0.1:{httpd.server_address[1]}")
-    state.release.set()
-    server_state["server"] = state
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield state
-    state.release.set()
-    httpd.shutdown()
-    httpd.server_close()
 
 
 class ListSink:

@@ -20,15 +20,13 @@ from dtrain_trainer.progress import ProgressReporter
 from dtrain_trainer.progress_callback import ProgressCallback, ThroughputMeter, batch_size_of
 from dtrain_trainer.progress_sinks import (
     JsonlSink,
-    KubernetesStatusSink,
     NullSink,
     StdoutSink,
-    TeeSink,
     human_line,
     sink_from_env,
 )
 
-from .conftest import FakeApiServer, ListSink
+from .conftest import ListSink
 
 
 @pytest.fixture(autouse=True)
@@ -163,72 +161,6 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
-
-
-def kubernetes_env(api_server: FakeApiServer, tmp_path: Path) -> dict[str, str]:
-    return {
-        contract.ENV_PROGRESS_SINK: "kubernetes",
-        contract.ENV_JOB_NAME: "resnet",
-        contract.ENV_JOB_NAMESPACE: "team-a",
-        "KUBECONFIG": str(api_server.kubeconfig(tmp_path)),
-    }
-
-
-def test_kubernetes_sink_merge_patches_the_status_off_the_training_thread(
-    api_server: FakeApiServer, tmp_path: Path
-) -> None:
-    sink = sink_from_env(kubernetes_env(api_server, tmp_path), job_name="ignored")
-    assert isinstance(sink, TeeSink)
-    assert [type(s) for s in sink.sinks] == [KubernetesStatusSink, StdoutSink]  # kubectl logs shows progress too
-    reporter = ProgressReporter(sink, interval_seconds=0.0)
-    api_server.release.clear()  # the API server hangs: reporting must not wait for it
-    reporter.progress(epoch=0, step=1, loss=2.0, imagesPerSecond=None)
-    wait_until(lambda: len(api_server.requests) == 1)
-    for step in range(2, 6):
-        reporter.progress(epoch=0, step=step, loss=1.0 / step, imagesPerSecond=100.0 * step)
-    reporter.event(Event.CHECKPOINT, step=4, path="/c/step=00000004.ckpt")
-    # A later checkpoint that could not be written: said beside the written one, which stays.
-    reporter.event(Event.CHECKPOINT, step=5, path="s3://b/c/step=00000005.ckpt", ok=False, error="Timeout")
-    api_server.release.set()
-    reporter.close()
-
-    assert api_server.requests, "no request reached the API server"
-    for request in api_server.requests:
-        assert request.method == "PATCH"
-        assert request.path == f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/team-a/{contract.PLURAL}/resnet/status"
-        assert request.content_type == "application/merge-patch+json"
-    # The first patch went out at once; the rest waited and were merged into one, newest values only.
-    assert len(api_server.requests) == 2
-    last = api_server.requests[-1].body["status"]
-    assert last["progress"]["step"] == 5 and last["progress"]["imagesPerSecond"] == 500.0
-    sent = last["lastCheckpoint"]
-    missed = {"step": 5, "path": "s3://b/c/step=00000005.ckpt", "error": "Timeout", "time": sent["missed"]["time"]}
-    assert last["lastCheckpoint"] == {
-        "step": 4, "path": "/c/step=00000004.ckpt", "time": last["lastCheckpoint"]["time"], "missed": missed}
-
-
-def test_kubernetes_sink_failure_is_one_warning(
-    api_server: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    api_server.status = 403
-    sink = sink_from_env(kubernetes_env(api_server, tmp_path), job_name="resnet")
-    with caplog.at_level(logging.DEBUG, logger="dtrain_trainer"):
-        reporter = ProgressReporter(sink, interval_seconds=0.0)
-        for step in range(3):
-            reporter.progress(step=step)
-            wait_until(lambda step=step: len(api_server.requests) > step)  # each request fails on its own
-        reporter.close()
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert "HTTP 403" in warnings[0] and "training goes on" in warnings[0]
-    assert "test-token" not in caplog.text
-
-
-def test_kubernetes_sink_without_a_cluster_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    env = {contract.ENV_PROGRESS_SINK: "kubernetes", contract.ENV_JOB_NAMESPACE: "ns", "KUBECONFIG": str(tmp_path / "none")}
-    with caplog.at_level(logging.WARNING, logger="dtrain_trainer"):
-        assert isinstance(sink_from_env(env, job_name="j"), StdoutSink)
-    assert "progress is not reported to the job's status" in caplog.text
 
 
 def test_sink_choice(tmp_path: Path) -> None:

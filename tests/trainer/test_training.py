@@ -16,13 +16,13 @@ import torch
 import yaml
 
 from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.api.records import status_patch
 from dtrain_operator.core.render import render_config_map, render_worker_pod, worker_env
 
 from .conftest import (
     RUN_TIMEOUT_SECONDS,
     USER_DATA,
     USER_MODEL,
-    FakeApiServer,
     free_port,
     process_env,
     read_jsonl,
@@ -134,7 +134,7 @@ def test_two_torchrun_nodes_train_in_sync(tmp_path: Path) -> None:
     assert summary["ok"] is True and summary["onnx"] == artifacts["onnx"]["path"]
 
 
-def test_gang_restart_resumes_from_the_saved_step(tmp_path: Path, api_server: FakeApiServer) -> None:
+def test_gang_restart_resumes_from_the_saved_step(tmp_path: Path) -> None:
     model_args = {
         "record_dir": str(tmp_path / "records"),
         "crash_at_step": 5,
@@ -155,14 +155,9 @@ def test_gang_restart_resumes_from_the_saved_step(tmp_path: Path, api_server: Fa
     assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step=00000002.ckpt", "step=00000004.ckpt"]
     assert checkpoint_step(checkpoints / "last.ckpt") == 4
 
-    # The restarted gang reports to the job's status, as in a pod.
-    second = run_trainer(
-        path,
-        DTRAIN_PROGRESS_SINK="kubernetes",
-        DTRAIN_JOB_NAME="resnet",
-        DTRAIN_JOB_NAMESPACE="team-a",
-        KUBECONFIG=str(api_server.kubeconfig(tmp_path)),
-    )
+    # The restarted gang's records, as the operator would write them into the job's status.
+    resumed = tmp_path / "resumed.jsonl"
+    second = run_trainer(path, DTRAIN_PROGRESS_SINK=f"jsonl:{resumed}")
     assert second.returncode == 0, second.stderr
     assert f"resumed from {checkpoints / 'last.ckpt'} at step 4" in second.stderr
     record = json.loads((tmp_path / "records" / "rank0.json").read_text())
@@ -171,8 +166,8 @@ def test_gang_restart_resumes_from_the_saved_step(tmp_path: Path, api_server: Fa
     assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step=00000006.ckpt", "step=00000008.ckpt"]
     assert checkpoint_step(checkpoints / "last.ckpt") == 8
 
-    patches = [r.body["status"] for r in api_server.requests]
-    assert all(r.path.endswith("/namespaces/team-a/distributedtrainings/resnet/status") for r in api_server.requests)
+    records = [json.loads(line) for line in resumed.read_text().splitlines()]
+    patches = [patch for patch in map(status_patch, records) if patch is not None]
     progress_steps = [p["progress"]["step"] for p in patches if "progress" in p]
     assert progress_steps and min(progress_steps) >= 4 and max(progress_steps) == 8
     # Rank 0 says it is exporting (the operator shows the Exporting phase) after training's last step.

@@ -118,6 +118,23 @@ def test_the_clock_runs_only_while_every_worker_runs_and_restarts_with_each_gang
     assert decide(policy, new, at(2161), restarts=1) is not None
 
 
+def test_a_failover_neither_fires_early_nor_never():
+    """A new leader has no watch of its own: one that finds this gang's own report (stamped with its
+    generation by the operator that took it) watches at once, from the takeover; a report of an
+    older gang still waits for the gang's first one."""
+    policy = RunPolicy(progress_deadline_seconds=60)
+    own = progress(5).model_copy(update={"gang_generation": 2})
+    # The gang hung long before the failover: the new leader's clock starts at the takeover.
+    watch = observe(None, 2, True, own, at(1000))
+    assert watch is not None and watch.started and watch.since == at(1000)
+    assert decide(policy, watch, at(1059), restarts=2) is None
+    assert decide(policy, observe(watch, 2, True, own, at(1061)), at(1061), restarts=2) is not None
+    older = progress(5).model_copy(update={"gang_generation": 1})
+    waiting = observe(None, 2, True, older, at(1000))
+    assert waiting is not None and not waiting.started
+    assert decide(policy, waiting, at(10**6), restarts=2) is None
+
+
 def test_a_trainer_without_a_batch_counter_is_watched_by_its_step():
     assert mark_of(Progress(epoch=1, step=7)) == ("step", 1, 7)
     assert mark_of(None) == ()

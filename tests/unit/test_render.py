@@ -58,7 +58,7 @@ BASE_ENV = [
     {"name": "DTRAIN_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     {"name": "DTRAIN_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-    {"name": "DTRAIN_PROGRESS_SINK", "value": "kubernetes"},
+    {"name": "DTRAIN_PROGRESS_SINK", "value": "stdout"},
 ]
 
 
@@ -206,11 +206,36 @@ def test_rendered_objects_are_valid_kubernetes(version):
         kubernetes_validate.validate(child, version, strict=True)
 
 
-def test_only_rank_zero_gets_a_service_account_token():
-    """Rank 0 alone patches progress; every other pod runs without an API credential."""
+REPORT = render.ReportEndpoint("https://dtrain-operator.dtrain-system.svc:8443", "-----BEGIN CERTIFICATE-----\n...")
+
+
+def test_no_pod_holds_an_api_token_and_rank_zero_one_for_the_operator():
+    """No worker can call the Kubernetes API; rank 0 alone holds a token, for the operator's audience,
+    and the operator's URL and CA; without an endpoint (`dtrain run`), records go to the log."""
     three = MNIST.with_nodes(3).as_model()
-    mounts = [render.render_worker_pod(three, rank)["spec"]["automountServiceAccountToken"] for rank in range(3)]
-    assert mounts == [True, False, False]
+    pods = [render.render_worker_pod(three, rank, 0, REPORT)["spec"] for rank in range(3)]
+    assert [pod["automountServiceAccountToken"] for pod in pods] == [False, False, False]
+    projected = [v for pod in pods for v in pod["volumes"] if "projected" in v]
+    assert projected == [{"name": contract.OPERATOR_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {
+        "audience": "dtrain.dev/operator", "expirationSeconds": 3600, "path": "token"}}]}}]
+    assert projected[0] in pods[0]["volumes"]
+    mount = {"name": contract.OPERATOR_TOKEN_VOLUME, "mountPath": contract.OPERATOR_TOKEN_DIR, "readOnly": True}
+    assert [mount in pod["containers"][0]["volumeMounts"] for pod in pods] == [True, False, False]
+    env = {var["name"]: var.get("value") for var in pods[0]["containers"][0]["env"]}
+    assert (env[contract.ENV_PROGRESS_SINK], env[contract.ENV_OPERATOR_URL]) == ("operator", REPORT.url)
+    config_map = render.render_config_map(three, REPORT)
+    assert config_map["data"][contract.OPERATOR_CA_FILE_NAME] == REPORT.ca_pem
+    assert contract.CONFIG_VOLUME in {m["name"] for m in pods[0]["containers"][0]["volumeMounts"]}
+    alone = render.render_worker_pod(three, 0)["spec"]
+    assert all("projected" not in v for v in alone["volumes"])
+    assert contract.ENV_OPERATOR_URL not in {var["name"] for var in alone["containers"][0]["env"]}
+    assert contract.OPERATOR_CA_FILE_NAME not in render.render_config_map(three)["data"]
+
+
+@pytest.mark.parametrize("version", ["1.33", "1.35"])
+def test_reporting_pods_are_valid_kubernetes(version):
+    for child in render.render_children(MNIST.with_nodes(2).as_model(), 0, REPORT):
+        kubernetes_validate.validate(child, version, strict=True)
 
 
 def test_worker_and_engine_pods_run_as_the_trainer_images_user():

@@ -2,10 +2,12 @@
 
 The sink is chosen by DTRAIN_PROGRESS_SINK:
 
-- `kubernetes`: merge-patches `status.progress` and `status.lastCheckpoint` of the
-  DistributedTraining named by DTRAIN_JOB_NAME in DTRAIN_JOB_NAMESPACE, with the pod's
-  service account (or a kubeconfig outside a pod), from a background thread; and prints
-  the `stdout` lines too, so that `kubectl logs` shows progress.
+- `operator` (in a pod): sends the records that change the job's status (progress, the
+  pre-flight check, checkpoints) over HTTPS to the operator at DTRAIN_OPERATOR_URL, which
+  checks the pod's token and writes them into the status of the DistributedTraining named by
+  DTRAIN_JOB_NAME in DTRAIN_JOB_NAMESPACE; from a background thread, keeping only the newest
+  of each (progress_sinks.OperatorSink); and prints the `stdout` lines too, so that
+  `kubectl logs` shows progress.
 - `stdout`: one human line per record (the default when the variable is unset).
 - `jsonl:<path>`: one JSON object per line, appended to <path> and flushed per line.
   `dtrain run` reads this file to draw its progress bar.

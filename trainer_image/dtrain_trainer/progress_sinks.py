@@ -1,13 +1,17 @@
 """Where rank 0's progress records go (DTRAIN_PROGRESS_SINK, see dtrain_trainer.progress): stdout, a JSONL
-file, the job's status through the Kubernetes API, or nowhere."""
+file, the operator (which writes them into the job's status), or nowhere."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import socket
+import ssl
 import sys
 import threading
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +22,11 @@ from dtrain_trainer.progress import Sink, describe_failure
 
 log = logging.getLogger("dtrain_trainer")
 
-KUBERNETES_REQUEST_TIMEOUT_SECONDS = 5.0
-SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+REQUEST_TIMEOUT_SECONDS = 5.0
+MAX_RETRY_SECONDS = 30.0
+MAX_ANSWER_BYTES = 2048
+# The operator refused the records themselves (not this pod's, unreadable, too large): sending them again cannot help.
+REFUSED_FOR_GOOD = frozenset({400, 403, 404, 413})
 
 
 class NullSink:
@@ -124,106 +131,173 @@ class TeeSink:
             sink.close()
 
 
-class KubernetesStatusSink:
-    """Merge-patches the job's status from a background thread; only the newest value of each field is sent.
+class OperatorSink:
+    """Sends rank 0's records to the operator over HTTPS from a background thread; the operator alone
+    writes them into the job's status.
 
-    The training thread only updates a dict under a lock, so a slow or failing API server
-    costs it nothing. A failure is warned about once; later ones are logged at debug level.
+    The training thread only puts a record in a slot under a lock (one slot each for progress, the
+    pre-flight check, the last checkpoint and a missed one; a newer record replaces the older), so an
+    operator that is slow, failing over or unreachable costs training nothing and memory stays at
+    four records. They are sent in the order they last changed, so the status ends as it would
+    have, record by record.
+
+    The request carries the pod's projected service-account token for the operator's audience
+    (re-read at every send: the kubelet rotates it), and the connection checks the operator's
+    certificate against the CA in the job's ConfigMap. Every operator replica stands behind the
+    report Service's name (headless: one address each); only the leader takes records and a
+    standby answers 503, so the sender tries each address in turn and keeps to the one that took
+    the last records. A failure is warned about once; the sender retries with backoff (up to
+    MAX_RETRY_SECONDS) for as long as the trainer runs.
     """
 
     def __init__(
         self,
-        api: Any,
-        name: str,
+        url: str,
         namespace: str,
-        request_timeout: float = KUBERNETES_REQUEST_TIMEOUT_SECONDS,
+        name: str,
+        token_path: Path = Path(contract.OPERATOR_TOKEN_PATH),
+        ca_path: Path = Path(contract.OPERATOR_CA_PATH),
+        request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+        resolve: Callable[[str, int], list[str]] | None = None,
     ) -> None:
-        self.api = api
-        self.name = name
-        self.namespace = namespace
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme != "https" or not parsed.hostname:
+            raise ConfigError(f"{contract.ENV_OPERATOR_URL} is {url!r}: give https://<host>:<port>")
+        self.host = parsed.hostname
+        self.port = parsed.port or contract.DEFAULT_REPORT_PORT
+        self.path = contract.report_path(namespace, name)
+        self.where = f"{namespace}/{name}"
+        self.token_path = token_path
+        self.ca_path = ca_path
         self.request_timeout = request_timeout
-        self._pending: dict[str, Any] = {}
+        self.resolve = resolve or _addresses
+        self._slots: dict[str, dict[str, Any]] = {}
+        self._preferred: str | None = None
         self._closed = False
         self._warned = False
         self._condition = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="dtrain-status-patch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="dtrain-operator-report", daemon=True)
         self._thread.start()
 
     def send(self, record: Mapping[str, Any]) -> None:
-        patch = status_patch(record)
-        if patch is None:
+        slot = _slot(record)
+        if slot is None:
             return
         with self._condition:
-            # A missed checkpoint's patch adds to a pending saved one's rather than replacing it.
-            checkpoint = patch.get("lastCheckpoint")
-            if isinstance(checkpoint, dict) and isinstance(self._pending.get("lastCheckpoint"), dict):
-                patch = {**patch, "lastCheckpoint": {**self._pending["lastCheckpoint"], **checkpoint}}
-            self._pending.update(patch)
+            self._slots.pop(slot, None)  # re-inserted last: the order in which slots last changed
+            self._slots[slot] = dict(record)
             self._condition.notify()
 
     def close(self) -> None:
-        """Send what is pending, waiting at most about one request timeout."""
+        """Send what is pending, trying at most about one request timeout per address."""
         with self._condition:
             self._closed = True
             self._condition.notify()
-        self._thread.join(self.request_timeout + 1.0)
+        self._thread.join(2 * self.request_timeout + 1.0)
 
     def _run(self) -> None:
+        backoff = 0.0
         while True:
             with self._condition:
-                while not self._pending and not self._closed:
+                while not self._slots and not self._closed:
                     self._condition.wait()
-                if not self._pending:
+                if not self._slots:
                     return
-                body, self._pending = {"status": self._pending}, {}
-            try:
-                self.api.patch_namespaced_custom_object_status(
-                    contract.GROUP,
-                    contract.VERSION,
-                    self.namespace,
-                    contract.PLURAL,
-                    self.name,
-                    body,
-                    _request_timeout=self.request_timeout,
-                    _content_type="application/merge-patch+json",
-                )
-            except Exception as exc:  # noqa: BLE001 - the API server's trouble must never become the training's
-                self._failed(exc)
+                if backoff and not self._closed:
+                    self._condition.wait(backoff)
+                batch = dict(self._slots)
+            problem = self._deliver(list(batch.values()))
+            with self._condition:
+                if problem is None:
+                    # Taken: forget what was sent, unless a newer record took its slot meanwhile.
+                    for slot, record in batch.items():
+                        if self._slots.get(slot) is record:
+                            del self._slots[slot]
+                    backoff = 0.0
+                    continue
+                if self._closed:
+                    self._failed(problem)
+                    return
+            self._failed(problem)
+            backoff = min(max(1.0, backoff * 2), MAX_RETRY_SECONDS)
 
-    def _failed(self, exc: BaseException) -> None:
-        reason = describe_failure(exc)
+    def _deliver(self, records: list[dict[str, Any]]) -> str | None:
+        """POST the records to the leader; None when it took them (or refused them for good), else why not."""
+        try:
+            token = self.token_path.read_text().strip()
+            context = ssl.create_default_context(cafile=str(self.ca_path))
+            addresses = self.resolve(self.host, self.port)
+        except (OSError, ssl.SSLError) as exc:
+            return describe_failure(exc)
+        if self._preferred in addresses:
+            addresses.remove(self._preferred)
+            addresses.insert(0, self._preferred)
+        body = json.dumps({"records": records}, allow_nan=False).encode()
+        problems = []
+        for address in addresses:
+            connection = _AddressedHTTPSConnection(address, self.host, self.port, context, self.request_timeout)
+            try:
+                connection.request(
+                    "POST", self.path, body,
+                    {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+                )
+                response = connection.getresponse()
+                answer = response.read(MAX_ANSWER_BYTES).decode(errors="replace").strip()
+            except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
+                problems.append(f"{address}: {describe_failure(exc)}")
+                continue
+            finally:
+                connection.close()
+            if response.status < 300:
+                self._preferred = address
+                return None
+            if response.status in REFUSED_FOR_GOOD:
+                # Retrying cannot change the answer: say why once, and drop these records.
+                self._preferred = address
+                self._failed(f"{response.status} {answer}")
+                return None
+            problems.append(f"{address}: {response.status} {answer}")
+        return "; ".join(problems) or f"{self.host} has no address"
+
+    def _failed(self, reason: str) -> None:
         if self._warned:
-            log.debug("progress report to the Kubernetes API failed: %s", reason)
+            log.debug("progress report to the operator failed: %s", reason)
             return
         self._warned = True
         log.warning(
-            "progress report to the Kubernetes API failed (%s) for %s/%s; training goes on, "
-            "later failures are logged at debug level",
+            "progress report to the operator for %s failed (%s); training goes on, the latest records are "
+            "sent once it answers, later failures are logged at debug level",
+            self.where,
             reason,
-            self.namespace,
-            self.name,
         )
 
 
-def _kubernetes_api(env: Mapping[str, str]) -> Any:
-    """A CustomObjectsApi with the pod's service account, or else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        return client.CustomObjectsApi(config.new_client_from_config(config_file=env.get("KUBECONFIG")))
-    return client.CustomObjectsApi(client.ApiClient(configuration))
+def _addresses(host: str, port: int) -> list[str]:
+    """Every address of a name (a headless Service: one per operator replica)."""
+    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
 
 
-def _namespace(env: Mapping[str, str]) -> str | None:
-    if env.get(contract.ENV_JOB_NAMESPACE):
-        return env[contract.ENV_JOB_NAMESPACE]
-    try:
-        return SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or None
-    except OSError:
+class _AddressedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to one address of a name, checking the certificate against the name (not the address)."""
+
+    def __init__(self, address: str, host: str, port: int, context: ssl.SSLContext, timeout: float) -> None:
+        super().__init__(host, port, context=context, timeout=timeout)
+        self.address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def _slot(record: Mapping[str, Any]) -> str | None:
+    """Which of the sender's slots a record takes; None for a record that changes no status field."""
+    patch = status_patch(record)
+    if patch is None:
         return None
+    field = next(iter(patch))
+    if field == "lastCheckpoint" and patch[field].get("missed") is not None:
+        return "lastCheckpoint.missed"
+    return field
 
 
 def sink_from_env(env: Mapping[str, str], job_name: str) -> Sink:
@@ -240,27 +314,20 @@ def sink_from_env(env: Mapping[str, str], job_name: str) -> Sink:
                 f"{contract.ENV_PROGRESS_SINK} is {choice!r}: give a file, e.g. jsonl:/tmp/progress.jsonl"
             )
         return JsonlSink(Path(path))
-    if choice == contract.PROGRESS_SINK_KUBERNETES:
-        namespace = _namespace(env)
-        if namespace is None:
+    if choice == contract.PROGRESS_SINK_OPERATOR:
+        url = env.get(contract.ENV_OPERATOR_URL)
+        namespace = env.get(contract.ENV_JOB_NAMESPACE)
+        if not url or not namespace:
             log.warning(
-                "%s is kubernetes but %s is not set and there is no service account namespace: "
-                "progress is not reported to the job's status",
+                "%s is operator but %s or %s is not set: progress is not reported to the job's status",
                 contract.ENV_PROGRESS_SINK,
+                contract.ENV_OPERATOR_URL,
                 contract.ENV_JOB_NAMESPACE,
             )
             return StdoutSink()
-        try:
-            api = _kubernetes_api(env)
-        except Exception as exc:  # noqa: BLE001 - no service account and no kubeconfig: train anyway
-            log.warning(
-                "cannot reach the Kubernetes API (%s): progress is not reported to the job's status",
-                describe_failure(exc),
-            )
-            return StdoutSink()
-        status = KubernetesStatusSink(api, env.get(contract.ENV_JOB_NAME) or job_name, namespace)
-        return TeeSink(status, StdoutSink())
+        report = OperatorSink(url, namespace, env.get(contract.ENV_JOB_NAME) or job_name)
+        return TeeSink(report, StdoutSink())
     raise ConfigError(
-        f"{contract.ENV_PROGRESS_SINK} is {choice!r}; use kubernetes, stdout, jsonl:<path> or none"
+        f"{contract.ENV_PROGRESS_SINK} is {choice!r}; use operator, stdout, jsonl:<path> or none"
     )
 

@@ -43,10 +43,10 @@ app.kubernetes.io/part-of: dtrain
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* Namespaces that get the trainers' ServiceAccount and RoleBinding, one per line. */}}
+{{/* Namespaces that get the trainers' ServiceAccount, one per line. */}}
 {{- define "dtrain-operator.trainerNamespaces" -}}
 {{- $namespaces := .Values.watchNamespaces | default (list .Release.Namespace) }}
-{{- range concat $namespaces .Values.trainerRbac.namespaces | uniq }}
+{{- range concat $namespaces .Values.trainerServiceAccount.namespaces | uniq }}
 {{ . }}
 {{- end }}
 {{- end }}

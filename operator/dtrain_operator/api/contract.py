@@ -41,11 +41,13 @@ ENV_JOB_NAMESPACE = "DTRAIN_JOB_NAMESPACE"  # its namespace (downward API in a p
 # The worker's pod and Kubernetes node (downward API): named by the pre-flight check and the straggler report.
 ENV_POD_NAME = "DTRAIN_POD_NAME"
 ENV_NODE_NAME = "DTRAIN_NODE_NAME"
-ENV_PROGRESS_SINK = "DTRAIN_PROGRESS_SINK"  # "kubernetes" | "stdout" | "jsonl:<path>" | "none"
+ENV_PROGRESS_SINK = "DTRAIN_PROGRESS_SINK"  # "operator" | "stdout" | "jsonl:<path>" | "none"
+# Where rank 0 sends its records in a pod (sink "operator"): the operator's report Service over HTTPS.
+ENV_OPERATOR_URL = "DTRAIN_OPERATOR_URL"
 ENV_PROGRESS_INTERVAL = "DTRAIN_PROGRESS_INTERVAL_SECONDS"
 ENV_TERMINATION_LOG = "DTRAIN_TERMINATION_LOG"  # where results JSON goes; default below
 
-PROGRESS_SINK_KUBERNETES = "kubernetes"
+PROGRESS_SINK_OPERATOR = "operator"
 PROGRESS_SINK_STDOUT = "stdout"
 PROGRESS_SINK_NONE = "none"
 PROGRESS_SINK_JSONL_PREFIX = "jsonl:"
@@ -76,13 +78,37 @@ TERMINATION_MESSAGE_MAX_BYTES = 4096
 CONFIG_MOUNT_DIR = "/etc/dtrain"
 CONFIG_FILE_NAME = "config.yaml"
 CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE_NAME}"
+# The certificate authority of the operator's report endpoint, beside the config (the job's ConfigMap).
+OPERATOR_CA_FILE_NAME = "operator-ca.crt"
+OPERATOR_CA_PATH = f"{CONFIG_MOUNT_DIR}/{OPERATOR_CA_FILE_NAME}"
+
+# --- Progress reports: rank 0 to the operator (HTTPS), the operator alone writes status ---
+# Rank 0's pod holds a projected service-account token for this audience only: the API server
+# refuses it (its own audience differs), the operator checks it with a TokenReview and reads the
+# pod it is bound to. Worker pods mount no token for the API server.
+OPERATOR_TOKEN_AUDIENCE = "dtrain.dev/operator"
+OPERATOR_TOKEN_VOLUME = "dtrain-operator-token"
+OPERATOR_TOKEN_DIR = "/var/run/secrets/dtrain.dev/operator"
+OPERATOR_TOKEN_FILE_NAME = "token"
+OPERATOR_TOKEN_PATH = f"{OPERATOR_TOKEN_DIR}/{OPERATOR_TOKEN_FILE_NAME}"
+# The kubelet refreshes a projected token at 80% of its life; the trainer reads the file at each send.
+OPERATOR_TOKEN_SECONDS = 3600
+DEFAULT_REPORT_PORT = 8443
+# One record, as JSON: far more than any record the trainer sends (a few hundred bytes), far less than memory.
+MAX_REPORT_BYTES = 16384
+
+
+def report_path(namespace: str, name: str) -> str:
+    """The URL path at which the operator takes rank 0's records of one job."""
+    return f"/v1/namespaces/{namespace}/{PLURAL}/{name}/records"
+
 # The volumes the operator adds to the pods (the config, /dev/shm, spec.storage's claim): a job's
 # own volumes may not take their names, nor its mounts their places.
 CONFIG_VOLUME = "dtrain-config"
 SHM_VOLUME = "dshm"
 STORAGE_VOLUME = "dtrain-storage"
 SHM_MOUNT_PATH = "/dev/shm"
-OPERATOR_VOLUMES = (CONFIG_VOLUME, SHM_VOLUME, STORAGE_VOLUME)
+OPERATOR_VOLUMES = (CONFIG_VOLUME, SHM_VOLUME, STORAGE_VOLUME, OPERATOR_TOKEN_VOLUME)
 
 # Names a user's `env` may not set: torchrun's contract, what torchrun itself
 # sets in each process, and dtrain's own variables.
@@ -100,6 +126,7 @@ RESERVED_ENV_NAMES = frozenset(
         ENV_POD_NAME,
         ENV_NODE_NAME,
         ENV_PROGRESS_SINK,
+        ENV_OPERATOR_URL,
         ENV_PROGRESS_INTERVAL,
         ENV_TERMINATION_LOG,
         "MASTER_ADDR",

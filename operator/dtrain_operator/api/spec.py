@@ -301,7 +301,7 @@ class DistributedTrainingSpec(ApiModel):
     host_network: bool = False
     """Run worker pods in the host's network namespace. Only some NCCL/RDMA setups need this; it weakens isolation."""
     service_account_name: DnsSubdomain = contract.DEFAULT_WORKER_SERVICE_ACCOUNT
-    """Service account of the worker pods: it needs `patch` on distributedtrainings/status to report progress."""
+    """Service account of the worker pods: it needs no permission (rank 0 reports progress to the operator with a token bound to its pod)."""
     master_port: Annotated[int, Field(ge=1024, le=65535)] = contract.DEFAULT_MASTER_PORT
     """Port of torchrun's rendezvous on node 0."""
     termination_grace_period_seconds: Annotated[int, Field(ge=15, le=86400)] = (
@@ -359,7 +359,11 @@ class DistributedTrainingSpec(ApiModel):
                 raise refusal(f".volumes[{index}].name", f"{echo(name)} names two volumes")
             names.add(name)
         mountable = names | ({contract.STORAGE_VOLUME} if self.storage else set())
-        operators = {contract.CONFIG_MOUNT_DIR: "the trainer's config", contract.SHM_MOUNT_PATH: "shared memory"}
+        operators = {
+            contract.CONFIG_MOUNT_DIR: "the trainer's config",
+            contract.SHM_MOUNT_PATH: "shared memory",
+            contract.OPERATOR_TOKEN_DIR: "rank 0's token for the operator",
+        }
         taken = {posixpath.normpath(self.storage.mount_path): "spec.storage"} if self.storage else {}
         for index, mount in enumerate(self.volume_mounts):
             if mount["name"] not in mountable:

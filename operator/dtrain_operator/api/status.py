@@ -71,8 +71,10 @@ class StepTimes(StatusModel):
 
 
 class Progress(StatusModel):
-    """Training progress, reported by rank 0."""
+    """Training progress, reported by rank 0 to the operator, which writes it here."""
 
+    gang_generation: int | None = None
+    """The gang generation (status.restarts) whose rank 0 sent this, as the operator read it from the reporting pod."""
     epoch: int | None = None
     """Current epoch (from 0)."""
     step: int | None = None

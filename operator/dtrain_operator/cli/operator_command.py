@@ -96,6 +96,27 @@ def add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "--leader-elect-resource-name", default="dtrain-operator", metavar="NAME", help="the Lease's name"
     )
     p.add_argument(
+        "--report-service",
+        metavar="NAME",
+        default="",
+        help="the headless Service, in the operator's own namespace, in front of every replica's report endpoint: "
+        "rank 0 of each job sends its progress there over HTTPS and the operator writes it into the job's "
+        "status (the chart sets it; unset, reports are off and progress stays in the pods' logs)",
+    )
+    p.add_argument(
+        "--report-port",
+        type=int,
+        default=contract.DEFAULT_REPORT_PORT,
+        help=f"port of the report endpoint (default {contract.DEFAULT_REPORT_PORT})",
+    )
+    p.add_argument(
+        "--report-tls-secret",
+        metavar="NAME",
+        default="dtrain-operator-report-tls",
+        help="the Secret, in the operator's own namespace, holding the report endpoint's CA and certificate "
+        "(created at the first start when missing; default dtrain-operator-report-tls)",
+    )
+    p.add_argument(
         "--state-key-secret",
         metavar="NAME",
         default="dtrain-operator-state-key",

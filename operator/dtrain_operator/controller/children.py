@@ -34,9 +34,10 @@ class ChildConflict(Exception):
 class ChildWriter:
     """Creates and deletes one operator's children through its client."""
 
-    def __init__(self, client: KubeClient, network_policy: bool) -> None:
+    def __init__(self, client: KubeClient, network_policy: bool, report: render.ReportEndpoint | None = None) -> None:
         self._client = client
         self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
+        self._report = report  # where rank 0 reports (the operator's report Service); None: reports off
 
     async def carry_out(
         self,
@@ -69,7 +70,7 @@ class ChildWriter:
             )
         ranks = [rank for rank in plan.create_ranks if render.worker_pod_name(job, rank) not in blocked]
         if ranks:
-            pods = [render.render_worker_pod(job, rank, generation) for rank in ranks]
+            pods = [render.render_worker_pod(job, rank, generation, self._report) for rank in ranks]
             adopt(pods, body)
             await self._ensure_shared_children(body, job, generation, expectations)
             await gather(*(self._create_pod(pod, expectations) for pod in pods))
@@ -97,7 +98,7 @@ class ChildWriter:
         Once per gang generation, so that one deleted by hand is back for the next gang."""
         if expectations.shared_children_for == generation:
             return
-        children = [render.render_service(job), render.render_config_map(job)]
+        children = [render.render_service(job), render.render_config_map(job, self._report)]
         pod_group = render.render_pod_group(job)
         if pod_group is not None:
             children.append(pod_group)

@@ -32,7 +32,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def start_reconciler(**_: Any) -> None:
-        controller.start()
+        await controller.start()
 
     @kopf.on.cleanup(registry=registry)
     async def stop_reconciler(**_: Any) -> None:

@@ -250,6 +250,12 @@ class KubeClient:
         path = object_path(api_version, kind, namespace, name)
         return await self._request("GET", path, "get", RESOURCES[(api_version, kind)][1])
 
+    async def review_token(self, token: str, audience: str) -> dict[str, Any]:
+        """A TokenReview of `token` for `audience` (cluster-scoped: a path of its own)."""
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                  "spec": {"token": token, "audiences": [audience]}}
+        return await self._request("POST", "/apis/authentication.k8s.io/v1/tokenreviews", "create", "tokenreviews", review)
+
     async def namespace_labels(self, name: str) -> dict[str, str]:
         """The labels of a namespace (cluster-scoped: a path of its own)."""
         namespace = await self._request("GET", f"/api/v1/namespaces/{name}", "get", "namespaces")

@@ -22,7 +22,10 @@ from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElecto
 from dtrain_operator.controller.metrics import OperatorMetrics
 from dtrain_operator.controller.reconciler import Controller
 from dtrain_operator.controller.record_key import RecordKeyError, load_record_key
+from dtrain_operator.controller.report_server import ReportServer
+from dtrain_operator.controller.report_tls import ReportTLS, ReportTLSError, load_report_tls, service_names
 from dtrain_operator.core.observation import Limits
+from dtrain_operator.core.render import ReportEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -89,12 +92,22 @@ def operator_namespace() -> str:
     return namespace or "default"
 
 
-async def record_key(secret: str, metrics: OperatorMetrics) -> bytes:
+async def operator_secrets(args: argparse.Namespace, metrics: OperatorMetrics) -> tuple[bytes, ReportTLS | None]:
+    """The key of the operator's records and, with reports on, the report endpoint's certificate."""
     client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), metrics)
     try:
-        return await load_record_key(client, operator_namespace(), secret)
+        key = await load_record_key(client, operator_namespace(), args.state_key_secret)
+        if not args.report_service:
+            return key, None
+        return key, await load_report_tls(client, operator_namespace(), args.report_tls_secret, args.report_service)
     finally:
         await client.close()
+
+
+def report_endpoint(args: argparse.Namespace, tls: ReportTLS | None) -> ReportEndpoint | None:
+    if tls is None:
+        return None
+    return ReportEndpoint(f"https://{service_names(args.report_service, operator_namespace())[0]}:{args.report_port}", tls.ca_pem)
 
 
 def election_config(args: argparse.Namespace) -> LeaderElectionConfig:
@@ -116,20 +129,27 @@ async def _standby_health(_: aiohttp.web.Request) -> aiohttp.web.Response:
     return aiohttp.web.json_response({"leader": False})
 
 
-async def stand_by(config: LeaderElectionConfig, health_port: int, metrics: OperatorMetrics) -> None:
-    """Wait for the Lease, answering /healthz meanwhile (a standby is healthy); kopf serves it once leading."""
+async def stand_by(
+    config: LeaderElectionConfig, health_port: int, metrics: OperatorMetrics, reports: ReportServer | None
+) -> None:
+    """Wait for the Lease, answering /healthz meanwhile (a standby is healthy) and every report with 503
+    (the trainer tries the leader's address next); kopf serves /healthz once leading."""
     app = aiohttp.web.Application()
     app.router.add_get("/healthz", _standby_health)
     runner = aiohttp.web.AppRunner(app)
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "0.0.0.0", health_port)
     await site.start()
+    if reports is not None:
+        await reports.start()
     client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), metrics)
     try:
         await LeaderElector(config, client).acquire()
     finally:
         await client.close()
         await runner.cleanup()
+        if reports is not None:
+            await reports.stop()
 
 
 async def release(config: LeaderElectionConfig, metrics: OperatorMetrics) -> None:
@@ -150,6 +170,8 @@ def argument_problem(args: argparse.Namespace) -> str | None:
         return "--qps must be above 0 and --burst at least 1"
     if args.watch_timeout < 1:
         return "--watch-timeout must be at least 1 second"
+    if not 1 <= args.report_port <= 65535:
+        return "--report-port must be a port number (1-65535)"
     return None
 
 
@@ -163,8 +185,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         # Fail at once, with one line, without credentials (kopf would retry every minute) or without
         # the key of the operator's records (it could neither trust nor write one).
-        key = asyncio.run(record_key(args.state_key_secret, metrics))
-    except (kopf.LoginError, RecordKeyError) as exc:
+        key, tls = asyncio.run(operator_secrets(args, metrics))
+    except (kopf.LoginError, RecordKeyError, ReportTLSError) as exc:
         print(f"dtrain operator: {exc}", file=sys.stderr)
         return 1
     try:
@@ -172,9 +194,6 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"dtrain operator: cannot serve metrics on port {args.metrics_port}: {exc.strerror}", file=sys.stderr)
         return 1
-    limits = Limits(
-        stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout
-    )
     election: LeaderElectionConfig | None = None
     if args.leader_elect:
         election = election_config(args)
@@ -186,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
             "leader election: %s wants the lease %s/%s", election.identity, election.namespace, election.name
         )
         try:
-            asyncio.run(stand_by(election, args.health_port, metrics))
+            asyncio.run(stand_by(election, args.health_port, metrics, ReportServer(tls, args.report_port) if tls else None))
         except KeyboardInterrupt:
             return 0
     controller = Controller(
@@ -196,8 +215,11 @@ def main(args: argparse.Namespace) -> int:
         network_policy=args.network_policy,
         refuse_host_access=args.refuse_host_access,
         record_key=key,
-        limits=limits,
+        limits=Limits(stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout),
         election=election,
+        report=report_endpoint(args, tls),
+        report_tls=tls,
+        report_port=args.report_port,
     )
     namespaces = args.namespaces or []
     scope = f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces"

@@ -48,6 +48,8 @@ from dtrain_operator.controller.kube import (
 )
 from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
 from dtrain_operator.controller.metrics import OperatorMetrics
+from dtrain_operator.controller.report_server import ReportServer, TokenReviewer
+from dtrain_operator.controller.report_tls import ReportTLS
 from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
 from dtrain_operator.controller.status.invalid import invalid_status, unreadable_status
@@ -58,6 +60,7 @@ from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.gang_state import current_gang, succeeded_ranks
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
 from dtrain_operator.core.observation import EngineJobObservation, JobKey, Limits, Observed, PodObservation
+from dtrain_operator.core.render import ReportEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -98,12 +101,20 @@ class Controller:
         refuse_host_access: bool = False,
         limits: Limits = Limits(),
         election: LeaderElectionConfig | None = None,
+        report: ReportEndpoint | None = None,
+        report_tls: ReportTLS | None = None,
+        report_port: int = contract.DEFAULT_REPORT_PORT,
     ) -> None:
         self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
         self._refuse_host_access = refuse_host_access  # hostNetwork/hostPath only in opted-in namespaces
         self._record_key = record_key  # signs and checks the operator's record of each job (trusted.py)
         self._limits = limits
         self._election = election
+        self._report = report  # rank 0's records come to report_server.py, which writes them through write_reports
+        self._report_tls = report_tls
+        self._report_port = report_port
+        self._reports: ReportServer | None = None
+        self._report_client: KubeClient | None = None
         self._elector: LeaderElector | None = None
         self._keeping: asyncio.Task[None] | None = None
         self._lease_client: KubeClient | None = None
@@ -128,15 +139,20 @@ class Controller:
         if self._client is None:
             self._client = KubeClient(configuration, self._limiter, self._metrics)
             self._events = EventRecorder(self._client, self._instance)
-            self._children = ChildWriter(self._client, self._network_policy)
+            self._children = ChildWriter(self._client, self._network_policy, self._report)
         else:
             self._client.use_configuration(configuration)
         return await connection_info(configuration)
 
-    def start(self) -> None:
+    async def start(self) -> None:
         if self._election is not None:
             self._keeping = asyncio.create_task(self._keep_lease(self._election), name="leader-election")
         self._queue.start()
+        if self._report_tls is not None:
+            # TokenReviews on a client of their own: a report never waits behind the reconciles' rate limit.
+            self._report_client = KubeClient(await load_configuration(), RateLimiter(20.0, 20), self._metrics)
+            self._reports = ReportServer(self._report_tls, self._report_port, self, TokenReviewer(self._report_client))
+            await self._reports.start()
 
     async def _keep_lease(self, election: LeaderElectionConfig) -> None:
         """The Lease was acquired before kopf started; it is renewed here, in kopf's loop, with a
@@ -155,6 +171,10 @@ class Controller:
         os._exit(1)
 
     async def stop(self) -> None:
+        if self._reports is not None:
+            await self._reports.stop()
+        if self._report_client is not None:
+            await self._report_client.close()
         await self._queue.stop()
         if self._keeping is not None:
             self._keeping.cancel()
@@ -166,6 +186,21 @@ class Controller:
             self._events.stop()
         if self._client is not None:
             await self._client.close()
+
+    # --- The report endpoint's side (report_server.Jobs) -----------------------------------------
+
+    def job_uid(self, namespace: str, name: str) -> str | None:
+        body = self._jobs.get((namespace, name))
+        return str((body.get("metadata") or {}).get("uid") or "") or None if body is not None else None
+
+    def pod_of(self, namespace: str, name: str, pod_uid: str) -> PodObservation | None:
+        pods = self._pod_index.get((namespace, name), ()) if self._pod_index is not None else ()
+        return next((pod for pod in pods if pod.uid == pod_uid), None)
+
+    async def write_reports(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Rank 0's records into the status (the watch event that follows reconciles the job)."""
+        assert self._client is not None
+        await self._client.patch_status(namespace, name, patch)
 
     def queue_length(self) -> int:
         return len(self._queue)

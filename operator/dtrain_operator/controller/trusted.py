@@ -1,12 +1,13 @@
 """What the operator trusts about a job: its own record, kept where only the operator writes it.
 
-`status` is not that place. Every worker pod's service account may patch the status of the
-DistributedTrainings in its namespace (rank 0 reports `status.progress`), and that permission
-covers the whole status. So the state that decides what the operator creates and how many
-restarts remain (the accepted spec, the gang generation, the phase, the start and completion
-times) is recorded in one annotation on the DistributedTraining, `dtrain.dev/state`, written with
-a patch of the object itself. A status patch cannot reach it (the status subresource keeps
-everything but `status`), and the trainer's token has no patch on the object.
+`status` is not that place. The operator alone writes it (rank 0's progress reaches it through the
+operator's report endpoint, report_server.py), but whoever is granted `distributedtrainings/status`
+(an administrator's tool, a backup restored without or with an old status) can still change it,
+and the state that decides what the operator creates and how many restarts remain (the accepted
+spec, the gang generation, the phase, the start and completion times) must not follow from that.
+So it is recorded in one annotation on the DistributedTraining, `dtrain.dev/state`, written with a
+patch of the object itself, which a status patch cannot reach (the status subresource keeps
+everything but `status`).
 
 Annotations are not the operator's alone: whoever may edit the DistributedTraining may set them
 (the chart's ValidatingAdmissionPolicy refuses that on Kubernetes 1.30+, but an operator must not

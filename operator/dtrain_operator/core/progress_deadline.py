@@ -94,11 +94,17 @@ def observe(
     mark = mark_of(progress)
     stage = progress.stage if progress is not None else None
     step = progress.step if progress is not None else None
+    # A report the operator stamped with this gang's generation is this gang's own; an unstamped one
+    # (`dtrain run`, an older operator) counts once the mark moves.
+    own = progress is not None and progress.gang_generation == generation
     if watch is None or watch.generation != generation:
-        # A new gang: what it reports from now on is its own (the last report may be the old gang's).
-        return ProgressWatch(generation, mark, now, step, stage, started=False)
+        # A new gang, or a new leader after a failover: its clock starts now. A failover that
+        # finds this gang's own report watches at once (the deadline counts from the takeover:
+        # never early, never never); a new gang's last report may be the old gang's.
+        return ProgressWatch(generation, mark, now, step, stage, started=own)
     if mark != watch.mark or stage in HOLDING_STAGES or stage != watch.stage or not watch.started:
-        return ProgressWatch(generation, mark, now, step, stage, started=watch.started or mark != watch.mark)
+        started = watch.started or own or mark != watch.mark
+        return ProgressWatch(generation, mark, now, step, stage, started=started)
     return watch
 
 

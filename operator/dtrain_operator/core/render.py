@@ -10,6 +10,7 @@ and environments as local processes. This is where a pod's environment is decide
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -34,6 +35,15 @@ COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 # Worker command: torchrun (through dtrain's launcher, which passes on the failing worker's
 # own exit code) takes its flags from the PET_* variables and runs the trainer module.
 TRAINER_COMMAND = ["python", "-m", "dtrain_trainer.launch", "-m", "dtrain_trainer"]
+
+
+@dataclass(frozen=True)
+class ReportEndpoint:
+    """Where rank 0 sends its records: the operator's report Service, and the CA that vouches for it."""
+
+    url: str
+    """https://<service>.<namespace>.svc:<port>, every operator replica behind it."""
+    ca_pem: str
 
 
 # --- Names ---------------------------------------------------------------------------
@@ -106,9 +116,13 @@ def shutdown_timeout_seconds(job: DistributedTraining) -> int:
     return max(1, grace - min(contract.SHUTDOWN_MARGIN_SECONDS, grace // 3))
 
 
-def worker_env(job: DistributedTraining, rank: int) -> list[dict[str, Any]]:
-    """The trainer container's environment: the design's contract, then NCCL, then the user's."""
+def worker_env(job: DistributedTraining, rank: int, report: ReportEndpoint | None = None) -> list[dict[str, Any]]:
+    """The trainer container's environment: the design's contract, then NCCL, then the user's.
+
+    With a report endpoint, rank 0 sends its records to the operator; without one (`dtrain run`
+    sets its own sink) they go to the log."""
     spec = job.spec
+    sink = contract.PROGRESS_SINK_OPERATOR if report is not None else contract.PROGRESS_SINK_STDOUT
     env = [
         _var(contract.ENV_NNODES, spec.nodes),
         _var(contract.ENV_NPROC_PER_NODE, spec.devices_per_node),
@@ -121,8 +135,10 @@ def worker_env(job: DistributedTraining, rank: int) -> list[dict[str, Any]]:
         {"name": contract.ENV_JOB_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        _var(contract.ENV_PROGRESS_SINK, contract.PROGRESS_SINK_KUBERNETES),
+        _var(contract.ENV_PROGRESS_SINK, sink),
     ]
+    if report is not None:
+        env.append(_var(contract.ENV_OPERATOR_URL, report.url))
     env.extend(_var(name, value) for name, value in spec.nccl.to_env().items())
     env.extend(storage_env(job))
     env.extend(var.to_wire() for var in spec.env)
@@ -172,13 +188,27 @@ def trainer_config(job: DistributedTraining) -> dict[str, Any]:
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def render_config_map(job: DistributedTraining) -> dict[str, Any]:
+def render_config_map(job: DistributedTraining, report: ReportEndpoint | None = None) -> dict[str, Any]:
+    """The trainer's config and, with a report endpoint, the CA rank 0 checks the operator's certificate with."""
+    data = {contract.CONFIG_FILE_NAME: yaml.dump(trainer_config(job), Dumper=_YAML_DUMPER, sort_keys=False)}
+    if report is not None:
+        data[contract.OPERATOR_CA_FILE_NAME] = report.ca_pem
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(job, config_map_name(job), job_labels(job, contract.ROLE_WORKER)),
-        "data": {contract.CONFIG_FILE_NAME: yaml.dump(trainer_config(job), Dumper=_YAML_DUMPER, sort_keys=False)},
+        "data": data,
     }
+
+
+def _operator_token_volume() -> dict[str, Any]:
+    """A service-account token for the operator's audience only, bound to the pod (the kubelet refreshes it)."""
+    token = {
+        "audience": contract.OPERATOR_TOKEN_AUDIENCE,
+        "expirationSeconds": contract.OPERATOR_TOKEN_SECONDS,
+        "path": contract.OPERATOR_TOKEN_FILE_NAME,
+    }
+    return {"name": contract.OPERATOR_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": token}]}}
 
 
 def _resources(resources: Resources | None, gpus: int) -> dict[str, Any]:
@@ -229,31 +259,44 @@ def _scheduling_fields(job: DistributedTraining) -> dict[str, Any]:
     return fields
 
 
-def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int = 0) -> dict[str, Any]:
-    """Worker pod `<name>-<rank>`: torchrun on the trainer, the operator owning restarts."""
+def _trainer_container(job: DistributedTraining, rank: int, report: ReportEndpoint | None) -> dict[str, Any]:
+    """The trainer container; with `report` (rank 0's pod only), its token for the operator mounted."""
     spec = job.spec
-    gpus = spec.devices_per_node if spec.accelerator == "gpu" else 0
-    metadata = _metadata(job, worker_pod_name(job, rank), worker_labels(job, rank, gang_generation))
-    if spec.scheduling.gang.enabled and _uses_volcano(job):
-        metadata["annotations"] = {VOLCANO_GROUP_ANNOTATION: pod_group_name(job)}
-    container: dict[str, Any] = {
+    return {
         "name": TRAINER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(TRAINER_COMMAND),
-        "env": worker_env(job, rank),
+        "env": worker_env(job, rank, report),
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True},
             {"name": contract.SHM_VOLUME, "mountPath": contract.SHM_MOUNT_PATH},
             *storage_mounts(job),
             *spec.volume_mounts,
+            *([{"name": contract.OPERATOR_TOKEN_VOLUME, "mountPath": contract.OPERATOR_TOKEN_DIR, "readOnly": True}]
+              if report is not None else []),
         ],
         "securityContext": dict(_CONTAINER_SECURITY),
         "terminationMessagePath": contract.TERMINATION_LOG_PATH,
         # The end of a failing trainer's log becomes the pod's message, and so the job's condition.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+
+
+def render_worker_pod(
+    job: DistributedTraining, rank: int, gang_generation: int = 0, report: ReportEndpoint | None = None
+) -> dict[str, Any]:
+    """Worker pod `<name>-<rank>`: torchrun on the trainer, the operator owning restarts.
+
+    No pod holds a token for the API server; rank 0's holds one for the operator's report endpoint."""
+    reports = report is not None and rank == 0
+    spec = job.spec
+    gpus = spec.devices_per_node if spec.accelerator == "gpu" else 0
+    metadata = _metadata(job, worker_pod_name(job, rank), worker_labels(job, rank, gang_generation))
+    if spec.scheduling.gang.enabled and _uses_volcano(job):
+        metadata["annotations"] = {VOLCANO_GROUP_ANNOTATION: pod_group_name(job)}
+    container = _trainer_container(job, rank, report if reports else None)
     resources = _resources(spec.resources, gpus)
     if resources:
         container["resources"] = resources
@@ -264,8 +307,8 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
         # SIGTERM stops training at a step boundary and rank 0 saves a checkpoint: give it the time.
         "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
         "serviceAccountName": spec.service_account_name,
-        # Only rank 0 reports progress; a token in every other pod is a credential nobody uses.
-        "automountServiceAccountToken": rank == 0,
+        # The trainer never calls the Kubernetes API: rank 0 reports to the operator.
+        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": dict(_POD_SECURITY),
         "containers": [container],
@@ -275,6 +318,7 @@ def render_worker_pod(job: DistributedTraining, rank: int, gang_generation: int 
             {"name": contract.SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             *storage_volumes(job),
             *spec.volumes,
+            *([_operator_token_volume()] if reports else []),
         ],
         **_scheduling_fields(job),
     }
@@ -365,17 +409,21 @@ def render_pod_group(job: DistributedTraining) -> dict[str, Any] | None:
     }
 
 
-def render_workers(job: DistributedTraining, gang_generation: int = 0) -> list[dict[str, Any]]:
-    return [render_worker_pod(job, rank, gang_generation) for rank in range(job.spec.nodes)]
+def render_workers(
+    job: DistributedTraining, gang_generation: int = 0, report: ReportEndpoint | None = None
+) -> list[dict[str, Any]]:
+    return [render_worker_pod(job, rank, gang_generation, report) for rank in range(job.spec.nodes)]
 
 
-def render_children(job: DistributedTraining, gang_generation: int = 0) -> list[dict[str, Any]]:
+def render_children(
+    job: DistributedTraining, gang_generation: int = 0, report: ReportEndpoint | None = None
+) -> list[dict[str, Any]]:
     """Every object the job can have, in creation order (the engine Job last)."""
-    children = [render_service(job), render_config_map(job)]
+    children = [render_service(job), render_config_map(job, report)]
     pod_group = render_pod_group(job)
     if pod_group is not None:
         children.append(pod_group)
-    children.extend(render_workers(job, gang_generation))
+    children.extend(render_workers(job, gang_generation, report))
     if job.spec.engine.enabled:
         children.append(render_engine_job(job))
     return children

@@ -125,7 +125,7 @@ def _install_operator() -> None:
                "--set", f"image.repository={layout.IMAGE_REGISTRY}/dtrain-operator", "--set", f"image.tag={layout.version()}",
                "--set", "image.pullPolicy=Never",
                # The trainers' service account where the README's jobs go (the release namespace has one too).
-               "--set", "trainerRbac.namespaces={default}", "--wait", "--timeout=5m"]
+               "--set", "trainerServiceAccount.namespaces={default}", "--wait", "--timeout=5m"]
     result = subprocess.run(command, text=True, capture_output=True, check=False, timeout=400)
     if result.returncode != 0:
         raise ClusterError(f"helm install of the operator failed: {result.stderr.strip()} "

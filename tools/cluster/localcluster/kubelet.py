@@ -62,6 +62,7 @@ MAX_BACKOFF_SECONDS = 60
 IMAGE_BACKOFF_SECONDS = 10  # the kubelet's image pull back-off: 10 s, doubling up to 5 minutes
 MAX_IMAGE_BACKOFF_SECONDS = 300
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HEADLESS_LABEL = "service.kubernetes.io/headless"  # on the EndpointSlices of a Service without a ClusterIP
 PODS_PER_NODE = 110
 
 
@@ -600,12 +601,22 @@ class Kubelet:
         return env
 
     def hosts_for(self, run: PodRun) -> str:
-        """The pod's hosts file: the names of its namespace's headless Services' endpoints, as DNS gives them."""
+        """The pod's hosts file, as cluster DNS answers: the names of its namespace's headless Services'
+        endpoints (`<hostname>.<service>...`), and each headless Service's own name, in any namespace,
+        with one line per ready endpoint (`<service>.<namespace>.svc`: every address, as an A lookup)."""
         entries = []
         for endpoint_slice in self.endpoint_slices.values():
             meta = endpoint_slice["metadata"]
-            service = (meta.get("labels") or {}).get("kubernetes.io/service-name")
-            if meta.get("namespace") != run.namespace or not service:
+            labels = meta.get("labels") or {}
+            service = labels.get("kubernetes.io/service-name")
+            if not service:
+                continue
+            if HEADLESS_LABEL in labels:
+                svc = f"{service}.{meta.get('namespace')}"
+                for endpoint in endpoint_slice.get("endpoints") or []:
+                    if endpoint.get("addresses") and (endpoint.get("conditions") or {}).get("ready") is not False:
+                        entries.append((endpoint["addresses"][0], [f"{svc}.svc.{layout.CLUSTER_DOMAIN}", f"{svc}.svc", svc]))
+            if meta.get("namespace") != run.namespace:
                 continue
             for endpoint in endpoint_slice.get("endpoints") or []:
                 hostname = endpoint.get("hostname")

@@ -3,7 +3,7 @@ The operator's RBAC rules, least privilege: every verb is one that kopf or the o
 (operator/dtrain_operator/kube.py, called from controller.py) uses, and
 tests/operator/test_rbac_matches_calls.py compares them with the calls of a recorded run.
 
-Nothing is cluster-scoped: the operator runs kopf standalone (no peering objects) and with
+Nothing here is cluster-scoped (the TokenReview of the report endpoint is, in rbac.yaml): the operator runs kopf standalone (no peering objects) and with
 scanning disabled (main.py), so kopf neither watches CRDs nor lists namespaces; it finds the
 served resources once through discovery, which every authenticated client may read.
 */}}

@@ -1,0 +1,212 @@
+"""The operator's report endpoint: rank 0's records reach the job's status through the operator alone.
+
+Rank 0 POSTs `{"records": [...]}` (the trainer's typed records, dtrain_operator.api.records) over
+HTTPS to `/v1/namespaces/<ns>/distributedtrainings/<name>/records` on the report Service, with a
+projected service-account token whose audience is the operator's (contract.OPERATOR_TOKEN_AUDIENCE).
+A request is taken only when, in this order:
+
+1. this replica leads (a standby answers 503, and the trainer tries the Service's next address);
+2. the API server's TokenReview says the token is valid for that audience and bound to a pod of
+   the URL's namespace (the pod's name and UID are in the token's claims, signed by the API server);
+3. that pod is, in the operator's own watch of the job's pods, a worker of rank 0 that this job
+   owns (a pod the operator has not seen yet: 409, the trainer retries);
+4. the body is at most contract.MAX_REPORT_BYTES and every record is one that changes the status.
+
+The operator then merge-patches only `status.progress` (stamped with the reporting pod's gang
+generation, which the progress deadline uses across a failover), `status.preflight` and
+`status.lastCheckpoint`: whatever a worker sends, nothing else of the status, and nothing the
+operator creates, follows from it. Worker pods hold no permission on the Kubernetes API.
+
+TokenReviews are cached for TOKEN_CACHE_SECONDS per token (one review a minute per job, not one per
+record): a token revoked by deleting its pod is refused within that time, as the pod is gone from
+the watch at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp.web
+
+from dtrain_operator.api import contract
+from dtrain_operator.api.records import status_patch
+from dtrain_operator.controller.kube import ApiError, KubeClient
+from dtrain_operator.controller.report_tls import ReportTLS
+from dtrain_operator.core.observation import PodObservation
+
+logger = logging.getLogger(__name__)
+
+TOKEN_CACHE_SECONDS = 60.0
+TOKEN_CACHE_SIZE = 4096
+POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
+POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+ROUTE = "/v1/namespaces/{namespace}/" + contract.PLURAL + "/{name}/records"
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class BoundPod:
+    """The pod a token is bound to, as the API server's TokenReview says."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class Jobs(Protocol):
+    """What the report endpoint asks of the controller: its watch of the jobs and their pods, and the status write."""
+
+    def job_uid(self, namespace: str, name: str) -> str | None: ...
+
+    def pod_of(self, namespace: str, name: str, pod_uid: str) -> PodObservation | None: ...
+
+    async def write_reports(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None: ...
+
+
+class Reviewer(Protocol):
+    async def review(self, token: str) -> BoundPod: ...
+
+
+class TokenReviewer:
+    """TokenReview for the operator's audience, with a small cache of the answers."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
+        self._cache: OrderedDict[str, tuple[float, BoundPod | str]] = OrderedDict()
+
+    async def review(self, token: str) -> BoundPod:
+        """The pod the token is bound to; raises Refused(401) for a token the API server does not accept."""
+        key = hashlib.sha256(token.encode()).hexdigest()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > time.monotonic():
+            answer = cached[1]
+        else:
+            answer = await self._ask(token)
+            self._cache[key] = (time.monotonic() + TOKEN_CACHE_SECONDS, answer)
+            while len(self._cache) > TOKEN_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        if isinstance(answer, str):
+            raise Refused(401, answer)
+        return answer
+
+    async def _ask(self, token: str) -> BoundPod | str:
+        try:
+            review = await self._client.review_token(token, contract.OPERATOR_TOKEN_AUDIENCE)
+        except ApiError as exc:
+            raise Refused(503, f"the API server did not answer the TokenReview ({exc.status} {exc.reason})") from exc
+        status = review.get("status") or {}
+        if not status.get("authenticated"):
+            return f"the token is not valid for {contract.OPERATOR_TOKEN_AUDIENCE} ({status.get('error') or 'not authenticated'})"
+        if contract.OPERATOR_TOKEN_AUDIENCE not in (status.get("audiences") or []):
+            return f"the token's audience is not {contract.OPERATOR_TOKEN_AUDIENCE}"
+        user = status.get("user") or {}
+        username = str(user.get("username") or "")
+        extra = user.get("extra") or {}
+        pod_name = (extra.get(POD_NAME_CLAIM) or [""])[0]
+        pod_uid = (extra.get(POD_UID_CLAIM) or [""])[0]
+        if not username.startswith(SERVICE_ACCOUNT_PREFIX) or not pod_name or not pod_uid:
+            return "the token is not a service-account token bound to a pod"
+        namespace = username[len(SERVICE_ACCOUNT_PREFIX) :].split(":", 1)[0]
+        return BoundPod(namespace, pod_name, pod_uid)
+
+
+def merged_patch(records: Any, generation: int | None) -> dict[str, Any]:
+    """The status merge patch of records taken in order: as if each had been applied in turn."""
+    if not isinstance(records, list) or not records:
+        raise Refused(400, 'the body must be {"records": [...]} with at least one record')
+    patch: dict[str, Any] = {}
+    for index, record in enumerate(records):
+        part = status_patch(record) if isinstance(record, Mapping) else None
+        if part is None:
+            raise Refused(400, f"records[{index}] is not a record that changes the status (progress, preflight, checkpoint)")
+        for field, value in part.items():
+            if field == "progress" and generation is not None:
+                value = {**value, "gangGeneration": generation}
+            earlier = patch.get(field)
+            patch[field] = {**earlier, **value} if isinstance(earlier, dict) and isinstance(value, dict) else value
+    return patch
+
+
+class ReportServer:
+    """The HTTPS endpoint; `jobs` None makes it a standby's, answering 503 to every report."""
+
+    def __init__(
+        self, tls: ReportTLS, port: int, jobs: Jobs | None = None, reviewer: Reviewer | None = None, host: str = "0.0.0.0"
+    ) -> None:
+        self._tls = tls
+        self._port = port
+        self._host = host
+        self._jobs = jobs
+        self._reviewer = reviewer
+        self._runner: aiohttp.web.AppRunner | None = None
+        self.taken = 0
+        self.refused: list[int] = []
+
+    async def start(self) -> None:
+        app = aiohttp.web.Application(client_max_size=contract.MAX_REPORT_BYTES)
+        app.router.add_post(ROUTE, self._post)
+        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, self._host, self._port, ssl_context=self._tls.server_context())
+        await site.start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _post(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            await self._take(request, namespace, name)
+        except Refused as refused:
+            if refused.status in (401, 403):
+                logger.warning("%s/%s: a progress report was refused (%d): %s", namespace, name, refused.status, refused)
+            self.refused.append(refused.status)
+            return aiohttp.web.json_response({"message": str(refused)}, status=refused.status)
+        self.taken += 1
+        return aiohttp.web.Response(status=204)
+
+    async def _take(self, request: aiohttp.web.Request, namespace: str, name: str) -> None:
+        if self._jobs is None or self._reviewer is None:
+            raise Refused(503, "this operator replica is a standby; the leader takes reports")
+        authorization = request.headers.get("Authorization", "")
+        if not authorization.startswith("Bearer ") or not authorization[7:].strip():
+            raise Refused(401, "no bearer token: rank 0 sends its pod's projected token for the operator")
+        pod = await self._reviewer.review(authorization[7:].strip())
+        if pod.namespace != namespace:
+            raise Refused(403, f"the token is bound to a pod of namespace {pod.namespace}, not {namespace}")
+        job_uid = self._jobs.job_uid(namespace, name)
+        if job_uid is None:
+            raise Refused(404, f"no DistributedTraining {namespace}/{name}")
+        observed = self._jobs.pod_of(namespace, name, pod.uid)
+        if observed is None:
+            raise Refused(409, f"pod {pod.name} is not (yet) known as a pod of {namespace}/{name}")
+        if observed.owner_uid != job_uid or observed.role != contract.ROLE_WORKER or observed.rank != 0:
+            raise Refused(403, f"pod {pod.name} is not the rank-0 worker of {namespace}/{name}: only it reports")
+        try:
+            body = await request.read()
+        except aiohttp.web.HTTPRequestEntityTooLarge as exc:
+            raise Refused(413, f"a report is at most {contract.MAX_REPORT_BYTES} bytes") from exc
+        try:
+            document = json.loads(body)
+        except ValueError as exc:
+            raise Refused(400, f"the body is not JSON ({exc})") from exc
+        records = document.get("records") if isinstance(document, dict) else None
+        patch = merged_patch(records, observed.generation)
+        try:
+            await self._jobs.write_reports(namespace, name, patch)
+        except ApiError as exc:
+            raise Refused(404 if exc.not_found else 503, f"the status write failed ({exc.status} {exc.reason})") from exc

@@ -687,10 +687,11 @@ def scenario_tokens(figures: Figures) -> None:
                f"{name}: progress in the status, stamped by the operator", 300)
     writers = {f.get("manager") for f in get("dtr", name, NS)["metadata"].get("managedFields", [])
                if f.get("subresource") == "status"}
-    figures["status writers"] = ", ".join(sorted(str(w) for w in writers))
+    print(f"{name}: the status's writers (managedFields): {', '.join(sorted(str(w) for w in writers))}")
 
     ca = layout.STATE / "e2e-operator-ca.crt"
-    ca.write_text(get("configmap", name, NS)["data"][contract.OPERATOR_CA_FILE_NAME])
+    config_map = next(v["configMap"]["name"] for v in rank0["spec"]["volumes"] if v["name"] == contract.CONFIG_VOLUME)
+    ca.write_text(get("configmap", config_map, NS)["data"][contract.OPERATOR_CA_FILE_NAME])
 
     def minted(pod_name: str, audience: str | None) -> str:
         args = ["create", "token", "dtrain-trainer", "-n", NS, "--bound-object-kind=Pod", f"--bound-object-name={pod_name}"]

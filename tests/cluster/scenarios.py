@@ -685,9 +685,6 @@ def scenario_tokens(figures: Figures) -> None:
     # Rank 0's records reach the status, which only the operator writes.
     eventually(lambda: (get("dtr", name, NS).get("status", {}).get("progress") or {}).get("gangGeneration") == 0,
                f"{name}: progress in the status, stamped by the operator", 300)
-    writers = {f.get("manager") for f in get("dtr", name, NS)["metadata"].get("managedFields", [])
-               if f.get("subresource") == "status"}
-    print(f"{name}: the status's writers (managedFields): {', '.join(sorted(str(w) for w in writers))}")
 
     ca = layout.STATE / "e2e-operator-ca.crt"
     config_map = next(v["configMap"]["name"] for v in rank0["spec"]["volumes"] if v["name"] == contract.CONFIG_VOLUME)

@@ -74,6 +74,8 @@ async def full_lifecycle(cluster: Cluster) -> None:
         and len(cluster.pods(NS, "life")) == 2, "the new gang")
     await cluster.patch_job(NS, "life", {"spec": {"runPolicy": {"suspend": True}}})
     await cluster.phase(NS, "life", "Suspended")
+    # The phase is written before the pods go: resumed earlier, run_all could start a pod on its way out.
+    await cluster.eventually(lambda: cluster.pods(NS, "life") == [], "the suspended gang's pods gone")
     await cluster.patch_job(NS, "life", {"spec": {"runPolicy": {"suspend": False}}})
     await cluster.run_all(NS, "life", 2)
     await cluster.phase(NS, "life", "Running")

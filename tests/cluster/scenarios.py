@@ -883,8 +883,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("suspend", "suspend and resume", scenario_suspend_resume),
     ("delete", "delete → every process gone, the pods' network namespaces removed", scenario_delete),
     ("engine-backoff", "engine Job failing → retried up to its backoffLimit → job Failed", scenario_engine_backoff),
-    ("tokens", "workers hold no API permission: progress through the operator, tokens as the API server and the "
-     "operator's TokenReview judge them", scenario_tokens),
+    ("tokens", ("workers hold no API permission: progress through the operator, tokens as the API server and the "
+                "operator's TokenReview judge them"), scenario_tokens),
     ("user-image", "a user's image FROM the trainer image (examples/Containerfile) trains to Succeeded", scenario_user_image),
     ("image-missing", "an image in no store → ErrImagePull, ImagePullBackOff, the operator's condition", scenario_image_missing),
     ("leader-failover", "two operator replicas: the leader's pod lost → the standby leads", scenario_leader_failover),

@@ -6,6 +6,8 @@
 #                       kubelets and the operator, in the background (root); .cluster/kubeconfig
 #   make cluster NODES=3 GPUS_PER_NODE=1   more nodes, each with an nvidia.com/gpu count
 #   make cluster PODS_FROM=host   containers from this machine's .venv, not their images (quick loops)
+#   make cluster-join   one more node in the running cluster (the next index; the CPU, memory and GPUs
+#                       of make cluster's nodes), returns when it is Ready (root)
 #   make cluster-down   stops it all and removes its state; make cluster-status says what runs
 #   make e2e    every end-to-end scenario on the real control plane (tests/cluster: starts one unless
 #               one runs, and stops it after) (root)
@@ -30,7 +32,7 @@ S3SERVER := .tools/bin/versitygw
 REGISTRY ?= localhost/dtrain
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 
-.PHONY: install tools lint test e2e demo crd manifests clean images push cluster cluster-down cluster-status
+.PHONY: install tools lint test e2e demo crd manifests clean images push cluster cluster-join cluster-down cluster-status
 
 NODES ?= 2
 GPUS_PER_NODE ?= 0
@@ -81,6 +83,10 @@ e2e: $(INSTALLED) $(TOOLS)
 cluster: $(INSTALLED) $(TOOLS)
 	bash tools/install-e2e-deps.sh
 	$(LOCALCLUSTER) up --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) --pods-from $(PODS_FROM)
+
+# What a running cluster was made with (the environment, kubectl) is there already: nothing to install.
+cluster-join:
+	$(LOCALCLUSTER) join
 
 cluster-down:
 	$(LOCALCLUSTER) down

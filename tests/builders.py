@@ -121,6 +121,10 @@ class JobBuilder:
         """All workers or none, through `scheduler`'s PodGroup."""
         return self._with("spec.scheduling.schedulerName", scheduler)._with("spec.scheduling.gang.enabled", True)
 
+    def with_native_gang_scheduling(self) -> JobBuilder:
+        """All workers or none, through Kubernetes' own PodGroup (1.36) and the default scheduler."""
+        return self._with("spec.scheduling.gang.provider", "kubernetes")._with("spec.scheduling.gang.enabled", True)
+
     # --- Anything else ----------------------------------------------------------------------------
 
     def with_spec(self, **fields: Any) -> JobBuilder:

@@ -31,6 +31,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    "gang-kubernetes": {"spec": {"nodes": 2, "scheduling": {"gang": {"enabled": True, "provider": "kubernetes"}}}},
     "gpu-host-network": {
         "metadata": {"namespace": "research"},
         "spec": {

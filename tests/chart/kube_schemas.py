@@ -14,6 +14,9 @@ from tests.chart.crd_schemas import has_schema, validate_custom_resource
 
 # The oldest Kubernetes the chart is tested against, and the kubectl the tests use.
 KUBERNETES_VERSIONS = ("1.33", "1.35")
+# Kubernetes' own gang scheduling (gang.provider kubernetes): its PodGroup and the pods' schedulingGroup
+# are 1.36's, the first release that has them.
+NATIVE_GANG_VERSIONS = ("1.36",)
 
 
 def describe(obj: dict[str, Any]) -> str:
@@ -27,7 +30,8 @@ def validate_object(obj: dict[str, Any]) -> None:
     if has_schema(obj):
         validate_custom_resource(obj)
         return
-    for version in KUBERNETES_VERSIONS:
+    native_gang = obj.get("apiVersion") == "scheduling.k8s.io/v1alpha2" or "schedulingGroup" in (obj.get("spec") or {})
+    for version in NATIVE_GANG_VERSIONS if native_gang else KUBERNETES_VERSIONS:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as error:

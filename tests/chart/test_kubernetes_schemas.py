@@ -1,5 +1,5 @@
 """Every object the chart renders, and every object the operator renders for the example jobs,
-is valid Kubernetes (1.33 and 1.35), strict about unknown fields."""
+is valid Kubernetes (1.33 and 1.35; Kubernetes' own gang scheduling, 1.36), strict about unknown fields."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def test_every_kind_the_operator_renders_is_checked() -> None:
         ("v1", "ConfigMap"),
         ("v1", "Pod"),
         ("batch/v1", "Job"),
+        ("scheduling.k8s.io/v1alpha2", "PodGroup"),
         ("scheduling.volcano.sh/v1beta1", "PodGroup"),
         ("scheduling.x-k8s.io/v1alpha1", "PodGroup"),
     }
@@ -65,6 +66,10 @@ def test_validation_rejects_unknown_and_mistyped_fields() -> None:
     pod_group["spec"]["minMembers"] = 2
     with pytest.raises(jsonschema.ValidationError, match="minMembers"):
         validate_object(pod_group)
+    (native,) = [o for o in render_children(JOBS["gang-kubernetes"]) if o["kind"] == "PodGroup"]
+    native["spec"]["schedulingPolicy"]["gang"]["minMember"] = 2
+    with pytest.raises(AssertionError, match="minMember"):
+        validate_object(native)
     (monitor,) = [
         o
         for o in helm_template(VALUE_SETS["service-monitor"][0], api_versions=[MONITORING_API])

@@ -1,6 +1,7 @@
 """`python -m tests.cluster` (part of `make e2e`): the scenarios on the real control plane.
 
-Starts the cluster (`python -m localcluster up`) unless one runs, makes the scenarios' shared claim,
+Starts the cluster (`python -m localcluster up`: 2 nodes with one nvidia.com/gpu each, a count the
+scheduler checks, which the gang scenario needs) unless one runs, makes the scenarios' shared claim,
 runs each scenario, prints the figures, and stops the cluster it started. Needs root and network
 namespaces, as `make cluster` does.
 """
@@ -9,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 import traceback
@@ -18,16 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from .kube import REPO, eventually, kubectl, layout, status
-from .scenarios import CLAIM, NS, SCENARIOS
-
-LOCALCLUSTER = [sys.executable, "-m", "localcluster"]
-
-
-def localcluster(*args: str) -> int:
-    # E2E_PODS_FROM=host: containers from this machine's environment, for quick local loops.
-    env = {**os.environ, "PODS_FROM": os.environ.get("E2E_PODS_FROM") or "images"}
-    return subprocess.run([*LOCALCLUSTER, *args], cwd=REPO / "tools" / "cluster", check=False, env=env).returncode
+from .kube import eventually, kubectl, layout, localcluster, status
+from .scenarios import CLAIM, NS, SCENARIOS, e2e_cluster_arguments
 
 
 def run_file(path: str) -> int:
@@ -49,7 +40,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--job", metavar="FILE", help="apply this job file as it is, follow it to its end, print its status")
     args = parser.parse_args(argv)
     started_here = localcluster("status") != 0
-    if started_here and localcluster("up") != 0:
+    if started_here and localcluster("up", *e2e_cluster_arguments()) != 0:
         print("e2e (cluster): FAILED: the cluster did not start (above)")
         return 1
     if args.job:

@@ -8,6 +8,7 @@ import os
 import signal
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,11 +21,19 @@ from localcluster import layout, pki
 REPO = Path(__file__).resolve().parents[2]
 
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
+LOCALCLUSTER = [sys.executable, "-m", "localcluster"]
 T = TypeVar("T")
 
 
 class Failed(AssertionError):
     pass
+
+
+def localcluster(*args: str) -> int:
+    """`python -m localcluster ARGS` from tools/cluster, as make cluster runs it: its exit status."""
+    # E2E_PODS_FROM=host: containers from this machine's environment, for quick local loops.
+    env = {**os.environ, "PODS_FROM": os.environ.get("E2E_PODS_FROM") or "images"}
+    return subprocess.run([*LOCALCLUSTER, *args], cwd=REPO / "tools" / "cluster", check=False, env=env).returncode
 
 
 def kubectl(*args: str, kubeconfig: Path = layout.KUBECONFIG, stdin: str | None = None,

@@ -31,6 +31,7 @@ from .kube import (
     kill,
     kubectl,
     link,
+    localcluster,
     pod_netns,
     pod_processes,
     request_with_token,
@@ -54,6 +55,16 @@ TRAINER_IMAGE = f"{layout.IMAGE_REGISTRY}/dtrain-trainer:{layout.version()}"
 ENGINE_IMAGE = f"{layout.IMAGE_REGISTRY}/dtrain-engine:{layout.version()}"
 USER_IMAGE = f"{layout.IMAGE_REGISTRY}/e2e-lit-model:{layout.version()}"
 Figures = dict[str, float]
+# The cluster python -m tests.cluster starts: 2 nodes of one nvidia.com/gpu each (a count the scheduler
+# checks; no device), so that a gang of 3 GPU workers does not fit until a third node joins.
+E2E_NODES = 2
+E2E_GPUS_PER_NODE = 1
+GPU = "nvidia.com/gpu"
+
+
+def e2e_cluster_arguments() -> list[str]:
+    """`python -m localcluster up`'s arguments for the e2e cluster."""
+    return ["--nodes", str(E2E_NODES), "--gpus-per-node", str(E2E_GPUS_PER_NODE)]
 
 
 def small_job(name: str, **spec: Any) -> dict[str, Any]:
@@ -863,6 +874,123 @@ def scenario_crd_refusals(figures: Figures) -> None:
                      f"should refuse them: {sorted(unexpected)}; in CRD_CANNOT_EXPRESS but refused: {sorted(stale)}")
 
 
+GANG_NODES = E2E_NODES + 1
+# A few epochs of the small job: the scenario is about placement, not training.
+GANG_EPOCHS = 3
+PENDING_SECONDS = 5
+UNBOUND_SECONDS = 20
+
+
+def gpu_job(name: str, **spec: Any) -> dict[str, Any]:
+    """The small job on one more node than the cluster has, each worker asking for one nvidia.com/gpu.
+
+    The GPU is asked for in spec.resources with accelerator cpu: the nodes' GPUs are a count, with no
+    device behind it, and the trainer refuses accelerator gpu when it sees no CUDA device (it does not
+    fall back to the CPU), so training runs on the CPU with gloo while the scheduler counts the GPU."""
+    trainer = {**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": GANG_EPOCHS}
+    return small_job(name, nodes=GANG_NODES, accelerator="cpu", devicesPerNode=1, resources={"limits": {GPU: 1}},
+                     trainer=trainer, terminationGracePeriodSeconds=15, **spec)
+
+
+def node_gpus() -> dict[str, str]:
+    """Each node's allocatable nvidia.com/gpu count."""
+    return {n["metadata"]["name"]: str((n.get("status", {}).get("allocatable") or {}).get(GPU, "0"))
+            for n in items("nodes")}
+
+
+def bound(name: str) -> dict[str, str]:
+    """The job's worker pods that the scheduler bound, with their node."""
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in worker_pods(name) if p["spec"].get("nodeName")}
+
+
+def scheduler_messages(name: str) -> dict[str, str]:
+    """Each worker pod's PodScheduled condition, as the scheduler wrote it."""
+    return {p["metadata"]["name"]: next((f"{c['status']} {c.get('reason', '')}: {c.get('message', '')}"
+                                         for c in p["status"].get("conditions") or [] if c["type"] == "PodScheduled"),
+                                        "no PodScheduled condition") for p in worker_pods(name)}
+
+
+def scenario_gang(figures: Figures) -> None:
+    """Kubernetes' own gang scheduling (spec.scheduling.gang.provider: kubernetes, the default scheduler's
+    GangScheduling plugin) on 2 nodes of one nvidia.com/gpu each. Without a gang, a job of 3 GPU workers
+    gets 2 placed, which wait for the third (NODES 2/3). With one, none is placed, the job's PodsPending
+    condition and Warning Event say the pod group is unschedulable; a node joins (python -m localcluster
+    join) and the whole gang is placed at once and trains to Succeeded. Last: it leaves the third node."""
+    gpus = node_gpus()
+    if sorted(gpus.values()) != [str(E2E_GPUS_PER_NODE)] * E2E_NODES:
+        print(f"needs {E2E_NODES} nodes of {E2E_GPUS_PER_NODE} {GPU} each (python -m localcluster up "
+              f"{' '.join(e2e_cluster_arguments())}, as python -m tests.cluster starts it), not {gpus}: skipped")
+        return
+    # Without a gang, the scheduler places pod by pod: two run, and wait for the third at the rendezvous.
+    partial = "e2e-nogang"
+    apply(gpu_job(partial, scheduling={"gang": {"scheduleTimeoutSeconds": PENDING_SECONDS}}))
+    eventually(lambda: len(worker_pods(partial)) == GANG_NODES and len(bound(partial)) == E2E_NODES
+               and status(partial).get("nodesReady") == f"{E2E_NODES}/{GANG_NODES}",
+               f"{partial}: {E2E_NODES} of {GANG_NODES} workers bound and Running (NODES {E2E_NODES}/{GANG_NODES})", 300)
+    counts = status(partial).get("nodes") or {}
+    column = kubectl("get", "dtr", partial, "-n", NS, "--no-headers").stdout.split()
+    if (counts.get("running"), counts.get("pending"), column[2:3]) != (E2E_NODES, 1, [f"{E2E_NODES}/{GANG_NODES}"]):
+        raise Failed(f"{partial}: status.nodes {counts}, kubectl get dtr {column}: expected {E2E_NODES} running, "
+                     f"1 pending, NODES {E2E_NODES}/{GANG_NODES}")
+    pods = worker_pods(partial)
+    (unbound,) = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+    try:
+        said = eventually(lambda: (c := condition(partial, "PodsPending")).get("status") == "True"
+                          and unbound in c["message"] and GPU in c["message"] and c,
+                          f"{partial}: the PodsPending condition naming {unbound} and the GPUs it lacks", 60)
+    except Failed as exc:
+        raise Failed(f"{exc}: the condition {condition(partial, 'PodsPending')}") from None
+    print(f"without a gang: {sorted(bound(partial).items())} bound, NODES {column[2]}; {said['message'][:300]}")
+    kubectl("delete", "dtr", partial, "-n", NS, "--wait=false")
+    eventually(lambda: not worker_pods(partial), f"{partial}: its pods gone (their GPUs free)", 180)
+
+    name = "e2e-gang"
+    apply(gpu_job(name, scheduling={"gang": {"enabled": True, "provider": "kubernetes",
+                                             "scheduleTimeoutSeconds": PENDING_SECONDS}}))
+    pods = eventually(lambda: len(found := worker_pods(name)) == GANG_NODES and found,
+                      f"{name}: {GANG_NODES} worker pods", 120)
+    groups = {(p["spec"].get("schedulingGroup") or {}).get("podGroupName") for p in pods}
+    if len(groups) != 1 or None in groups:
+        raise Failed(f"{name}: the workers' spec.schedulingGroup: {groups} (dropped by an API server without "
+                     "the GenericWorkload feature gate?)")
+    (group,) = groups
+    if get("podgroups.scheduling.k8s.io", group, NS) is None:
+        raise Failed(f"{name}: no PodGroup {group}")
+    # All or nothing: with 2 GPUs for 3 workers, none is bound, however long one looks.
+    watched_until = time.monotonic() + UNBOUND_SECONDS
+    while time.monotonic() < watched_until:
+        if bound(name):
+            raise Failed(f"{name}: part of the gang was placed on {E2E_NODES} nodes: {bound(name)}")
+        time.sleep(1)
+    names = [f"{name}-{rank}" for rank in range(GANG_NODES)]
+    try:
+        said = eventually(lambda: (c := condition(name, "PodsPending")).get("status") == "True"
+                          and "pod group" in c["message"] and all(n in c["message"] for n in names) and c,
+                          f"{name}: the PodsPending condition naming the {GANG_NODES} pods and their pod group", 60)
+    except Failed as exc:
+        raise Failed(f"{exc}: the condition {condition(name, 'PodsPending')}; the scheduler's "
+                     f"{scheduler_messages(name)}") from None
+    eventually(lambda: [e for e in events(name, "PodsPending") if e["type"] == "Warning"],
+               f"{name}: a Warning Event PodsPending", 60)
+    scheduled = [c for c in ((get("podgroups.scheduling.k8s.io", group, NS) or {}).get("status") or {}).get("conditions")
+                 or [] if c["type"] == "PodGroupScheduled"]
+    print(f"with a gang: none bound for {UNBOUND_SECONDS} s; {said['message'][:400]}; PodGroup {group}: {scheduled}")
+
+    if localcluster("join") != 0:
+        raise Failed("python -m localcluster join failed (above)")
+    joined = time.monotonic()
+    eventually(lambda: running_gang(name, nodes=GANG_NODES), f"{name}: all {GANG_NODES} workers Running", 300)
+    figures["node joined → the waiting gang of 3 all Running (s)"] = time.monotonic() - joined
+    nodes = set(bound(name).values())
+    if len(nodes) != GANG_NODES:
+        raise Failed(f"{name}: {GANG_NODES} workers of one GPU each on {sorted(nodes)}")
+    final = finished(name)
+    if final["restarts"] != 0:
+        raise Failed(f"{name}: restarts {final['restarts']}, expected 0")
+    print(f"after the join: the gang on {sorted(nodes)}, Succeeded")
+    delete(name)
+
+
 SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("crd-refusals", "what the CRD refuses at kubectl apply and on an edit, with the API server's own message",
      scenario_crd_refusals),
@@ -881,10 +1009,13 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("suspend", "suspend and resume", scenario_suspend_resume),
     ("delete", "delete → every process gone, the pods' network namespaces removed", scenario_delete),
     ("engine-backoff", "engine Job failing → retried up to its backoffLimit → job Failed", scenario_engine_backoff),
-    ("tokens", "workers hold no API permission: progress through the operator, tokens as the API server and the "
-     "operator's TokenReview judge them", scenario_tokens),
+    ("tokens", ("workers hold no API permission: progress through the operator, tokens as the API server and the "
+                "operator's TokenReview judge them"), scenario_tokens),
     ("user-image", "a user's image FROM the trainer image (examples/Containerfile) trains to Succeeded", scenario_user_image),
     ("image-missing", "an image in no store → ErrImagePull, ImagePullBackOff, the operator's condition", scenario_image_missing),
     ("leader-failover", "two operator replicas: the leader's pod lost → the standby leads", scenario_leader_failover),
     ("control-plane-outage", "kube-apiserver, then etcd, stopped for 20 s during training", scenario_control_plane_outage),
+    # Last: it leaves a third node behind.
+    ("gang", ("Kubernetes' own gang scheduling: 3 GPU workers on 2 GPU nodes none placed, the job says why; a node "
+              "joins → the gang placed whole → Succeeded"), scenario_gang),
 ]

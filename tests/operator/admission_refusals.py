@@ -1,6 +1,6 @@
 """The refusals of a pod (or Service, ConfigMap, PodGroup, Job) create that a real cluster's
 admission makes and the test API server does not: Pod Security admission, a ResourceQuota, a
-missing service account, an invalid field, each with the API server's own message, for the tests
+missing service account, an invalid field, an API not served, each with the API server's own message, for the tests
 of how the operator reports them (test_refusals.py): what they test is the operator's reaction.
 
 apiserver.ApiServer calls every hook in its `admission` list on create and update
@@ -89,6 +89,16 @@ class Refusals:
         return self._add(Refusal(
             self._kind_is(plural), 422, "Invalid",
             lambda obj: f'{kinds.get(plural, plural)} "{obj["metadata"]["name"]}" is invalid: {field}: {detail}',
+        ))
+
+    def not_served(self, api_version: str, plural: str) -> Refusal:
+        """An API the cluster does not serve (an alpha API left off, a CRD not installed): 404 NotFound in the
+        API server's words for any path it has no handler for. kmock stores any resource it is sent."""
+        group, version = api_version.split("/")
+        return self._add(Refusal(
+            lambda request, obj: (request.resource.group, request.resource.version, request.resource.plural)
+            == (group, version, plural),
+            404, "NotFound", lambda obj: "the server could not find the requested resource",
         ))
 
     def remove(self, refusal: Refusal) -> None:

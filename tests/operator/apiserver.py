@@ -68,6 +68,7 @@ RESOURCES = [
     ("networking.k8s.io/v1/networkpolicies", "NetworkPolicy", False),
     ("coordination.k8s.io/v1/leases", "Lease", False),
     (f"{contract.API_VERSION}/{contract.PLURAL}", contract.KIND, True),
+    ("scheduling.k8s.io/v1alpha2/podgroups", "PodGroup", True),
     ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True),
     ("scheduling.x-k8s.io/v1alpha1/podgroups", "PodGroup", True),
 ]

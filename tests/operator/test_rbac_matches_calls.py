@@ -47,13 +47,14 @@ class FirstCreateOfEachKind:
 
 async def full_lifecycle(cluster: Cluster) -> None:
     """Create, conflicts, running, immutable change, restart, suspend/resume, engine Job, success,
-    cleanup, TTL deletion; and a second job gang-scheduled by scheduler-plugins."""
+    cleanup, TTL deletion; and two more jobs gang-scheduled by scheduler-plugins and by Kubernetes itself."""
     # A 409 for creations that meet an object of the same name: the operator reads it back.
     cluster.api.faults.fail(FirstCreateOfEachKind(), status=409, reason="AlreadyExists")
     life = a_cpu_job("life").with_nodes(2).with_engine().with_gang_scheduling("volcano")
     await cluster.apply(life.with_clean_pod_policy("All").with_ttl(1).as_dict())
     cosched = a_cpu_job("cosched").with_nodes(1).with_gang_scheduling("scheduler-plugins-scheduler")
     await cluster.apply(cosched.as_dict())
+    await cluster.apply(a_cpu_job("native").with_nodes(1).with_native_gang_scheduling().as_dict())
     await cluster.run_all(NS, "life", 2)
     await cluster.phase(NS, "life", "Running")
 
@@ -74,6 +75,8 @@ async def full_lifecycle(cluster: Cluster) -> None:
         and len(cluster.pods(NS, "life")) == 2, "the new gang")
     await cluster.patch_job(NS, "life", {"spec": {"runPolicy": {"suspend": True}}})
     await cluster.phase(NS, "life", "Suspended")
+    # The phase is written before the pods go: resumed earlier, run_all could start a pod on its way out.
+    await cluster.eventually(lambda: cluster.pods(NS, "life") == [], "the suspended gang's pods gone")
     await cluster.patch_job(NS, "life", {"spec": {"runPolicy": {"suspend": False}}})
     await cluster.run_all(NS, "life", 2)
     await cluster.phase(NS, "life", "Running")
@@ -84,6 +87,7 @@ async def full_lifecycle(cluster: Cluster) -> None:
     await cluster.phase(NS, "life", "Succeeded")
     await cluster.eventually(lambda: cluster.job(NS, "life") is None, "the TTL deletion")
     await cluster.eventually(lambda: cluster.pods(NS, "cosched"), "the second job's pod")
+    await cluster.eventually(lambda: cluster.pods(NS, "native"), "the third job's pod")
 
 
 def operator_calls(cluster: Cluster) -> set[tuple[str, str, str]]:

@@ -96,3 +96,35 @@ async def test_a_refused_service_is_reported_too(operated: Cluster):
     await operated.phase(NS, "svc", "Failed")
     assert operated.condition(NS, "svc", "Failed")["reason"] == "InvalidService"
     assert operated.pods(NS, "svc") == []
+
+
+async def test_no_pod_without_its_kubernetes_pod_group_until_the_cluster_serves_it(operated: Cluster):
+    """gang.provider kubernetes on a cluster without scheduling.k8s.io/v1alpha2 (before 1.36, or without its
+    feature gates): such an API server would drop spec.schedulingGroup from the pods and place them one by
+    one, so none is created; the condition and a Warning Event say what the cluster needs, and the job
+    starts at a retry once the cluster has it."""
+    unserved = operated.refusals.not_served("scheduling.k8s.io/v1alpha2", "podgroups")
+    await operated.apply(a_cpu_job("native").with_nodes(2).with_native_gang_scheduling().as_dict())
+    condition = await operated.eventually(lambda: refused(operated, "native"), "the CreateRefused condition")
+    assert condition["reason"] == refusals.REASON_GANG_UNAVAILABLE
+    assert ("This cluster does not serve scheduling.k8s.io/v1alpha2 PodGroups: Kubernetes 1.36+ with the feature gates "
+            "GenericWorkload and GangScheduling and --runtime-config=scheduling.k8s.io/v1alpha2=true, or set "
+            "spec.scheduling.gang.provider to volcano or scheduler-plugins") in condition["message"]
+    events = await operated.eventually(
+        lambda: [e for e in operated.events(NS, "native") if e["reason"] == refusals.REASON_GANG_UNAVAILABLE],
+        "the Warning Event",
+    )
+    assert events[0]["type"] == "Warning"
+    assert operated.pod_creations(NS, "native-0") == operated.pod_creations(NS, "native-1") == 0
+    assert operated.status(NS, "native")["phase"] == "Pending"
+    # The cluster gets the API: the next retry creates the PodGroup, then the pods that name it.
+    operated.refusals.remove(unserved)
+    pods = await operated.eventually(lambda: len(p := operated.pods(NS, "native")) == 2 and p, "2 pods", timeout=30)
+    (group,) = operated.objects("scheduling.k8s.io/v1alpha2/podgroups", NS, "native")
+    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 2}}}
+    assert group["metadata"]["ownerReferences"][0]["name"] == "native"
+    for pod in pods:
+        assert pod["spec"]["schedulingGroup"] == {"podGroupName": "native"} and "schedulerName" not in pod["spec"]
+    await operated.eventually(
+        lambda: operated.condition(NS, "native", refusals.CREATE_REFUSED)["status"] == "False", "the condition cleared"
+    )

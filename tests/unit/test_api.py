@@ -112,6 +112,8 @@ BAD_SPECS = [
     ("unknown clean pod policy", with_spec("runPolicy.cleanPodPolicy", "Some"), "spec.runPolicy.cleanPodPolicy"),
     ("gang minAvailable above nodes", with_spec("scheduling", {"schedulerName": "volcano", "gang": {"enabled": True, "minAvailable": 5}}), "spec"),
     ("gang without scheduler", with_spec("scheduling.gang", {"enabled": True}), "spec.scheduling"),
+    ("gang volcano without scheduler", with_spec("scheduling.gang", {"enabled": True, "provider": "volcano"}), "spec.scheduling"),
+    ("unknown gang provider", with_spec("scheduling.gang", {"enabled": True, "provider": "kueue"}), "spec.scheduling.gang.provider"),
     ("unknown nccl debug level", with_spec("nccl.debug", "LOUD"), "spec.nccl.debug"),
     ("nccl var twice", with_spec("nccl", {"ibDisable": True, "env": {"NCCL_IB_DISABLE": "0"}}), "spec.nccl"),
     ("opset too old", with_spec("export.onnx.opset", 11), "spec.export.onnx.opset"),

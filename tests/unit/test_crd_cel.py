@@ -140,7 +140,8 @@ CEL_REJECTS = {
     "reserved torch env name": "spec.env[0]: Invalid value: \"object\": this name is reserved",
     "NCCL var in env": "spec.env[0]: Invalid value: \"object\": NCCL variables go under spec.nccl",
     "gang minAvailable above nodes": "spec: Invalid value: \"object\": scheduling.gang.minAvailable cannot exceed nodes",
-    "gang without scheduler": "spec.scheduling: Invalid value: \"object\": gang.enabled needs schedulerName",
+    "gang without scheduler": "spec.scheduling: Invalid value: \"object\": gang.enabled needs gang.provider: kubernetes",
+    "gang volcano without scheduler": "spec.scheduling: Invalid value: \"object\": gang.enabled needs gang.provider: kubernetes",
     "engine without onnx": "spec: Invalid value: \"object\": engine.enabled needs export.onnx.enabled",
     "limitTrainBatches above one as fraction": "spec.trainer: Invalid value: \"object\": limitTrainBatches is a number",
     "name too long": "<nil>: Invalid value: \"object\": metadata.name must be a DNS-1035 label",
@@ -199,6 +200,7 @@ def test_model_only_checks_are_the_model_only(case):
 GOOD = [("base", base_job()), *[(name, obj) for name, obj in example_objects() if name not in LOCAL_EXAMPLES],
         ("all defaults", {**base_job(), "spec": api.DistributedTraining.model_validate(base_job()).spec.to_wire()}),
         ("gang", with_spec("scheduling", {"schedulerName": "volcano", "gang": {"enabled": True, "minAvailable": 2}})),
+        ("kubernetes gang", with_spec("scheduling.gang", {"enabled": True, "provider": "kubernetes"})),
         ("env", with_spec("env", [{"name": "MY_FLAG", "value": "1"}, {"name": "PETS", "value": "cat"}])),
         ("nccl env", with_spec("nccl.env", {"NCCL_ALGO": "Ring", "TORCH_NCCL_BLOCKING_WAIT": "1"}))]
 
@@ -357,6 +359,24 @@ def test_gang_rule_agrees_with_the_model(nodes, min_available):
         api.DistributedTraining.model_validate(obj)
     except pydantic.ValidationError:
         model_ok = False
+    assert (cel_messages(obj) == []) == model_ok
+
+
+@pytest.mark.parametrize(
+    "enabled,provider,scheduler",
+    list(itertools.product([True, False], [None, "kubernetes", "volcano", "scheduler-plugins"], [None, "volcano", "my-scheduler"])),
+)
+def test_gang_scheduler_rule_agrees_with_the_model(enabled, provider, scheduler):
+    """Which gangs need a schedulerName: all but Kubernetes' own."""
+    scheduling = {"gang": {"enabled": enabled, **({"provider": provider} if provider else {})},
+                  **({"schedulerName": scheduler} if scheduler else {})}
+    obj = with_spec("scheduling", scheduling)
+    model_ok = True
+    try:
+        api.DistributedTraining.model_validate(obj)
+    except pydantic.ValidationError:
+        model_ok = False
+    assert model_ok == (not enabled or scheduler is not None or provider == "kubernetes")
     assert (cel_messages(obj) == []) == model_ok
 
 

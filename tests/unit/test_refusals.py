@@ -32,6 +32,28 @@ def test_classify(status, message, reason, fails):
     assert message in refusal.message and "Pod ns/a-0" in refusal.message
 
 
+@pytest.mark.parametrize(
+    "api_version,fix",
+    [
+        ("scheduling.k8s.io/v1alpha2", (
+            "Kubernetes 1.36+ with the feature gates GenericWorkload and GangScheduling and "
+            "--runtime-config=scheduling.k8s.io/v1alpha2=true, or set spec.scheduling.gang.provider to volcano or "
+            "scheduler-plugins")),
+        ("scheduling.volcano.sh/v1beta1", "Volcano installed, or set spec.scheduling.gang.provider to kubernetes"),
+        ("scheduling.x-k8s.io/v1alpha1", "scheduler-plugins' PodGroup CRD"),
+    ],
+)
+def test_a_pod_group_api_the_cluster_does_not_serve_names_the_fix_and_is_retried(api_version, fix):
+    refusal = refusals.classify("PodGroup", "ns/a", 404, "the server could not find the requested resource", api_version)
+    assert refusal is not None
+    assert (refusal.reason, refusal.fails_job) == ("GangSchedulingUnavailable", False)
+    assert f"This cluster does not serve {api_version} PodGroups: {fix}" in refusal.message
+    assert "the server could not find the requested resource" in refusal.message and refusals.BACKOFF in refusal.message
+    # Any other 404 is no statement about gang scheduling: a PodGroup deleted between a 409 and its read-back.
+    gone = refusals.classify("PodGroup", "ns/a", 404, 'podgroups.scheduling.k8s.io "a" not found', api_version)
+    assert gone is not None and gone.reason == "CreateRefused"
+
+
 @pytest.mark.parametrize("status", [409, 429, 500, 503, 0, 201])
 def test_not_a_refusal(status):
     assert refusals.classify("Pod", "ns/a-0", status, "x") is None

@@ -144,8 +144,48 @@ def test_gang_scheduling_pod_group_and_membership(scheduler, kind_api, where):
     assert pod["spec"]["schedulerName"] == scheduler
 
 
+@pytest.mark.parametrize(
+    "provider,scheduler,kind_api",
+    [
+        ("volcano", "volcano-custom", "scheduling.volcano.sh/v1beta1"),
+        ("scheduler-plugins", "volcano", "scheduling.x-k8s.io/v1alpha1"),
+        ("kubernetes", None, "scheduling.k8s.io/v1alpha2"),
+    ],
+)
+def test_gang_provider_wins_over_the_scheduler_name(provider, scheduler, kind_api):
+    scheduling = {"gang": {"enabled": True, "provider": provider}, **({"schedulerName": scheduler} if scheduler else {})}
+    group = render.render_pod_group(MNIST.with_spec(scheduling=scheduling).as_model())
+    assert group["apiVersion"] == kind_api
+
+
+def test_kubernetes_gang_scheduling_needs_no_scheduler():
+    """provider kubernetes: the default scheduler's own PodGroup (1.36), named by the pods' schedulingGroup;
+    no scheduler name, no Volcano annotation, no coscheduling label."""
+    gang = {"enabled": True, "provider": "kubernetes", "minAvailable": 3}
+    job = MNIST.with_nodes(4).with_spec(scheduling={"gang": gang}).as_model()
+    assert render.render_pod_group(job) == {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": "mnist", "namespace": "ml", "labels": labels("worker")},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 3}}},
+    }
+    pod = render.render_worker_pod(job, rank=2, gang_generation=1)
+    assert pod["spec"]["schedulingGroup"] == {"podGroupName": "mnist"}
+    assert "schedulerName" not in pod["spec"] and "annotations" not in pod["metadata"]
+    assert pod["metadata"]["labels"] == labels(
+        "worker", **{contract.LABEL_NODE_RANK: "2", contract.LABEL_GANG_GENERATION: "1"}
+    )
+    every = render.render_pod_group(MNIST.with_nodes(4).with_native_gang_scheduling().as_model())
+    assert every["spec"]["schedulingPolicy"]["gang"]["minCount"] == 4
+    # The engine Job's pod comes after the gang and is no member of it.
+    assert "schedulingGroup" not in render.render_engine_job(job)["spec"]["template"]["spec"]
+
+
 def test_no_pod_group_without_gang_scheduling():
     assert render.render_pod_group(MNIST.as_model()) is None
+    provider_alone = MNIST.with_spec(scheduling={"gang": {"provider": "kubernetes"}}).as_model()
+    assert render.render_pod_group(provider_alone) is None
+    assert "schedulingGroup" not in render.render_worker_pod(provider_alone, 0)["spec"]
 
 
 def test_engine_job():
@@ -204,6 +244,15 @@ def test_rendered_objects_are_valid_kubernetes(version):
         if child["kind"] == "PodGroup":
             continue  # not a core API: kubernetes-validate has no schema for it
         kubernetes_validate.validate(child, version, strict=True)
+
+
+def test_kubernetes_gang_objects_are_valid_kubernetes_1_36():
+    """Kubernetes' own PodGroup and the pods' schedulingGroup, against 1.36's schemas (the first with them)."""
+    full = {**FULL_SPEC, "scheduling": {**FULL_SPEC["scheduling"], "gang": {"enabled": True, "provider": "kubernetes"}}}
+    children = render.render_children(MNIST.with_spec(**full).as_model())
+    assert {(c["apiVersion"], c["kind"]) for c in children} >= {("scheduling.k8s.io/v1alpha2", "PodGroup"), ("v1", "Pod")}
+    for child in children:
+        kubernetes_validate.validate(child, "1.36", strict=True)
 
 
 REPORT = render.ReportEndpoint("https://dtrain-operator.dtrain-system.svc:8443", "-----BEGIN CERTIFICATE-----\n...")

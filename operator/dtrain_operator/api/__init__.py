@@ -8,7 +8,7 @@ through untouched and validated by the API server's own schemas.
 
 This package is the API layer: it imports only pydantic, PyYAML and the standard library, and it is
 the only part of dtrain_operator that the trainer and the engine builder import. The model
-lives in `common`, `spec`, `artifacts`, `status` and `job`, and is re-exported here.
+lives in `common`, `spec`, `scheduling`, `storage`, `artifacts`, `status` and `job`, and is re-exported here.
 """
 
 from dtrain_operator.api.artifacts import (
@@ -63,6 +63,7 @@ from dtrain_operator.api.job import (
     with_env_values,
 )
 from dtrain_operator.api.kubernetes import QUANTITY_PATTERN
+from dtrain_operator.api.scheduling import GangProvider, GangScheduling, SchedulingSettings
 from dtrain_operator.api.spec import (
     BUILTIN_IMAGE_FOLDER_DATA,
     BUILTIN_MODEL,
@@ -70,12 +71,10 @@ from dtrain_operator.api.spec import (
     CheckpointSettings,
     ClassSpec,
     DistributedTrainingSpec,
-    GangScheduling,
     LoggingSettings,
     NcclDebug,
     NcclSettings,
     RunPolicy,
-    SchedulingSettings,
     StragglerSettings,
     TrainerSettings,
 )
@@ -134,6 +133,7 @@ __all__ = [
     "EngineSettings",
     "EnvVar",
     "ExportSettings",
+    "GangProvider",
     "GangScheduling",
     "HardwareCompatibilityLevel",
     "InitArgs",

@@ -114,7 +114,9 @@ class ChildWriter:
             existing, created = await self._client.create_or_read(obj)
         except ApiError as exc:
             meta = obj["metadata"]
-            refusal = refusals.classify(obj["kind"], f"{meta['namespace']}/{meta['name']}", exc.status, exc.message)
+            refusal = refusals.classify(
+                obj["kind"], f"{meta['namespace']}/{meta['name']}", exc.status, exc.message, obj["apiVersion"]
+            )
             if refusal is None:
                 raise
             raise refusals.CreateRefused(refusal) from exc

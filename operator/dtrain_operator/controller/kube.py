@@ -45,6 +45,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
     ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
+    ("scheduling.k8s.io/v1alpha2", "PodGroup"): ("/apis/scheduling.k8s.io/v1alpha2", "podgroups"),
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): ("/apis/scheduling.volcano.sh/v1beta1", "podgroups"),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("/apis/scheduling.x-k8s.io/v1alpha1", "podgroups"),
     (contract.API_VERSION, contract.KIND): (f"/apis/{contract.API_VERSION}", contract.PLURAL),

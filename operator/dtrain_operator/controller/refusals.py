@@ -9,6 +9,11 @@ carries out the decision (a condition, a Warning Event, a requeue, or a failed j
 - A quota refusal clears by itself when other pods finish: retried with backoff, and said so.
 - Pod Security, a missing service account, RBAC: they need someone to act; retried with the
   same backoff (so that the job starts once they have), the condition says what to change.
+- A PodGroup's API that the cluster does not serve (404: Kubernetes' own before 1.36 or without its
+  feature gates, Volcano or scheduler-plugins not installed): retried with the same backoff, and the
+  condition says what the cluster needs or which other provider to choose. No worker pod is created
+  before its PodGroup: an API server without Kubernetes' gang API would drop spec.schedulingGroup
+  from them, and they would be placed one by one.
 - An invalid object (422) is a bug in what was asked for (e.g. requests above limits): retrying
   cannot help, so the job fails with the object's own reason (InvalidPod, InvalidService, ...).
 """
@@ -27,11 +32,23 @@ REASON_POD_SECURITY = "PodSecurityForbidden"
 REASON_SERVICE_ACCOUNT = "ServiceAccountMissing"
 REASON_FORBIDDEN = "CreateForbidden"
 REASON_REFUSED = "CreateRefused"
+REASON_GANG_UNAVAILABLE = "GangSchedulingUnavailable"
 REASON_CREATED = "ChildrenCreated"
 FIRST_RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
 BACKOFF = f"dtrain retries with a backoff from {FIRST_RETRY_SECONDS:.0f} s, doubling up to {MAX_RETRY_SECONDS / 60:.0f} min"
 MAX_MESSAGE_CHARS = 2048
+UNSERVED = "the server could not find the requested resource"
+# What a cluster needs to serve each PodGroup API (by apiVersion), or the other choice.
+GANG_SCHEDULING_NEEDS = {
+    "scheduling.k8s.io/v1alpha2": "Kubernetes 1.36+ with the feature gates GenericWorkload and GangScheduling and "
+    "--runtime-config=scheduling.k8s.io/v1alpha2=true, or set spec.scheduling.gang.provider to volcano or "
+    "scheduler-plugins",
+    "scheduling.volcano.sh/v1beta1": "Volcano installed, or set spec.scheduling.gang.provider to kubernetes or "
+    "scheduler-plugins",
+    "scheduling.x-k8s.io/v1alpha1": "scheduler-plugins' PodGroup CRD and its coscheduling scheduler installed, or set "
+    "spec.scheduling.gang.provider to kubernetes or volcano",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +77,18 @@ class CreateRefused(Exception):
         self.refusal = refusal
 
 
-def classify(kind: str, name: str, status: int, message: str) -> Refusal | None:
-    """The decision for a create answered with `status`; None when it is not a refusal to report
-    (a 409 is read back, a 5xx or a lost connection is retried as any failed reconcile)."""
+def classify(kind: str, name: str, status: int, message: str, api_version: str = "") -> Refusal | None:
+    """The decision for a create of a `kind` object (of `api_version`) answered with `status`; None when it
+    is not a refusal to report (a 409 is read back, a 5xx or a lost connection is retried as any failed reconcile)."""
     if not 400 <= status < 500 or status in (409, 429):
         return None
     lowered = message.lower()
+    # The API server's words for an API it does not serve (an object's own 404 names the object: the
+    # read-back after a 409 of one deleted in between is no statement about the cluster).
+    if status == 404 and api_version in GANG_SCHEDULING_NEEDS and UNSERVED in lowered:
+        return Refusal(kind, name, status, REASON_GANG_UNAVAILABLE, message,
+                       f"This cluster does not serve {api_version} PodGroups: {GANG_SCHEDULING_NEEDS[api_version]}; "
+                       + BACKOFF, False)
     if status == 422:
         return Refusal(kind, name, status, f"Invalid{kind}", message,
                        "The object the job asks for is invalid: fix the spec and re-create the job", True)

@@ -29,9 +29,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 TRAINER_CONTAINER = "trainer"
 ENGINE_CONTAINER = "engine"
 RENDEZVOUS_PORT_NAME = "rendezvous"
-VOLCANO_SCHEDULER = "volcano"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+NATIVE_POD_GROUP_API = "scheduling.k8s.io/v1alpha2"  # Kubernetes' own gang scheduling (1.36 alpha)
 # Worker command: torchrun (through dtrain's launcher, which passes on the failing worker's
 # own exit code) takes its flags from the PET_* variables and runs the trainer module.
 TRAINER_COMMAND = ["python", "-m", "dtrain_trainer.launch", "-m", "dtrain_trainer"]
@@ -94,7 +94,7 @@ def worker_labels(job: DistributedTraining, rank: int, gang_generation: int) -> 
     labels = job_labels(job, contract.ROLE_WORKER)
     labels[contract.LABEL_NODE_RANK] = str(rank)
     labels[contract.LABEL_GANG_GENERATION] = str(gang_generation)
-    if job.spec.scheduling.gang.enabled and not _uses_volcano(job):
+    if job.spec.scheduling.gang_provider == "scheduler-plugins":
         labels[COSCHEDULING_GROUP_LABEL] = pod_group_name(job)
     return labels
 
@@ -239,10 +239,6 @@ _POD_SECURITY = {
 }
 
 
-def _uses_volcano(job: DistributedTraining) -> bool:
-    return job.spec.scheduling.scheduler_name == VOLCANO_SCHEDULER
-
-
 def _scheduling_fields(job: DistributedTraining) -> dict[str, Any]:
     scheduling = job.spec.scheduling
     fields: dict[str, Any] = {}
@@ -294,7 +290,7 @@ def render_worker_pod(
     spec = job.spec
     gpus = spec.devices_per_node if spec.accelerator == "gpu" else 0
     metadata = _metadata(job, worker_pod_name(job, rank), worker_labels(job, rank, gang_generation))
-    if spec.scheduling.gang.enabled and _uses_volcano(job):
+    if spec.scheduling.gang_provider == "volcano":
         metadata["annotations"] = {VOLCANO_GROUP_ANNOTATION: pod_group_name(job)}
     container = _trainer_container(job, rank, report if reports else None)
     resources = _resources(spec.resources, gpus)
@@ -324,6 +320,9 @@ def render_worker_pod(
     }
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [ref.to_wire() for ref in spec.image_pull_secrets]
+    if spec.scheduling.gang_provider == "kubernetes":
+        # The workers' gang only: the engine Job's pod comes after it and is scheduled alone.
+        pod_spec["schedulingGroup"] = {"podGroupName": pod_group_name(job)}
     if spec.host_network:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -390,14 +389,18 @@ def render_engine_job(job: DistributedTraining) -> dict[str, Any]:
 
 
 def render_pod_group(job: DistributedTraining) -> dict[str, Any] | None:
-    """A PodGroup for gang scheduling (Volcano's or scheduler-plugins'), or None when not asked for."""
-    gang = job.spec.scheduling.gang
-    if not gang.enabled:
+    """A PodGroup for gang scheduling (Kubernetes', Volcano's or scheduler-plugins'), or None when not asked for."""
+    gang, provider = job.spec.scheduling.gang, job.spec.scheduling.gang_provider
+    if provider is None:
         return None
     min_member = gang.min_available if gang.min_available is not None else job.spec.nodes
     metadata = _metadata(job, pod_group_name(job), job_labels(job, contract.ROLE_WORKER))
-    if _uses_volcano(job):
-        spec: dict[str, Any] = {"minMember": min_member}
+    if provider == "kubernetes":
+        # The pods' spec.schedulingGroup names it; it needs no Workload (podGroupTemplateRef is optional).
+        spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_member}}}
+        return {"apiVersion": NATIVE_POD_GROUP_API, "kind": "PodGroup", "metadata": metadata, "spec": spec}
+    if provider == "volcano":
+        spec = {"minMember": min_member}
         if job.spec.scheduling.priority_class_name:
             spec["priorityClassName"] = job.spec.scheduling.priority_class_name
         return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "metadata": metadata, "spec": spec}

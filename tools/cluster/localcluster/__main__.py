@@ -1,8 +1,10 @@
-"""`python -m localcluster up|down|status` (run from tools/cluster; `make cluster`, `make cluster-down`).
+"""`python -m localcluster up|join|down|status` (from tools/cluster; make cluster, cluster-join, cluster-down).
 
     up [--nodes N] [--gpus-per-node G]   build what is missing, start the control plane, N kubelets, an S3
                                          gateway for spec.storage.url and the operator (helm install),
                                          return when the operator is Available
+    join                                 one more node in the running cluster (the next index, with the CPU,
+                                         memory and GPUs each node got at `up`); return when it is Ready
     down                                 stop everything `up` started and remove its state
     status                               what runs
     volume NAME [-n NAMESPACE]           a ReadWriteMany claim for spec.storage.claimName
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from . import controlplane, layout, network, objectstore, pki, processes
 
@@ -28,6 +31,11 @@ KUBECTL = layout.REPO / ".tools" / "bin" / "kubectl"
 OPERATOR_NAMESPACE = "dtrain-system"
 RELEASE = "dtrain"
 S3_GATEWAY = "s3-gateway"
+# What each node gets unless `up` is told otherwise (and what `join` assumes of a cluster whose
+# cluster.json predates cpuPerNode and memoryPerNode).
+DEFAULT_CPU = "4"
+DEFAULT_MEMORY = "16Gi"
+KUBELET_PREFIX = "kubelet-"
 
 
 class ClusterError(RuntimeError):
@@ -43,18 +51,55 @@ def kubectl(*args: str, check: bool = True, capture: bool = True) -> subprocess.
 
 
 def _kubelet_name(index: int) -> str:
-    return f"kubelet-{layout.Node(index).name}"
+    return f"{KUBELET_PREFIX}{layout.Node(index).name}"
 
 
-def _check_ports(nodes: list[layout.Node]) -> None:
+def ports_needed(nodes: list[layout.Node], control_plane: bool = True) -> dict[int, str]:
+    """The ports `up` (control_plane) or `join` (the new node's alone) listens on, with who needs each."""
     ports = {layout.ETCD_CLIENT_PORT: "etcd", layout.ETCD_PEER_PORT: "etcd (peers)",
              layout.APISERVER_PORT: "kube-apiserver", layout.CONTROLLER_MANAGER_PORT: "kube-controller-manager",
-             layout.SCHEDULER_PORT: "kube-scheduler", layout.S3_PORT: "the S3 gateway"}
+             layout.SCHEDULER_PORT: "kube-scheduler", layout.S3_PORT: "the S3 gateway"} if control_plane else {}
     ports.update({node.kubelet_port: f"the kubelet of {node.name}" for node in nodes})
+    return ports
+
+
+def _check_ports(ports: dict[int, str], again: str = "make cluster") -> None:
     for port, what in ports.items():
         if controlplane.port_in_use(port):
             raise ClusterError(f"port {port}, which {what} needs, is in use by another program: stop it "
-                               f"(ss -ltnp 'sport = :{port}' names it), then run make cluster again")
+                               f"(ss -ltnp 'sport = :{port}' names it), then run {again} again")
+
+
+def cluster_config(nodes: int, gpus: int, cpu: str, memory: str, pods_from: str) -> dict[str, Any]:
+    """cluster.json: what `up` was asked for, which `join` gives the next node too."""
+    return {"nodes": nodes, "gpusPerNode": gpus, "cpuPerNode": cpu, "memoryPerNode": memory, "podsFrom": pods_from}
+
+
+def next_node(config: dict[str, Any], process_names: list[str]) -> layout.Node:
+    """The node `join` adds: after the highest one cluster.json counts or a kubelet's pid file names."""
+    highest = int(config.get("nodes") or 0)
+    for name in process_names:
+        index = name.removeprefix(f"{KUBELET_PREFIX}node-")
+        if name.startswith(KUBELET_PREFIX) and index.isdigit():
+            highest = max(highest, int(index))
+    return layout.Node(highest + 1)
+
+
+def kubelet_argv(node: layout.Node, config: dict[str, Any]) -> list[str]:
+    """One node's kubelet, with the per-node resources cluster.json records (`up`'s defaults where it has none)."""
+    return [sys.executable, "-m", "localcluster", "kubelet", f"--node={node.index}",
+            f"--cpu={config.get('cpuPerNode') or DEFAULT_CPU}", f"--memory={config.get('memoryPerNode') or DEFAULT_MEMORY}",
+            f"--gpus={int(config.get('gpusPerNode') or 0)}", f"--pods-from={config.get('podsFrom') or 'images'}"]
+
+
+def ready_nodes(nodes: list[dict[str, Any]]) -> set[str]:
+    """The names of the Nodes (kubectl get nodes' items) that are Ready and no longer tainted not-ready."""
+    def ready(node: dict[str, Any]) -> bool:
+        conditions = node.get("status", {}).get("conditions", [])
+        taints = node.get("spec", {}).get("taints") or []
+        return (any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+                and not any(t["key"] == "node.kubernetes.io/not-ready" for t in taints))
+    return {node["metadata"]["name"] for node in nodes if ready(node)}
 
 
 def _prerequisites() -> None:
@@ -67,17 +112,20 @@ def _prerequisites() -> None:
             raise ClusterError(f"{tool} is missing: run make tools")
 
 
+def _ready_node_names() -> set[str]:
+    result = kubectl("get", "nodes", "-o", "json", check=False)
+    return ready_nodes(json.loads(result.stdout)["items"]) if result.returncode == 0 else set()
+
+
 def _wait_nodes_ready(count: int) -> None:
-    def ready() -> bool:
-        result = kubectl("get", "nodes", "-o", "json", check=False)
-        if result.returncode != 0:
-            return False
-        items = json.loads(result.stdout)["items"]
-        good = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
-                                        for c in n.get("status", {}).get("conditions", []))
-                and not any(t["key"] == "node.kubernetes.io/not-ready" for t in n["spec"].get("taints") or [])]
-        return len(good) >= count
-    processes.wait_until(ready, f"{count} Ready nodes", 120)
+    processes.wait_until(lambda: len(_ready_node_names()) >= count, f"{count} Ready nodes", 120)
+
+
+def _start_kubelet(node: layout.Node, config: dict[str, Any]) -> None:
+    node.folder.mkdir(parents=True, exist_ok=True)
+    processes.start(_kubelet_name(node.index), kubelet_argv(node, config),
+                    env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                    cwd=layout.REPO / "tools" / "cluster")
 
 
 def _build_images() -> None:
@@ -139,14 +187,14 @@ def up(args: argparse.Namespace) -> int:
         return 0
     nodes = [layout.Node(i) for i in range(1, args.nodes + 1)]
     _prerequisites()
-    _check_ports(nodes)
+    _check_ports(ports_needed(nodes))
     started = time.monotonic()
     controlplane.build()
     if args.pods_from == "images":
         _build_images()
     layout.STATE.mkdir(parents=True, exist_ok=True)
-    layout.CONFIG.write_text(json.dumps({"nodes": args.nodes, "gpusPerNode": args.gpus_per_node,
-                                         "podsFrom": args.pods_from}))
+    config = cluster_config(args.nodes, args.gpus_per_node, args.cpu_per_node, args.memory_per_node, args.pods_from)
+    layout.CONFIG.write_text(json.dumps(config))
     pki.make_all(nodes)
     admin = pki.client("admin", "kubernetes-admin", "system:masters")
     pki.kubeconfig(layout.KUBECONFIG, "kubernetes-admin", *admin)
@@ -164,12 +212,7 @@ def up(args: argparse.Namespace) -> int:
     controlplane.start_scheduler()
     print(f"cluster: starting {len(nodes)} kubelets", flush=True)
     for node in nodes:
-        node.folder.mkdir(parents=True, exist_ok=True)
-        processes.start(_kubelet_name(node.index), [
-            sys.executable, "-m", "localcluster", "kubelet", f"--node={node.index}", f"--cpu={args.cpu_per_node}",
-            f"--memory={args.memory_per_node}", f"--gpus={args.gpus_per_node}", f"--pods-from={args.pods_from}",
-        ], env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-            cwd=layout.REPO / "tools" / "cluster")
+        _start_kubelet(node, config)
     _wait_nodes_ready(len(nodes))
     if not args.no_operator:
         print("cluster: helm install dtrain helm/dtrain-operator -n dtrain-system --create-namespace", flush=True)
@@ -182,6 +225,30 @@ def up(args: argparse.Namespace) -> int:
           f"{layout.S3_ENDPOINT}}}, credentialsSecret: {layout.S3_SECRET}}} (the Secret is in "
           f"{' and '.join(layout.S3_SECRET_NAMESPACES)})")
     print(f"export KUBECONFIG={layout.KUBECONFIG}")
+    return 0
+
+
+def join(_: argparse.Namespace) -> int:
+    """One more node in the running cluster: its certificates alone (the CA's, signed; nothing else is made
+    again), its kubelet with the per-node resources of `up`, cluster.json's count; returns when it is Ready."""
+    if not processes.running("kube-apiserver") or not layout.CONFIG.exists():
+        raise ClusterError("no cluster runs here: make cluster starts one, then make cluster-join adds a node")
+    if not KUBECTL.exists():
+        raise ClusterError(f"{KUBECTL} is missing: run make tools")
+    config = json.loads(layout.CONFIG.read_text())
+    node = next_node(config, processes.names())
+    _check_ports(ports_needed([node], control_plane=False), "make cluster-join")
+    started = time.monotonic()
+    pki.make_node(node)
+    argv = kubelet_argv(node, config)
+    print(f"cluster: starting the kubelet of {node.name} ({' '.join(argv[4:])})", flush=True)
+    _start_kubelet(node, config)
+    config["nodes"] = node.index
+    layout.CONFIG.write_text(json.dumps(config))
+    processes.wait_until(lambda: node.name in _ready_node_names(), f"{node.name} Ready", 120,
+                         process=_kubelet_name(node.index))
+    print(f"cluster: {node.name} joined and is Ready in {time.monotonic() - started:.0f} s; "
+          f"{len(_ready_node_names())} Ready nodes")
     return 0
 
 
@@ -230,7 +297,8 @@ def _remove_pod_roots() -> None:
 
 
 def down(_: argparse.Namespace) -> int:
-    kubelets = [n for n in processes.names() if n.startswith("kubelet-")]
+    # Every node's kubelet, those `join` added too: each has its pid file in layout.RUN.
+    kubelets = [n for n in processes.names() if n.startswith(KUBELET_PREFIX)]
     for name in kubelets + ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd", S3_GATEWAY]:
         processes.stop(name)
     # The pods' processes run in sessions of their own: whatever a kubelet left is ended here.
@@ -269,13 +337,14 @@ def main(argv: list[str]) -> int:
     start = commands.add_parser("up", help="start the cluster")
     start.add_argument("--nodes", type=int, default=2)
     start.add_argument("--gpus-per-node", type=int, default=0, help="nvidia.com/gpu allocatable per node (counted, not devices)")
-    start.add_argument("--cpu-per-node", default="4")
-    start.add_argument("--memory-per-node", default="16Gi")
+    start.add_argument("--cpu-per-node", default=DEFAULT_CPU)
+    start.add_argument("--memory-per-node", default=DEFAULT_MEMORY)
     start.add_argument("--no-operator", action="store_true", help="do not install the operator")
     start.add_argument("--pods-from", choices=("images", "host"), default=os.environ.get("PODS_FROM") or "images",
                        help="run containers from their images (default; built when missing) or from this machine's "
                        "Python environment (quick local loops)")
     start.set_defaults(run=up)
+    commands.add_parser("join", help="one more node in the running cluster, as `up` made each").set_defaults(run=join)
     commands.add_parser("down", help="stop the cluster and remove its state").set_defaults(run=down)
     commands.add_parser("status", help="what runs").set_defaults(run=status)
     claim = commands.add_parser("volume", help="a ReadWriteMany claim (for spec.storage.claimName)")

@@ -61,6 +61,15 @@ def serving(name: str, common_name: str, addresses: list[str], dns_names: list[s
 
 
 def make_all(nodes: list[layout.Node]) -> None:
+    """Everything `up` needs: the cluster's own (make_cluster), then each node's (make_node)."""
+    make_cluster()
+    for node in nodes:
+        make_node(node)
+
+
+def make_cluster() -> None:
+    """The CA, the service-account key pair, the API server's serving certificate and the control
+    plane's and admin's client certificates."""
     layout.PKI.mkdir(parents=True, exist_ok=True)
     layout.PKI.chmod(0o700)
     ca_cert, ca_key = ca()
@@ -80,9 +89,15 @@ def make_all(nodes: list[layout.Node]) -> None:
     client("controller-manager", "system:kube-controller-manager")
     client("scheduler", "system:kube-scheduler")
     client("apiserver-kubelet-client", "kube-apiserver-kubelet-client")
-    for node in nodes:
-        client(f"{node.name}-client", f"system:node:{node.name}", "system:nodes")
-        serving(f"{node.name}-serving", f"system:node:{node.name}", [layout.BRIDGE_ADDRESS, "127.0.0.1"], [node.name])
+
+
+def make_node(node: layout.Node) -> None:
+    """One node's client certificate (system:node:<name> in system:nodes) and its kubelet's serving
+    certificate, signed by the cluster's CA: all that a node joining a running cluster needs."""
+    if not all(path.exists() for path in ca()):
+        raise PkiError(f"the cluster's CA is not in {layout.PKI}: make cluster starts a cluster first")
+    client(f"{node.name}-client", f"system:node:{node.name}", "system:nodes")
+    serving(f"{node.name}-serving", f"system:node:{node.name}", [layout.BRIDGE_ADDRESS, "127.0.0.1"], [node.name])
 
 
 def kubeconfig(path: Path, user: str, cert: Path, key: Path, server: str = layout.APISERVER_URL) -> Path:

@@ -37,8 +37,8 @@ served resources once through discovery, which every authenticated client may re
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [create, get]
-# The PodGroup for gang scheduling (Volcano or scheduler-plugins): created, read back on 409.
-- apiGroups: [scheduling.volcano.sh, scheduling.x-k8s.io]
+# The PodGroup for gang scheduling (Kubernetes' own, Volcano or scheduler-plugins): created, read back on 409.
+- apiGroups: [scheduling.k8s.io, scheduling.volcano.sh, scheduling.x-k8s.io]
   resources: [podgroups]
   verbs: [create, get]
 {{- if .Values.networkPolicy.enabled }}

@@ -1,0 +1,45 @@
+"""The gang scenario's jobs (scenarios.gpu_job) without a cluster: admitted as the API server admits
+them (the CRD's schema and CEL rules), read and rendered as the operator does. Every worker asks for
+one nvidia.com/gpu and trains on the CPU, the gang job's workers name Kubernetes' own PodGroup of all
+of them, and the e2e cluster has one GPU too few for them."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtrain_operator.api import DistributedTraining, crd
+from dtrain_operator.core import render
+from tests.cluster.scenarios import E2E_GPUS_PER_NODE, E2E_NODES, GANG_NODES, GPU, e2e_cluster_arguments, gpu_job
+from tests.crd_admission import CrdAdmission
+
+GANG = {"gang": {"enabled": True, "provider": "kubernetes", "scheduleTimeoutSeconds": 5}}
+
+
+@pytest.mark.parametrize("scheduling", [{"gang": {"scheduleTimeoutSeconds": 5}}, GANG])
+def test_each_worker_asks_for_one_gpu_and_trains_on_the_cpu(scheduling):
+    stored = CrdAdmission(crd.crd()).check(gpu_job("e2e-gang", scheduling=scheduling))  # kubectl apply's admission
+    job = DistributedTraining.model_validate(stored)
+    assert job.spec.accelerator == "cpu"  # the trainer refuses gpu where it sees no CUDA device
+    pods = render.render_workers(job)
+    assert len(pods) == GANG_NODES
+    assert all(p["spec"]["containers"][0]["resources"]["limits"] == {GPU: 1} for p in pods)
+
+
+def test_the_gang_names_kubernetes_own_pod_group_of_every_worker():
+    job = DistributedTraining.model_validate(gpu_job("e2e-gang", scheduling=GANG))
+    group = render.render_pod_group(job)
+    assert group is not None and group["apiVersion"] == "scheduling.k8s.io/v1alpha2"
+    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": GANG_NODES}}}
+    assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in render.render_workers(job)} == {
+        group["metadata"]["name"]}
+
+
+def test_without_a_gang_there_is_no_pod_group():
+    job = DistributedTraining.model_validate(gpu_job("e2e-nogang", scheduling={"gang": {"scheduleTimeoutSeconds": 5}}))
+    assert render.render_pod_group(job) is None
+    assert all("schedulingGroup" not in p["spec"] for p in render.render_workers(job))
+
+
+def test_the_e2e_cluster_has_one_gpu_too_few_for_the_gang():
+    assert e2e_cluster_arguments() == ["--nodes", str(E2E_NODES), "--gpus-per-node", str(E2E_GPUS_PER_NODE)]
+    assert E2E_NODES * E2E_GPUS_PER_NODE == GANG_NODES - 1

@@ -113,11 +113,6 @@ CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         {"nodes": 2},
         ("not started by torchrun (WORLD_SIZE is not set)",),
     ),
-    (
-        "gpu without a GPU",
-        {"accelerator": "gpu"},
-        ("accelerator is gpu with devicesPerNode 1, but this process sees 0 CUDA device(s)",),
-    ),
 ]
 
 

@@ -11,6 +11,7 @@ from dtrain_operator.api import TrainerConfig, contract
 from dtrain_trainer.config import (
     check_launch_environment,
     config_path,
+    cpu_fallback,
     progress_interval,
     resolve_precision,
 )
@@ -63,6 +64,16 @@ def test_a_variable_that_is_not_a_number_is_named() -> None:
 def test_many_processes_need_torchrun() -> None:
     with pytest.raises(ConfigError, match="not started by torchrun \\(WORLD_SIZE is not set\\)"):
         check_launch_environment(a_config(nodes=2), {}, visible_gpus=0)
+
+
+def test_gpu_accelerator_without_any_cuda_device_trains_on_the_cpu_and_says_so() -> None:
+    """As `dtrain run` does: a node whose GPUs are counted but not exposed (make cluster GPUS_PER_NODE=N)."""
+    config, warning = cpu_fallback(a_config(accelerator="gpu", devicesPerNode=2), visible_gpus=0)
+    assert config.accelerator == "cpu" and config.devices_per_node == 2
+    assert warning is not None and "sees no CUDA device" in warning and "training on the CPU" in warning
+    seen = a_config(accelerator="gpu", devicesPerNode=2)
+    assert cpu_fallback(seen, visible_gpus=1) == (seen, None)  # some, too few: check_launch_environment says so
+    assert cpu_fallback(a_config(), visible_gpus=0) == (a_config(), None)
 
 
 def test_gpu_accelerator_needs_visible_gpus() -> None:

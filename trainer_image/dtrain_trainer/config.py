@@ -34,6 +34,20 @@ def _int_var(env: Mapping[str, str], name: str) -> int | None:
         raise ConfigError(f"{name} is {raw!r}, not a whole number; the operator sets it from the job's spec") from None
 
 
+def cpu_fallback(config: TrainerConfig, visible_gpus: int) -> tuple[TrainerConfig, str | None]:
+    """accelerator gpu in a process that sees no CUDA device at all trains on the CPU (gloo), with a
+    warning, as `dtrain run` does on a machine without CUDA: a node whose GPUs the scheduler counts
+    but whose runtime exposes none (`make cluster GPUS_PER_NODE=N`, or a broken device plugin) still
+    trains, and says so. Some devices but fewer than devicesPerNode stays an error
+    (check_launch_environment): that is a pod asking for the wrong count."""
+    if config.accelerator != "gpu" or visible_gpus > 0:
+        return config, None
+    return config.model_copy(update={"accelerator": "cpu"}), (
+        f"accelerator is gpu but this pod sees no CUDA device (devicesPerNode {config.devices_per_node} "
+        "requested): training on the CPU (gloo). On a GPU node, check the NVIDIA container runtime and device plugin"
+    )
+
+
 def check_launch_environment(config: TrainerConfig, env: Mapping[str, str], visible_gpus: int) -> None:
     """The process was launched the way the config expects, or a ConfigError naming the variable that disagrees.
 

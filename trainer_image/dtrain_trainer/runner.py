@@ -51,6 +51,7 @@ from dtrain_trainer.checkpointing import (
 from dtrain_trainer.config import (
     check_launch_environment,
     config_path,
+    cpu_fallback,
     global_rank,
     is_first_process_of_node,
     progress_interval,
@@ -237,9 +238,12 @@ def _resume_checkpoint(trainer: L.Trainer, config: TrainerConfig, reporter: Prog
 def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
     """Train (resuming when a checkpoint exists), then export. Raises ConfigError for bad settings."""
     visible_gpus = torch.cuda.device_count() if config.accelerator == "gpu" else 0
+    config, fallback = cpu_fallback(config, visible_gpus)
     check_launch_environment(config, env, visible_gpus)
     sink = sink_from_env(env, config.job_name) if global_rank(env) == 0 else NullSink()
     reporter = ProgressReporter(sink, progress_interval(env))
+    if fallback:
+        reporter.event(Event.WARNING, message=fallback)
     try:
         # Before the model is built: a broken network fails here, at once, not as a hang.
         checked = preflight.run(env, config.accelerator, config.devices_per_node, config.nccl.preflight_timeout_seconds)

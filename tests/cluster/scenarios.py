@@ -914,7 +914,8 @@ def scenario_gang(figures: Figures) -> None:
     GangScheduling plugin) on 2 nodes of one nvidia.com/gpu each. Without a gang, a job of 3 GPU workers
     gets 2 placed, which wait for the third (NODES 2/3). With one, none is placed, the job's PodsPending
     condition and Warning Event say the pod group is unschedulable; a node joins (python -m localcluster
-    join) and the whole gang is placed at once and trains to Succeeded. Last: it leaves the third node."""
+    join) and the whole gang is placed at once and trains to Succeeded. Then two gangs that each fit alone
+    but not together do not deadlock. Last: it leaves the third node."""
     gpus = node_gpus()
     if sorted(gpus.values()) != [str(E2E_GPUS_PER_NODE)] * E2E_NODES:
         print(f"needs {E2E_NODES} nodes of {E2E_GPUS_PER_NODE} {GPU} each (python -m localcluster up "
@@ -991,6 +992,31 @@ def scenario_gang(figures: Figures) -> None:
         raise Failed(f"{name}: restarts {final['restarts']}, expected 0")
     print(f"after the join: the gang on {sorted(nodes)}, Succeeded")
     delete(name)
+    eventually(lambda: not worker_pods(name), f"{name}: its pods gone (their GPUs free)", 180)
+    two_gangs_do_not_deadlock(figures)
+
+
+def two_gangs_do_not_deadlock(figures: Figures) -> None:
+    """Two gangs of 2 GPU workers on 3 GPUs: each fits alone, not both. Placed pod by pod they could
+    hold 1 + 2 or 2 + 1 GPUs and wait for each other for ever; as gangs, one runs whole, the other
+    waits whole (no pod bound) and runs when the first is done."""
+    gangs = ["e2e-gang-a", "e2e-gang-b"]
+    for gang in gangs:
+        job = gpu_job(gang, scheduling={"gang": {"enabled": True, "provider": "kubernetes"}})
+        job["spec"]["nodes"] = 2
+        apply(job)
+    first = eventually(lambda: next((g for g in gangs if running_gang(g)), None), "one gang Running whole", 300)
+    (second,) = [g for g in gangs if g != first]
+    if bound(second):
+        raise Failed(f"{second} holds GPUs while {first} runs: {bound(second)}")
+    finished(first)
+    freed = time.monotonic()
+    eventually(lambda: running_gang(second), f"{second}: Running whole once {first} is done", 300)
+    figures["gang done → the waiting gang of 2 all Running (s)"] = time.monotonic() - freed
+    finished(second)
+    print(f"two gangs: {first} ran whole while {second} waited with no pod bound; then {second} ran and Succeeded")
+    for gang in gangs:
+        delete(gang)
 
 
 SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
@@ -1019,5 +1045,6 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("control-plane-outage", "kube-apiserver, then etcd, stopped for 20 s during training", scenario_control_plane_outage),
     # Last: it leaves a third node behind.
     ("gang", ("Kubernetes' own gang scheduling: 3 GPU workers on 2 GPU nodes none placed, the job says why; a node "
-              "joins → the gang placed whole → Succeeded"), scenario_gang),
+              "joins → the gang placed whole → Succeeded; two gangs that fit alone, not together: no deadlock"),
+     scenario_gang),
 ]

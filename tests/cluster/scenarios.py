@@ -915,7 +915,8 @@ def scenario_gang(figures: Figures) -> None:
     gets 2 placed, which wait for the third (NODES 2/3). With one, none is placed, the job's PodsPending
     condition and Warning Event say the pod group is unschedulable; a node joins (python -m localcluster
     join) and the whole gang is placed at once and trains to Succeeded. Then two gangs that each fit alone
-    but not together do not deadlock. Last: it leaves the third node."""
+    but not together do not deadlock, and a gang that asks for one rack lands in one. Last: it leaves the
+    third node."""
     gpus = node_gpus()
     if sorted(gpus.values()) != [str(E2E_GPUS_PER_NODE)] * E2E_NODES:
         print(f"needs {E2E_NODES} nodes of {E2E_GPUS_PER_NODE} {GPU} each (python -m localcluster up "
@@ -994,6 +995,35 @@ def scenario_gang(figures: Figures) -> None:
     delete(name)
     eventually(lambda: not worker_pods(name), f"{name}: its pods gone (their GPUs free)", 180)
     two_gangs_do_not_deadlock(figures)
+    gang_in_one_rack()
+
+
+RACK = "e2e.dtrain.dev/rack"
+
+
+def gang_in_one_rack() -> None:
+    """Nodes labelled into two racks (node-1 alone in rack-a): a gang that asks for one rack
+    (scheduling.topology.required) lands in one rack, whichever its first worker is placed in."""
+    nodes = sorted(n["metadata"]["name"] for n in items("nodes"))
+    racks = {node: "rack-a" if index == 0 else "rack-b" for index, node in enumerate(nodes)}
+    for node, rack in racks.items():
+        kubectl("label", "node", node, f"{RACK}={rack}", "--overwrite")
+    name = "e2e-rack"
+    try:
+        job = small_job(name, scheduling={"topology": {"required": RACK},
+                                          "gang": {"enabled": True, "provider": "kubernetes"}})
+        job["spec"]["trainer"]["maxEpochs"] = GANG_EPOCHS
+        apply(job)
+        eventually(lambda: running_gang(name), f"{name}: both workers Running", 300)
+        placed = bound(name)
+        if len({racks[node] for node in placed.values()}) != 1:
+            raise Failed(f"{name}: the gang spans racks: {placed} ({racks})")
+        finished(name)
+        print(f"one rack: {name} on {placed}, all in {racks[next(iter(placed.values()))]}")
+    finally:
+        delete(name)
+        for node in racks:
+            kubectl("label", "node", node, f"{RACK}-", check=False)
 
 
 def two_gangs_do_not_deadlock(figures: Figures) -> None:
@@ -1045,6 +1075,7 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("control-plane-outage", "kube-apiserver, then etcd, stopped for 20 s during training", scenario_control_plane_outage),
     # Last: it leaves a third node behind.
     ("gang", ("Kubernetes' own gang scheduling: 3 GPU workers on 2 GPU nodes none placed, the job says why; a node "
-              "joins → the gang placed whole → Succeeded; two gangs that fit alone, not together: no deadlock"),
+              "joins → the gang placed whole → Succeeded; two gangs that fit alone, not together: no deadlock; "
+              "a gang that asks for one rack lands in one rack"),
      scenario_gang),
 ]

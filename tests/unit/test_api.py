@@ -114,6 +114,8 @@ BAD_SPECS = [
     ("gang without scheduler", with_spec("scheduling.gang", {"enabled": True}), "spec.scheduling"),
     ("gang volcano without scheduler", with_spec("scheduling.gang", {"enabled": True, "provider": "volcano"}), "spec.scheduling"),
     ("unknown gang provider", with_spec("scheduling.gang", {"enabled": True, "provider": "kueue"}), "spec.scheduling.gang.provider"),
+    ("topology on a label that is no label", with_spec("scheduling.topology", {"required": "rack name"}),
+     "spec.scheduling.topology.required"),
     ("unknown nccl debug level", with_spec("nccl.debug", "LOUD"), "spec.nccl.debug"),
     ("nccl var twice", with_spec("nccl", {"ibDisable": True, "env": {"NCCL_IB_DISABLE": "0"}}), "spec.nccl"),
     ("opset too old", with_spec("export.onnx.opset", 11), "spec.export.onnx.opset"),

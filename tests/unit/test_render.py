@@ -181,6 +181,33 @@ def test_kubernetes_gang_scheduling_needs_no_scheduler():
     assert "schedulingGroup" not in render.render_engine_job(job)["spec"]["template"]["spec"]
 
 
+def test_topology_keeps_the_gang_in_one_domain():
+    """scheduling.topology.required: a required pod-affinity term on this gang generation's own workers,
+    added to the job's own affinity; the engine Job's pod is free to go anywhere."""
+    own_affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}]},
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}}}
+    scheduling = {"topology": {"required": "topology.kubernetes.io/zone"}, "affinity": own_affinity,
+                  "gang": {"enabled": True, "provider": "kubernetes"}}
+    job = MNIST.with_nodes(3).with_engine().with_spec(scheduling=scheduling).as_model()
+    affinity = render.render_worker_pod(job, rank=1, gang_generation=2)["spec"]["affinity"]
+    assert affinity["nodeAffinity"] == own_affinity["nodeAffinity"]
+    assert affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
+        own_affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0],
+        {"labelSelector": {"matchLabels": {contract.LABEL_JOB_NAME: "mnist", contract.LABEL_GANG_GENERATION: "2"}},
+         "topologyKey": "topology.kubernetes.io/zone"},
+    ]
+    assert render.render_engine_job(job)["spec"]["template"]["spec"]["affinity"] == own_affinity
+    assert job.spec.scheduling.affinity == own_affinity  # the spec itself is untouched
+    for child in render.render_children(job, gang_generation=2):
+        kubernetes_validate.validate(child, "1.36", strict=True)
+    plain = MNIST.with_spec(scheduling={"topology": {"required": "rack"}}).as_model()
+    assert render.render_worker_pod(plain, 0)["spec"]["affinity"] == {"podAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {
+            contract.LABEL_JOB_NAME: "mnist", contract.LABEL_GANG_GENERATION: "0"}}, "topologyKey": "rack"}]}}
+
+
 def test_no_pod_group_without_gang_scheduling():
     assert render.render_pod_group(MNIST.as_model()) is None
     provider_alone = MNIST.with_spec(scheduling={"gang": {"provider": "kubernetes"}}).as_model()

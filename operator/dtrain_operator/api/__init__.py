@@ -63,7 +63,7 @@ from dtrain_operator.api.job import (
     with_env_values,
 )
 from dtrain_operator.api.kubernetes import QUANTITY_PATTERN
-from dtrain_operator.api.scheduling import GangProvider, GangScheduling, SchedulingSettings
+from dtrain_operator.api.scheduling import GangProvider, GangScheduling, SchedulingSettings, TopologySettings
 from dtrain_operator.api.spec import (
     BUILTIN_IMAGE_FOLDER_DATA,
     BUILTIN_MODEL,
@@ -161,6 +161,7 @@ __all__ = [
     "StepTimes",
     "Storage",
     "StragglerSettings",
+    "TopologySettings",
     "TrainerConfig",
     "TrainerSettings",
     "immutable_spec",

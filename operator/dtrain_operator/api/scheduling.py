@@ -38,6 +38,13 @@ class GangScheduling(ApiModel):
     """Report pods still Pending after this long, with their reason, in a condition."""
 
 
+class TopologySettings(ApiModel):
+    """Where the whole gang must land, by a label of the nodes."""
+
+    required: LabelKey | None = None
+    """A node label whose value names a topology domain (a rack, a zone, an NVLink or InfiniBand island), e.g. topology.kubernetes.io/zone: every worker of a gang is placed in one domain (required pod affinity), the one of the first worker placed. With gang scheduling the gang waits, whole, until one domain can hold it."""
+
+
 class SchedulingSettings(ApiModel):
     """Where and how the worker pods are scheduled."""
 
@@ -57,6 +64,8 @@ class SchedulingSettings(ApiModel):
     """Affinity of the worker pods (core/v1 Affinity)."""
     gang: GangScheduling = Field(default_factory=GangScheduling)
     """Gang scheduling."""
+    topology: TopologySettings = Field(default_factory=TopologySettings)
+    """The topology domain the gang must share."""
 
     @model_validator(mode="after")
     def _gang_needs_scheduler(self) -> SchedulingSettings:

@@ -239,7 +239,21 @@ _POD_SECURITY = {
 }
 
 
-def _scheduling_fields(job: DistributedTraining) -> dict[str, Any]:
+def _same_domain(job: DistributedTraining, gang_generation: int, affinity: dict[str, Any] | None) -> dict[str, Any]:
+    """The pods' affinity with scheduling.topology.required: each worker of this gang generation in the
+    domain of the others (the first one placed anywhere, as the scheduler allows a pod that matches its
+    own term), added to the job's own affinity. Per generation: a restarted gang chooses afresh."""
+    own = {"matchLabels": {contract.LABEL_JOB_NAME: job.name, contract.LABEL_GANG_GENERATION: str(gang_generation)}}
+    term = {"labelSelector": own, "topologyKey": job.spec.scheduling.topology.required}
+    merged = dict(affinity or {})
+    pod_affinity = dict(merged.get("podAffinity") or {})
+    required = [*(pod_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or []), term]
+    merged["podAffinity"] = {**pod_affinity, "requiredDuringSchedulingIgnoredDuringExecution": required}
+    return merged
+
+
+def _scheduling_fields(job: DistributedTraining, gang_generation: int | None = None) -> dict[str, Any]:
+    """Where the pods go; with a gang generation (the workers), the gang's topology domain too."""
     scheduling = job.spec.scheduling
     fields: dict[str, Any] = {}
     if scheduling.scheduler_name:
@@ -252,6 +266,8 @@ def _scheduling_fields(job: DistributedTraining) -> dict[str, Any]:
         fields["tolerations"] = list(scheduling.tolerations)
     if scheduling.affinity:
         fields["affinity"] = scheduling.affinity
+    if gang_generation is not None and scheduling.topology.required:
+        fields["affinity"] = _same_domain(job, gang_generation, scheduling.affinity)
     return fields
 
 
@@ -316,7 +332,7 @@ def render_worker_pod(
             *spec.volumes,
             *([_operator_token_volume()] if reports else []),
         ],
-        **_scheduling_fields(job),
+        **_scheduling_fields(job, gang_generation),
     }
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [ref.to_wire() for ref in spec.image_pull_secrets]

@@ -975,7 +975,11 @@ def scenario_gang(figures: Figures) -> None:
                f"{name}: a Warning Event PodsPending", 60)
     scheduled = [c for c in ((get("podgroups.scheduling.k8s.io", group, NS) or {}).get("status") or {}).get("conditions")
                  or [] if c["type"] == "PodGroupScheduled"]
+    waiting = kubectl("get", "dtr", name, "-n", NS).stdout
+    if f"0/{GANG_NODES}" not in waiting:
+        raise Failed(f"{name}: kubectl get dtr while the gang waits:\n{waiting}")
     print(f"with a gang: none bound for {UNBOUND_SECONDS} s; {said['message'][:400]}; PodGroup {group}: {scheduled}")
+    print(f"kubectl get dtr while the gang waits:\n{waiting}")
 
     if localcluster("join") != 0:
         raise Failed("python -m localcluster join failed (above)")

@@ -12,7 +12,7 @@ from dtrain_operator.api import contract
 from tests.builders import SHARED_STORAGE, a_cpu_job
 
 from .apiserver import now_rfc3339
-from .cluster import Cluster
+from .cluster import OPERATOR_NAMESPACE, Cluster
 
 NS = "default"
 
@@ -29,6 +29,14 @@ def owned_by(obj: dict, job: dict) -> bool:
             "blockOwnerDeletion": True,
         }
     ]
+
+
+def report_env(cluster: Cluster, rank: int) -> list[dict[str, str]]:
+    """Rank 0 sends its records to the operator's report Service; the other ranks send none."""
+    if rank != 0:
+        return [{"name": "DTRAIN_PROGRESS_SINK", "value": "stdout"}]
+    url = f"https://dtrain-operator.{OPERATOR_NAMESPACE}.svc:{cluster.operators[-1].report_port}"
+    return [{"name": "DTRAIN_PROGRESS_SINK", "value": "operator"}, {"name": "DTRAIN_OPERATOR_URL", "value": url}]
 
 
 async def test_create_makes_service_configmap_and_pods_with_the_environment_contract(operated: Cluster):
@@ -54,6 +62,7 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
     config_map = operated.objects("v1/configmaps", NS, "llm")[0]
     assert config_map["metadata"]["name"] == "llm-config"
     config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert "BEGIN CERTIFICATE" in config_map["data"][contract.OPERATOR_CA_FILE_NAME]  # the report endpoint's CA
     assert (config["jobName"], config["nodes"], config["devicesPerNode"]) == ("llm", 3, 2)
     assert owned_by(config_map, created)
 
@@ -83,7 +92,7 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
             {"name": "DTRAIN_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "DTRAIN_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            {"name": "DTRAIN_PROGRESS_SINK", "value": "kubernetes"},
+            *report_env(operated, rank),
             {"name": "NCCL_IB_DISABLE", "value": "1"},
             {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
             {"name": "NCCL_DEBUG", "value": "INFO"},
@@ -91,6 +100,8 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
             {"name": "WANDB_MODE", "value": "offline"},
         ]
         volumes = {v["name"]: v for v in spec["volumes"]}
+        assert spec["automountServiceAccountToken"] is False
+        assert (contract.OPERATOR_TOKEN_VOLUME in volumes) == (rank == 0)
         assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
         assert volumes["dtrain-config"]["configMap"] == {"name": "llm-config"}
 

@@ -221,11 +221,13 @@ def test_the_server_gone_for_a_while_delays_or_misses_checkpoints_but_training_g
         bucket = Bucket(server)
         directory = server.url("outage/checkpoints")
         assert bucket.pointer(directory)["step"] == 60
-        # Every checkpoint in the bucket is whole, and those reported missed are not there.
+        # Every checkpoint in the bucket is whole. One reported missed may still be there: a write whose
+        # answer the outage swallowed may have landed (or its pointer update failed after it did); the
+        # trainer cannot know, says "not saved", and never resumes from it (the pointer names step 60).
         names = [n for n in bucket.names(directory) if n.startswith("step=")]
         for name in names:
             assert bucket.load(f"{directory}/{name}")["global_step"] == int(name[5:13])
-        assert not {f"step={r['step']:08d}.ckpt" for r in missed} & set(names)
+        assert all(r["step"] != bucket.pointer(directory)["step"] for r in missed)
     finally:
         server.stop()
 

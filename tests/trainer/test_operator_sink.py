@@ -184,7 +184,7 @@ def test_an_unreachable_operator_costs_training_nothing(endpoint: Endpoint, capl
         for step in range(1000):
             sink.send({"event": "progress", "step": step, "time": "2026-12-02T00:00:00Z"})
         assert time.monotonic() - started < 2.0  # generous: 1000 sends take milliseconds
-        wait_until(lambda: len(endpoint.standby.refused) >= 2)
+        wait_until(lambda: endpoint.standby.refused.total() >= 2)
         assert len(sink._slots) == 1  # the newest progress record only
         # The leader comes back (a failover completed): the newest record arrives.
         asyncio.run_coroutine_threadsafe(endpoint.leader.stop(), endpoint.loop).result(10)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -154,13 +153,6 @@ def test_batch_size_of() -> None:
     assert batch_size_of((torch.zeros(5, 3), torch.zeros(5))) == 5
     assert batch_size_of({"image": torch.zeros(7, 3)}) == 7
     assert batch_size_of("text") is None
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_sink_choice(tmp_path: Path) -> None:

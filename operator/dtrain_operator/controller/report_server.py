@@ -28,7 +28,7 @@ import hashlib
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -153,7 +153,8 @@ class ReportServer:
         self._reviewer = reviewer
         self._runner: aiohttp.web.AppRunner | None = None
         self.taken = 0
-        self.refused: list[int] = []
+        # Refusals by HTTP status: counts, so that a standby answering 503 for months holds a few numbers.
+        self.refused: Counter[int] = Counter()
 
     async def start(self) -> None:
         app = aiohttp.web.Application(client_max_size=contract.MAX_REPORT_BYTES)
@@ -174,7 +175,7 @@ class ReportServer:
         except Refused as refused:
             if refused.status in (401, 403):
                 logger.warning("%s/%s: a progress report was refused (%d): %s", namespace, name, refused.status, refused)
-            self.refused.append(refused.status)
+            self.refused[refused.status] += 1
             return aiohttp.web.json_response({"message": str(refused)}, status=refused.status)
         self.taken += 1
         return aiohttp.web.Response(status=204)

@@ -191,10 +191,12 @@ def test_trainers_hold_no_api_permission() -> None:
 
 
 def test_report_service_fronts_every_replica() -> None:
-    """Headless, on the operator's pods and report port, named as the operator's --report-service flag says."""
+    """Headless, on the operator's pods and report port, named as the operator's --report-service flag says;
+    every replica published, ready or not (the Lease, not readiness, says which one takes reports)."""
     objects = helm_template({"replicas": 2})
     service = next(s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "dtrain-operator")
     assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
     container = operator_container(objects)
     assert "--report-service=dtrain-operator" in container["args"]
     assert "--report-tls-secret=dtrain-operator-report-tls" in container["args"]

@@ -201,7 +201,24 @@ def test_an_unreachable_operator_costs_training_nothing(endpoint: Endpoint, capl
 def test_a_certificate_from_another_ca_is_refused(endpoint: Endpoint, caplog: pytest.LogCaptureFixture) -> None:
     endpoint.ca.write_text(issue([HOST]).ca_pem)  # not the CA the operator's certificate is signed by
     with caplog.at_level(logging.WARNING, logger="dtrain_trainer"):
-        sink = endpoint.sink(request_timeout=1.0)
+        sink = endpoint.sink(request_timeout=1.0, close_seconds=1.0)
         sink.send({"event": "progress", "step": 1, "time": "2026-12-02T00:00:00Z"})
         sink.close()
     assert endpoint.leader.taken == 0 and "CERTIFICATE_VERIFY_FAILED" in caplog.text
+
+
+def test_the_last_checkpoint_reaches_a_leader_that_answers_only_after_close(endpoint: Endpoint) -> None:
+    """A pod going away after its SIGTERM checkpoint while no replica leads (a failover, a busy
+    operator): close keeps trying, so the status still names the checkpoint the resume will use."""
+    asyncio.run_coroutine_threadsafe(endpoint.leader.stop(), endpoint.loop).result(10)
+    sink = endpoint.sink(request_timeout=1.0, close_seconds=20.0)
+    sink.send({"event": "checkpoint", "step": 29, "path": "/c/step=00000029.ckpt", "time": "2026-12-02T00:00:00Z"})
+    closing = threading.Thread(target=sink.close)
+    closing.start()
+    wait_until(lambda: endpoint.standby.refused.total() >= 2)  # tried, and tried again after close
+    assert closing.is_alive() and not endpoint.jobs.patches
+    endpoint.leader = ReportServer(TLS, endpoint.port, endpoint.jobs, Reviewer(), host=LEADER)
+    asyncio.run_coroutine_threadsafe(endpoint.leader.start(), endpoint.loop).result(10)
+    closing.join(30)
+    assert not closing.is_alive()
+    assert [p["lastCheckpoint"]["step"] for p in endpoint.jobs.patches] == [29]

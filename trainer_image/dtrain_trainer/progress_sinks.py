@@ -10,6 +10,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +25,11 @@ log = logging.getLogger("dtrain_trainer")
 
 REQUEST_TIMEOUT_SECONDS = 5.0
 MAX_RETRY_SECONDS = 30.0
+# At the end (a pod going away after its SIGTERM checkpoint), how long the last records are tried
+# for, a second apart: long enough to outlast a busy operator or a failover's first seconds, far
+# inside a pod's grace period.
+CLOSE_SECONDS = 15.0
+CLOSING_RETRY_SECONDS = 1.0
 MAX_ANSWER_BYTES = 2048
 # The operator refused the records themselves (not this pod's, unreadable, too large): sending them again cannot help.
 REFUSED_FOR_GOOD = frozenset({400, 403, 404, 413})
@@ -147,7 +153,9 @@ class OperatorSink:
     report Service's name (headless: one address each); only the leader takes records and a
     standby answers 503, so the sender tries each address in turn and keeps to the one that took
     the last records. A failure is warned about once; the sender retries with backoff (up to
-    MAX_RETRY_SECONDS) for as long as the trainer runs.
+    MAX_RETRY_SECONDS) for as long as the trainer runs, and at the end (`close`) keeps trying the
+    last records for up to `close_seconds`: the checkpoint a SIGTERM saved is the one the status
+    must name when the pod is gone.
     """
 
     def __init__(
@@ -159,6 +167,7 @@ class OperatorSink:
         ca_path: Path = Path(contract.OPERATOR_CA_PATH),
         request_timeout: float = REQUEST_TIMEOUT_SECONDS,
         resolve: Callable[[str, int], list[str]] | None = None,
+        close_seconds: float = CLOSE_SECONDS,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme != "https" or not parsed.hostname:
@@ -170,10 +179,12 @@ class OperatorSink:
         self.token_path = token_path
         self.ca_path = ca_path
         self.request_timeout = request_timeout
+        self.close_seconds = close_seconds
         self.resolve = resolve or _addresses
         self._slots: dict[str, dict[str, Any]] = {}
         self._preferred: str | None = None
         self._closed = False
+        self._close_deadline = 0.0
         self._warned = False
         self._condition = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="dtrain-operator-report", daemon=True)
@@ -189,11 +200,13 @@ class OperatorSink:
             self._condition.notify()
 
     def close(self) -> None:
-        """Send what is pending, trying at most about one request timeout per address."""
+        """Send what is pending, trying again a second apart for up to `close_seconds`."""
         with self._condition:
             self._closed = True
+            self._close_deadline = time.monotonic() + self.close_seconds
             self._condition.notify()
-        self._thread.join(2 * self.request_timeout + 1.0)
+        # The last try may start just before the deadline and wait a request timeout per address.
+        self._thread.join(self.close_seconds + 2 * self.request_timeout + 1.0)
 
     def _run(self) -> None:
         backoff = 0.0
@@ -203,8 +216,8 @@ class OperatorSink:
                     self._condition.wait()
                 if not self._slots:
                     return
-                if backoff and not self._closed:
-                    self._condition.wait(backoff)
+                if backoff:
+                    self._condition.wait(min(backoff, CLOSING_RETRY_SECONDS) if self._closed else backoff)
                 batch = dict(self._slots)
             problem = self._deliver(list(batch.values()))
             with self._condition:
@@ -215,7 +228,7 @@ class OperatorSink:
                             del self._slots[slot]
                     backoff = 0.0
                     continue
-                if self._closed:
+                if self._closed and time.monotonic() >= self._close_deadline:
                     self._failed(problem)
                     return
             self._failed(problem)

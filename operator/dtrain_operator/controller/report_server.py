@@ -185,7 +185,7 @@ class ReportServer:
             raise Refused(503, "this operator replica is a standby; the leader takes reports")
         authorization = request.headers.get("Authorization", "")
         if not authorization.startswith("Bearer ") or not authorization[7:].strip():
-            raise Refused(401, "no bearer token: rank 0 sends its pod's projected token for the operator")
+            raise Refused(401, "no bearer token (rank 0 sends its pod's projected token for the operator)")
         pod = await self._reviewer.review(authorization[7:].strip())
         if pod.namespace != namespace:
             raise Refused(403, f"the token is bound to a pod of namespace {pod.namespace}, not {namespace}")

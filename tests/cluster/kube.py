@@ -118,36 +118,44 @@ def request_with_token(token: str | None, method: str, path: str, body: Any = No
 
 
 def pod_processes(pod: dict[str, Any]) -> list[int]:
-    """The machine's PIDs of a pod's processes: those whose podinit spec names the pod's folder."""
+    """The machine's PIDs of a pod's processes: the `unshare` whose podinit spec names the pod's folder,
+    then everything under it (the container's PID 1, which no longer names the spec once it is the
+    container's command, and its children), parents before children."""
     uid = pod["metadata"]["uid"][:8]
-    found = []
+    todo = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            environ = (proc / "cmdline").read_bytes()
+            cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if f"_{uid}/podinit.json".encode() in environ:
-            found.append(int(proc.name))
+        if f"_{uid}/podinit.json".encode() in cmdline:
+            todo.append(int(proc.name))
+    found: list[int] = []
+    while todo:
+        pid = todo.pop(0)
+        if pid in found:
+            continue  # podinit before its exec: a child of unshare that names the spec too
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        found.append(pid)
+        todo.extend(int(c) for c in children)
     return found
 
 
 def trainer_pids(pod: dict[str, Any]) -> list[int]:
     """The rank processes torchrun started in the pod (the training itself)."""
     pids = []
-    for root in pod_processes(pod):
-        todo = [root]
-        while todo:
-            pid = todo.pop()
-            try:
-                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if b"-m dtrain_trainer" in cmdline and b"launch" not in cmdline:
-                pids.append(pid)
-            todo.extend(int(c) for c in children)
+    for pid in pod_processes(pod):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"-m dtrain_trainer" in cmdline and b"launch" not in cmdline:
+            pids.append(pid)
     return pids
 
 

@@ -81,6 +81,19 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _end_pid_namespace(pidfd: int) -> None:
+    """SIGKILL to the pod's PID 1, which ends every process of its PID namespace, as a runtime ends a
+    stopped container's. unshare's --kill-child does not cover it: the parent-death signal is cleared
+    when PID 1 takes the container's user, so a container whose unshare was killed would run on,
+    holding its ports, beside the container started again."""
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended with its unshare, as it should
+    finally:
+        os.close(pidfd)
+
+
 def _log_failure(task: asyncio.Task) -> None:
     """A pod's task that failed is a kubelet bug: said in the log, never silent."""
     if not task.cancelled() and task.exception() is not None:
@@ -370,6 +383,7 @@ class Kubelet:
             env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}, start_new_session=True,
         )
         log_file.close()
+        container_init = await self._container_init(run.process)
         run.waiting = {}
         run.started_at = now()
         probe = run.container.get("readinessProbe")
@@ -381,10 +395,27 @@ class Kubelet:
             "containerStatuses": self._container_status(run, {"running": {"startedAt": run.started_at}}),
         })
         prober = asyncio.create_task(self.probe_readiness(run, probe)) if probe else None
-        returncode = await run.process.wait()
-        if prober is not None:
-            prober.cancel()
+        try:
+            returncode = await run.process.wait()
+        finally:
+            if prober is not None:
+                prober.cancel()
+            if container_init is not None:
+                _end_pid_namespace(container_init)
         return exit_code(returncode)
+
+    @staticmethod
+    async def _container_init(process: asyncio.subprocess.Process) -> int | None:
+        """A pidfd of the pod's PID 1 (unshare's child: podinit, then the container's command), once forked."""
+        for _ in range(500):
+            children = _children(process.pid)
+            if children:
+                with contextlib.suppress(ProcessLookupError):
+                    return os.pidfd_open(int(children[0]))
+            if process.returncode is not None:
+                return None
+            await asyncio.sleep(0.01)
+        return None
 
     async def probe_readiness(self, run: PodRun, probe: dict[str, Any]) -> None:
         """httpGet and tcpSocket readiness probes, from the node, as a kubelet probes."""

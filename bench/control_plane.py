@@ -179,6 +179,7 @@ class RealApi:
         self._session: aiohttp.ClientSession | None = None
         self._watches: list[asyncio.Task[None]] = []
         self.watch_restarts = 0  # the benchmark's watches, ended by the server and resumed
+        self.job_events = 0  # events of jobs and pods on the benchmark's watches
         self._cpu_at_start: dict[str, float] = {}
 
     async def __aenter__(self) -> Self:
@@ -291,6 +292,7 @@ class RealApi:
             reply = await self._open_watch(path, version)
 
     def _on_job(self, event_type: str, job: dict[str, Any], now: float) -> None:
+        self.job_events += 1
         meta = job["metadata"]
         if event_type == "ADDED":
             self.added_at.setdefault((contract.PLURAL, meta["namespace"], meta["name"]), now)
@@ -299,6 +301,7 @@ class RealApi:
             self.phase_at.setdefault((meta["namespace"], meta["name"], phase), now)
 
     def _on_pod(self, event_type: str, pod: dict[str, Any], now: float) -> None:
+        self.job_events += 1
         meta = pod["metadata"]
         if event_type == "ADDED":
             self.added_at.setdefault(("pods", meta["namespace"], meta["name"]), now)

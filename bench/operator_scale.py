@@ -28,8 +28,10 @@ a Service, a ConfigMap, N pods, and one status patch and one patch of the operat
 record (the dtrain.dev/state annotation) per phase the job passes through (Pending, Running).
 Beside the server's count, the operator's own (its metrics endpoint's dtrain_api_requests: the
 requests of dtrain's client; kopf's own are not in it). Leader election's Lease renewals are the
-operator's, not a job's: they are not counted. The operator's CPU seconds and peak resident memory
-(VmHWM) come from /proc through psutil.
+operator's, not a job's: they are not counted. Beside them, what the work queue buys: the watch
+events of the jobs and their pods (what an operator reconciling on every event would handle) and
+the reconciles the operator ran (its dtrain_reconcile_duration_seconds count), per job. The
+operator's CPU seconds and peak resident memory (VmHWM) come from /proc through psutil.
 
 The operator runs with its shipped defaults (the Helm chart's and manifests' --qps 500,
 --burst 1000) unless --operator-args says otherwise.
@@ -83,11 +85,14 @@ class TimedApiServer(ApiServer):
 
     added_at: dict[tuple[str, str | None, str], float] = attrs.field(factory=dict, init=False)
     phase_at: dict[tuple[str | None, str, str], float] = attrs.field(factory=dict, init=False)
+    job_events: int = attrs.field(default=0, init=False)
 
     def _emit(self, event_type: str, resource: Any, raw: dict[str, Any]) -> None:
         now = time.monotonic()
         meta = raw.get("metadata") or {}
         key = (resource.plural, meta.get("namespace"), meta.get("name", ""))
+        if resource.plural in (contract.PLURAL, "pods"):
+            self.job_events += 1
         if event_type == "ADDED":
             self.added_at.setdefault(key, now)
         if resource.plural == contract.PLURAL:
@@ -105,6 +110,12 @@ class ApiUnderTest(Protocol):
     added_at: dict[tuple[str, str | None, str], float]  # (plural, namespace, name): when it first appeared
     phase_at: dict[tuple[str | None, str, str], float]  # (namespace, name, phase): when a job first had it
     watch_restarts: int  # the benchmark's watches, ended by the server and resumed
+
+    @property
+    def job_events(self) -> int:
+        """Watch events of the jobs and their pods so far: each one a handler call for an operator
+        that reconciles on every event (kopf's handlers, without dtrain's work queue)."""
+        ...
 
     def check(self) -> None:
         """Raise what failed on the benchmark's side of the server (a watch), if anything did."""
@@ -141,6 +152,10 @@ class EmulatedApi:
         self.watch_restarts = 0  # it notes arrivals as it stores them: the benchmark holds no watch
         self._process = ProcessSampler(psutil.Process().pid)
         self._cpu_at_start = 0.0
+
+    @property
+    def job_events(self) -> int:
+        return self.server.job_events
 
     def check(self) -> None:
         pass
@@ -255,6 +270,19 @@ def operator_metrics_requests(operator: OperatorProcess) -> collections.Counter[
     return counter
 
 
+def operator_reconciles(operator: OperatorProcess) -> int:
+    """Reconciles the operator ran so far (its dtrain_reconcile_duration_seconds histogram's count)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        int(sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "dtrain_reconcile_duration_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_count")
+    )
+
+
 async def play_kubelet(
     api: ApiUnderTest,
     jobs: list[JobRef],
@@ -308,6 +336,8 @@ async def measure(
     await quiet(api, 1.0)
     requests_at_start = len(api.operator_requests())
     own_count_at_start = await asyncio.to_thread(operator_metrics_requests, operator)
+    reconciles_at_start = await asyncio.to_thread(operator_reconciles, operator)
+    events_at_start = api.job_events
     cpu_at_start = sampler.cpu_seconds()
     rss_at_start = sampler.rss_mib()
     api.start_cpu_clock()
@@ -359,6 +389,8 @@ async def measure(
     calls = collections.Counter(api.operator_requests()[requests_at_start:])
     own_count = await asyncio.to_thread(operator_metrics_requests, operator)
     own_count.subtract(own_count_at_start)
+    reconciles = await asyncio.to_thread(operator_reconciles, operator) - reconciles_at_start
+    job_events = api.job_events - events_at_start
     operator_cpu = sampler.cpu_seconds() - cpu_at_start
     server_cpu = api.server_cpu_seconds()
     peak_rss = sampler.peak_rss_mib()
@@ -393,6 +425,8 @@ async def measure(
         "minimum_requests_per_job": minimum_per_job,
         "request_ratio": requests_per_job / minimum_per_job,
         "status_patches_per_job": status_patches,
+        "job_watch_events_per_job": job_events / len(jobs),
+        "reconciles_per_job": reconciles / len(jobs),
         "requests_per_job_by_kind": per_job,
         "operator_metrics_requests_per_job_by_kind": own_per_job,
         "minimum_by_kind": minimum,
@@ -441,6 +475,8 @@ def tables(result: dict[str, Any]) -> str:
             ["minimum the design needs per job", result["minimum_requests_per_job"], ""],
             ["requests / minimum", ratio, f"<= {TARGET_REQUEST_RATIO:g}"],
             ["status patches per job", result["status_patches_per_job"], ""],
+            ["watch events of the job and its pods, per job", result["job_watch_events_per_job"], ""],
+            ["reconciles per job (the work queue coalesces events)", result["reconciles_per_job"], ""],
             ["operator CPU seconds (first job to the end)", result["operator_cpu_seconds"], ""],
             ["operator peak RSS (MiB)", rss, rss_target],
             *server_cpu,

@@ -45,3 +45,5 @@ def test_operator_scale_smoke(tmp_path: Path, apiserver: str) -> None:
     # A Service, a ConfigMap, 2 pods, 2 status patches and 2 patches of the operator's record.
     assert results["minimum_requests_per_job"] == 1 + 1 + 2 + 2 + 2
     assert results["operator_peak_rss_mib"] > 0
+    # What the work queue is measured by: reconciles against the watch events that caused them.
+    assert results["reconciles_per_job"] > 0 and results["job_watch_events_per_job"] > 0

@@ -1,6 +1,12 @@
 """Posting the Events a status change asks for: in the background (children are not kept waiting), in order
 for each job, and a Warning that repeats within EVENT_SERIES_SECONDS counts up the Event posted first
 (Kubernetes' event aggregation), as client-go's EventRecorder does.
+
+Why not kopf's own (`kopf.event`): it posts a new Event for every call (its post_event says
+aggregation "should be done by the client library, as it is done in the Go client", and does not
+do it). A Warning that holds, such as PodsPending or ImagePullBackOff, is said at every reconcile
+that finds it; here it is one Event with a count, so the Events per job stay at what a phase
+change asks for (2 per job in bench/operator_scale.py's run of 200 jobs on the real API server).
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
 """The reconciler's work queue: each key processed by one worker at a time, re-run when it changed meanwhile,
 retried with exponential backoff after a failure (as client-go's workqueue).
+
+Why not kopf's handlers alone: kopf runs a handler for the events of the object it watches, each
+object on its own, so a job would be reconciled for its own events and again from the handlers of
+each of its pods, each time reading and writing as if alone. Here every event only marks its job;
+one worker reconciles the job once for all the events that arrived meanwhile.
+bench/operator_scale.py measures it on the real API server: 200 jobs of 4 nodes, 13 watch events
+of a job and its pods per job, 5.4 reconciles per job (2026-12-02, docs/performance.md).
 """
 
 from __future__ import annotations

@@ -255,32 +255,29 @@ async def quiet(api: ApiUnderTest, seconds: float) -> None:
         await asyncio.sleep(0.1)
 
 
-def operator_metrics_requests(operator: OperatorProcess) -> collections.Counter[str]:
-    """The operator's own count of its requests (controller/metrics.py: dtrain's client; kopf's own
-    requests are not in it), by "verb resource", Leases aside."""
+@dataclass(frozen=True)
+class OperatorCounts:
+    """What the operator's metrics endpoint (controller/metrics.py) counted so far, from one scrape."""
+
+    requests: collections.Counter[str]
+    """dtrain_api_requests by "verb resource", Leases aside: dtrain's client; kopf's own requests are not in it."""
+    reconciles: int
+    """dtrain_reconcile_duration_seconds' count."""
+
+
+def operator_counts(operator: OperatorProcess) -> OperatorCounts:
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    counter: collections.Counter[str] = collections.Counter()
+    requests: collections.Counter[str] = collections.Counter()
+    reconciles = 0
     for family in text_string_to_metric_families(text):
-        if family.name != "dtrain_api_requests":
-            continue
         for sample in family.samples:
-            if sample.name.endswith("_total") and sample.labels["resource"] != "leases":
-                counter[f"{sample.labels['verb']} {sample.labels['resource']}"] += int(sample.value)
-    return counter
-
-
-def operator_reconciles(operator: OperatorProcess) -> int:
-    """Reconciles the operator ran so far (its dtrain_reconcile_duration_seconds histogram's count)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(
-        int(sample.value)
-        for family in text_string_to_metric_families(text)
-        if family.name == "dtrain_reconcile_duration_seconds"
-        for sample in family.samples
-        if sample.name.endswith("_count")
-    )
+            if family.name == "dtrain_api_requests":
+                if sample.name.endswith("_total") and sample.labels["resource"] != "leases":
+                    requests[f"{sample.labels['verb']} {sample.labels['resource']}"] += int(sample.value)
+            elif family.name == "dtrain_reconcile_duration_seconds" and sample.name.endswith("_count"):
+                reconciles += int(sample.value)
+    return OperatorCounts(requests, reconciles)
 
 
 async def play_kubelet(
@@ -335,8 +332,7 @@ async def measure(
     sampler = ProcessSampler(operator.process.pid)
     await quiet(api, 1.0)
     requests_at_start = len(api.operator_requests())
-    own_count_at_start = await asyncio.to_thread(operator_metrics_requests, operator)
-    reconciles_at_start = await asyncio.to_thread(operator_reconciles, operator)
+    counted_at_start = await asyncio.to_thread(operator_counts, operator)
     events_at_start = api.job_events
     cpu_at_start = sampler.cpu_seconds()
     rss_at_start = sampler.rss_mib()
@@ -387,9 +383,10 @@ async def measure(
     await quiet(api, QUIET_SECONDS)
 
     calls = collections.Counter(api.operator_requests()[requests_at_start:])
-    own_count = await asyncio.to_thread(operator_metrics_requests, operator)
-    own_count.subtract(own_count_at_start)
-    reconciles = await asyncio.to_thread(operator_reconciles, operator) - reconciles_at_start
+    counted = await asyncio.to_thread(operator_counts, operator)
+    own_count = counted.requests
+    own_count.subtract(counted_at_start.requests)
+    reconciles = counted.reconciles - counted_at_start.reconciles
     job_events = api.job_events - events_at_start
     operator_cpu = sampler.cpu_seconds() - cpu_at_start
     server_cpu = api.server_cpu_seconds()

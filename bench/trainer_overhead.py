@@ -4,8 +4,8 @@ Both sides read the same trainer config, made from examples/quickstart.yaml (res
 batch 32 per process, Adam, gradient clipping 1.0) with its digits replaced by 64x64
 synthetic images, a constant learning rate and gradient accumulation 2 added, and run it as one torchrun with 2 processes (gloo on
 the CPU, or one process per GPU with --accelerator gpu). The launch environment is
-the one the operator renders for a worker pod (`render.worker_env`), with the master
-address replaced by 127.0.0.1. Runs alternate raw, dtrain, raw, dtrain, ... so that
+the one the operator renders for a worker pod (`render.launch_env`), at a site on this
+machine (rank 0 at 127.0.0.1). Runs alternate raw, dtrain, raw, dtrain, ... so that
 a change in the machine's load hits both alike.
 
 Reported per run: steady-state images/s (from batch-end timestamps taken the same way
@@ -131,18 +131,16 @@ def benchmark_job(workload: Workload, workdir: Path) -> DistributedTraining:
 
 
 def launch_env(job: DistributedTraining, config_path: Path, clock_dir: Path, progress_path: Path) -> dict[str, str]:
-    """The worker pod's environment from the operator's renderer, for a local torchrun."""
-    env = dict(os.environ)
-    for var in render.worker_env(job, rank=0):
-        if "value" in var:
-            env[var["name"]] = var["value"]
+    """The worker pod's launch environment from the operator's renderer, for a local torchrun."""
+    site = render.LaunchSite(
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        config_path=str(config_path),
+        progress_sink=f"{contract.PROGRESS_SINK_JSONL_PREFIX}{progress_path}",
+    )
+    env = {**os.environ, **render.launch_env(job, 0, site)}
     env.update(
         {
-            contract.ENV_MASTER_ADDR: "127.0.0.1",
-            contract.ENV_MASTER_PORT: str(free_port()),
-            contract.ENV_CONFIG: str(config_path),
-            contract.ENV_JOB_NAMESPACE: job.namespace,
-            contract.ENV_PROGRESS_SINK: f"{contract.PROGRESS_SINK_JSONL_PREFIX}{progress_path}",
             ENV_CLOCK_DIR: str(clock_dir),
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),

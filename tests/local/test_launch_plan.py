@@ -1,4 +1,4 @@
-"""What `dtrain run` starts for each node, decided from the operator's rendered pods (no processes)."""
+"""What `dtrain run` starts for each node, decided by the operator's own rules (no processes)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from dtrain_operator.local.launch_plan import (
     assign_gpus,
     engine_argv,
     failure_excerpt,
+    local_command,
+    local_site,
     localize,
     node_launches,
     omp_threads,
-    resolve_env,
+    user_env,
     worker_exit_code,
 )
 from tests.builders import a_job
@@ -40,7 +42,8 @@ def test_paths_move_into_the_workdir_and_overrides_apply() -> None:
     config = render.trainer_config(local.job)
     assert config["checkpoint"]["dir"] == "/runs/demo/checkpoints"
     assert config["artifacts"]["dir"] == "/runs/demo/artifacts"
-    assert (config["nodes"], config["devicesPerNode"]) == (2, 3)
+    launches, _ = node_launches(local, WORKDIR, 29999, {}, cores=8)
+    assert [(launch.env["PET_NNODES"], launch.env["PET_NPROC_PER_NODE"]) for launch in launches] == [("2", "3")] * 2
     assert local.warnings == []
 
 
@@ -92,7 +95,7 @@ def test_each_node_runs_the_rendered_pod_with_its_environment() -> None:
     ).as_model()
     local = localize(job, Overrides(), WORKDIR, [])
     base = {"PATH": "/usr/bin", "PET_NNODES": "9", "RANK": "3", "HOME": "/root"}
-    launches, warnings = node_launches(local, WORKDIR, 31234, base, cores=2, gang_generation=1)
+    launches, warnings = node_launches(local, WORKDIR, 31234, base, cores=2)
     assert [launch.rank for launch in launches] == [0, 1]
     for launch in launches:
         env = launch.env
@@ -130,20 +133,41 @@ def test_omp_threads_share_the_cores(cores: int, processes: int, threads: int) -
     assert omp_threads(cores, processes) == threads
 
 
-def test_resolve_env_answers_the_downward_api_for_one_machine() -> None:
-    job = DEMO.as_model()
-    values, warnings = resolve_env(
-        job,
-        1,
-        [
+def test_user_env_answers_the_downward_api_for_one_machine() -> None:
+    job = DEMO.with_spec(
+        env=[
             {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
             {"name": "CM", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
-        ],
-    )
+        ]
+    ).as_model()
+    values, warnings = user_env(job, 1)
     assert values == {"NS": "ml", "IP": "127.0.0.1"}
     assert [w.split(":")[0] for w in warnings] == ["env CPU", "env CM"]
+
+
+def test_a_node_launches_with_the_pods_own_environment_where_only_the_site_differs() -> None:
+    """One source: every variable the operator renders into a worker pod as a value reaches the local node with
+    the same value, except those of the site (rank 0's address, the config path, the records' sink)."""
+    job = DEMO.with_nodes(2).with_devices(2).on_cpu().with_spec(
+        nccl={"debug": "INFO", "socketIfname": "lo"}, storage={"url": "s3://bucket/jobs", "s3": {"endpoint": "http://s3:9000"}}
+    ).as_model()
+    local = localize(job, Overrides(), WORKDIR, [])
+    launches, _ = node_launches(local, WORKDIR, 29999, {}, cores=4)
+    site = local_site(WORKDIR, 29999, rank=1)
+    differs = {
+        contract.ENV_MASTER_ADDR: site.master_addr,
+        contract.ENV_MASTER_PORT: str(site.master_port),
+        contract.ENV_CONFIG: site.config_path,
+        contract.ENV_PROGRESS_SINK: site.progress_sink,
+    }
+    pod = render.render_worker_pod(local.job, rank=1)["spec"]["containers"][0]
+    for var in pod["env"]:
+        if "value" in var:
+            assert launches[1].env[var["name"]] == differs.get(var["name"], var["value"]), var["name"]
+    assert launches[1].env[contract.ENV_NODE_NAME]  # the downward API's spec.nodeName: this machine
+    assert local_command(pod["command"]) == launches[1].argv
 
 
 def test_engine_step_is_the_engine_jobs_command_on_the_workdir() -> None:

@@ -63,7 +63,7 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
     assert config_map["metadata"]["name"] == "llm-config"
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     assert "BEGIN CERTIFICATE" in config_map["data"][contract.OPERATOR_CA_FILE_NAME]  # the report endpoint's CA
-    assert (config["jobName"], config["nodes"], config["devicesPerNode"]) == ("llm", 3, 2)
+    assert config["jobName"] == "llm" and "nodes" not in config  # the gang's shape reaches the trainer as PET_* only
     assert owned_by(config_map, created)
 
     for rank, pod in enumerate(pods):
@@ -89,14 +89,14 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
             {"name": "PET_SHUTDOWN_TIMEOUT", "value": "590"},
             {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
             {"name": "DTRAIN_JOB_NAME", "value": "llm"},
-            {"name": "DTRAIN_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            {"name": "DTRAIN_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "DTRAIN_JOB_NAMESPACE", "value": "default"},
+            {"name": "DTRAIN_POD_NAME", "value": f"llm-{rank}"},
             *report_env(operated, rank),
             {"name": "NCCL_IB_DISABLE", "value": "1"},
             {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
             {"name": "NCCL_DEBUG", "value": "INFO"},
             {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+            {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             {"name": "WANDB_MODE", "value": "offline"},
         ]
         volumes = {v["name"]: v for v in spec["volumes"]}

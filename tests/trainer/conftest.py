@@ -32,8 +32,6 @@ def trainer_config(tmp_path: Path, **sections: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
         "jobName": "test-job",
         "accelerator": "cpu",
-        "nodes": 1,
-        "devicesPerNode": 1,
         "model": {"classPath": USER_MODEL, "initArgs": {}},
         "data": {"classPath": USER_DATA, "initArgs": {}},
         "trainer": {"maxSteps": 4, "batchSize": 8, "numWorkers": 0, "logEveryNSteps": 1, "precision": "32-true"},

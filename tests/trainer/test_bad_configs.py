@@ -108,11 +108,6 @@ CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         {"trainer": {"maxStep": 3}},
         ("trainer.maxStep: unknown field; did you mean 'maxSteps'?",),
     ),
-    (
-        "many processes without torchrun",
-        {"nodes": 2},
-        ("not started by torchrun (WORLD_SIZE is not set)",),
-    ),
 ]
 
 
@@ -142,13 +137,13 @@ def test_export_needs_an_input_shape(
     fails_with(capsys, ["--config", str(write_config(tmp_path, config))], "export.onnx.inputShape", "e.g. [3, 224, 224]")
 
 
-def test_environment_mismatch_names_the_variable(
+def test_a_launch_that_cannot_be_a_gang_names_the_variables(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = write_config(tmp_path, trainer_config(tmp_path, nodes=2))
-    monkeypatch.setenv(contract.ENV_NNODES, "3")
+    path = write_config(tmp_path, trainer_config(tmp_path))
     monkeypatch.setenv("WORLD_SIZE", "3")
-    fails_with(capsys, ["--config", str(path)], "PET_NNODES is 3 but the config says nodes = 2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    fails_with(capsys, ["--config", str(path)], "WORLD_SIZE 3 is not a whole number of nodes of LOCAL_WORLD_SIZE 2")
 
 
 def test_bad_progress_sink(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

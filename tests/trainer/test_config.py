@@ -9,9 +9,11 @@ import pytest
 from dtrain_common.config import ConfigError, load_config, parse_config
 from dtrain_operator.api import TrainerConfig, contract
 from dtrain_trainer.config import (
+    Topology,
     check_launch_environment,
     config_path,
     cpu_fallback,
+    launch_topology,
     progress_interval,
     resolve_precision,
 )
@@ -31,53 +33,42 @@ TORCHRUN_2x2 = {
 }
 
 
-def test_environment_that_matches_the_config_passes() -> None:
-    check_launch_environment(a_config(nodes=2, devicesPerNode=2), TORCHRUN_2x2, visible_gpus=0)
+def test_the_gangs_shape_comes_from_torchrun() -> None:
+    """One route: the config has no nodes or devicesPerNode to disagree with torchrun's environment."""
+    assert check_launch_environment(a_config(), TORCHRUN_2x2, visible_gpus=0) == Topology(nodes=2, devices_per_node=2)
+    assert launch_topology(TORCHRUN_2x2).world_size == 4
+    assert "nodes" not in a_config().to_wire() and "devicesPerNode" not in a_config().to_wire()
 
 
 def test_single_process_without_torchrun_passes() -> None:
-    check_launch_environment(a_config(), {}, visible_gpus=0)
+    assert check_launch_environment(a_config(), {}, visible_gpus=0) == Topology(nodes=1, devices_per_node=1)
 
 
 @pytest.mark.parametrize(
-    ("variable", "value", "field"),
+    ("env", "message"),
     [
-        (contract.ENV_NNODES, "3", "nodes = 2"),
-        (contract.ENV_NPROC_PER_NODE, "1", "devicesPerNode = 2"),
-        ("WORLD_SIZE", "8", "nodes x devicesPerNode = 2 x 2 = 4"),
-        ("LOCAL_WORLD_SIZE", "4", "devicesPerNode = 2"),
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE is 'two', not a whole number"),
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "3"}, "WORLD_SIZE 4 is not a whole number of nodes of LOCAL_WORLD_SIZE 3"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE 0 is not a whole number of nodes"),
     ],
 )
-def test_a_variable_that_disagrees_is_named(variable: str, value: str, field: str) -> None:
-    env = {**TORCHRUN_2x2, variable: value}
-    with pytest.raises(ConfigError) as error:
-        check_launch_environment(a_config(nodes=2, devicesPerNode=2), env, visible_gpus=0)
-    message = str(error.value)
-    assert message.startswith(f"{variable} is {value} but the config says {field}")
-
-
-def test_a_variable_that_is_not_a_number_is_named() -> None:
-    with pytest.raises(ConfigError, match="PET_NNODES is 'two'"):
-        check_launch_environment(a_config(), {contract.ENV_NNODES: "two"}, visible_gpus=0)
-
-
-def test_many_processes_need_torchrun() -> None:
-    with pytest.raises(ConfigError, match="not started by torchrun \\(WORLD_SIZE is not set\\)"):
-        check_launch_environment(a_config(nodes=2), {}, visible_gpus=0)
+def test_a_launch_environment_that_cannot_be_a_gang_is_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_launch_environment(a_config(), env, visible_gpus=0)
 
 
 def test_gpu_accelerator_without_any_cuda_device_trains_on_the_cpu_and_says_so() -> None:
     """As `dtrain run` does: a node whose GPUs are counted but not exposed (make cluster GPUS_PER_NODE=N)."""
-    config, warning = cpu_fallback(a_config(accelerator="gpu", devicesPerNode=2), visible_gpus=0)
-    assert config.accelerator == "cpu" and config.devices_per_node == 2
+    config, warning = cpu_fallback(a_config(accelerator="gpu"), visible_gpus=0)
+    assert config.accelerator == "cpu"
     assert warning is not None and "sees no CUDA device" in warning and "training on the CPU" in warning
-    seen = a_config(accelerator="gpu", devicesPerNode=2)
+    seen = a_config(accelerator="gpu")
     assert cpu_fallback(seen, visible_gpus=1) == (seen, None)  # some, too few: check_launch_environment says so
     assert cpu_fallback(a_config(), visible_gpus=0) == (a_config(), None)
 
 
 def test_gpu_accelerator_needs_visible_gpus() -> None:
-    config = a_config(accelerator="gpu", devicesPerNode=2)
+    config = a_config(accelerator="gpu")
     with pytest.raises(ConfigError, match="sees 1 CUDA device"):
         check_launch_environment(config, {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, visible_gpus=1)
     check_launch_environment(config, {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, visible_gpus=2)

@@ -97,7 +97,7 @@ def test_resuming_from_s3_checkpoints_ends_with_the_uninterrupted_runs_weights(
     def config(prefix: str, **model_args: Any) -> dict[str, Any]:
         # Two ranks, 128 samples in batches of 8: 8 steps an epoch; 12 steps cross an epoch end.
         return s3_config(
-            tmp_path / prefix, s3_server, f"resume/{prefix}", devicesPerNode=2,
+            tmp_path / prefix, s3_server, f"resume/{prefix}",
             model={"classPath": USER_MODEL, "initArgs": model_args},
             data={"initArgs": {"num_samples": 128}},
             trainer={"maxSteps": 12, "maxEpochs": 5, "numWorkers": 0},

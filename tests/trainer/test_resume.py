@@ -66,7 +66,6 @@ def test_resuming_mid_epoch_ends_with_the_uninterrupted_runs_weights(
         # 128 samples in batches of 8 per rank: an epoch of 16 / processes steps; 12 steps cross an epoch end.
         return trainer_config(
             tmp_path / run,
-            devicesPerNode=processes,
             model={"classPath": USER_MODEL, "initArgs": model_args},
             data=data,
             trainer={"maxSteps": 12, "maxEpochs": 5, "numWorkers": 0},

@@ -46,7 +46,6 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint_and_exits_143(tm
     records = tmp_path / "records"
     config = trainer_config(
         tmp_path,
-        devicesPerNode=2,
         model={"classPath": USER_MODEL, "initArgs": {"record_dir": str(records)}},
         data={"initArgs": {"num_samples": 4096}},
         trainer={"maxSteps": 100000, "maxEpochs": 1},

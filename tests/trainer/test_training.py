@@ -40,14 +40,8 @@ def checkpoint_step(path: Path) -> int:
 
 
 def pod_environment(job: DistributedTraining, rank: int) -> dict[str, str]:
-    """The trainer container's environment as the operator renders it, resolved the way the kubelet would."""
-    env: dict[str, str] = {}
-    for var in worker_env(job, rank):
-        if "value" in var:
-            env[var["name"]] = var["value"]
-        elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
-            env[var["name"]] = job.namespace
-    return env
+    """The trainer container's environment as the operator renders it (its values; no downward API here)."""
+    return {var["name"]: var["value"] for var in worker_env(job, rank) if "value" in var}
 
 
 def two_node_job(tmp_path: Path) -> DistributedTraining:

@@ -41,7 +41,7 @@ def test_config_map_holds_the_resolved_trainer_config():
     config_map = render.render_config_map(job)
     assert config_map["metadata"] == {"name": "mnist-config", "namespace": "ml", "labels": labels("worker")}
     config = yaml.safe_load(config_map["data"]["config.yaml"])
-    assert (config["jobName"], config["nodes"], config["devicesPerNode"]) == ("mnist", 3, 2)
+    assert config["jobName"] == "mnist" and "nodes" not in config  # the gang's shape: torchrun's PET_* only
     assert config["trainer"]["batchSize"] == 8
     assert set(config) >= {"model", "data", "trainer", "checkpoint", "export", "artifacts", "nccl"}
 
@@ -55,28 +55,28 @@ BASE_ENV = [
     {"name": "PET_SHUTDOWN_TIMEOUT", "value": "590"},
     {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
     {"name": "DTRAIN_JOB_NAME", "value": "mnist"},
-    {"name": "DTRAIN_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-    {"name": "DTRAIN_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    {"name": "DTRAIN_JOB_NAMESPACE", "value": "ml"},
+    {"name": "DTRAIN_POD_NAME", "value": "mnist-2"},
     {"name": "DTRAIN_PROGRESS_SINK", "value": "stdout"},
 ]
+NODE_NAME = {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 
 
 @pytest.mark.parametrize(
-    "spec,after_contract",
+    "spec,nccl,users",
     [
-        ({}, []),
+        ({}, [], []),
         ({"nccl": {"ibDisable": False, "socketIfname": "^lo,docker"}},
-         [{"name": "NCCL_IB_DISABLE", "value": "0"}, {"name": "NCCL_SOCKET_IFNAME", "value": "^lo,docker"}]),
+         [{"name": "NCCL_IB_DISABLE", "value": "0"}, {"name": "NCCL_SOCKET_IFNAME", "value": "^lo,docker"}], []),
         ({"nccl": {"debug": "WARN", "env": {"NCCL_ALGO": "Ring"}},
           "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
-         [{"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "NCCL_ALGO", "value": "Ring"},
-          {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]),
+         [{"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "NCCL_ALGO", "value": "Ring"}],
+         [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]),
     ],
 )
-def test_worker_env_is_the_contract_then_nccl_then_the_users(spec, after_contract):
+def test_worker_env_is_the_launch_environment_then_the_node_then_the_users(spec, nccl, users):
     job = MNIST.with_nodes(3).with_devices(2).with_spec(**spec).as_model()
-    assert render.worker_env(job, rank=2) == BASE_ENV + after_contract
+    assert render.worker_env(job, rank=2) == BASE_ENV + nccl + [NODE_NAME] + users
 
 
 def pod_spec_of(**spec: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ line that names it, not an hour later inside a collective.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_common.config import ConfigError
@@ -31,54 +32,58 @@ def _int_var(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ConfigError(f"{name} is {raw!r}, not a whole number; the operator sets it from the job's spec") from None
+        raise ConfigError(f"{name} is {raw!r}, not a whole number; torchrun sets it from the job's spec") from None
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The gang's shape as torchrun launched this process: the only route it takes to the trainer."""
+
+    nodes: int
+    devices_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+def launch_topology(env: Mapping[str, str]) -> Topology:
+    """From torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE; one process when torchrun did not start this one."""
+    world = _int_var(env, "WORLD_SIZE")
+    world = 1 if world is None else world
+    local = _int_var(env, "LOCAL_WORLD_SIZE")
+    local = world if local is None else local
+    if world < 1 or local < 1 or world % local:
+        raise ConfigError(
+            f"WORLD_SIZE {world} is not a whole number of nodes of LOCAL_WORLD_SIZE {local} processes: "
+            "start the trainer with torchrun, as the operator and `dtrain run` do"
+        )
+    return Topology(nodes=world // local, devices_per_node=local)
 
 
 def cpu_fallback(config: TrainerConfig, visible_gpus: int) -> tuple[TrainerConfig, str | None]:
     """accelerator gpu in a process that sees no CUDA device at all trains on the CPU (gloo), with a
     warning, as `dtrain run` does on a machine without CUDA: a node whose GPUs the scheduler counts
     but whose runtime exposes none (`make cluster GPUS_PER_NODE=N`, or a broken device plugin) still
-    trains, and says so. Some devices but fewer than devicesPerNode stays an error
+    trains, and says so. Some devices but fewer than the node's processes stays an error
     (check_launch_environment): that is a pod asking for the wrong count."""
     if config.accelerator != "gpu" or visible_gpus > 0:
         return config, None
     return config.model_copy(update={"accelerator": "cpu"}), (
-        f"accelerator is gpu but this pod sees no CUDA device (devicesPerNode {config.devices_per_node} "
-        "requested): training on the CPU (gloo). On a GPU node, check the NVIDIA container runtime and device plugin"
+        "accelerator is gpu but this pod sees no CUDA device: training on the CPU (gloo). "
+        "On a GPU node, check the NVIDIA container runtime and device plugin"
     )
 
 
-def check_launch_environment(config: TrainerConfig, env: Mapping[str, str], visible_gpus: int) -> None:
-    """The process was launched the way the config expects, or a ConfigError naming the variable that disagrees.
-
-    torchrun's PET_* variables come from the same spec as the config, so a mismatch means
-    the pod and its ConfigMap belong to different versions of the job (or a hand-made launch).
-    """
-    world = config.nodes * config.devices_per_node
-    expected = {
-        contract.ENV_NNODES: (config.nodes, "nodes"),
-        contract.ENV_NPROC_PER_NODE: (config.devices_per_node, "devicesPerNode"),
-        "LOCAL_WORLD_SIZE": (config.devices_per_node, "devicesPerNode"),
-        "WORLD_SIZE": (world, f"nodes x devicesPerNode = {config.nodes} x {config.devices_per_node}"),
-    }
-    for name, (want, field) in expected.items():
-        got = _int_var(env, name)
-        if got is not None and got != want:
-            raise ConfigError(
-                f"{name} is {got} but the config says {field} = {want}: "
-                "the launch environment and the config come from different job specs"
-            )
-    if _int_var(env, "WORLD_SIZE") is None and world > 1:
+def check_launch_environment(config: TrainerConfig, env: Mapping[str, str], visible_gpus: int) -> Topology:
+    """The gang's shape from torchrun's environment, or a ConfigError when this process cannot train in it."""
+    topology = launch_topology(env)
+    if config.accelerator == "gpu" and visible_gpus < topology.devices_per_node:
         raise ConfigError(
-            f"the config trains on {world} processes (nodes {config.nodes} x devicesPerNode "
-            f"{config.devices_per_node}) but this process was not started by torchrun (WORLD_SIZE is not set); "
-            "start it with torchrun, as the operator and `dtrain run` do"
+            f"accelerator is gpu with {topology.devices_per_node} process(es) per node (devicesPerNode), but this "
+            f"process sees {visible_gpus} CUDA device(s); request the GPUs for the pod, or set accelerator: cpu"
         )
-    if config.accelerator == "gpu" and visible_gpus < config.devices_per_node:
-        raise ConfigError(
-            f"accelerator is gpu with devicesPerNode {config.devices_per_node}, but this process sees "
-            f"{visible_gpus} CUDA device(s); request the GPUs for the pod, or set accelerator: cpu"
-        )
+    return topology
 
 
 def resolve_precision(precision: str, accelerator: str) -> tuple[str, str | None]:

@@ -1,6 +1,6 @@
 """`python -m dtrain_trainer`: what each worker process runs under torchrun, in a pod or under `dtrain run`.
 
-Order of work: read and check the config and the launch environment; build the model and
+Order of work: read the config, and the gang's shape from torchrun's environment; build the model and
 the data module; build Lightning's Trainer (DDP, Lightning detects TorchElasticEnvironment
 from torchrun's variables); resume from the newest checkpoint; train; then rank 0
 exports and checks the ONNX model while every other rank waits, so that the job's
@@ -54,6 +54,7 @@ from dtrain_trainer.config import (
     cpu_fallback,
     global_rank,
     is_first_process_of_node,
+    launch_topology,
     progress_interval,
     resolve_precision,
 )
@@ -96,12 +97,13 @@ def build_trainer(
     config: TrainerConfig,
     reporter: ProgressReporter | None = None,
     package: str = flavor.LIGHTNING,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] = os.environ,
 ) -> L.Trainer:
     """Lightning's Trainer for `config`, with dtrain's checkpoint and progress callbacks.
 
     `package` is the Lightning package the model and data module are built on
     (lightning.pytorch or pytorch_lightning): the Trainer and every callback come from it."""
+    topology = launch_topology(env)
     pl = flavor.flavor(package)
     reporter = reporter or ProgressReporter(NullSink(), math.inf)
     settings = config.trainer
@@ -127,8 +129,8 @@ def build_trainer(
     straggler = straggler_callback_class(package)(config.stragglers, progress.note_step_times)
     return pl.Trainer(  # type: ignore[no-any-return]
         accelerator="gpu" if on_gpu else "cpu",
-        devices=config.devices_per_node,
-        num_nodes=config.nodes,
+        devices=topology.devices_per_node,
+        num_nodes=topology.nodes,
         strategy=strategy,
         precision=precision,  # type: ignore[arg-type]
         gradient_clip_val=settings.gradient_clip_val,
@@ -140,7 +142,7 @@ def build_trainer(
         limit_train_batches=settings.limit_train_batches,
         callbacks=[straggler, progress, stop, checkpoint],
         plugins=[checkpoint_io],
-        logger=build_logger(config, pl, env if env is not None else os.environ),
+        logger=build_logger(config, pl, env),
         default_root_dir=config.checkpoint_dir,
         # Progress goes through the sink; a terminal progress bar only floods pod logs.
         enable_progress_bar=False,
@@ -239,14 +241,14 @@ def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
     """Train (resuming when a checkpoint exists), then export. Raises ConfigError for bad settings."""
     visible_gpus = torch.cuda.device_count() if config.accelerator == "gpu" else 0
     config, fallback = cpu_fallback(config, visible_gpus)
-    check_launch_environment(config, env, visible_gpus)
+    topology = check_launch_environment(config, env, visible_gpus)
     sink = sink_from_env(env, config.job_name) if global_rank(env) == 0 else NullSink()
     reporter = ProgressReporter(sink, progress_interval(env))
     if fallback:
         reporter.event(Event.WARNING, message=fallback)
     try:
         # Before the model is built: a broken network fails here, at once, not as a hang.
-        checked = preflight.run(env, config.accelerator, config.devices_per_node, config.nccl.preflight_timeout_seconds)
+        checked = preflight.run(env, config.accelerator, topology.devices_per_node, config.nccl.preflight_timeout_seconds)
         if checked is not None:
             reporter.event(Event.PREFLIGHT, **checked)
         return _train_and_export(config, env, reporter)
@@ -283,9 +285,9 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     reporter.event(
         Event.START,
         jobName=config.job_name,
-        worldSize=config.nodes * config.devices_per_node,
-        nodes=config.nodes,
-        devicesPerNode=config.devices_per_node,
+        worldSize=trainer.world_size,
+        nodes=trainer.num_nodes,
+        devicesPerNode=trainer.num_devices,
         accelerator=config.accelerator,
         precision=str(trainer.precision),
         clusterEnvironment=type(getattr(trainer.strategy, "cluster_environment", None)).__name__,

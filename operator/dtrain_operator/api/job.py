@@ -18,9 +18,9 @@ from dtrain_operator.api.spec import (
     BUILTIN_SYNTHETIC_DATA,
     CheckpointSettings,
     ClassSpec,
+    CollectiveTimeouts,
     DistributedTrainingSpec,
     LoggingSettings,
-    NcclSettings,
     StragglerSettings,
     TrainerSettings,
 )
@@ -72,9 +72,9 @@ class DistributedTraining(ApiModel):
 class TrainerConfig(ApiModel):
     """What the trainer reads from DTRAIN_CONFIG: the resolved sections of the spec it needs.
 
-    The operator writes it into the job's ConfigMap and `dtrain run` into the workdir;
-    nodes and devicesPerNode are there so that the trainer can check them against
-    torchrun's environment and fail loudly on a mismatch.
+    The operator writes it into the job's ConfigMap and `dtrain run` into the workdir. The gang's
+    shape is not in it: it reaches the trainer only through torchrun's environment
+    (render.launch_env), so that the two cannot disagree.
     """
 
     job_name: str
@@ -85,18 +85,14 @@ class TrainerConfig(ApiModel):
     """Its uid (none under `dtrain run`)."""
     accelerator: Literal["gpu", "cpu"] = "gpu"
     """gpu or cpu."""
-    nodes: Annotated[int, Field(ge=1)] = 1
-    """Number of nodes (must equal PET_NNODES)."""
-    devices_per_node: Annotated[int, Field(ge=1)] = 1
-    """Processes per node (must equal PET_NPROC_PER_NODE)."""
     model: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_MODEL))
     """The LightningModule."""
     data: ClassSpec = Field(default_factory=lambda: ClassSpec(class_path=BUILTIN_SYNTHETIC_DATA))
     """The LightningDataModule."""
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     """Trainer settings."""
-    nccl: NcclSettings = Field(default_factory=NcclSettings)
-    """NCCL settings (the trainer uses timeoutSeconds)."""
+    nccl: CollectiveTimeouts = Field(default_factory=CollectiveTimeouts)
+    """The collectives' timeouts (NCCL's own settings reach it as NCCL_* variables)."""
     stragglers: StragglerSettings = Field(default_factory=StragglerSettings)
     """Straggler detection."""
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
@@ -132,12 +128,10 @@ class TrainerConfig(ApiModel):
             job_namespace=job.namespace,
             job_uid=job.metadata.uid,
             accelerator=spec.accelerator,
-            nodes=spec.nodes,
-            devices_per_node=spec.devices_per_node,
             model=spec.model,
             data=spec.data,
             trainer=spec.trainer,
-            nccl=spec.nccl,
+            nccl=CollectiveTimeouts.model_validate(spec.nccl.model_dump(include=set(CollectiveTimeouts.model_fields))),
             stragglers=spec.stragglers,
             checkpoint=spec.checkpoint.model_copy(update={"dir": dirs[0]}),
             artifacts=spec.artifacts.model_copy(update={"dir": dirs[1]}),

@@ -132,8 +132,19 @@ class LoggingSettings(ApiModel):
 NcclDebug = Literal["VERSION", "WARN", "INFO", "TRACE"]
 
 
-class NcclSettings(ApiModel):
-    """NCCL settings for the worker pods, written to NCCL_* variables."""
+class CollectiveTimeouts(ApiModel):
+    """The trainer's part of spec.nccl, which reaches it in its config: how long its collectives wait.
+
+    The rest of spec.nccl is NCCL's own and reaches NCCL as NCCL_* variables only (render.launch_env)."""
+
+    timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 1800
+    """Collective timeout of the process group: a rank that waits longer fails, and the gang restarts."""
+    preflight_timeout_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = 60
+    """Before the model is built, every rank checks that the interfaces of NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME exist in its pod, joins the others and times an all-reduce (status.preflight). A rank that has not joined within this many seconds fails the job at once (reason InvalidTrainerConfig), naming the missing ranks, the address and the NCCL/gloo variables in effect, instead of hanging until timeoutSeconds. The ranks start together (torchrun waits for every node first), so a minute is plenty. 0 skips the join and the all-reduce (the interface check still runs)."""
+
+
+class NcclSettings(CollectiveTimeouts):
+    """NCCL settings for the worker pods: NCCL_* variables, and the collectives' timeouts."""
 
     ib_disable: bool | None = None
     """NCCL_IB_DISABLE: true to stop NCCL using InfiniBand/RoCE (e.g. on plain Ethernet clusters)."""
@@ -143,10 +154,6 @@ class NcclSettings(ApiModel):
     """NCCL_DEBUG: VERSION, WARN, INFO or TRACE."""
     p2p_disable: Annotated[bool | None, Field(alias="p2pDisable")] = None
     """NCCL_P2P_DISABLE: true to disable peer-to-peer GPU transfers (NVLink/PCIe)."""
-    timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 1800
-    """Collective timeout of the process group: a rank that waits longer fails, and the gang restarts."""
-    preflight_timeout_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = 60
-    """Before the model is built, every rank checks that the interfaces of NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME exist in its pod, joins the others and times an all-reduce (status.preflight). A rank that has not joined within this many seconds fails the job at once (reason InvalidTrainerConfig), naming the missing ranks, the address and the NCCL/gloo variables in effect, instead of hanging until timeoutSeconds. The ranks start together (torchrun waits for every node first), so a minute is plenty. 0 skips the join and the all-reduce (the interface check still runs)."""
     env: Annotated[
         dict[Annotated[str, Field(pattern=contract.NCCL_ENV_PATTERN)], Annotated[str, Field(max_length=4096)]],
         Field(max_length=MAX_MAP_ENTRIES),

@@ -1,8 +1,8 @@
 """Pure renderers: a DistributedTraining in, the Kubernetes objects it stands for out.
 
 No I/O, no clock, no globals. The operator creates what these return (adding owner
-references in one place, controller.children.adopt); `dtrain run` runs the worker pods' commands
-and environments as local processes. This is where a pod's environment is decided.
+references in one place, controller.children.adopt); `dtrain run` runs the same command with the
+same launch environment (launch_env) as local processes. This is where a worker's environment is decided.
 """
 
 # layout: every object a job stands for in one module (a little over 400 lines): the pods, the engine Job,
@@ -23,7 +23,13 @@ from dtrain_operator.api import (
     engine_options,
     storage,
 )
-from dtrain_operator.core.storage_volumes import storage_env, storage_mounts, storage_volumes
+from dtrain_operator.core.storage_volumes import (
+    credentials_env,
+    object_store_env,
+    storage_env,
+    storage_mounts,
+    storage_volumes,
+)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 TRAINER_CONTAINER = "trainer"
@@ -116,33 +122,72 @@ def shutdown_timeout_seconds(job: DistributedTraining) -> int:
     return max(1, grace - min(contract.SHUTDOWN_MARGIN_SECONDS, grace // 3))
 
 
-def worker_env(job: DistributedTraining, rank: int, report: ReportEndpoint | None = None) -> list[dict[str, Any]]:
-    """The trainer container's environment: the design's contract, then NCCL, then the user's.
+@dataclass(frozen=True)
+class LaunchSite:
+    """What differs between a worker pod and a `dtrain run` node: where rank 0, the config and the records are."""
 
-    With a report endpoint, rank 0 sends its records to the operator; without one (`dtrain run`
-    sets its own sink) they go to the log."""
+    master_addr: str
+    master_port: int
+    config_path: str
+    progress_sink: str
+    node_name: str | None = None
+    """The machine's name; None in a pod, where the downward API gives spec.nodeName."""
+    operator_url: str | None = None
+    termination_log: str | None = None
+    progress_interval_seconds: float | None = None
+
+
+def pod_site(job: DistributedTraining, report: ReportEndpoint | None = None) -> LaunchSite:
+    """A worker pod's site. With a report endpoint, rank 0 sends its records to the operator; without
+    one they go to the log."""
+    return LaunchSite(
+        master_addr=master_address(job),
+        master_port=job.spec.master_port,
+        config_path=contract.CONFIG_PATH,
+        progress_sink=contract.PROGRESS_SINK_OPERATOR if report is not None else contract.PROGRESS_SINK_STDOUT,
+        operator_url=report.url if report is not None else None,
+    )
+
+
+def launch_env(job: DistributedTraining, rank: int, site: LaunchSite) -> dict[str, str]:
+    """A worker's launch environment, the one source of it for a pod and for `dtrain run`: torchrun's PET_*
+    (the only route the gang's shape takes to the trainer), dtrain's contract, the NCCL_* variables of
+    spec.nccl and the object store's endpoint. The user's spec.env comes after it in each."""
     spec = job.spec
-    sink = contract.PROGRESS_SINK_OPERATOR if report is not None else contract.PROGRESS_SINK_STDOUT
-    env = [
-        _var(contract.ENV_NNODES, spec.nodes),
-        _var(contract.ENV_NPROC_PER_NODE, spec.devices_per_node),
-        _var(contract.ENV_NODE_RANK, rank),
-        _var(contract.ENV_MASTER_ADDR, master_address(job)),
-        _var(contract.ENV_MASTER_PORT, spec.master_port),
-        _var(contract.ENV_SHUTDOWN_TIMEOUT, shutdown_timeout_seconds(job)),
-        _var(contract.ENV_CONFIG, contract.CONFIG_PATH),
-        _var(contract.ENV_JOB_NAME, job.name),
-        {"name": contract.ENV_JOB_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        _var(contract.ENV_PROGRESS_SINK, sink),
-    ]
-    if report is not None:
-        env.append(_var(contract.ENV_OPERATOR_URL, report.url))
-    env.extend(_var(name, value) for name, value in spec.nccl.to_env().items())
-    env.extend(storage_env(job))
-    env.extend(var.to_wire() for var in spec.env)
+    env = {
+        contract.ENV_NNODES: str(spec.nodes),
+        contract.ENV_NPROC_PER_NODE: str(spec.devices_per_node),
+        contract.ENV_NODE_RANK: str(rank),
+        contract.ENV_MASTER_ADDR: site.master_addr,
+        contract.ENV_MASTER_PORT: str(site.master_port),
+        contract.ENV_SHUTDOWN_TIMEOUT: str(shutdown_timeout_seconds(job)),
+        contract.ENV_CONFIG: site.config_path,
+        contract.ENV_JOB_NAME: job.name,
+        contract.ENV_JOB_NAMESPACE: job.namespace,
+        contract.ENV_POD_NAME: worker_pod_name(job, rank),
+        contract.ENV_PROGRESS_SINK: site.progress_sink,
+    }
+    optional = {
+        contract.ENV_NODE_NAME: site.node_name,
+        contract.ENV_OPERATOR_URL: site.operator_url,
+        contract.ENV_TERMINATION_LOG: site.termination_log,
+        contract.ENV_PROGRESS_INTERVAL: site.progress_interval_seconds,
+    }
+    env.update({name: str(value) for name, value in optional.items() if value is not None})
+    env.update(spec.nccl.to_env())
+    env.update(object_store_env(job))
     return env
+
+
+def worker_env(job: DistributedTraining, rank: int, report: ReportEndpoint | None = None) -> list[dict[str, Any]]:
+    """The trainer container's environment: its launch environment, the node it runs on (downward API),
+    the object store's credentials, then the user's."""
+    return [
+        *(_var(name, value) for name, value in launch_env(job, rank, pod_site(job, report)).items()),
+        {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        *credentials_env(job),
+        *(var.to_wire() for var in job.spec.env),
+    ]
 
 
 # --- Objects ---------------------------------------------------------------------------------

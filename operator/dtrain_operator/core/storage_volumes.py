@@ -24,26 +24,41 @@ def _var(name: str, value: Any) -> dict[str, Any]:
     return {"name": name, "value": str(value)}
 
 
-def storage_env(job: DistributedTraining) -> list[dict[str, Any]]:
-    """The object-storage SDK's variables of the trainer and engine containers."""
+def object_store_env(job: DistributedTraining) -> dict[str, str]:
+    """The object-storage SDK's plain variables (the endpoint and region), the same in a pod and in `dtrain run`."""
     settings = job.spec.storage
     schemes = storage.uses_object_storage(job.spec, job.namespace, job.name)
-    if settings is None or not schemes:
-        return []
-    env: list[dict[str, Any]] = []
-    if "s3" in schemes and settings.s3 is not None:
+    env: dict[str, str] = {}
+    if settings is not None and "s3" in schemes and settings.s3 is not None:
         if settings.s3.endpoint:
-            env.append(_var(S3_ENDPOINT_VARIABLE, settings.s3.endpoint))
+            env[S3_ENDPOINT_VARIABLE] = settings.s3.endpoint
         if settings.s3.region:
-            env.extend(_var(name, settings.s3.region) for name in ("AWS_REGION", "AWS_DEFAULT_REGION"))
-    secret = settings.credentials_secret
-    if secret and "s3" in schemes:
+            env.update(dict.fromkeys(("AWS_REGION", "AWS_DEFAULT_REGION"), settings.s3.region))
+    return env
+
+
+def credentials_env(job: DistributedTraining) -> list[dict[str, Any]]:
+    """A pod's object-storage credentials from spec.storage.credentialsSecret, as references, never values.
+
+    Only a pod has them: `dtrain run` uses the caller's own credentials."""
+    settings = job.spec.storage
+    secret = settings.credentials_secret if settings is not None else None
+    if not secret:
+        return []
+    schemes = storage.uses_object_storage(job.spec, job.namespace, job.name)
+    env: list[dict[str, Any]] = []
+    if "s3" in schemes:
         for key in storage.S3_SECRET_KEYS:
             optional = key == "AWS_SESSION_TOKEN"
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}})
-    if secret and "gs" in schemes:
+    if "gs" in schemes:
         env.append(_var("GOOGLE_APPLICATION_CREDENTIALS", f"{GCS_CREDENTIALS_DIR}/{storage.GCS_SECRET_KEY}"))
     return env
+
+
+def storage_env(job: DistributedTraining) -> list[dict[str, Any]]:
+    """A container's object-storage variables: the plain ones, then the credentials."""
+    return [*(_var(name, value) for name, value in object_store_env(job).items()), *credentials_env(job)]
 
 
 def _pod_local_workspace(job: DistributedTraining) -> bool:

@@ -1,11 +1,12 @@
-"""What `dtrain run` starts, decided from the operator's own rendered objects (pure).
+"""What `dtrain run` starts, decided by the operator's own rules (pure).
 
-The worker pods that the operator would create are rendered with
-`render.render_workers`, and each becomes one local "node": its container command
-with `torchrun` run from this interpreter, its environment resolved here (the
-downward API answered for one machine, Secrets and ConfigMaps skipped with a
-warning), and the paths of the pod (checkpoints, artifacts, config mount) moved
-into the workdir. Nothing here starts a process or touches the disk.
+Each worker pod the operator would create becomes one local "node": the trainer
+container's command run from this interpreter, with the launch environment the
+operator renders into the pod (`render.launch_env`) for this machine's site, the
+user's spec.env resolved here (the downward API answered for one machine, Secrets
+and ConfigMaps skipped with a warning), and the pod's paths (checkpoints,
+artifacts, config) moved into the workdir. Nothing here starts a process or
+touches the disk.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dtrain_operator.api import DistributedTraining, contract, storage
 from dtrain_operator.core import policy, render
@@ -200,24 +200,21 @@ def local_command(command: Sequence[str]) -> list[str]:
     return [*_LOCAL_PROGRAMS.get(program, [program]), *rest]
 
 
-def resolve_env(
-    job: DistributedTraining, rank: int, env: Sequence[Mapping[str, Any]]
-) -> tuple[dict[str, str], list[str]]:
-    """A rendered container env list as plain variables, and a warning per variable that cannot be set here."""
+def user_env(job: DistributedTraining, rank: int) -> tuple[dict[str, str], list[str]]:
+    """spec.env as plain variables for node `rank`, and a warning per variable that cannot be set here."""
     values: dict[str, str] = {}
     warnings: list[str] = []
-    for var in env:
-        name = var["name"]
-        if "value" in var:
-            values[name] = str(var["value"])
+    for var in job.spec.env:
+        if var.value is not None:
+            values[var.name] = var.value
             continue
-        source = var.get("valueFrom") or {}
+        source = var.to_wire().get("valueFrom") or {}
         field_path = (source.get("fieldRef") or {}).get("fieldPath")
         if field_path in _LOCAL_FIELD_REFS:
-            values[name] = _LOCAL_FIELD_REFS[field_path](job, rank)
+            values[var.name] = _LOCAL_FIELD_REFS[field_path](job, rank)
             continue
         kind = next(iter(source), "valueFrom")
-        warnings.append(f"env {name}: {kind} cannot be resolved outside a cluster; it is not set locally")
+        warnings.append(f"env {var.name}: {kind} cannot be resolved outside a cluster; it is not set locally")
     return values, warnings
 
 
@@ -235,43 +232,49 @@ class NodeLaunch:
     env: dict[str, str]
 
 
+def local_site(workdir: Workdir, master_port: int, rank: int) -> render.LaunchSite:
+    """Where node `rank` of a local run finds rank 0, its config and its progress file: all on this machine."""
+    return render.LaunchSite(
+        master_addr=LOCAL_MASTER_ADDR,
+        master_port=master_port,
+        config_path=str(workdir.config),
+        progress_sink=f"{contract.PROGRESS_SINK_JSONL_PREFIX}{workdir.progress}",
+        node_name=LOCAL_NODE_NAME,
+        termination_log=str(workdir.termination_log(rank)),
+        progress_interval_seconds=LOCAL_PROGRESS_INTERVAL_SECONDS,
+    )
+
+
 def node_launches(
     local: LocalJob,
     workdir: Workdir,
     master_port: int,
     base_env: Mapping[str, str],
     cores: int,
-    gang_generation: int = 0,
 ) -> tuple[list[NodeLaunch], list[str]]:
-    """Every node's launch, from the worker pods the operator would create, and the env warnings (once each)."""
+    """Every node's launch: the worker pod's command and launch environment on this machine, and the
+    warnings about spec.env (once each)."""
     job = local.job
     processes = job.spec.nodes * job.spec.devices_per_node
     # What the runner inherited from a surrounding torchrun or dtrain must not leak into the nodes.
     inherited = {k: v for k, v in base_env.items() if not contract.is_reserved_env_name(k)}
     launches: list[NodeLaunch] = []
     warnings: list[str] = []
-    for pod in render.render_workers(job, gang_generation):
-        rank = int(pod["metadata"]["labels"][contract.LABEL_NODE_RANK])
-        container = pod["spec"]["containers"][0]
-        pod_env, env_warnings = resolve_env(job, rank, container["env"])
+    for rank in range(job.spec.nodes):
+        values, env_warnings = user_env(job, rank)
         warnings.extend(w for w in env_warnings if w not in warnings)
         # OMP_NUM_THREADS: the job's env, else the caller's, else the cores shared between the processes.
-        env = {"OMP_NUM_THREADS": str(omp_threads(cores, processes)), **inherited, **pod_env}
-        env.update(
-            {
-                contract.ENV_MASTER_ADDR: LOCAL_MASTER_ADDR,
-                contract.ENV_MASTER_PORT: str(master_port),
-                contract.ENV_CONFIG: str(workdir.config),
-                contract.ENV_PROGRESS_SINK: f"{contract.PROGRESS_SINK_JSONL_PREFIX}{workdir.progress}",
-                contract.ENV_TERMINATION_LOG: str(workdir.termination_log(rank)),
-                contract.ENV_PROGRESS_INTERVAL: str(LOCAL_PROGRESS_INTERVAL_SECONDS),
-                # Logs reach the node's log file as they are written, so a failure's last lines are there.
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
+        env = {
+            "OMP_NUM_THREADS": str(omp_threads(cores, processes)),
+            **inherited,
+            **render.launch_env(job, rank, local_site(workdir, master_port, rank)),
+            **values,
+            # Logs reach the node's log file as they are written, so a failure's last lines are there.
+            "PYTHONUNBUFFERED": "1",
+        }
         if rank < len(local.cuda_devices) and local.cuda_devices[rank]:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(local.cuda_devices[rank])
-        launches.append(NodeLaunch(rank, local_command(container["command"]), env))
+        launches.append(NodeLaunch(rank, local_command(render.TRAINER_COMMAND), env))
     return launches, warnings
 
 
@@ -289,13 +292,6 @@ def engine_argv(job: DistributedTraining, workdir: Workdir) -> list[str]:
         else ["--pytorch-checkpoint", str(workdir.checkpoints / contract.LAST_CHECKPOINT_FILE_NAME)]
     )
     return [*command, *fallback, *checkpoint, "--model-config", str(workdir.config)]
-
-
-def engine_env(job: DistributedTraining) -> dict[str, str]:
-    """The engine container's own variables (the object store's endpoint and region), resolved for this machine."""
-    container = render.render_engine_job(job)["spec"]["template"]["spec"]["containers"][0]
-    values, _ = resolve_env(job, 0, container.get("env", []))
-    return values
 
 
 def worker_exit_code(returncode: int) -> int:

@@ -1,7 +1,7 @@
 """`dtrain run FILE`: the job's whole pipeline on this machine.
 
-The job file is validated as `dtrain validate` does, the operator renders its worker
-pods, and each pod runs here as a local torchrun "node" with the pod's environment.
+The job file is validated as `dtrain validate` does, and each worker pod the operator
+would create runs here as a local torchrun "node" with the pod's launch environment.
 A failing node stops the gang, and the operator's own policy (`policy.py`) decides
 whether it restarts from the last checkpoint; then the engine step runs as the
 engine Job would, and a summary closes the run.
@@ -33,6 +33,7 @@ from dtrain_operator.api.results import TrainerResults, read_termination_message
 from dtrain_operator.api.storage import missing_shared_storage
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job
 from dtrain_operator.core import policy, progress_deadline, render, stragglers
+from dtrain_operator.core.storage_volumes import object_store_env
 from dtrain_operator.local.display import Display
 from dtrain_operator.local.launch_plan import (
     LocalJob,
@@ -42,7 +43,6 @@ from dtrain_operator.local.launch_plan import (
     Workdir,
     default_workdir,
     engine_argv,
-    engine_env,
     failure_excerpt,
     localize,
     node_launches,
@@ -194,9 +194,7 @@ class LocalRun:
     def train(self) -> bool:
         run_policy = self.job.spec.run_policy
         while True:
-            launches, warnings = node_launches(
-                self.local, self.workdir, free_port(), os.environ, self.cores, self.state.restarts
-            )
+            launches, warnings = node_launches(self.local, self.workdir, free_port(), os.environ, self.cores)
             if self.state.restarts == 0:
                 for warning in warnings:
                     self.display.warn(warning)
@@ -340,7 +338,7 @@ class LocalRun:
         argv = engine_argv(self.job, self.workdir)
         env = {
             **os.environ,
-            **engine_env(self.job),
+            **object_store_env(self.job),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(self.cores)),
             "PYTHONUNBUFFERED": "1",
             contract.ENV_TERMINATION_LOG: str(self.workdir.engine_termination_log),

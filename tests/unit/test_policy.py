@@ -10,9 +10,13 @@ import pytest
 from dtrain_operator.api import RunPolicy, contract
 from dtrain_operator.core.policy import (
     REASON_INVALID_TRAINER_CONFIG,
+    Ending,
     WorkerFailure,
+    deadline_ending,
     deadline_exceeded,
     decide_on_failure,
+    ending_after_training,
+    engine_ending,
     is_retryable,
     trainer_error,
 )
@@ -133,3 +137,28 @@ def test_the_trainers_error_is_read_from_its_results_or_taken_as_it_is() -> None
     )
     assert trainer_error("Traceback (most recent call last): ...") == "Traceback (most recent call last): ..."
     assert trainer_error("{not json") == "{not json"
+
+
+@pytest.mark.parametrize(
+    "export_error,engine,ending",
+    [
+        (None, True, None),  # the engine is next
+        (None, False, Ending("Succeeded", "TrainingSucceeded", "training succeeded (engine.enabled is false)")),
+        ("no opset", True,
+         Ending("Failed", "ExportFailed", "training succeeded but the ONNX export failed, so no engine is built: no opset")),
+        ("no opset", False, Ending("Succeeded", "TrainingSucceeded", "training succeeded; the ONNX export failed: no opset")),
+    ],
+)
+def test_after_training_a_failed_export_fails_the_job_only_when_an_engine_was_asked_for(export_error, engine, ending):
+    """One rule for the operator's status and `dtrain run`'s summary."""
+    assert ending_after_training(export_error, engine) == ending
+
+
+def test_the_engine_builds_end_and_the_deadline_are_the_jobs_end():
+    assert engine_ending(True, "Job j-engine") == Ending("Succeeded", "EngineBuilt", "training succeeded and the engine is built")
+    assert engine_ending(False, "Job j-engine", "OOM") == Ending("Failed", "EngineBuildFailed", "Job j-engine failed: OOM")
+    assert engine_ending(False, "dtrain build-engine").message == "dtrain build-engine failed"
+    ended = deadline_ending(RunPolicy(active_deadline_seconds=60))
+    assert (ended.phase, ended.reason) == ("Failed", "DeadlineExceeded") and "(60 s)" in ended.message
+    failed = decide_on_failure(RunPolicy(restart_policy="Never"), [exited(1)], restarts=0)
+    assert failed.ending == Ending("Failed", failed.reason, failed.message)

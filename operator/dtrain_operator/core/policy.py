@@ -1,8 +1,9 @@
-"""When a gang restarts and when a job fails: one implementation for the operator and `dtrain run`.
+"""When a gang restarts and how a job ends: one implementation for the operator and `dtrain run`.
 
 DDP cannot lose a rank, so any worker failure stops the whole gang; these pure
 functions decide whether the gang starts again from its last checkpoint or the
-job ends. Neither caller decides this anywhere else.
+job ends, and how it ends after training (the export, the engine) or past its
+deadline. Neither caller decides this anywhere else.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from dtrain_operator.api import RunPolicy, contract
 
@@ -27,6 +29,8 @@ REASON_DEADLINE = "DeadlineExceeded"
 # Training succeeded but what comes after did not: the operator and `dtrain run` both end a job so.
 REASON_EXPORT_FAILED = "ExportFailed"
 REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
+REASON_TRAINING_SUCCEEDED = "TrainingSucceeded"
+REASON_ENGINE_BUILT = "EngineBuilt"
 # The trainer exited with contract.TRAINER_EXIT_INVALID_CONFIG: its settings are wrong.
 REASON_INVALID_TRAINER_CONFIG = "InvalidTrainerConfig"
 
@@ -56,12 +60,25 @@ class WorkerFailure:
 
 
 @dataclass(frozen=True)
+class Ending:
+    """How a job ends: the phase, reason and message of its status, or of `dtrain run`'s summary."""
+
+    phase: Literal["Succeeded", "Failed"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class FailureDecision:
     """What to do about a failed gang: restart it, or fail the job with a reason."""
 
     restart: bool
     reason: str
     message: str
+
+    @property
+    def ending(self) -> Ending:
+        return Ending("Failed", self.reason, self.message)
 
 
 def is_invalid_trainer_config(failure: WorkerFailure) -> bool:
@@ -159,5 +176,32 @@ def deadline_exceeded(policy: RunPolicy, started: datetime | None, now: datetime
     return (now - started).total_seconds() > policy.active_deadline_seconds
 
 
-def deadline_message(policy: RunPolicy) -> str:
-    return f"the job ran longer than activeDeadlineSeconds ({policy.active_deadline_seconds} s)"
+def deadline_ending(policy: RunPolicy) -> Ending:
+    """A job past runPolicy.activeDeadlineSeconds fails, whatever step it is at."""
+    message = f"the job ran longer than activeDeadlineSeconds ({policy.active_deadline_seconds} s)"
+    return Ending("Failed", REASON_DEADLINE, message)
+
+
+def ending_after_training(export_error: str | None, engine_enabled: bool) -> Ending | None:
+    """Training succeeded: how the job ends now, or None when the engine is to be built next.
+
+    A failed export fails the job only when an engine was asked for, since it is built from model.onnx;
+    the checkpoints stay, and the gang does not restart (training again would end in the same export)."""
+    if export_error:
+        if engine_enabled:
+            return Ending(
+                "Failed",
+                REASON_EXPORT_FAILED,
+                f"training succeeded but the ONNX export failed, so no engine is built: {export_error}",
+            )
+        return Ending("Succeeded", REASON_TRAINING_SUCCEEDED, f"training succeeded; the ONNX export failed: {export_error}")
+    if not engine_enabled:
+        return Ending("Succeeded", REASON_TRAINING_SUCCEEDED, "training succeeded (engine.enabled is false)")
+    return None
+
+
+def engine_ending(built: bool, builder: str, detail: str = "") -> Ending:
+    """The engine build's end is the job's: `builder` names what built it (the engine Job, `dtrain build-engine`)."""
+    if built:
+        return Ending("Succeeded", REASON_ENGINE_BUILT, "training succeeded and the engine is built")
+    return Ending("Failed", REASON_ENGINE_BUILD_FAILED, f"{builder} failed" + (f": {detail}" if detail else ""))

@@ -2,9 +2,10 @@
 
 The job file is validated as `dtrain validate` does, and each worker pod the operator
 would create runs here as a local torchrun "node" with the pod's launch environment.
-A failing node stops the gang, and the operator's own policy (`policy.py`) decides
-whether it restarts from the last checkpoint; then the engine step runs as the
-engine Job would, and a summary closes the run.
+A failing node stops the gang; the operator's own rules (`core.policy`,
+`core.progress_deadline`, `core.stragglers`) decide whether it restarts from the last
+checkpoint, when it hangs, and how the run ends (the deadline, the export, the engine
+step, which runs as the engine Job would); a summary closes the run.
 """
 
 # layout: one run's state machine (train, restart, export, engine, stop) reads best in one class (a little
@@ -220,10 +221,10 @@ class LocalRun:
             if outcome.stopped:
                 return self._stopped()
             if outcome.deadline:
-                return self._failed(policy.REASON_DEADLINE, policy.deadline_message(run_policy))
+                return self._end(policy.deadline_ending(run_policy))
             if outcome.hang is not None:
                 if not outcome.hang.restart:
-                    return self._failed(outcome.hang.reason, outcome.hang.message)
+                    return self._end(outcome.hang.ending)
                 self.state.restarts += 1
                 continue
             for failure in outcome.failures:
@@ -232,7 +233,7 @@ class LocalRun:
                 self.display.log_tail(f"node {failure.rank}", node.log_path, excerpt)
             decision = policy.decide_on_failure(run_policy, outcome.failures, self.state.restarts)
             if not decision.restart:
-                return self._failed(decision.reason, decision.message)
+                return self._end(decision.ending)
             self.state.restarts += 1
             self.display.warn(decision.message)
 
@@ -304,10 +305,12 @@ class LocalRun:
             self.display.warn(message)
         self._straggler_warned = message
 
-    def _failed(self, reason: str, message: str) -> bool:
-        self.state.phase, self.state.reason, self.state.message = PHASE_FAILED, reason, message
-        self.display.error(message)
-        return False
+    def _end(self, ending: policy.Ending) -> bool:
+        """The run ends as the operator would end the job; True when it succeeded."""
+        self.state.phase, self.state.reason, self.state.message = ending.phase, ending.reason, ending.message
+        if ending.phase == PHASE_FAILED:
+            self.display.error(ending.message)
+        return ending.phase == PHASE_SUCCEEDED
 
     def _stopped(self) -> bool:
         self.state.phase, self.state.reason = PHASE_STOPPED, REASON_STOPPED
@@ -315,22 +318,16 @@ class LocalRun:
         self.display.warn(self.state.message)
         return False
 
-    def export_failed(self, engine_asked: bool) -> bool:
-        """After a successful training: whether its export failed in a way that stops the run.
-
-        As in the operator (controller/status/after_training.py), the training succeeded and the checkpoints stay; the
-        run fails only when the engine was asked for, since it is built from model.onnx.
-        """
+    def after_training(self, engine_asked: bool) -> bool:
+        """Training succeeded: the job's end by the operator's rule (core.policy), or the engine build."""
         results = TrainerResults.read(read_termination_message(self._trainer_message(0)))
-        error = results.export_error if results is not None else None
-        if not error:
-            return False
-        self.state.reason, self.state.message = policy.REASON_EXPORT_FAILED, f"the ONNX export failed: {error}"
-        if engine_asked:
-            self._failed(policy.REASON_EXPORT_FAILED, f"training succeeded but the ONNX export failed, so no engine: {error}")
-            return True
-        self.display.warn(self.state.message)
-        return False
+        export_error = results.export_error if results is not None else None
+        ending = policy.ending_after_training(export_error, engine_asked)
+        if ending is None:
+            return self.build_engine()
+        if export_error and ending.phase == PHASE_SUCCEEDED:
+            self.display.warn(ending.message)
+        return self._end(ending)
 
     # --- the engine -------------------------------------------------------------------
 
@@ -351,16 +348,16 @@ class LocalRun:
         )
         outcome = self._watch(build, on_exit=_engine_end)
         build.stop(STOP_GRACE_SECONDS)
-        if outcome.succeeded:
-            return True
         if outcome.stopped:
             return self._stopped()
         if outcome.deadline:
-            return self._failed(policy.REASON_DEADLINE, policy.deadline_message(self.job.spec.run_policy))
+            return self._end(policy.deadline_ending(self.job.spec.run_policy))
         node = build.nodes[0]
-        excerpt = failure_excerpt(node.log_since_start(), FAILURE_LOG_LINES)
-        self.display.log_tail("engine build", node.log_path, excerpt)
-        return self._failed(policy.REASON_ENGINE_BUILD_FAILED, f"dtrain build-engine exited with code {node.popen.returncode}")
+        if not outcome.succeeded:
+            excerpt = failure_excerpt(node.log_since_start(), FAILURE_LOG_LINES)
+            self.display.log_tail("engine build", node.log_path, excerpt)
+        detail = f"exit code {node.popen.returncode}"
+        return self._end(policy.engine_ending(outcome.succeeded, "dtrain build-engine", detail))
 
     def summary(self, engine_asked: bool) -> RunSummary:
         return collect_summary(
@@ -423,8 +420,8 @@ def main(args: argparse.Namespace) -> int:
         run = LocalRun(local, workdir, display, stop, adopts_orphans)
         if args.resume:
             run.progress.skip_existing()
-        if run.train() and not run.export_failed(engine_asked) and (not engine_asked or run.build_engine()):
-            run.state.phase = PHASE_SUCCEEDED
+        if run.train():
+            run.after_training(engine_asked)
         summary = run.summary(engine_asked)
     summary.write(workdir.summary)
     display.summary(summary)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 
 from dtrain_operator.api import (
     DistributedTraining,
@@ -16,12 +16,12 @@ from dtrain_operator.controller.status.conditions import (
     ENGINE_BUILT,
     EXPORT_FAILED,
     PODS_PENDING,
-    REASON_ENGINE_BUILD_FAILED,
     RUNNING,
     TRAINING_SUCCEEDED,
     Conditions,
 )
 from dtrain_operator.controller.status.observe import termination_results
+from dtrain_operator.core import policy
 from dtrain_operator.core.gang_state import (
     engine_pod_awaited,
     message_tail,
@@ -54,7 +54,7 @@ def after_training(
     conditions: Conditions,
     gang: Mapping[int, PodObservation],
     observed: Observed,
-    finish: Callable[[Literal["Succeeded", "Failed"], str, str], DistributedTrainingStatus],
+    finish: Callable[[policy.Ending], DistributedTrainingStatus],
     now: datetime,
 ) -> DistributedTrainingStatus:
     """Training succeeded (rank 0 exited 0): the engine Job, or success."""
@@ -68,9 +68,10 @@ def after_training(
     conditions.set(RUNNING, False, "TrainingSucceeded", "training is over")
     export_error = (status.artifacts or {}).get(contract.RESULTS_KEY_EXPORT_ERROR)
     if export_error:
-        return _export_failed(job, conditions, str(export_error), finish)
-    if not spec.engine.enabled:
-        return finish("Succeeded", "TrainingSucceeded", "training succeeded (engine.enabled is false)")
+        conditions.set(EXPORT_FAILED, True, EXPORT_FAILED, str(export_error))
+    ending = policy.ending_after_training(str(export_error) if export_error else None, spec.engine.enabled)
+    if ending is not None:
+        return finish(ending)
     engine = observed.engine_job
     name = engine_job_name(job)
     if engine_pod_awaited(observed, now) is not None:
@@ -80,30 +81,13 @@ def after_training(
         if results:
             status.artifacts = {**(status.artifacts or {}), **results}
         conditions.set(ENGINE_BUILT, True, "EngineJobSucceeded", f"Job {name} built the TensorRT engine")
-        return finish("Succeeded", "EngineBuilt", "training succeeded and the engine is built")
+        return finish(policy.engine_ending(built=True, builder=f"Job {name}"))
     if engine is not None and engine.failed:
-        detail = _engine_message(observed) or engine.reason
-        message = f"Job {name} failed" + (f": {detail}" if detail else "")
-        conditions.set(ENGINE_BUILT, False, REASON_ENGINE_BUILD_FAILED, message)
-        return finish("Failed", REASON_ENGINE_BUILD_FAILED, message)
+        ending = policy.engine_ending(built=False, builder=f"Job {name}", detail=_engine_message(observed) or engine.reason)
+        conditions.set(ENGINE_BUILT, False, ending.reason, ending.message)
+        return finish(ending)
     status.phase = "BuildingEngine"
     conditions.set(ENGINE_BUILT, False, "EngineBuilding", f"Job {name} is building the TensorRT engine")
     status.conditions = conditions.items()
     return status
 
-
-def _export_failed(
-    job: DistributedTraining,
-    conditions: Conditions,
-    error: str,
-    finish: Callable[[Literal["Succeeded", "Failed"], str, str], DistributedTrainingStatus],
-) -> DistributedTrainingStatus:
-    """Training succeeded and its checkpoints stay; model.onnx does not exist, so no engine can be built.
-
-    No gang restart: training again would end in the same export."""
-    conditions.set(EXPORT_FAILED, True, EXPORT_FAILED, error)
-    if job.spec.engine.enabled:
-        return finish(
-            "Failed", EXPORT_FAILED, f"training succeeded but the ONNX export failed, so no engine is built: {error}"
-        )
-    return finish("Succeeded", "TrainingSucceeded", f"training succeeded; the ONNX export failed: {error}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
 
 from dtrain_operator.api import (
     FINISHED_PHASES,
@@ -95,10 +94,10 @@ class StatusComputation:
         self.status.conditions = self.conditions.items()
         return self.status
 
-    def finish(self, phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> DistributedTrainingStatus:
+    def finish(self, ending: policy.Ending) -> DistributedTrainingStatus:
         status, conditions = self.status, self.conditions
-        status.phase = phase
-        conditions.set(phase, True, reason, message)
+        phase = status.phase = ending.phase
+        conditions.set(phase, True, ending.reason, ending.message)
         conditions.clear(RUNNING, "JobFinished", f"the job {phase.lower()}")
         conditions.clear(RESTARTING, "JobFinished", f"the job {phase.lower()}")
         status.completion_time = format_time(self.now)
@@ -241,7 +240,7 @@ def suspend_or_resume(c: StatusComputation) -> DistributedTrainingStatus | None:
 
 def enforce_active_deadline(c: StatusComputation) -> DistributedTrainingStatus | None:
     if policy.deadline_exceeded(c.spec.run_policy, parse_time(c.status.start_time), c.now):
-        return c.finish("Failed", policy.REASON_DEADLINE, policy.deadline_message(c.spec.run_policy))
+        return c.finish(policy.deadline_ending(c.spec.run_policy))
     return None
 
 
@@ -262,7 +261,7 @@ def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
     if decision is None:
         return None
     if not decision.restart:
-        return c.finish("Failed", decision.reason, decision.message)
+        return c.finish(decision.ending)
     status.restarts += 1
     status.phase = "Restarting"
     c.conditions.set(RESTARTING, True, decision.reason, decision.message)
@@ -288,9 +287,8 @@ def watch_image_pulls(c: StatusComputation) -> DistributedTrainingStatus | None:
     deadline = image_pull_deadline(pulling, c.limits)
     seconds = c.limits.image_pull_seconds
     if deadline is not None and c.now >= deadline:
-        return c.finish(
-            "Failed", REASON_IMAGE_PULL_FAILED, f"worker pod(s) could not pull their image for {seconds:g} s: {detail}"
-        )
+        message = f"worker pod(s) could not pull their image for {seconds:g} s: {detail}"
+        return c.finish(policy.Ending("Failed", REASON_IMAGE_PULL_FAILED, message))
     c.conditions.set(
         IMAGE_PULL,
         True,

@@ -7,6 +7,8 @@ scheduler), and the e2e cluster has one GPU too few for them."""
 from __future__ import annotations
 
 import pytest
+import yaml
+from localcluster import schedulers
 
 from dtrain_operator.api import DistributedTraining, crd
 from dtrain_operator.core import render
@@ -17,6 +19,7 @@ from tests.cluster.scenarios import (
     GANG_NODES,
     GPU,
     NATIVE_GANG,
+    REPO,
     SCENARIOS,
     e2e_cluster_arguments,
     gpu_job,
@@ -83,3 +86,13 @@ def test_the_e2e_cluster_starts_the_coscheduling_scheduler_only_for_its_scenario
     assert e2e_cluster_arguments(["gang", "quickstart"]) == e2e_cluster_arguments()
     assert every[-2:] == ["gang", "gang-coscheduling"]  # last: each leaves a joined node behind
 
+
+def test_the_readmes_coscheduling_lines_are_what_the_scenario_applies():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Gang scheduling"):readme.index("## Failure handling")]
+    (block,) = [b for b in section.split("```yaml\n")[1:] if "scheduler-plugins-scheduler" in b]
+    scheduling = yaml.safe_load(block.split("```")[0])["spec"]["scheduling"]
+    expected = COSCHEDULING_GANG.scheduling
+    assert scheduling["schedulerName"] == expected["schedulerName"] == schedulers.SCHEDULER_NAME
+    assert scheduling["gang"] == {k: v for k, v in expected["gang"].items() if k != "scheduleTimeoutSeconds"}
+    assert f"make cluster NODES=3 GPUS_PER_NODE=1 SCHEDULERS={schedulers.KNOWN[0]}" in section

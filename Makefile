@@ -6,6 +6,8 @@
 #                       kubelets and the operator, in the background (root); .cluster/kubeconfig
 #   make cluster NODES=3 GPUS_PER_NODE=1   more nodes, each with an nvidia.com/gpu count
 #   make cluster PODS_FROM=host   containers from this machine's .venv, not their images (quick loops)
+#   make cluster SCHEDULERS=coscheduling   also scheduler-plugins' coscheduling scheduler (schedulerName
+#                       scheduler-plugins-scheduler) and its PodGroup CRD, built from tools/cluster/coscheduling
 #   make cluster-join   one more node in the running cluster (the next index; the CPU, memory and GPUs
 #                       of make cluster's nodes), returns when it is Ready (root)
 #   make cluster-down   stops it all and removes its state; make cluster-status says what runs
@@ -38,6 +40,8 @@ NODES ?= 2
 GPUS_PER_NODE ?= 0
 # images: each container from its image (built when missing); host: from this machine's .venv (quick loops).
 PODS_FROM ?= images
+# Second schedulers beside kube-scheduler (comma-separated): coscheduling (scheduler-plugins, built the first time).
+SCHEDULERS ?=
 LOCALCLUSTER := cd tools/cluster && OMP_NUM_THREADS=1 $(abspath $(PY)) -m localcluster
 
 install: $(INSTALLED)
@@ -86,7 +90,8 @@ e2e: $(INSTALLED) $(TOOLS)
 
 cluster: $(INSTALLED) $(TOOLS)
 	bash tools/install-e2e-deps.sh
-	$(LOCALCLUSTER) up --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) --pods-from $(PODS_FROM)
+	$(LOCALCLUSTER) up --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) --pods-from $(PODS_FROM) \
+		--schedulers "$(SCHEDULERS)"
 
 # What a running cluster was made with (the environment, kubectl) is there already: nothing to install.
 cluster-join:

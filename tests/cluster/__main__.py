@@ -1,7 +1,8 @@
 """`python -m tests.cluster` (part of `make e2e`): the scenarios on the real control plane.
 
 Starts the cluster (`python -m localcluster up`: 2 nodes with one nvidia.com/gpu each, a count the
-scheduler checks, which the gang scenario needs) unless one runs, makes the scenarios' shared claim,
+scheduler checks, which the gang scenarios need, and scheduler-plugins' coscheduling scheduler when its
+scenario is selected, built the first time) unless one runs, makes the scenarios' shared claim,
 runs each scenario, prints the figures, and stops the cluster it started. Needs root and network
 namespaces, as `make cluster` does.
 """
@@ -39,8 +40,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     parser.add_argument("--job", metavar="FILE", help="apply this job file as it is, follow it to its end, print its status")
     args = parser.parse_args(argv)
+    selected = args.only or [key for key, _, _ in SCENARIOS]
     started_here = localcluster("status") != 0
-    if started_here and localcluster("up", *e2e_cluster_arguments()) != 0:
+    if started_here and localcluster("up", *e2e_cluster_arguments([] if args.job else selected)) != 0:
         print("e2e (cluster): FAILED: the cluster did not start (above)")
         return 1
     if args.job:

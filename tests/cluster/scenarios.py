@@ -12,14 +12,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from localcluster import controlplane, layout, processes
+from localcluster import controlplane, layout, processes, schedulers
 
 from dtrain_operator.api import contract
+from dtrain_operator.core.render import COSCHEDULING_GROUP_LABEL
 
 from .kube import (
     REPO,
@@ -62,9 +64,12 @@ E2E_GPUS_PER_NODE = 1
 GPU = "nvidia.com/gpu"
 
 
-def e2e_cluster_arguments() -> list[str]:
-    """`python -m localcluster up`'s arguments for the e2e cluster."""
-    return ["--nodes", str(E2E_NODES), "--gpus-per-node", str(E2E_GPUS_PER_NODE)]
+def e2e_cluster_arguments(scenarios: Iterable[str] = ()) -> list[str]:
+    """`python -m localcluster up`'s arguments for the e2e cluster that runs `scenarios` (their keys): the
+    second schedulers they need too (SCENARIO_SCHEDULERS)."""
+    needed = sorted({SCENARIO_SCHEDULERS[key] for key in scenarios if key in SCENARIO_SCHEDULERS})
+    return ["--nodes", str(E2E_NODES), "--gpus-per-node", str(E2E_GPUS_PER_NODE),
+            *(["--schedulers", ",".join(needed)] if needed else [])]
 
 
 def small_job(name: str, **spec: Any) -> dict[str, Any]:
@@ -909,6 +914,58 @@ def scheduler_messages(name: str) -> dict[str, str]:
                                         "no PodScheduled condition") for p in worker_pods(name)}
 
 
+@dataclass(frozen=True)
+class GangProvider:
+    """What differs between the gang scenarios' providers: the job's spec.scheduling, the PodGroup's
+    resource, how a worker names its PodGroup, and what the scheduler's messages say of the gang."""
+
+    label: str
+    scheduling: dict[str, Any]
+    pod_groups: str
+    group_of: Callable[[dict[str, Any]], str | None]
+    no_group: str  # why the workers might name no PodGroup
+    says_why: Callable[[str], bool]  # the PodsPending condition's message quotes the scheduler on the gang
+    # What one of the scheduler's FailedScheduling Events on the workers says (checked when given).
+    scheduler_event_says_why: Callable[[str], bool] | None = None
+
+
+NATIVE_GANG = GangProvider(
+    label="Kubernetes' own",
+    scheduling={"gang": {"enabled": True, "provider": "kubernetes", "scheduleTimeoutSeconds": PENDING_SECONDS}},
+    pod_groups="podgroups.scheduling.k8s.io",
+    group_of=lambda p: (p["spec"].get("schedulingGroup") or {}).get("podGroupName"),
+    no_group="spec.schedulingGroup dropped by an API server without the GenericWorkload feature gate?",
+    says_why=lambda message: "pod group" in message,
+)
+COSCHEDULING_GANG = GangProvider(
+    label="scheduler-plugins' coscheduling",
+    scheduling={"schedulerName": schedulers.SCHEDULER_NAME,
+                "gang": {"enabled": True, "provider": "scheduler-plugins", "scheduleTimeoutSeconds": PENDING_SECONDS}},
+    pod_groups="podgroups.scheduling.x-k8s.io",
+    group_of=lambda p: p["metadata"]["labels"].get(COSCHEDULING_GROUP_LABEL),
+    no_group="the scheduling.x-k8s.io/pod-group label missing",
+    # The pods' conditions end on the plugin's rejection of the gang ("optimistic rejection in PostFilter",
+    # "rejection in Unreserve", "PodGroup ... gets rejected"): each placed pod waits at Permit, and all are
+    # rejected when one finds no room.
+    says_why=lambda message: "rejection in" in message or "gets rejected" in message,
+    # The pod that found no room: "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. ..., PodGroup
+    # default/e2e-cosched gets rejected due to Pod e2e-cosched-3 is unschedulable even after PostFilter".
+    scheduler_event_says_why=lambda message: f"Insufficient {GPU}" in message and "gets rejected" in message,
+)
+
+
+def gpu_nodes_or_skip(exactly: int | None = None) -> int | None:
+    """The number of nodes when each has E2E_GPUS_PER_NODE nvidia.com/gpu (and `exactly` of them, if given);
+    else None, having said why the scenario is skipped."""
+    gpus = node_gpus()
+    if gpus and set(gpus.values()) == {str(E2E_GPUS_PER_NODE)} and exactly in (None, len(gpus)):
+        return len(gpus)
+    print(f"needs {exactly or 'nodes'} {'nodes ' if exactly else ''}of {E2E_GPUS_PER_NODE} {GPU} each (python -m "
+          f"localcluster up {' '.join(e2e_cluster_arguments())}, as python -m tests.cluster starts it), not {gpus}: "
+          "skipped")
+    return None
+
+
 def scenario_gang(figures: Figures) -> None:
     """Kubernetes' own gang scheduling (spec.scheduling.gang.provider: kubernetes, the default scheduler's
     GangScheduling plugin) on 2 nodes of one nvidia.com/gpu each. Without a gang, a job of 3 GPU workers
@@ -917,10 +974,7 @@ def scenario_gang(figures: Figures) -> None:
     join) and the whole gang is placed at once and trains to Succeeded. Then two gangs that each fit alone
     but not together do not deadlock, and a gang that asks for one rack lands in one. Last: it leaves the
     third node."""
-    gpus = node_gpus()
-    if sorted(gpus.values()) != [str(E2E_GPUS_PER_NODE)] * E2E_NODES:
-        print(f"needs {E2E_NODES} nodes of {E2E_GPUS_PER_NODE} {GPU} each (python -m localcluster up "
-              f"{' '.join(e2e_cluster_arguments())}, as python -m tests.cluster starts it), not {gpus}: skipped")
+    if gpu_nodes_or_skip(exactly=E2E_NODES) is None:
         return
     # Without a gang, the scheduler places pod by pod: two run, and wait for the third at the rendezvous.
     partial = "e2e-nogang"
@@ -945,61 +999,87 @@ def scenario_gang(figures: Figures) -> None:
     kubectl("delete", "dtr", partial, "-n", NS, "--wait=false")
     eventually(lambda: not worker_pods(partial), f"{partial}: its pods gone (their GPUs free)", 180)
 
-    name = "e2e-gang"
-    apply(gpu_job(name, scheduling={"gang": {"enabled": True, "provider": "kubernetes",
-                                             "scheduleTimeoutSeconds": PENDING_SECONDS}}))
-    pods = eventually(lambda: len(found := worker_pods(name)) == GANG_NODES and found,
-                      f"{name}: {GANG_NODES} worker pods", 120)
-    groups = {(p["spec"].get("schedulingGroup") or {}).get("podGroupName") for p in pods}
+    gang_waits_whole_until_a_node_joins("e2e-gang", NATIVE_GANG, E2E_NODES, figures)
+    two_gangs_do_not_deadlock(figures)
+    gang_in_one_rack()
+
+
+def scenario_gang_coscheduling(figures: Figures) -> None:
+    """The same all-or-nothing gang through scheduler-plugins' coscheduling scheduler (a second scheduler,
+    python -m localcluster up --schedulers coscheduling, which python -m tests.cluster starts for this
+    scenario): one GPU worker more than the cluster's nodes (4 after the gang scenario's join, 3 alone),
+    none bound, the job says why; a node joins, all bind and it trains to Succeeded. It leaves that node."""
+    if not processes.running(schedulers.PROCESS):
+        print(f"needs scheduler-plugins' coscheduling scheduler (python -m localcluster up --schedulers coscheduling, "
+              f"as python -m tests.cluster starts it for this scenario): {schedulers.PROCESS} does not run: skipped")
+        return
+    nodes = gpu_nodes_or_skip()
+    if nodes is not None:
+        gang_waits_whole_until_a_node_joins("e2e-cosched", COSCHEDULING_GANG, nodes, figures)
+
+
+def gang_waits_whole_until_a_node_joins(name: str, provider: GangProvider, nodes: int, figures: Figures) -> None:
+    """A gang of one GPU worker per node and one more: none bound, however long one looks, and the job's
+    PodsPending condition, a Warning Event and NODES 0/N say so; then a node joins, the whole gang is
+    placed at once, one worker per node, and trains to Succeeded; deleted, its GPUs free."""
+    size = nodes + 1
+    job = gpu_job(name, scheduling=provider.scheduling)
+    job["spec"]["nodes"] = size
+    apply(job)
+    pods = eventually(lambda: len(found := worker_pods(name)) == size and found, f"{name}: {size} worker pods", 120)
+    groups = {provider.group_of(p) for p in pods}
     if len(groups) != 1 or None in groups:
-        raise Failed(f"{name}: the workers' spec.schedulingGroup: {groups} (dropped by an API server without "
-                     "the GenericWorkload feature gate?)")
+        raise Failed(f"{name}: the workers' PodGroups: {groups} ({provider.no_group})")
     (group,) = groups
-    if get("podgroups.scheduling.k8s.io", group, NS) is None:
-        raise Failed(f"{name}: no PodGroup {group}")
-    # All or nothing: with 2 GPUs for 3 workers, none is bound, however long one looks.
+    if get(provider.pod_groups, group, NS) is None:
+        raise Failed(f"{name}: no {provider.pod_groups} {group}")
+    # All or nothing: with one GPU too few, none is bound, however long one looks.
     watched_until = time.monotonic() + UNBOUND_SECONDS
     while time.monotonic() < watched_until:
         if bound(name):
-            raise Failed(f"{name}: part of the gang was placed on {E2E_NODES} nodes: {bound(name)}")
+            raise Failed(f"{name}: part of the gang was placed on {nodes} nodes: {bound(name)}")
         time.sleep(1)
-    names = [f"{name}-{rank}" for rank in range(GANG_NODES)]
+    names = [f"{name}-{rank}" for rank in range(size)]
     try:
         said = eventually(lambda: (c := condition(name, "PodsPending")).get("status") == "True"
-                          and "pod group" in c["message"] and all(n in c["message"] for n in names) and c,
-                          f"{name}: the PodsPending condition naming the {GANG_NODES} pods and their pod group", 60)
+                          and provider.says_why(c["message"]) and all(n in c["message"] for n in names) and c,
+                          f"{name}: the PodsPending condition naming the {size} pods and why", 60)
     except Failed as exc:
         raise Failed(f"{exc}: the condition {condition(name, 'PodsPending')}; the scheduler's "
                      f"{scheduler_messages(name)}") from None
     eventually(lambda: [e for e in events(name, "PodsPending") if e["type"] == "Warning"],
                f"{name}: a Warning Event PodsPending", 60)
-    scheduled = [c for c in ((get("podgroups.scheduling.k8s.io", group, NS) or {}).get("status") or {}).get("conditions")
-                 or [] if c["type"] == "PodGroupScheduled"]
+    if provider.scheduler_event_says_why is not None:
+        told = eventually(lambda: next((e["message"] for e in items("events", NS) if e["reason"] == "FailedScheduling"
+                                        and e["involvedObject"].get("name") in names
+                                        and provider.scheduler_event_says_why(e["message"])), None),
+                          f"{name}: the scheduler's FailedScheduling Event on a worker saying why", 60)
+        print(f"the scheduler's Event: {told[:400]}")
+    group_status = (get(provider.pod_groups, group, NS) or {}).get("status") or {}
     waiting = kubectl("get", "dtr", name, "-n", NS).stdout
-    if f"0/{GANG_NODES}" not in waiting:
+    if f"0/{size}" not in waiting:
         raise Failed(f"{name}: kubectl get dtr while the gang waits:\n{waiting}")
-    print(f"with a gang: none bound for {UNBOUND_SECONDS} s; {said['message'][:400]}; PodGroup {group}: {scheduled}")
+    print(f"{provider.label} gang: none bound for {UNBOUND_SECONDS} s; {said['message'][:600]}; "
+          f"PodGroup {group}: {json.dumps(group_status)[:300]}")
     print(f"kubectl get dtr while the gang waits:\n{waiting}")
 
     if localcluster("join") != 0:
         raise Failed("python -m localcluster join failed (above)")
     joined = time.monotonic()
-    eventually(lambda: running_gang(name, nodes=GANG_NODES), f"{name}: all {GANG_NODES} workers Running", 300)
-    figures["node joined → the waiting gang of 3 all Running (s)"] = time.monotonic() - joined
-    nodes = set(bound(name).values())
-    if len(nodes) != GANG_NODES:
-        raise Failed(f"{name}: {GANG_NODES} workers of one GPU each on {sorted(nodes)}")
+    eventually(lambda: running_gang(name, nodes=size), f"{name}: all {size} workers Running", 300)
+    figures[f"node joined → the waiting gang of {size} all Running, {provider.label} (s)"] = time.monotonic() - joined
+    placed = set(bound(name).values())
+    if len(placed) != size:
+        raise Failed(f"{name}: {size} workers of one GPU each on {sorted(placed)}")
     # No CUDA device behind the counted GPU: rank 0 says once that it trains on the CPU.
     eventually(lambda: kubectl("logs", f"{name}-0", "-n", NS, check=False).stdout.count("training on the CPU") == 1,
                f"{name}-0: one warning that it trains on the CPU", 120)
     final = finished(name)
     if final["restarts"] != 0:
         raise Failed(f"{name}: restarts {final['restarts']}, expected 0")
-    print(f"after the join: the gang on {sorted(nodes)}, Succeeded")
+    print(f"after the join: the gang on {sorted(placed)}, Succeeded")
     delete(name)
     eventually(lambda: not worker_pods(name), f"{name}: its pods gone (their GPUs free)", 180)
-    two_gangs_do_not_deadlock(figures)
-    gang_in_one_rack()
 
 
 RACK = "e2e.dtrain.dev/rack"
@@ -1077,9 +1157,14 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("image-missing", "an image in no store → ErrImagePull, ImagePullBackOff, the operator's condition", scenario_image_missing),
     ("leader-failover", "two operator replicas: the leader's pod lost → the standby leads", scenario_leader_failover),
     ("control-plane-outage", "kube-apiserver, then etcd, stopped for 20 s during training", scenario_control_plane_outage),
-    # Last: it leaves a third node behind.
+    # Last: each leaves a node more behind (the coscheduling gang is one larger after the gang scenario's join).
     ("gang", ("Kubernetes' own gang scheduling: 3 GPU workers on 2 GPU nodes none placed, the job says why; a node "
               "joins → the gang placed whole → Succeeded; two gangs that fit alone, not together: no deadlock; "
               "a gang that asks for one rack lands in one rack"),
      scenario_gang),
+    ("gang-coscheduling", ("scheduler-plugins' coscheduling: a gang of one GPU worker more than the nodes, none "
+                           "placed, the job says why; a node joins → all placed → Succeeded"),
+     scenario_gang_coscheduling),
 ]
+# The second schedulers a scenario needs, which python -m tests.cluster starts the cluster with when it runs.
+SCENARIO_SCHEDULERS = {"gang-coscheduling": "coscheduling"}

@@ -1,13 +1,17 @@
 """The local kubelet's rules that a runtime and a kubelet define: the command from the image and the
-spec, who the container runs as (and the kubelet's refusals), and paths inside an image's root."""
+spec, who the container runs as (and the kubelet's refusals), paths inside an image's root, and which
+refusals of a volume's object are retried."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from localcluster import images, podinit
+from localcluster.api import ApiError
 from localcluster.securitycontext import container_user
+from localcluster.volumes import PodVolumes, VolumeNotReady
 
 IMAGE = images.ImageConfig(entrypoint=["python", "-m", "app"], cmd=["--serve"])
 
@@ -96,3 +100,30 @@ def test_paths_inside_an_images_root_never_lead_out_of_it(tmp_path: Path):
     (image / "escape").symlink_to("../../..")
     assert podinit._in_root(str(image), "/var/run/secrets") == str(image / "run" / "secrets")
     assert podinit._in_root(str(image), "/escape/etc/passwd") == str(image / "etc" / "passwd")
+
+
+class RefusingApi:
+    """An API server that answers every request with one error."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.error = ApiError(status, message)
+
+    async def request(self, method: str, path: str, body=None):
+        raise self.error
+
+
+POD = {"metadata": {"name": "job-0", "namespace": "default"}, "spec": {}}
+
+
+def test_a_configmap_read_before_the_node_authorizer_knows_the_binding_is_retried(tmp_path: Path):
+    refused = RefusingApi(403, 'configmaps "job-config" is forbidden: User "system:node:node-1" cannot get resource '
+                               '"configmaps" in API group "" in the namespace "default": no relationship found between '
+                               "node 'node-1' and this object")
+    with pytest.raises(VolumeNotReady, match="no relationship found"):
+        asyncio.run(PodVolumes(refused, POD, tmp_path, None).config_map_data("job-config"))
+
+
+def test_any_other_refusal_is_not_retried(tmp_path: Path):
+    refused = RefusingApi(403, 'configmaps "other" is forbidden: User "system:node:node-1" cannot get resource')
+    with pytest.raises(ApiError):
+        asyncio.run(PodVolumes(refused, POD, tmp_path, None).config_map_data("other"))

@@ -1,8 +1,9 @@
 """`python -m localcluster up|join|down|status` (from tools/cluster; make cluster, cluster-join, cluster-down).
 
     up [--nodes N] [--gpus-per-node G]   build what is missing, start the control plane, N kubelets, an S3
-                                         gateway for spec.storage.url and the operator (helm install),
-                                         return when the operator is Available
+       [--schedulers coscheduling]       gateway for spec.storage.url and the operator (helm install), and
+                                         the second schedulers named (schedulers.py); return when the
+                                         operator is Available
     join                                 one more node in the running cluster (the next index, with the CPU,
                                          memory and GPUs each node got at `up`); return when it is Ready
     down                                 stop everything `up` started and remove its state
@@ -21,10 +22,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import controlplane, layout, network, objectstore, pki, processes
+from . import controlplane, layout, network, objectstore, pki, processes, schedulers
 
 HELM = layout.REPO / ".tools" / "bin" / "helm"
 KUBECTL = layout.REPO / ".tools" / "bin" / "kubectl"
@@ -42,8 +44,9 @@ class ClusterError(RuntimeError):
     """One line that names the cause and the fix."""
 
 
-def kubectl(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([str(KUBECTL), f"--kubeconfig={layout.KUBECONFIG}", *args], text=True,
+def kubectl(*args: str, check: bool = True, capture: bool = True,
+            stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(KUBECTL), f"--kubeconfig={layout.KUBECONFIG}", *args], text=True, input=stdin,
                             capture_output=capture, check=False, timeout=300)
     if check and result.returncode != 0:
         raise ClusterError(f"kubectl {' '.join(args)}: {(result.stderr or result.stdout).strip()}")
@@ -54,11 +57,15 @@ def _kubelet_name(index: int) -> str:
     return f"{KUBELET_PREFIX}{layout.Node(index).name}"
 
 
-def ports_needed(nodes: list[layout.Node], control_plane: bool = True) -> dict[int, str]:
-    """The ports `up` (control_plane) or `join` (the new node's alone) listens on, with who needs each."""
+def ports_needed(nodes: list[layout.Node], control_plane: bool = True,
+                 second_schedulers: Sequence[str] = ()) -> dict[int, str]:
+    """The ports `up` (control_plane, second_schedulers) or `join` (the new node's alone) listens on, with who
+    needs each."""
     ports = {layout.ETCD_CLIENT_PORT: "etcd", layout.ETCD_PEER_PORT: "etcd (peers)",
              layout.APISERVER_PORT: "kube-apiserver", layout.CONTROLLER_MANAGER_PORT: "kube-controller-manager",
              layout.SCHEDULER_PORT: "kube-scheduler", layout.S3_PORT: "the S3 gateway"} if control_plane else {}
+    if "coscheduling" in second_schedulers:
+        ports[layout.COSCHEDULING_PORT] = "the coscheduling scheduler"
     ports.update({node.kubelet_port: f"the kubelet of {node.name}" for node in nodes})
     return ports
 
@@ -70,9 +77,11 @@ def _check_ports(ports: dict[int, str], again: str = "make cluster") -> None:
                                f"(ss -ltnp 'sport = :{port}' names it), then run {again} again")
 
 
-def cluster_config(nodes: int, gpus: int, cpu: str, memory: str, pods_from: str) -> dict[str, Any]:
+def cluster_config(nodes: int, gpus: int, cpu: str, memory: str, pods_from: str,
+                   second_schedulers: Sequence[str] = ()) -> dict[str, Any]:
     """cluster.json: what `up` was asked for, which `join` gives the next node too."""
-    return {"nodes": nodes, "gpusPerNode": gpus, "cpuPerNode": cpu, "memoryPerNode": memory, "podsFrom": pods_from}
+    return {"nodes": nodes, "gpusPerNode": gpus, "cpuPerNode": cpu, "memoryPerNode": memory, "podsFrom": pods_from,
+            "schedulers": list(second_schedulers)}
 
 
 def next_node(config: dict[str, Any], process_names: list[str]) -> layout.Node:
@@ -167,6 +176,17 @@ def object_store_secrets(keys: dict[str, str]) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
 
 
+def _start_coscheduling() -> None:
+    """scheduler-plugins' PodGroup CRD (from its module's own files), read access to PodGroups for the
+    scheduler's credentials, then the scheduler itself."""
+    print(f"cluster: starting scheduler-plugins' coscheduling scheduler (schedulerName: {schedulers.SCHEDULER_NAME}) "
+          f"with its PodGroup CRD", flush=True)
+    kubectl("apply", "-f", str(schedulers.crd_file()))
+    kubectl("wait", "--for=condition=Established", f"crd/{schedulers.CRD}", "--timeout=60s")
+    kubectl("apply", "-f", "-", stdin=json.dumps(schedulers.rbac()))
+    schedulers.start()
+
+
 def _install_operator() -> None:
     command = [str(HELM), f"--kubeconfig={layout.KUBECONFIG}", "upgrade", "--install", RELEASE,
                str(layout.REPO / "helm" / "dtrain-operator"), "-n", OPERATOR_NAMESPACE, "--create-namespace",
@@ -183,17 +203,23 @@ def _install_operator() -> None:
 def up(args: argparse.Namespace) -> int:
     if processes.running("kube-apiserver"):
         print(f"cluster: already running ({', '.join(n for n in processes.names() if processes.running(n))})")
+        if args.schedulers and not processes.running(schedulers.PROCESS):
+            raise ClusterError(f"the running cluster has no {', '.join(args.schedulers)} scheduler: make cluster-down, "
+                               f"then make cluster SCHEDULERS={','.join(args.schedulers)}")
         print(f"export KUBECONFIG={layout.KUBECONFIG}")
         return 0
     nodes = [layout.Node(i) for i in range(1, args.nodes + 1)]
     _prerequisites()
-    _check_ports(ports_needed(nodes))
+    _check_ports(ports_needed(nodes, second_schedulers=args.schedulers))
     started = time.monotonic()
     controlplane.build()
+    if "coscheduling" in args.schedulers:
+        schedulers.build()
     if args.pods_from == "images":
         _build_images()
     layout.STATE.mkdir(parents=True, exist_ok=True)
-    config = cluster_config(args.nodes, args.gpus_per_node, args.cpu_per_node, args.memory_per_node, args.pods_from)
+    config = cluster_config(args.nodes, args.gpus_per_node, args.cpu_per_node, args.memory_per_node, args.pods_from,
+                            args.schedulers)
     layout.CONFIG.write_text(json.dumps(config))
     pki.make_all(nodes)
     admin = pki.client("admin", "kubernetes-admin", "system:masters")
@@ -210,6 +236,8 @@ def up(args: argparse.Namespace) -> int:
                    input=object_store_secrets(s3_keys), text=True, capture_output=True)
     controlplane.start_controller_manager()
     controlplane.start_scheduler()
+    if "coscheduling" in args.schedulers:
+        _start_coscheduling()
     print(f"cluster: starting {len(nodes)} kubelets", flush=True)
     for node in nodes:
         _start_kubelet(node, config)
@@ -219,7 +247,8 @@ def up(args: argparse.Namespace) -> int:
         _install_operator()
     server = kubectl("version", "-o", "json").stdout
     version = json.loads(server)["serverVersion"]["gitVersion"]
-    print(f"cluster: Kubernetes {version} with {len(nodes)} nodes (pods from {args.pods_from}) is up in "
+    also = "".join(f", {name}" for name in args.schedulers)
+    print(f"cluster: Kubernetes {version} with {len(nodes)} nodes (pods from {args.pods_from}{also}) is up in "
           f"{time.monotonic() - started:.0f} s; the operator is {'Available' if not args.no_operator else 'not installed'}")
     print(f"cluster: object storage: spec.storage {{url: s3://{layout.S3_BUCKET}/<prefix>, s3: {{endpoint: "
           f"{layout.S3_ENDPOINT}}}, credentialsSecret: {layout.S3_SECRET}}} (the Secret is in "
@@ -299,7 +328,8 @@ def _remove_pod_roots() -> None:
 def down(_: argparse.Namespace) -> int:
     # Every node's kubelet, those `join` added too: each has its pid file in layout.RUN.
     kubelets = [n for n in processes.names() if n.startswith(KUBELET_PREFIX)]
-    for name in kubelets + ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd", S3_GATEWAY]:
+    for name in kubelets + [schedulers.PROCESS, "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd",
+                            S3_GATEWAY]:
         processes.stop(name)
     # The pods' processes run in sessions of their own: whatever a kubelet left is ended here.
     subprocess.run(["pkill", "-KILL", "-f", str(layout.REPO / "tools" / "cluster" / "localcluster" / "podinit.py")],
@@ -309,7 +339,7 @@ def down(_: argparse.Namespace) -> int:
     _remove_pod_roots()
     for path in (layout.RUN, layout.ETCD_DATA, layout.NODES, layout.VOLUMES, layout.OBJECTS, layout.PKI, layout.LOGS):
         shutil.rmtree(path, ignore_errors=True)
-    for path in (layout.KUBECONFIG, layout.CONFIG, layout.S3_KEYS):
+    for path in (layout.KUBECONFIG, layout.CONFIG, layout.S3_KEYS, schedulers.CONFIG_FILE):
         path.unlink(missing_ok=True)
     print("cluster: stopped; nothing of it runs")
     return 0
@@ -327,6 +357,13 @@ def status(_: argparse.Namespace) -> int:
     return 0 if all(processes.running(n) for n in names) else 1
 
 
+def _second_schedulers(text: str) -> list[str]:
+    try:
+        return schedulers.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["kubelet"]:
         from . import kubelet
@@ -340,6 +377,9 @@ def main(argv: list[str]) -> int:
     start.add_argument("--cpu-per-node", default=DEFAULT_CPU)
     start.add_argument("--memory-per-node", default=DEFAULT_MEMORY)
     start.add_argument("--no-operator", action="store_true", help="do not install the operator")
+    start.add_argument("--schedulers", type=_second_schedulers, default=[], metavar="NAME[,NAME]",
+                       help=f"second schedulers to start beside kube-scheduler: {', '.join(schedulers.KNOWN)} "
+                       f"(scheduler-plugins, schedulerName {schedulers.SCHEDULER_NAME}; built the first time)")
     start.add_argument("--pods-from", choices=("images", "host"), default=os.environ.get("PODS_FROM") or "images",
                        help="run containers from their images (default; built when missing) or from this machine's "
                        "Python environment (quick local loops)")

@@ -4,12 +4,14 @@ one machine): each the upstream command, run as a role of tools/cluster/controlp
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import socket
 import ssl
 import subprocess
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import layout, pki, processes
 
@@ -29,35 +31,47 @@ RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
 MODULE = layout.REPO / "tools" / "cluster" / "controlplane"
 
 
-def _module_stamp() -> str:
-    """What the binary is built from: the module's files (the pins in go.mod and go.sum, main.go)."""
+def module_stamp(module: Path, package: str, flags: Sequence[str]) -> str:
+    """What a binary is built from: its module's files (the pins in go.mod and go.sum, its own Go files),
+    the package and the build flags (a version stamped in)."""
     digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go"):
-        digest.update((MODULE / name).read_bytes())
+    for name in ["go.mod", "go.sum", *sorted(p.name for p in module.glob("*.go"))]:
+        digest.update((module / name).read_bytes())
+    digest.update(json.dumps([package, *flags]).encode())
     return digest.hexdigest()
 
 
-def build() -> None:
-    """`go build` of the control plane from its module (tools/cluster/controlplane), when missing or stale."""
-    stamp_file = layout.BIN / "controlplane.stamp"
-    stamp = _module_stamp()
-    if layout.CONTROLPLANE_BINARY.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+def build_from_module(module: Path, package: str, binary: Path, flags: Sequence[str], announce: str) -> None:
+    """`go build` of `package` from its Go module into `binary`, when missing or built from other files
+    (a stamp beside it records what it was built from); niced, as it takes both cores for minutes."""
+    stamp_file = binary.with_name(f"{binary.name}.stamp")
+    stamp = module_stamp(module, package, flags)
+    if binary.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         return
     if shutil.which("go") is None:
-        raise RuntimeError("Go is not installed: the control plane is built from its Go modules with Go 1.26 or later")
-    layout.BIN.mkdir(parents=True, exist_ok=True)
-    minor = layout.KUBERNETES_VERSION.split(".")[1]
-    flags = [f.format(v=layout.KUBERNETES_VERSION, minor=minor) for f in GO_BUILD_FLAGS]
-    print(f"cluster: building Kubernetes {layout.KUBERNETES_VERSION} from its Go modules (the first build takes "
-          "about 10 minutes on 2 cores; Go's caches make the next one fast)", flush=True)
+        raise RuntimeError(f"Go is not installed: {binary.name} is built from its Go module with Go 1.26 or later")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    print(announce, flush=True)
+    # -mod=readonly: go.mod and go.sum are the pin; a build never changes them.
     result = subprocess.run(
-        ["go", "build", *flags, "-o", str(layout.CONTROLPLANE_BINARY), "."],
-        cwd=MODULE, check=False,
+        ["nice", "-n", "10", "go", "build", "-mod=readonly", *flags, "-o", str(binary), package],
+        cwd=module, check=False,
     )
     if result.returncode != 0:
-        raise RuntimeError("the Go build of the control plane failed (above); check that the Go module proxy is "
+        raise RuntimeError(f"the Go build of {binary.name} failed (above); check that the Go module proxy is "
                            "reachable (go env GOPROXY) and that Go 1.26 is installed")
     stamp_file.write_text(stamp)
+
+
+def build() -> None:
+    """The control plane from its module (tools/cluster/controlplane), when missing or stale."""
+    minor = layout.KUBERNETES_VERSION.split(".")[1]
+    build_from_module(
+        MODULE, ".", layout.CONTROLPLANE_BINARY,
+        [f.format(v=layout.KUBERNETES_VERSION, minor=minor) for f in GO_BUILD_FLAGS],
+        f"cluster: building Kubernetes {layout.KUBERNETES_VERSION} from its Go modules (the first build takes "
+        "about 10 minutes on 2 cores; Go's caches make the next one fast)",
+    )
 
 
 def port_in_use(port: int, address: str = "127.0.0.1") -> bool:
@@ -66,7 +80,7 @@ def port_in_use(port: int, address: str = "127.0.0.1") -> bool:
         return sock.connect_ex((address, port)) == 0
 
 
-def _healthy(url: str, cert: tuple[str, str] | None = None) -> bool:
+def healthy(url: str, cert: tuple[str, str] | None = None) -> bool:
     context = ssl.create_default_context(cafile=str(pki.ca()[0]))
     if cert:
         context.load_cert_chain(*cert)
@@ -91,7 +105,7 @@ def start_etcd() -> None:
         f"--initial-cluster=dtrain-local=http://127.0.0.1:{layout.ETCD_PEER_PORT}",
         "--listen-metrics-urls=", "--log-level=warn",
     ])
-    processes.wait_until(lambda: _healthy(f"{url}/health"), "etcd's /health", 60, "etcd")
+    processes.wait_until(lambda: healthy(f"{url}/health"), "etcd's /health", 60, "etcd")
 
 
 def start_apiserver(extra_flags: Sequence[str] = ()) -> None:
@@ -121,7 +135,7 @@ def start_apiserver(extra_flags: Sequence[str] = ()) -> None:
     ])
     admin = pki.client("admin", "kubernetes-admin", "system:masters")
     processes.wait_until(
-        lambda: _healthy(f"{layout.APISERVER_URL}/readyz", (str(admin[0]), str(admin[1]))),
+        lambda: healthy(f"{layout.APISERVER_URL}/readyz", (str(admin[0]), str(admin[1]))),
         "kube-apiserver's /readyz", 120, "kube-apiserver",
     )
 

@@ -55,6 +55,8 @@ ETCD_PEER_PORT = _port("ETCD_PEER_PORT", 2380)
 APISERVER_PORT = _port("APISERVER_PORT", 6443)
 CONTROLLER_MANAGER_PORT = _port("CONTROLLER_MANAGER_PORT", 10257)
 SCHEDULER_PORT = _port("SCHEDULER_PORT", 10259)
+# scheduler-plugins' coscheduling scheduler (make cluster SCHEDULERS=coscheduling), beside kube-scheduler.
+COSCHEDULING_PORT = _port("COSCHEDULING_PORT", 10269)
 KUBELET_FIRST_PORT = 10250  # node i serves its pods' logs on KUBELET_FIRST_PORT + i - 1
 S3_PORT = _port("S3_PORT", 9000)
 

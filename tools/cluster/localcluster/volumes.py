@@ -14,6 +14,12 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_TOKEN_SECONDS = 3607  # what the ServiceAccount admission plugin asks for in kube-api-access volumes
 
 
+# The Node authorizer learns of a pod's binding from its own watch: a node's first read of the pod's
+# ConfigMap or Secret can come before that and is refused with this; a kubelet retries its volume mounts
+# until it is allowed. (A whole gang bound at once, after a node joins, showed it.)
+NOT_YET_RELATED = "no relationship found between node"
+
+
 class VolumeNotReady(Exception):
     """Something the volume needs is not there yet (a kubelet retries, the pod stays ContainerCreating)."""
 
@@ -49,7 +55,7 @@ class PodVolumes:
         except ApiError as exc:
             if exc.status == 404:
                 return None
-            if exc.transient:
+            if exc.transient or (exc.status == 403 and NOT_YET_RELATED in exc.message):
                 raise VolumeNotReady(f"{kind}/{name}: {exc}") from exc
             raise
 

@@ -8,6 +8,7 @@
 #   make cluster PODS_FROM=host   containers from this machine's .venv, not their images (quick loops)
 #   make cluster SCHEDULERS=coscheduling   also scheduler-plugins' coscheduling scheduler (schedulerName
 #                       scheduler-plugins-scheduler) and its PodGroup CRD, built from tools/cluster/coscheduling
+#   make cluster KUEUE=1   and Kueue, built from its Go module (tools/cluster/kueue; first time ~8 min)
 #   make cluster-join   one more node in the running cluster (the next index; the CPU, memory and GPUs
 #                       of make cluster's nodes), returns when it is Ready (root)
 #   make cluster-down   stops it all and removes its state; make cluster-status says what runs
@@ -34,7 +35,8 @@ S3SERVER := .tools/bin/versitygw
 REGISTRY ?= localhost/dtrain
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 
-.PHONY: install tools lint test e2e demo crd manifests clean images push cluster cluster-join cluster-down cluster-status
+.PHONY: install tools lint test e2e demo crd manifests clean images push cluster cluster-join cluster-down cluster-status \
+	cluster-build
 
 NODES ?= 2
 GPUS_PER_NODE ?= 0
@@ -91,7 +93,11 @@ e2e: $(INSTALLED) $(TOOLS)
 cluster: $(INSTALLED) $(TOOLS)
 	bash tools/install-e2e-deps.sh
 	$(LOCALCLUSTER) up --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE) --pods-from $(PODS_FROM) \
-		--schedulers "$(SCHEDULERS)"
+		--schedulers "$(SCHEDULERS)" $(if $(KUEUE),--kueue)
+
+# The Go builds make e2e needs (the control plane, scheduler-plugins, Kueue), nothing started: CI runs it beside make test.
+cluster-build: $(INSTALLED)
+	$(LOCALCLUSTER) build --schedulers coscheduling --kueue
 
 # What a running cluster was made with (the environment, kubectl) is there already: nothing to install.
 cluster-join:

@@ -127,3 +127,16 @@ def test_any_other_refusal_is_not_retried(tmp_path: Path):
     refused = RefusingApi(403, 'configmaps "other" is forbidden: User "system:node:node-1" cannot get resource')
     with pytest.raises(ApiError):
         asyncio.run(PodVolumes(refused, POD, tmp_path, None).config_map_data("other"))
+
+
+def test_the_kubelets_status_patch_keeps_the_conditions_of_others():
+    """Conditions merge by type (Kueue's TerminationTarget, the eviction API's DisruptionTarget stay); the
+    container statuses are replaced whole, so that a terminated state does not keep a running one beside it."""
+    from localcluster.kubelet import status_patch
+
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+              "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
+    patch = status_patch(status)
+    assert patch["conditions"] == status["conditions"]
+    assert patch["containerStatuses"] == [*status["containerStatuses"], {"$patch": "replace"}]
+    assert "containerStatuses" not in status_patch({"phase": "Pending"})

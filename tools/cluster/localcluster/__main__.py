@@ -1,14 +1,16 @@
 """`python -m localcluster up|join|down|status` (from tools/cluster; make cluster, cluster-join, cluster-down).
 
     up [--nodes N] [--gpus-per-node G]   build what is missing, start the control plane, N kubelets, an S3
-       [--schedulers coscheduling]       gateway for spec.storage.url and the operator (helm install), and
-                                         the second schedulers named (schedulers.py); return when the
-                                         operator is Available
+       [--schedulers coscheduling]       gateway for spec.storage.url and the operator (helm install), the
+       [--kueue]                         second schedulers named (schedulers.py) and Kueue when asked
+                                         (kueue.py); return when the operator is Available
     join                                 one more node in the running cluster (the next index, with the CPU,
                                          memory and GPUs each node got at `up`); return when it is Ready
     down                                 stop everything `up` started and remove its state
     status                               what runs
     volume NAME [-n NAMESPACE]           a ReadWriteMany claim for spec.storage.claimName
+    kueue                                Kueue in the running cluster (built the first time)
+    build [--schedulers S] [--kueue]     the binaries `up` runs (Go builds), nothing started
     kubelet --node I ...                 one node's kubelet (started by `up`)
 """
 
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import controlplane, layout, network, objectstore, pki, processes, schedulers
+from . import controlplane, kueue, layout, network, objectstore, pki, processes, schedulers
 
 HELM = layout.REPO / ".tools" / "bin" / "helm"
 KUBECTL = layout.REPO / ".tools" / "bin" / "kubectl"
@@ -245,6 +247,8 @@ def up(args: argparse.Namespace) -> int:
     if not args.no_operator:
         print("cluster: helm install dtrain helm/dtrain-operator -n dtrain-system --create-namespace", flush=True)
         _install_operator()
+    if args.kueue:
+        _start_kueue()
     server = kubectl("version", "-o", "json").stdout
     version = json.loads(server)["serverVersion"]["gitVersion"]
     also = "".join(f", {name}" for name in args.schedulers)
@@ -254,6 +258,34 @@ def up(args: argparse.Namespace) -> int:
           f"{layout.S3_ENDPOINT}}}, credentialsSecret: {layout.S3_SECRET}}} (the Secret is in "
           f"{' and '.join(layout.S3_SECRET_NAMESPACES)})")
     print(f"export KUBECONFIG={layout.KUBECONFIG}")
+    return 0
+
+
+def _start_kueue() -> None:
+    """Kueue's manager built and installed from its module's own files (kueue.py); returns when its webhooks answer."""
+    kueue.build()
+    kueue.build_image()
+    print(f"cluster: installing Kueue {kueue.version()} (its config/default) in {kueue.NAMESPACE}", flush=True)
+    kueue.install(kubectl)
+    print(f"cluster: Kueue {kueue.version()} is up: a DistributedTraining labelled kueue.x-k8s.io/queue-name is "
+          "queued as one pod group", flush=True)
+
+
+def build(args: argparse.Namespace) -> int:
+    """The cluster's binaries from their Go modules, nothing started (CI builds them beside make test)."""
+    controlplane.build()
+    if "coscheduling" in args.schedulers:
+        schedulers.build()
+    if args.kueue:
+        kueue.build()
+    return 0
+
+
+def start_kueue(_: argparse.Namespace) -> int:
+    """Kueue in the running cluster (`make cluster KUEUE=1` does it at `up`); nothing when it answers already."""
+    if not processes.running("kube-apiserver"):
+        raise ClusterError("no cluster runs here: make cluster KUEUE=1 starts one with Kueue")
+    _start_kueue()
     return 0
 
 
@@ -380,6 +412,7 @@ def main(argv: list[str]) -> int:
     start.add_argument("--schedulers", type=_second_schedulers, default=[], metavar="NAME[,NAME]",
                        help=f"second schedulers to start beside kube-scheduler: {', '.join(schedulers.KNOWN)} "
                        f"(scheduler-plugins, schedulerName {schedulers.SCHEDULER_NAME}; built the first time)")
+    start.add_argument("--kueue", action="store_true", help="build and install Kueue (make cluster KUEUE=1)")
     start.add_argument("--pods-from", choices=("images", "host"), default=os.environ.get("PODS_FROM") or "images",
                        help="run containers from their images (default; built when missing) or from this machine's "
                        "Python environment (quick local loops)")
@@ -387,6 +420,11 @@ def main(argv: list[str]) -> int:
     commands.add_parser("join", help="one more node in the running cluster, as `up` made each").set_defaults(run=join)
     commands.add_parser("down", help="stop the cluster and remove its state").set_defaults(run=down)
     commands.add_parser("status", help="what runs").set_defaults(run=status)
+    commands.add_parser("kueue", help="build and install Kueue in the running cluster").set_defaults(run=start_kueue)
+    binaries = commands.add_parser("build", help="build the binaries `up` runs, start nothing")
+    binaries.add_argument("--schedulers", type=_second_schedulers, default=[], metavar="NAME[,NAME]")
+    binaries.add_argument("--kueue", action="store_true")
+    binaries.set_defaults(run=build)
     claim = commands.add_parser("volume", help="a ReadWriteMany claim (for spec.storage.claimName)")
     claim.add_argument("name")
     claim.add_argument("-n", "--namespace", default="default")

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import socket
 import ssl
 import subprocess
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import layout, pki, processes
@@ -41,11 +42,13 @@ def module_stamp(module: Path, package: str, flags: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def build_from_module(module: Path, package: str, binary: Path, flags: Sequence[str], announce: str) -> None:
+def build_from_module(
+    module: Path, package: str, binary: Path, flags: Sequence[str], announce: str, env: Mapping[str, str] | None = None
+) -> None:
     """`go build` of `package` from its Go module into `binary`, when missing or built from other files
-    (a stamp beside it records what it was built from); niced, as it takes both cores for minutes."""
+    (a stamp beside it records what it was built from, `env` too); niced, as it takes both cores for minutes."""
     stamp_file = binary.with_name(f"{binary.name}.stamp")
-    stamp = module_stamp(module, package, flags)
+    stamp = module_stamp(module, package, [*flags, *(f"{k}={v}" for k, v in sorted((env or {}).items()))])
     if binary.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         return
     if shutil.which("go") is None:
@@ -55,7 +58,7 @@ def build_from_module(module: Path, package: str, binary: Path, flags: Sequence[
     # -mod=readonly: go.mod and go.sum are the pin; a build never changes them.
     result = subprocess.run(
         ["nice", "-n", "10", "go", "build", "-mod=readonly", *flags, "-o", str(binary), package],
-        cwd=module, check=False,
+        cwd=module, check=False, env={**os.environ, **(env or {})},
     )
     if result.returncode != 0:
         raise RuntimeError(f"the Go build of {binary.name} failed (above); check that the Go module proxy is "
@@ -130,6 +133,8 @@ def start_apiserver(extra_flags: Sequence[str] = ()) -> None:
         f"--kubelet-certificate-authority={ca_cert}",
         "--kubelet-preferred-address-types=InternalIP",
         "--allow-privileged=false",
+        # No kube-proxy here: webhooks (Kueue's) are reached at their Service's endpoints, not its ClusterIP.
+        "--enable-aggregator-routing=true",
         f"--feature-gates={FEATURE_GATES}", f"--runtime-config={RUNTIME_CONFIG}",
         "--profiling=false", "--v=1", *extra_flags,
     ])

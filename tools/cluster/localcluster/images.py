@@ -56,6 +56,11 @@ def _repository(image: str) -> str:
     return image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
 
 
+def is_project_image(image: str) -> bool:
+    """One of the images this project's Dockerfiles build (which host mode runs from this machine's environment)."""
+    return _repository(image) in DOCKERFILES
+
+
 def dockerfile_config(image: str) -> ImageConfig:
     """ENTRYPOINT and CMD of the project's Dockerfile that builds `image` (host mode); empty when unknown."""
     dockerfile = DOCKERFILES.get(_repository(image))

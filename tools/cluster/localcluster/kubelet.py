@@ -53,6 +53,9 @@ from .volumes import PodVolumes, VolumeNotReady
 log = logging.getLogger("localcluster.kubelet")
 
 PODINIT = Path(__file__).with_name("podinit.py")
+# How soon a changed ConfigMap or Secret reaches the pods that mount it (a real kubelet: its sync period,
+# a minute by default, plus its cache's TTL).
+VOLUME_SYNC_SECONDS = 10
 HEARTBEAT_SECONDS = 10
 LEASE_SECONDS = 40
 DEFAULT_GRACE_SECONDS = 30
@@ -100,6 +103,16 @@ def _log_failure(task: asyncio.Task) -> None:
         log.error("a pod's task failed", exc_info=task.exception())
 
 
+def status_patch(status: dict[str, Any]) -> dict[str, Any]:
+    """A strategic merge patch of the kubelet's part of a pod's status: its conditions merge by type, so that
+    those of others stay (the eviction API's DisruptionTarget, Kueue's TerminationTarget), as a kubelet's
+    status manager keeps them; its container statuses replace the old ones whole."""
+    patch = dict(status)
+    if "containerStatuses" in patch:
+        patch["containerStatuses"] = [*patch["containerStatuses"], {"$patch": "replace"}]
+    return patch
+
+
 @dataclass
 class PodRun:
     uid: str
@@ -120,6 +133,7 @@ class PodRun:
     waiting: dict[str, Any] = field(default_factory=dict)  # why the container is not running yet
     pending_status: dict[str, Any] = field(default_factory=dict)  # not yet taken by the API server
     status_sender: asyncio.Task | None = None
+    volumes: PodVolumes | None = None
 
     @property
     def root_name(self) -> str:
@@ -222,6 +236,15 @@ class Kubelet:
                 log.warning("heartbeat: %s", exc)
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
+    async def sync_volumes(self) -> None:
+        """A changed ConfigMap or Secret reaches the running pods that mount it, as a kubelet's periodic
+        sync brings it (a controller that writes its own serving certificate into a Secret waits for that)."""
+        while True:
+            await asyncio.sleep(VOLUME_SYNC_SECONDS)
+            for run in list(self.runs.values()):
+                if run.volumes is not None and not run.finished:
+                    await run.volumes.resync()
+
     # --- Watches -----------------------------------------------------------------------------------
 
     async def watch_pods(self) -> None:
@@ -286,7 +309,8 @@ class Kubelet:
         while run.pending_status:
             status, run.pending_status = run.pending_status, {}
             try:
-                await self.api.patch(f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status", {"status": status})
+                await self.api.patch(f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status",
+                                     {"status": status_patch(status)}, "strategic")
             except ApiError as exc:
                 if not exc.transient:
                     return  # 404: the pod is gone
@@ -354,7 +378,7 @@ class Kubelet:
         """One start of the container: a fresh root from its image (as a runtime makes a new container),
         the user it runs as, podinit's spec, the process; until it exits."""
         root = None
-        if self.pods_from == "images":
+        if not self.from_host(run):
             root = await asyncio.to_thread(images.mount_root, run.container["image"], run.root_name)
         user, refused = (None, None) if root is None else container_user(run.pod, run.container, run.image.user, root)
         if refused:
@@ -497,11 +521,16 @@ class Kubelet:
             return str((meta.get(kind.split(".")[1]) or {}).get(key.rstrip("']"), ""))
         raise RuntimeError(f"fieldRef {path!r} is not supported by this kubelet")
 
+    def from_host(self, run: PodRun) -> bool:
+        """Whether the container runs from this machine's Python environment (PODS_FROM=host): the project's
+        own images do; any other (Kueue's manager) runs from its image in the store either way."""
+        return self.pods_from == "host" and images.is_project_image(run.container.get("image", ""))
+
     async def pull(self, run: PodRun) -> None:
         """The image's configuration, as a kubelet pulls: an image missing from the store is reported
         (ErrImagePull, then ImagePullBackOff; ErrImageNeverPull for `Never`) and looked for again."""
         image = run.container.get("image", "")
-        if self.pods_from == "host":
+        if self.from_host(run):
             run.image = images.dockerfile_config(image)
             return
         backoff = IMAGE_BACKOFF_SECONDS
@@ -555,7 +584,7 @@ class Kubelet:
         assert run.image is not None
         run.net = network.PodNetwork(self.node, self.free.pop(0))
         run.net.create(self.hosts_for(run))
-        volumes = PodVolumes(self.api, run.pod, folder, lambda path: self.field_value(run, path))
+        volumes = run.volumes = PodVolumes(self.api, run.pod, folder, lambda path: self.field_value(run, path))
         by_name = {v["name"]: v for v in spec.get("volumes") or []}
         mounts: list[dict[str, Any]] = []
         for mount in container.get("volumeMounts") or []:
@@ -577,7 +606,7 @@ class Kubelet:
         argv = images.argv(container, run.image)
         if not argv:
             raise RuntimeError(f"the container has no command, and its image {container.get('image')!r} none either")
-        host = self.pods_from == "host"
+        host = self.from_host(run)
         home = folder / "home"
         home.mkdir(exist_ok=True)
         context = {**(spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
@@ -596,7 +625,7 @@ class Kubelet:
 
     async def environment(self, run: PodRun, volumes: PodVolumes, home: str) -> dict[str, str]:
         assert run.image is not None
-        if self.pods_from == "host":
+        if self.from_host(run):
             env = {"PATH": f"{self.env_bin}:{DEFAULT_PATH}", "HOME": home, "PYTHONUNBUFFERED": "1",
                    "PYTHONDONTWRITEBYTECODE": "1"}
             if os.environ.get("PYTHONPATH"):
@@ -761,7 +790,9 @@ class Kubelet:
             await self.register()
             runner = await self.start_log_server()
             try:
-                await asyncio.gather(self.heartbeat(), self.watch_pods(), self.watch_endpoint_slices())
+                await asyncio.gather(
+                    self.heartbeat(), self.watch_pods(), self.watch_endpoint_slices(), self.sync_volumes()
+                )
             finally:
                 for run in self.runs.values():
                     self.kill_all(run)

@@ -33,6 +33,13 @@ def _write(folder: Path, files: dict[str, bytes], mode: int = 0o644) -> None:
         path.chmod(mode)
 
 
+def _differs(path: Path, content: bytes) -> bool:
+    try:
+        return path.read_bytes() != content
+    except OSError:
+        return True
+
+
 def _selected(data: dict[str, bytes], items: list[dict[str, Any]] | None) -> dict[str, bytes]:
     if not items:
         return data
@@ -140,6 +147,27 @@ class PodVolumes:
                     files[item["path"]] = self.field_value(item["fieldRef"]["fieldPath"]).encode()
         return files
 
+    async def object_files(self, volume: dict[str, Any]) -> dict[str, bytes]:
+        """The files of a ConfigMap or Secret volume, as its object holds them now."""
+        if "configMap" in volume:
+            ref = volume["configMap"]
+            return _selected(await self.config_map_data(ref["name"], ref.get("optional", False)), ref.get("items"))
+        ref = volume["secret"]
+        return _selected(await self.secret_data(ref["secretName"], ref.get("optional", False)), ref.get("items"))
+
+    async def resync(self) -> None:
+        """Bring the mounted ConfigMap and Secret volumes up to date, as a kubelet's periodic sync does (a
+        subPath mount is a copy and stays as it was). Projected tokens are not renewed here: they outlive
+        the test runs this cluster is for."""
+        for volume in self.pod["spec"].get("volumes") or []:
+            folder = self.folder / "volumes" / volume["name"]
+            if ("configMap" in volume or "secret" in volume) and folder.is_dir():
+                try:
+                    files = await self.object_files(volume)
+                except (VolumeNotReady, ApiError):
+                    continue  # as a kubelet: the mounted files stay until the object can be read
+                _write(folder, {name: data for name, data in files.items() if _differs(folder / name, data)})
+
     async def mount(self, volume: dict[str, Any], mount: dict[str, Any]) -> dict[str, Any]:
         """podinit's description of one volume mount."""
         target, read_only = mount["mountPath"], bool(mount.get("readOnly"))
@@ -154,12 +182,8 @@ class PodVolumes:
             return {"type": "bind", "source": source, "target": target, "readOnly": read_only}
         if "hostPath" in volume:
             return {"type": "bind", "source": volume["hostPath"]["path"], "target": target, "readOnly": read_only}
-        if "configMap" in volume:
-            ref = volume["configMap"]
-            files = _selected(await self.config_map_data(ref["name"], ref.get("optional", False)), ref.get("items"))
-        elif "secret" in volume:
-            ref = volume["secret"]
-            files = _selected(await self.secret_data(ref["secretName"], ref.get("optional", False)), ref.get("items"))
+        if "configMap" in volume or "secret" in volume:
+            files = await self.object_files(volume)
         elif "projected" in volume:
             files = await self.projected(volume["projected"])
         elif "downwardAPI" in volume:

@@ -60,6 +60,10 @@ class JobBuilder:
     def with_annotations(self, annotations: dict[str, str]) -> JobBuilder:
         return self._with("metadata.annotations", annotations)
 
+    def in_queue(self, local_queue: str) -> JobBuilder:
+        """Labelled for Kueue: queued in `local_queue`."""
+        return self._with("metadata.labels", {"kueue.x-k8s.io/queue-name": local_queue})
+
     def at_generation(self, generation: int) -> JobBuilder:
         """metadata.generation, which the API server bumps on every change of the spec."""
         return self._with("metadata.generation", generation)

@@ -102,7 +102,7 @@ ImageReference = Annotated[
 Precision = Literal["64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]
 EnginePrecision = Literal["fp32", "fp16", "bf16", "int8"]
 Phase = Literal[
-    "Pending", "Starting", "Running", "Restarting", "Exporting", "BuildingEngine", "Succeeded", "Failed", "Suspended"
+    "Pending", "Queued", "Starting", "Running", "Restarting", "Exporting", "BuildingEngine", "Succeeded", "Failed", "Suspended"
 ]
 FINISHED_PHASES = ("Succeeded", "Failed")
 

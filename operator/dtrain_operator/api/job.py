@@ -36,6 +36,8 @@ class ObjectMeta(StatusModel):
     """Namespace of the job."""
     uid: str | None = None
     """Set by the API server: tells a job from an earlier one of the same name (checkpoints record it)."""
+    labels: dict[str, str] | None = None
+    """The job's labels: kueue.x-k8s.io/queue-name queues it in Kueue (docs/cluster.md)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -74,7 +74,7 @@ class Progress(StatusModel):
     """Training progress, reported by rank 0 to the operator, which writes it here."""
 
     gang_generation: int | None = None
-    """The gang generation (status.restarts) whose rank 0 sent this, as the operator read it from the reporting pod."""
+    """The gang generation (status.gang_generation) whose rank 0 sent this, as the operator read it from the reporting pod."""
     epoch: int | None = None
     """Current epoch (from 0)."""
     step: int | None = None
@@ -167,7 +167,7 @@ class DistributedTrainingStatus(StatusModel):
     """Observed state, computed by the operator (progress and lastCheckpoint by rank 0)."""
 
     phase: Phase | None = None
-    """Pending, Starting, Running, Restarting, Exporting, BuildingEngine, Succeeded, Failed or Suspended."""
+    """Pending, Queued, Starting, Running, Restarting, Exporting, BuildingEngine, Succeeded, Failed or Suspended."""
     conditions: list[Condition] = Field(default_factory=list)
     """Conditions: Created, Running, Restarting, TrainingSucceeded, EngineBuilt, Succeeded, Failed, Suspended, ..."""
     nodes: NodeCounts | None = None
@@ -175,7 +175,9 @@ class DistributedTrainingStatus(StatusModel):
     nodes_ready: str | None = None
     """Running worker pods out of all, e.g. 3/4 (the NODES column)."""
     restarts: int = 0
-    """Gang restarts so far."""
+    """Gang restarts so far (those that count against backoffLimit)."""
+    evictions: int = 0
+    """Times Kueue evicted the gang (preemption): each restarted it, counted against no backoffLimit."""
     start_time: str | None = None
     """When the job started (RFC 3339)."""
     completion_time: str | None = None
@@ -193,4 +195,9 @@ class DistributedTrainingStatus(StatusModel):
     accepted_spec: InitArgs | None = None
     """The spec the job was created with (defaults filled in). The operator runs this spec; later changes to immutable fields are reported in the SpecImmutable condition, not applied."""
 
+    @property
+    def gang_generation(self) -> int:
+        """Which gang runs now: every restart made a new one, counted (restarts) or not (evictions); its
+        pods carry it in their dtrain.dev/gang-generation label."""
+        return self.restarts + self.evictions
 

@@ -68,7 +68,7 @@ class ChildWriter:
             await self._delete(
                 "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
             )
-        ranks = [rank for rank in plan.create_ranks if render.worker_pod_name(job, rank) not in blocked]
+        ranks = [rank for rank in plan.create_ranks if render.worker_pod_name(job, rank, generation) not in blocked]
         if ranks:
             pods = [render.render_worker_pod(job, rank, generation, self._report) for rank in ranks]
             adopt(pods, body)

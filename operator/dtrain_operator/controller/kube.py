@@ -56,6 +56,9 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): ("/apis/scheduling.volcano.sh/v1beta1", "podgroups"),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("/apis/scheduling.x-k8s.io/v1alpha1", "podgroups"),
     (contract.API_VERSION, contract.KIND): (f"/apis/{contract.API_VERSION}", contract.PLURAL),
+    # Read only, for a job in a Kueue LocalQueue: its gang's Workload and the queue's ClusterQueue.
+    ("kueue.x-k8s.io/v1beta2", "Workload"): ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
+    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("/apis/kueue.x-k8s.io/v1beta2", "localqueues"),
 }
 
 

@@ -20,6 +20,7 @@ starts from.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -53,8 +54,9 @@ from dtrain_operator.controller.report_tls import ReportTLS
 from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
 from dtrain_operator.controller.status.invalid import invalid_status, unreadable_status
+from dtrain_operator.controller.status.observe import observe_queue
 from dtrain_operator.controller.workqueue import WorkQueue
-from dtrain_operator.core import progress_deadline
+from dtrain_operator.core import progress_deadline, queueing
 from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.gang_state import current_gang, succeeded_ranks
@@ -264,6 +266,22 @@ class Controller:
         engine_jobs = list(self._engine_job_index.get(key, ())) if self._engine_job_index is not None else []
         return observe_with_expectations(pods, engine_jobs, expectations, time.monotonic())
 
+    async def _observe_queue(self, key: JobKey, body: Mapping[str, Any], observed: Observed) -> Observed:
+        """For a job whose workers Kueue holds, its Workload and LocalQueue (two GETs, only while queued: the
+        ungating of the pods is what the operator waits for, and their watch brings it)."""
+        local_queue = ((body.get("metadata") or {}).get("labels") or {}).get(queueing.QUEUE_LABEL)
+        if not local_queue or not any(p.queued for p in observed.workers) or self._client is None:
+            return observed
+        namespace, name = key
+        found: list[Mapping[str, Any]] = []
+        for kind, object_name in (("Workload", name), ("LocalQueue", local_queue)):
+            try:
+                found.append(await self._client.get(queueing.WORKLOAD_API, kind, namespace, object_name))
+            except ApiError as exc:
+                logger.debug("%s/%s: no Kueue %s %s (%s)", namespace, name, kind, object_name, exc)
+                found.append({})
+        return dataclasses.replace(observed, queue=observe_queue(local_queue, *found))
+
     # --- Reconcile ---------------------------------------------------------------------------------
 
     def _reconcile_failed(self, key: JobKey, exc: Exception) -> None:
@@ -305,6 +323,7 @@ class Controller:
             logger.warning("%s/%s: cannot read %s; leaving the pods alone", *key, "; ".join(problems))
             return await self._write_status(key, body, written, unreadable_status(read.status, problems, now), expectations)
         observed, blocked = self._observe(key, expectations)
+        observed = await self._observe_queue(key, body, observed)
         previous = trusted.trusted_previous(
             read.status, state, [p.generation for p in observed.workers if p.generation is not None]
         )
@@ -317,7 +336,7 @@ class Controller:
             finished = state.succeeded_ranks if state is not None else ()
             watch = expectations.progress_watch = progress_deadline.observe(
                 expectations.progress_watch,
-                previous.restarts,
+                previous.gang_generation,
                 _all_running(previous, observed, parsed.job.spec.nodes),
                 previous.progress,
                 now,
@@ -332,7 +351,7 @@ class Controller:
         plan = plan_children(running, new, observed, now, self._limits)
         try:
             assert self._children is not None
-            await self._children.carry_out(key, body, running, new.restarts, plan, blocked, expectations)
+            await self._children.carry_out(key, body, running, new.gang_generation, plan, blocked, expectations)
         except ChildConflict as exc:
             await self._report_conflict(key, body, str(exc), expectations)
             raise
@@ -425,7 +444,7 @@ class Controller:
     ) -> None:
         """Record what was decided in the operator's own annotation, before anything is carried out."""
         assert self._client is not None
-        earlier = (state.succeeded_ranks, state.restarts) if state is not None else ((), None)
+        earlier = (state.succeeded_ranks, state.restarts + state.evictions) if state is not None else ((), None)
         recorded = trusted.state_of(new, succeeded_ranks(new, observed, *earlier))
         if recorded is None or recorded == state:
             return

@@ -53,16 +53,18 @@ class TrustedState:
 
     accepted_spec: dict[str, Any]
     restarts: int = 0
+    evictions: int = 0
     phase: str | None = None
     start_time: str | None = None
     completion_time: str | None = None
     succeeded_ranks: tuple[int, ...] = ()
-    """Ranks of gang generation `restarts` that exited 0: finished, even once their pods are gone."""
+    """Ranks of the gang generation (restarts + evictions) that exited 0: finished, even once their pods are gone."""
 
     def encode(self, key: bytes, job: JobIdentity) -> str:
         record: dict[str, Any] = {
             "version": VERSION,
             "restarts": self.restarts,
+            "evictions": self.evictions,
             "phase": self.phase,
             "startTime": self.start_time,
             "completionTime": self.completion_time,
@@ -124,9 +126,10 @@ def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
     spec = record.get("acceptedSpec")
     if not isinstance(spec, dict):
         raise UntrustedState(f"annotation {ANNOTATION}: acceptedSpec is not an object")
-    restarts = record.get("restarts")
-    if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
-        raise UntrustedState(f"annotation {ANNOTATION}: restarts is not a count ({restarts!r})")
+    counts = {name: record.get(name, 0) for name in ("restarts", "evictions")}
+    for name, count in counts.items():
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise UntrustedState(f"annotation {ANNOTATION}: {name} is not a count ({count!r})")
     texts = {k: record.get(k) for k in ("phase", "startTime", "completionTime")}
     if any(v is not None and not isinstance(v, str) for v in texts.values()):
         raise UntrustedState(f"annotation {ANNOTATION}: phase, startTime and completionTime must be strings")
@@ -136,7 +139,8 @@ def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
     return TrustedState(
         accepted_spec=spec,
         succeeded_ranks=tuple(sorted(set(succeeded))),
-        restarts=restarts,
+        restarts=counts["restarts"],
+        evictions=counts["evictions"],
         phase=texts["phase"],
         start_time=texts["startTime"],
         completion_time=texts["completionTime"],
@@ -162,6 +166,7 @@ def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] =
         succeeded_ranks=tuple(sorted(set(succeeded_ranks))),
         accepted_spec=dict(status.accepted_spec),
         restarts=status.restarts,
+        evictions=status.evictions,
         phase=status.phase,
         start_time=status.start_time,
         completion_time=status.completion_time,
@@ -188,6 +193,7 @@ def trusted_previous(
             update={
                 "accepted_spec": dict(state.accepted_spec),
                 "restarts": state.restarts,
+                "evictions": state.evictions,
                 "phase": state.phase,
                 "start_time": state.start_time,
                 "completion_time": state.completion_time,

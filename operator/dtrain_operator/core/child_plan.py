@@ -7,12 +7,12 @@ generations are deleted, missing pods of the current generation created, nothing
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
-from dtrain_operator.core import progress_deadline
+from dtrain_operator.core import progress_deadline, queueing
 from dtrain_operator.core.gang_state import (
     current_gang,
     engine_pod_awaited,
@@ -139,6 +139,13 @@ def _next_look(
     )
 
 
+def _earlier_gang_in_queue(job: DistributedTraining, status: DistributedTrainingStatus, workers: Sequence[PodObservation]) -> bool:
+    """A job in a Kueue queue whose earlier gang still counts in its pod group (queueing.holds_place_in_group)."""
+    return queueing.queue_name(job) is not None and any(
+        p.generation != status.gang_generation and queueing.holds_place_in_group(p) for p in workers
+    )
+
+
 def plan_children(
     job: DistributedTraining,
     status: DistributedTrainingStatus,
@@ -150,7 +157,7 @@ def plan_children(
     workers = tuple(p for p in observed.workers if p.role == contract.ROLE_WORKER)
     force, stuck_check = _stuck(workers, now, limits)
     gang = current_gang(status, workers)
-    older = tuple(p for p in workers if p.generation != status.restarts and not p.deleting)
+    older = tuple(p for p in workers if p.generation != status.gang_generation and not p.deleting)
     phase = status.phase
     if phase in FINISHED_PHASES:
         return _finished_plan(job, status, workers, older, observed, now)
@@ -160,9 +167,10 @@ def plan_children(
         )
     occupied = {p.name for p in workers}
     create: tuple[int, ...] = ()
-    if phase in CREATING_PHASES:
+    if phase in CREATING_PHASES and not _earlier_gang_in_queue(job, status, workers):
         create = tuple(
-            rank for rank in range(job.spec.nodes) if rank not in gang and worker_pod_name(job, rank) not in occupied
+            rank for rank in range(job.spec.nodes)
+            if rank not in gang and worker_pod_name(job, rank, status.gang_generation) not in occupied
         )
     restarting = next((c for c in status.conditions if c.type == "Restarting" and c.status == "True"), None)
     hung = restarting is not None and restarting.reason == progress_deadline.REASON_PROGRESS_DEADLINE

@@ -14,6 +14,7 @@ from dtrain_operator.api import (
     Progress,
     contract,
 )
+from dtrain_operator.core import queueing
 from dtrain_operator.core.observation import Limits, Observed, PodObservation, parse_time
 from dtrain_operator.core.policy import WorkerFailure
 from dtrain_operator.core.render import worker_pod_name
@@ -62,7 +63,7 @@ def current_gang(status: DistributedTrainingStatus, workers: Sequence[PodObserva
     return {
         p.rank: p
         for p in workers
-        if p.generation == status.restarts and p.rank is not None and p.role == contract.ROLE_WORKER
+        if p.generation == status.gang_generation and p.rank is not None and p.role == contract.ROLE_WORKER
     }
 
 
@@ -91,6 +92,8 @@ def worker_failures(
             failures.append(
                 WorkerFailure(rank, pod.exit_code, pod.reason or "Error", message_tail(pod.message), pod.finished_at)
             )
+        elif pod.deleting and pod.phase != "Succeeded" and queueing.is_queue_stop(pod.reason):
+            failures.append(WorkerFailure(rank, None, pod.reason, pod.message or f"Kueue stopped pod {pod.name}"))
         elif pod.deleting and pod.phase != "Succeeded":
             failures.append(WorkerFailure(rank, None, "Deleted", f"pod {pod.name} is being deleted"))
     return failures
@@ -148,12 +151,14 @@ def image_pull_deadline(pods: Sequence[PodObservation], limits: Limits) -> datet
 def pods_pending_too_long(
     job: DistributedTraining, gang: Mapping[int, PodObservation], now: datetime
 ) -> list[PodObservation]:
-    """Pods of the current gang Pending for longer than scheduling.gang.scheduleTimeoutSeconds."""
+    """Pods of the current gang Pending for longer than scheduling.gang.scheduleTimeoutSeconds (a pod Kueue holds
+    is queued, not stuck: the Queued condition says so)."""
     timeout = job.spec.scheduling.gang.schedule_timeout_seconds
     return [
         p
         for p in sorted(gang.values(), key=lambda p: p.rank or 0)
-        if p.phase == "Pending" and p.created_at is not None and (now - p.created_at).total_seconds() > timeout
+        if p.phase == "Pending" and not p.queued and p.created_at is not None
+        and (now - p.created_at).total_seconds() > timeout
     ]
 
 
@@ -165,7 +170,7 @@ def succeeded_ranks(
     them (the resumed gang runs every rank again)."""
     if status.phase == "Suspended":
         return frozenset()
-    kept = frozenset(earlier) if earlier_generation == status.restarts else frozenset()
+    kept = frozenset(earlier) if earlier_generation == status.gang_generation else frozenset()
     if status.phase not in ("Running", "Exporting", "BuildingEngine", "Succeeded"):
         return kept
     seen = {p.rank for p in current_gang(status, observed.workers).values() if p.phase == "Succeeded"}

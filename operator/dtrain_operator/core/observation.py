@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from dtrain_operator.core.queueing import QueueObservation
+
 # A job by its namespace and name: how the operator keys its caches, its queue and its Events.
 JobKey = tuple[str, str]
 
@@ -40,6 +42,8 @@ class PodObservation:
     waiting_reason: str = ""
     """The trainer container's waiting reason (ErrImagePull, ImagePullBackOff, ContainerCreating, ...)."""
     scheduled_at: datetime | None = None
+    queued: bool = False
+    """Held by Kueue's admission gate: its group is not admitted yet."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class Observed:
     workers: tuple[PodObservation, ...] = ()
     engine_pods: tuple[PodObservation, ...] = ()
     engine_job: EngineJobObservation | None = None
+    queue: QueueObservation | None = None
+    """Kueue's Workload for the workers, for a job in a LocalQueue (read only while they are queued)."""
 
 
 def parse_time(value: str | None) -> datetime | None:

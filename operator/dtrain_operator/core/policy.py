@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Literal
 
 from dtrain_operator.api import RunPolicy, contract
+from dtrain_operator.core import queueing
 
 # Exit codes of 128 and above mean the process was killed by a signal (128 + n):
 # OOM kills (137), node shutdowns and preemption (143). Below that, the program
@@ -75,6 +76,8 @@ class FailureDecision:
     restart: bool
     reason: str
     message: str
+    counted: bool = True
+    """Whether the restart counts against backoffLimit: not when a queue took the gang away."""
 
     @property
     def ending(self) -> Ending:
@@ -136,6 +139,16 @@ def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], rest
     if not failures:
         raise ValueError("decide_on_failure needs at least one failed worker")
     ordered = sorted(failures, key=lambda f: f.rank)
+    evicted = [f for f in ordered if queueing.is_queue_stop(f.reason)]
+    if evicted:
+        # Kueue took the quota back: the gang saved its checkpoint on SIGTERM and waits to be admitted again.
+        return FailureDecision(
+            True,
+            queueing.REASON_EVICTED,
+            f"Kueue evicted the gang ({evicted[0].message or evicted[0].reason}); it is queued again and resumes "
+            "from its checkpoint once admitted (not counted against backoffLimit)",
+            counted=False,
+        )
     invalid = [f for f in ordered if is_invalid_trainer_config(f)]
     if invalid:
         # No restart can cure it, whatever restartPolicy says: fail now, with the trainer's own words.

@@ -46,7 +46,7 @@ class ProgressWatch:
     """When the watched gang last made progress, by the watcher's clock."""
 
     generation: int
-    """The gang generation (status.restarts) watched."""
+    """The gang generation (status.gang_generation) watched."""
     mark: Mark
     """The latest progress report seen."""
     since: datetime

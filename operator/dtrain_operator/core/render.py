@@ -23,6 +23,7 @@ from dtrain_operator.api import (
     engine_options,
     storage,
 )
+from dtrain_operator.core import queueing
 from dtrain_operator.core.storage_volumes import (
     credentials_env,
     object_store_env,
@@ -63,8 +64,17 @@ def config_map_name(job: DistributedTraining) -> str:
     return f"{job.name}-config"
 
 
-def worker_pod_name(job: DistributedTraining, rank: int) -> str:
+def worker_hostname(job: DistributedTraining, rank: int) -> str:
+    """Rank `rank`'s DNS name in the job's Service, whatever gang it belongs to."""
     return f"{job.name}-{rank}"
+
+
+def worker_pod_name(job: DistributedTraining, rank: int, gang_generation: int = 0) -> str:
+    """`<name>-<rank>`; a job in a Kueue queue's restarted gangs add their generation: Kueue lets a pod of its
+    group go (its finalizer) only once a pod of another name replaces it."""
+    if gang_generation and queueing.queue_name(job) is not None:
+        return f"{job.name}-{rank}-g{gang_generation}"
+    return worker_hostname(job, rank)
 
 
 def engine_job_name(job: DistributedTraining) -> str:
@@ -77,7 +87,7 @@ def pod_group_name(job: DistributedTraining) -> str:
 
 def master_address(job: DistributedTraining) -> str:
     """Rank 0's DNS name: pod hostname + subdomain through the headless Service."""
-    return f"{worker_pod_name(job, 0)}.{service_name(job)}.{job.namespace}.svc"
+    return f"{worker_hostname(job, 0)}.{service_name(job)}.{job.namespace}.svc"
 
 
 # --- Labels ----------------------------------------------------------------------------
@@ -102,6 +112,7 @@ def worker_labels(job: DistributedTraining, rank: int, gang_generation: int) -> 
     labels[contract.LABEL_GANG_GENERATION] = str(gang_generation)
     if job.spec.scheduling.gang_provider == "scheduler-plugins":
         labels[COSCHEDULING_GROUP_LABEL] = pod_group_name(job)
+    labels.update(queueing.worker_labels(job))
     return labels
 
 
@@ -149,7 +160,7 @@ def pod_site(job: DistributedTraining, report: ReportEndpoint | None = None) -> 
     )
 
 
-def launch_env(job: DistributedTraining, rank: int, site: LaunchSite) -> dict[str, str]:
+def launch_env(job: DistributedTraining, rank: int, site: LaunchSite, gang_generation: int = 0) -> dict[str, str]:
     """A worker's launch environment, the one source of it for a pod and for `dtrain run`: torchrun's PET_*
     (the only route the gang's shape takes to the trainer), dtrain's contract, the NCCL_* variables of
     spec.nccl and the object store's endpoint. The user's spec.env comes after it in each."""
@@ -164,7 +175,7 @@ def launch_env(job: DistributedTraining, rank: int, site: LaunchSite) -> dict[st
         contract.ENV_CONFIG: site.config_path,
         contract.ENV_JOB_NAME: job.name,
         contract.ENV_JOB_NAMESPACE: job.namespace,
-        contract.ENV_POD_NAME: worker_pod_name(job, rank),
+        contract.ENV_POD_NAME: worker_pod_name(job, rank, gang_generation),
         contract.ENV_PROGRESS_SINK: site.progress_sink,
     }
     optional = {
@@ -179,11 +190,13 @@ def launch_env(job: DistributedTraining, rank: int, site: LaunchSite) -> dict[st
     return env
 
 
-def worker_env(job: DistributedTraining, rank: int, report: ReportEndpoint | None = None) -> list[dict[str, Any]]:
+def worker_env(
+    job: DistributedTraining, rank: int, report: ReportEndpoint | None = None, gang_generation: int = 0
+) -> list[dict[str, Any]]:
     """The trainer container's environment: its launch environment, the node it runs on (downward API),
     the object store's credentials, then the user's."""
     return [
-        *(_var(name, value) for name, value in launch_env(job, rank, pod_site(job, report)).items()),
+        *(_var(name, value) for name, value in launch_env(job, rank, pod_site(job, report), gang_generation).items()),
         {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         *credentials_env(job),
         *(var.to_wire() for var in job.spec.env),
@@ -316,7 +329,9 @@ def _scheduling_fields(job: DistributedTraining, gang_generation: int | None = N
     return fields
 
 
-def _trainer_container(job: DistributedTraining, rank: int, report: ReportEndpoint | None) -> dict[str, Any]:
+def _trainer_container(
+    job: DistributedTraining, rank: int, report: ReportEndpoint | None, gang_generation: int
+) -> dict[str, Any]:
     """The trainer container; with `report` (rank 0's pod only), its token for the operator mounted."""
     spec = job.spec
     return {
@@ -324,7 +339,7 @@ def _trainer_container(job: DistributedTraining, rank: int, report: ReportEndpoi
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(TRAINER_COMMAND),
-        "env": worker_env(job, rank, report),
+        "env": worker_env(job, rank, report, gang_generation),
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True},
@@ -350,15 +365,18 @@ def render_worker_pod(
     reports = report is not None and rank == 0
     spec = job.spec
     gpus = spec.devices_per_node if spec.accelerator == "gpu" else 0
-    metadata = _metadata(job, worker_pod_name(job, rank), worker_labels(job, rank, gang_generation))
+    metadata = _metadata(job, worker_pod_name(job, rank, gang_generation), worker_labels(job, rank, gang_generation))
+    annotations = queueing.worker_annotations(job)
     if spec.scheduling.gang_provider == "volcano":
-        metadata["annotations"] = {VOLCANO_GROUP_ANNOTATION: pod_group_name(job)}
-    container = _trainer_container(job, rank, report if reports else None)
+        annotations[VOLCANO_GROUP_ANNOTATION] = pod_group_name(job)
+    if annotations:
+        metadata["annotations"] = annotations
+    container = _trainer_container(job, rank, report if reports else None, gang_generation)
     resources = _resources(spec.resources, gpus)
     if resources:
         container["resources"] = resources
     pod_spec: dict[str, Any] = {
-        "hostname": worker_pod_name(job, rank),
+        "hostname": worker_hostname(job, rank),
         "subdomain": service_name(job),
         "restartPolicy": "Never",
         # SIGTERM stops training at a step boundary and rank 0 saves a checkpoint: give it the time.

@@ -41,6 +41,10 @@ served resources once through discovery, which every authenticated client may re
 - apiGroups: [scheduling.k8s.io, scheduling.volcano.sh, scheduling.x-k8s.io]
   resources: [podgroups]
   verbs: [create, get]
+# Kueue: the Workload of a queued job's gang and its LocalQueue, read (never written) to say where it waits and why.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads, localqueues]
+  verbs: [get]
 {{- if .Values.networkPolicy.enabled }}
 # networkPolicy.enabled: a NetworkPolicy per job (ingress only from its own pods): created, read back on 409.
 - apiGroups: [networking.k8s.io]

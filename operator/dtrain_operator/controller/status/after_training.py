@@ -63,7 +63,8 @@ def after_training(
         results = termination_results(gang[0].message) if 0 in gang else None
         if results:
             status.artifacts = {**(status.artifacts or {}), **results}
-        conditions.set(TRAINING_SUCCEEDED, True, "TrainerSucceeded", f"{worker_pod_name(job, 0)} exited 0")
+        name = gang[0].name if 0 in gang else worker_pod_name(job, 0)
+        conditions.set(TRAINING_SUCCEEDED, True, "TrainerSucceeded", f"{name} exited 0")
         conditions.clear(PODS_PENDING, "TrainingSucceeded", "training is over")
     conditions.set(RUNNING, False, "TrainingSucceeded", "training is over")
     export_error = (status.artifacts or {}).get(contract.RESULTS_KEY_EXPORT_ERROR)

@@ -40,6 +40,7 @@ from dtrain_operator.controller.status.conditions import (
     SUSPENDED,
     Conditions,
 )
+from dtrain_operator.controller.status.queued import report_queue
 from dtrain_operator.core import policy, progress_deadline, stragglers
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
 from dtrain_operator.core.gang_state import (
@@ -262,17 +263,17 @@ def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
         return None
     if not decision.restart:
         return c.finish(decision.ending)
-    status.restarts += 1
+    if decision.counted:
+        status.restarts += 1
+    else:
+        status.evictions += 1
     status.phase = "Restarting"
     c.conditions.set(RESTARTING, True, decision.reason, decision.message)
-    c.conditions.set(
-        RUNNING,
-        False,
-        "GangRestarting",
-        "the gang is restarting after a worker failed"
-        if c.failures
-        else "the gang is restarting: it made no progress within runPolicy.progressDeadlineSeconds",
-    )
+    if not c.failures:
+        how = ": it made no progress within runPolicy.progressDeadlineSeconds"
+    else:
+        how = " after a worker failed" if decision.counted else ": Kueue evicted it"
+    c.conditions.set(RUNNING, False, "GangRestarting", f"the gang is restarting{how}")
     c.conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
     c.count_nodes([], active=True)
     return c.done()
@@ -361,6 +362,7 @@ STATUS_STEPS: tuple[StatusStep, ...] = (
     restart_or_fail,
     watch_image_pulls,
     set_phase,
+    report_queue,
     report_stragglers,
     report_missed_checkpoints,
     report_pending_pods,

@@ -26,7 +26,7 @@ from dtrain_operator.controller.status.conditions import (
     SUCCEEDED,
     SUSPENDED,
 )
-from dtrain_operator.core import stragglers
+from dtrain_operator.core import queueing, stragglers
 
 # The status fields the operator owns; progress and lastCheckpoint belong to the trainer.
 OWNED_FIELDS = (
@@ -35,6 +35,7 @@ OWNED_FIELDS = (
     "nodes",
     "nodesReady",
     "restarts",
+    "evictions",
     "startTime",
     "completionTime",
     "artifacts",
@@ -94,6 +95,7 @@ _PHASE_CONDITION = {
     "Succeeded": SUCCEEDED,
     "Failed": FAILED,
     "Suspended": SUSPENDED,
+    "Queued": queueing.CONDITION,
 }
 
 

@@ -11,6 +11,7 @@ from dtrain_operator.api import (
     contract,
 )
 from dtrain_operator.api.results import read_termination_message
+from dtrain_operator.core import queueing
 from dtrain_operator.core.observation import EngineJobObservation, PodObservation, parse_time
 from dtrain_operator.core.render import ENGINE_CONTAINER, TRAINER_CONTAINER
 
@@ -54,6 +55,19 @@ def controller_uid(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _why(
+    status: Mapping[str, Any], terminated: Mapping[str, Any], disruption: Mapping[str, Any] | None, lost: bool
+) -> tuple[str, str]:
+    """A pod's reason and message: for one taken away, who took it and why; for a pod Kueue is stopping (still
+    running out its grace period), Kueue's; else its container's own."""
+    if lost:
+        reason = status.get("reason") or (disruption or {}).get("reason") or "Lost"
+        return reason, status.get("message") or (disruption or {}).get("message") or ""
+    if disruption is not None and disruption.get("type") == queueing.STOP_CONDITION:
+        return disruption.get("reason") or "", disruption.get("message") or ""
+    return terminated.get("reason") or status.get("reason") or "", terminated.get("message") or status.get("message") or ""
+
+
 def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
     """A pod as the API server returns it, reduced to a PodObservation."""
     meta = raw.get("metadata") or {}
@@ -67,16 +81,10 @@ def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
     terminated = state.get("terminated") or {}
     phase = status.get("phase") or "Pending"
     conditions = status.get("conditions") or []
-    disruption = next(
-        (c for c in conditions if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), None
-    )
+    stops = ("DisruptionTarget", queueing.STOP_CONDITION)  # Kubernetes' own (eviction, preemption) or Kueue's
+    disruption = next((c for c in conditions if c.get("type") in stops and c.get("status") == "True"), None)
     lost = status.get("reason") in _LOST_POD_REASONS or (phase == "Failed" and disruption is not None)
-    if lost:
-        reason = status.get("reason") or (disruption or {}).get("reason") or "Lost"
-        message = status.get("message") or (disruption or {}).get("message") or ""
-    else:
-        reason = terminated.get("reason") or status.get("reason") or ""
-        message = terminated.get("message") or status.get("message") or ""
+    reason, message = _why(status, terminated, disruption, lost)
     scheduled = bool((raw.get("spec") or {}).get("nodeName")) or any(
         c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions
     )
@@ -110,6 +118,7 @@ def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
             None,
         ),
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+        queued=any(g.get("name") == queueing.ADMISSION_GATE for g in (raw.get("spec") or {}).get("schedulingGates") or []),
     )
 
 
@@ -143,6 +152,19 @@ def observe_engine_job(raw: Mapping[str, Any]) -> EngineJobObservation:
         deleting=bool(meta.get("deletionTimestamp")),
         owner_uid=controller_uid(meta),
         finished_at=finished_at,
+    )
+
+
+def observe_queue(local_queue: str, workload: Mapping[str, Any], queue: Mapping[str, Any]) -> queueing.QueueObservation:
+    """Kueue's Workload of the gang and its LocalQueue (empty when not found), reduced to a QueueObservation."""
+    status = workload.get("status") or {}
+    admission = status.get("admission") or {}
+    reserved: Mapping[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "QuotaReserved"), {})
+    return queueing.QueueObservation(
+        local_queue=local_queue,
+        cluster_queue=admission.get("clusterQueue") or (queue.get("spec") or {}).get("clusterQueue") or "",
+        admitted=any(c.get("type") == "Admitted" and c.get("status") == "True" for c in status.get("conditions") or []),
+        message="" if reserved.get("status") == "True" else str(reserved.get("message") or ""),
     )
 
 

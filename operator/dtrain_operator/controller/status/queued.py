@@ -1,0 +1,25 @@
+"""Queued: the gang of a job in a Kueue LocalQueue waits for Kueue to admit it (core.queueing)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dtrain_operator.core import queueing
+
+if TYPE_CHECKING:
+    from dtrain_operator.controller.status.compute import StatusComputation
+
+
+def report_queue(c: StatusComputation) -> None:
+    """While Kueue holds a pod of the gang, the job is Queued, and its condition names the queues and Kueue's
+    reason; once Kueue lifts the gates, the condition says the gang was admitted."""
+    local_queue = queueing.queue_name(c.running_job)
+    if local_queue is None:
+        return
+    queue = c.observed.queue
+    if any(p.queued for p in c.gang.values()):
+        c.status.phase = "Queued"
+        c.conditions.set(queueing.CONDITION, True, queueing.REASON_WAITING, queueing.waiting_message(queue, local_queue))
+    elif c.conditions.is_true(queueing.CONDITION):
+        where = f"ClusterQueue {queue.cluster_queue}" if queue is not None and queue.cluster_queue else f"LocalQueue {local_queue}"
+        c.conditions.clear(queueing.CONDITION, queueing.REASON_ADMITTED, f"Kueue admitted the gang ({where})")

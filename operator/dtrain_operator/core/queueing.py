@@ -1,0 +1,94 @@
+"""Kueue: a job labelled with a LocalQueue is queued and admitted as one gang of `nodes` pods (pure).
+
+Kueue has no integration for a DistributedTraining (its integrations are Go code inside Kueue or beside
+it), so dtrain uses the one it offers any controller: plain pod groups. Every worker pod carries the job's
+queue, a group name and the group's size; Kueue's webhook holds each pod behind a scheduling gate until it
+admits the whole group against the ClusterQueue's quota, then lifts the gates. When Kueue evicts the group
+(preemption, a lost quota), it marks each pod (condition TerminationTarget) and deletes it: the workers
+save a checkpoint on SIGTERM, and the operator creates the gang again, gated, for Kueue to admit again;
+that restart is Kueue's, not a failure, and counts against no backoffLimit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dtrain_operator.api import DistributedTraining
+
+if TYPE_CHECKING:
+    from dtrain_operator.core.observation import PodObservation
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+POD_GROUP_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+ADMISSION_GATE = "kueue.x-k8s.io/admission"
+WORKLOAD_API = "kueue.x-k8s.io/v1beta2"
+STOP_CONDITION = "TerminationTarget"
+"""The pod condition Kueue sets before it deletes a pod of an evicted group; its reason is the stop's."""
+EVICTED_REASON = "WorkloadEvicted"
+"""The start of the reason of a pod of an evicted group (WorkloadEvictedDueToPreempted, ...)."""
+
+CONDITION = "Queued"
+REASON_WAITING = "WaitingForAdmission"
+REASON_ADMITTED = "Admitted"
+REASON_EVICTED = "EvictedByKueue"
+
+
+def queue_name(job: DistributedTraining) -> str | None:
+    """The LocalQueue the job asks for (the label every Kueue integration reads), or None."""
+    return (job.metadata.labels or {}).get(QUEUE_LABEL) or None
+
+
+def group_name(job: DistributedTraining) -> str:
+    """The pod group, and so Kueue's Workload: one per job, the same across gang restarts and evictions,
+    as Kueue expects of the pods that replace a group's."""
+    return job.name
+
+
+def worker_labels(job: DistributedTraining) -> dict[str, str]:
+    queue = queue_name(job)
+    if queue is None:
+        return {}
+    labels = {QUEUE_LABEL: queue, POD_GROUP_LABEL: group_name(job)}
+    priority = (job.metadata.labels or {}).get(PRIORITY_CLASS_LABEL)
+    if priority:
+        labels[PRIORITY_CLASS_LABEL] = priority
+    return labels
+
+
+def worker_annotations(job: DistributedTraining) -> dict[str, str]:
+    return {POD_GROUP_TOTAL_ANNOTATION: str(job.spec.nodes)} if queue_name(job) is not None else {}
+
+
+@dataclass(frozen=True)
+class QueueObservation:
+    """Kueue's view of the job's pod group: its Workload and the queues it waits in."""
+
+    local_queue: str
+    cluster_queue: str = ""
+    admitted: bool = False
+    message: str = ""
+    """Why the Workload is not admitted (its QuotaReserved condition's message), when it is not."""
+
+
+def waiting_message(queue: QueueObservation | None, local_queue: str) -> str:
+    """What a queued job's condition says: where it waits, and Kueue's own words on why."""
+    where = f"LocalQueue {local_queue}"
+    if queue is not None and queue.cluster_queue:
+        where += f" (ClusterQueue {queue.cluster_queue})"
+    why = f": {queue.message}" if queue is not None and queue.message else ""
+    return f"waiting for Kueue to admit the gang in {where}{why}"
+
+
+def is_queue_stop(reason: str) -> bool:
+    """A pod Kueue stopped (its TerminationTarget reason): the group was evicted, not the pod failing."""
+    return reason.startswith(EVICTED_REASON)
+
+
+def holds_place_in_group(pod: PodObservation) -> bool:
+    """Whether Kueue counts the pod among its group's active members (its isPodRunnableOrSucceeded): a pod
+    that has not failed, unless it is being deleted before it was ever placed. While an earlier gang's pod
+    does, a new one is an excess member, which Kueue deletes: the new gang waits for the old one to end."""
+    return pod.phase != "Failed" and not (pod.deleting and not pod.scheduled)

@@ -2,8 +2,8 @@
 
 Starts the cluster (`python -m localcluster up`: 2 nodes with one nvidia.com/gpu each, a count the
 scheduler checks, which the gang scenarios need, and scheduler-plugins' coscheduling scheduler when its
-scenario is selected, built the first time) unless one runs, makes the scenarios' shared claim,
-runs each scenario, prints the figures, and stops the cluster it started. Needs root and network
+scenario is selected, built the first time; the Kueue scenarios install Kueue in it) unless one runs,
+makes the scenarios' shared claim, runs each scenario, prints the figures, and stops the cluster it started. Needs root and network
 namespaces, as `make cluster` does.
 """
 
@@ -19,7 +19,11 @@ from pathlib import Path
 import yaml
 
 from .kube import eventually, kubectl, layout, localcluster, status
+from .queue_scenarios import QUEUE_SCENARIOS
 from .scenarios import CLAIM, NS, SCENARIOS, e2e_cluster_arguments
+
+# Kueue's last: they install it in the running cluster (localcluster kueue), and its webhooks then see every pod.
+ALL_SCENARIOS = [*SCENARIOS, *QUEUE_SCENARIOS]
 
 
 def run_file(path: str) -> int:
@@ -36,11 +40,11 @@ def run_file(path: str) -> int:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", action="append", choices=[key for key, _, _ in SCENARIOS])
+    parser.add_argument("--only", action="append", choices=[key for key, _, _ in ALL_SCENARIOS])
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     parser.add_argument("--job", metavar="FILE", help="apply this job file as it is, follow it to its end, print its status")
     args = parser.parse_args(argv)
-    selected = args.only or [key for key, _, _ in SCENARIOS]
+    selected = args.only or [key for key, _, _ in ALL_SCENARIOS]
     started_here = localcluster("status") != 0
     if started_here and localcluster("up", *e2e_cluster_arguments([] if args.job else selected)) != 0:
         print("e2e (cluster): FAILED: the cluster did not start (above)")
@@ -55,7 +59,7 @@ def main(argv: list[str]) -> int:
     begin = time.monotonic()
     try:
         localcluster("volume", CLAIM, "-n", NS)
-        for key, title, scenario in SCENARIOS:
+        for key, title, scenario in ALL_SCENARIOS:
             if args.only and key not in args.only:
                 continue
             print(f"\n=== {title}", flush=True)

@@ -1,0 +1,146 @@
+"""Kueue on the real control plane (the cluster runs Kueue's manager: `localcluster up --kueue`): a job in a
+LocalQueue is admitted as one gang against a ClusterQueue's quota, waits Queued while the quota is taken,
+and, preempted by a higher-priority job, saves its checkpoint, waits, and resumes exactly from it."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .kube import Failed, apply, eventually, kubectl, localcluster, status, worker_pods
+from .scenarios import NS, Figures, checkpoint_step, delete, finished, small_job
+
+LOCAL_QUEUE = "e2e"
+CLUSTER_QUEUE = "e2e-gpus"
+FLAVOR = "e2e-nodes"
+GPU = "nvidia.com/gpu"
+# Room for one job of 2 workers with one nvidia.com/gpu each (the e2e cluster has 2 such nodes).
+GPU_QUOTA = 2
+
+
+def with_kueue() -> None:
+    """Kueue in the running cluster (`localcluster kueue`: built and installed the first time), and the
+    scenarios' queues."""
+    if localcluster("kueue") != 0:
+        raise Failed("Kueue did not start (above)")
+    for obj in queue_objects():
+        apply(obj)
+
+
+def queue_objects() -> list[dict[str, Any]]:
+    """A ResourceFlavor, a ClusterQueue with room for one 2-GPU gang (lower priority preempted within it), its
+    LocalQueue in the scenarios' namespace, and two WorkloadPriorityClasses."""
+    api = "kueue.x-k8s.io/v1beta2"
+    quotas = [{"name": "cpu", "nominalQuota": "64"}, {"name": "memory", "nominalQuota": "256Gi"},
+              {"name": GPU, "nominalQuota": str(GPU_QUOTA)}]
+    return [
+        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE},
+         "spec": {"namespaceSelector": {},
+                  "preemption": {"withinClusterQueue": "LowerPriority"},
+                  "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU],
+                                      "flavors": [{"name": FLAVOR, "resources": quotas}]}]}},
+        {"apiVersion": api, "kind": "LocalQueue", "metadata": {"name": LOCAL_QUEUE, "namespace": NS},
+         "spec": {"clusterQueue": CLUSTER_QUEUE}},
+        {"apiVersion": api, "kind": "WorkloadPriorityClass", "metadata": {"name": "e2e-low"}, "value": 100},
+        {"apiVersion": api, "kind": "WorkloadPriorityClass", "metadata": {"name": "e2e-high"}, "value": 1000},
+    ]
+
+
+def queued_job(name: str, priority: str | None = None, **spec: Any) -> dict[str, Any]:
+    """The small job on 2 workers of one nvidia.com/gpu each, in the LocalQueue (and a priority class)."""
+    job = small_job(name, accelerator="gpu", devicesPerNode=1, terminationGracePeriodSeconds=30, **spec)
+    labels = {"kueue.x-k8s.io/queue-name": LOCAL_QUEUE}
+    if priority:
+        labels["kueue.x-k8s.io/priority-class"] = priority
+    job["metadata"]["labels"] = labels
+    return job
+
+
+def bound(name: str) -> list[str]:
+    return [p["metadata"]["name"] for p in worker_pods(name) if p["spec"].get("nodeName")]
+
+
+def newest_rank_0(name: str) -> str:
+    """The pod of rank 0 of the job's newest gang."""
+    pods = [p for p in worker_pods(name) if p["metadata"]["labels"].get("dtrain.dev/node-rank") == "0"]
+    if not pods:
+        return f"{name}-0"
+    return max(pods, key=lambda p: int(p["metadata"]["labels"].get("dtrain.dev/gang-generation", "0")))["metadata"]["name"]
+
+
+def queued_condition(name: str) -> dict[str, Any]:
+    return next((c for c in status(name).get("conditions") or [] if c["type"] == "Queued"), {})
+
+
+def get_dtr(name: str) -> str:
+    return kubectl("get", "dtr", name, "-n", NS).stdout.strip()
+
+
+def scenario_kueue_quota(figures: Figures) -> None:
+    """Two jobs for a quota of one: the second is Queued, none of its pods bound, until the first ends."""
+    with_kueue()
+    first, second = "e2e-kq-first", "e2e-kq-second"
+    apply(queued_job(first))
+    eventually(lambda: status(first).get("phase") == "Running", f"{first} admitted and Running", 300)
+    apply(queued_job(second))
+    eventually(lambda: status(second).get("phase") == "Queued", f"{second} Queued", 120)
+    message = queued_condition(second).get("message", "")
+    if CLUSTER_QUEUE not in message or LOCAL_QUEUE not in message:
+        raise Failed(f"{second}'s Queued condition does not name its queues: {message!r}")
+    print(f"while queued:\n{get_dtr(second)}\n  Queued: {message}", flush=True)
+    while status(first).get("phase") not in ("Succeeded", "Failed"):
+        if bound(second):
+            raise Failed(f"{second} has pods bound while {first} holds the quota: {bound(second)}")
+        time.sleep(2)
+    finished(first)
+    freed = time.monotonic()
+    eventually(lambda: status(second).get("phase") == "Running", f"{second} admitted once {first} ended", 300)
+    figures["Kueue: quota freed → queued job Running (s)"] = time.monotonic() - freed
+    final = finished(second)
+    if final.get("restarts") or final.get("evictions"):
+        raise Failed(f"{second}: restarts {final.get('restarts')}, evictions {final.get('evictions')}; expected none")
+    delete(first)
+    delete(second)
+
+
+def scenario_kueue_preemption(figures: Figures) -> None:
+    """A higher-priority job preempts a running one: its workers checkpoint on SIGTERM, it waits Queued (an
+    eviction, not a restart), and resumes exactly from that checkpoint once admitted again."""
+    with_kueue()
+    low, high = "e2e-kp-low", "e2e-kp-high"
+    apply(queued_job(low, "e2e-low"))
+    eventually(lambda: checkpoint_step(low) >= 8, f"{low}: a checkpoint at step 8 or later", 300)
+    apply(queued_job(high, "e2e-high"))
+    preempted = time.monotonic()
+    eventually(lambda: (status(low).get("evictions") or 0) >= 1, f"{low} evicted by Kueue", 120)
+    eventually(lambda: not worker_pods(low) or all(not p["spec"].get("nodeName") for p in worker_pods(low)),
+               f"{low}: its gang gone or queued", 120)
+    kept = checkpoint_step(low)
+    eventually(lambda: status(high).get("phase") == "Running", f"{high} Running", 300)
+    figures["Kueue: higher priority submitted → it runs (s)"] = time.monotonic() - preempted
+    eventually(lambda: status(low).get("phase") == "Queued", f"{low} Queued again", 120)
+    print(f"preempted:\n{get_dtr(low)}\n  {queued_condition(low).get('message', '')}", flush=True)
+    finished(high)
+    # The gang Kueue admits again is a new generation of pods, named after it (<name>-<rank>-g<generation>).
+    logs = eventually(lambda: (text := kubectl("logs", newest_rank_0(low), "-n", NS, check=False).stdout)
+                      and "resumed from" in text and text, f"{low}: resumed", 300)
+    resumed = int(re.search(r"resumed from \S+ at step (\d+)", logs).group(1))
+    if resumed != kept:
+        raise Failed(f"{low} resumed at step {resumed}; its last checkpoint (saved on SIGTERM) was at step {kept}")
+    final = finished(low)
+    if final.get("restarts"):
+        raise Failed(f"{low}: restarts {final['restarts']}; a preemption must count none")
+    delete(low)
+    delete(high)
+
+
+QUEUE_SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
+    ("kueue-quota", ("Kueue: a ClusterQueue with room for one 2-GPU gang, two jobs: the second Queued, none of its "
+                     "pods bound, until the first ends; then it trains to Succeeded"), scenario_kueue_quota),
+    ("kueue-preemption", ("Kueue: a higher-priority job preempts a running one, which checkpoints on SIGTERM, waits "
+                          "Queued (no restart counted) and resumes exactly from that checkpoint"),
+     scenario_kueue_preemption),
+]

@@ -93,3 +93,58 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint_and_exits_143(tm
     termination = json.loads((tmp_path / "termination-log").read_text())
     assert termination["stopped"] == "SIGTERM" and termination["ok"] is False
     assert "Traceback" not in output
+
+
+def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(tmp_path: Path) -> None:
+    """The checkpoint SIGTERM saves (a preemption, a suspend) is exact, in any epoch: resumed, the run trains
+    on the same batches in the same order and ends with the weights of the same run never stopped. (In the
+    second epoch, a resumed loader once fast-forwarded in the first epoch's order.)"""
+    def config(run: str) -> dict[str, object]:
+        return trainer_config(
+            tmp_path / run,
+            data={"classPath": "SyntheticImageDataModule",
+                  "initArgs": {"image_size": 16, "num_classes": 4, "num_samples": 128, "pool_size": 128}},
+            model={"classPath": USER_MODEL, "initArgs": {"batch_log": str(tmp_path / f"{run}.batches")}},
+            trainer={"maxSteps": 14, "maxEpochs": 5, "numWorkers": 0},
+            checkpoint={"everyNSteps": 4, "keepLast": 2},
+            export={"onnx": {"enabled": False}},
+        )
+
+    def start(run: str) -> tuple[subprocess.Popen[str], Path]:
+        progress = tmp_path / f"{run}.jsonl"
+        env = process_env(**{
+            contract.ENV_CONFIG: str(write_config(tmp_path, config(run), f"{run}.yaml")),
+            contract.ENV_NNODES: "1", contract.ENV_NPROC_PER_NODE: "2", contract.ENV_NODE_RANK: "0",
+            contract.ENV_MASTER_ADDR: "127.0.0.1", contract.ENV_MASTER_PORT: str(free_port()),
+            contract.ENV_SHUTDOWN_TIMEOUT: "60", contract.ENV_PROGRESS_SINK: f"jsonl:{progress}",
+        })
+        log = (tmp_path / f"{run}.log").open("a")
+        return subprocess.Popen([sys.executable, *TRAINER_COMMAND[1:]], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                text=True), progress
+
+    whole, _ = start("whole")
+    assert whole.wait(timeout=300) == 0, (tmp_path / "whole.log").read_text()[-3000:]
+    stopped, progress = start("stopped")
+    try:
+        wait_for_step(progress, 10, stopped, timeout=180)  # in the second epoch
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(timeout=90) == 143
+    finally:
+        stopped.kill()
+    saved = torch.load(tmp_path / "stopped" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] % 4 != 0 or saved["global_step"] >= 5  # SIGTERM's own checkpoint
+    resumed, _ = start("stopped")
+    assert resumed.wait(timeout=300) == 0, (tmp_path / "stopped.log").read_text()[-3000:]
+
+    def weights(run: str) -> dict[str, torch.Tensor]:
+        checkpoint = torch.load(tmp_path / run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert checkpoint["global_step"] == 14
+        return checkpoint["state_dict"]
+
+    def batches(run: str) -> list[str]:
+        return [line.rsplit(" ", 1)[0] for line in (tmp_path / f"{run}.batches.rank0").read_text().splitlines()]
+
+    assert batches("stopped") == batches("whole")  # epoch, batch index and contents, in order
+    expected, actual = weights("whole"), weights("stopped")
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -18,7 +18,8 @@ from typing import Any
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
-from torchdata.stateful_dataloader import StatefulDataLoader
+
+from dtrain_trainer.resumable import EpochStatefulDataLoader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -50,7 +51,7 @@ class BuiltinLoaders:
     def _batches(self, dataset: Any, train: bool, persistent_workers: bool) -> DataLoader[Any]:
         # Training resumes mid-epoch from a StatefulDataLoader; torch's RandomSampler is the one Lightning
         # replaces with a DistributedSampler (see resumable.py).
-        loader = StatefulDataLoader if train else DataLoader
+        loader = EpochStatefulDataLoader if train else DataLoader
         return loader(
             dataset,
             batch_size=self.batch_size,

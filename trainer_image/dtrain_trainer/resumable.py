@@ -15,7 +15,11 @@ dataset has no order to skip into; it is left as it is, with a warning.
 The order must be a function of the seed and the epoch alone, or the fast-forward lands
 elsewhere: torch's RandomSampler is kept, because Lightning swaps it for a
 DistributedSampler (seeded, set_epoch'd); StatefulDataLoader's own shuffle=True sampler
-draws a random seed and Lightning would wrap, not replace, it.
+draws a random seed and Lightning would wrap, not replace, it. And the epoch must be the
+checkpoint's when the fast-forward runs: Lightning creates the restored loader's iterator
+(which fast-forwards at once) before it sets its sampler's epoch, so a resume in any epoch
+but the first would skip into the first epoch's order. EpochStatefulDataLoader keeps the
+sampler's epoch in its state and sets it back first.
 """
 
 from __future__ import annotations
@@ -29,6 +33,32 @@ from torch.utils.data.sampler import BatchSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 log = logging.getLogger("dtrain_trainer")
+SAMPLER_EPOCH_KEY = "dtrain_sampler_epoch"
+
+
+class EpochStatefulDataLoader(StatefulDataLoader):
+    """A StatefulDataLoader whose state holds its sampler's epoch too, set back before its order is resumed."""
+
+    def _epoch_sampler(self) -> Any:
+        """The sampler with an epoch: the loader's, or its batch sampler's (where Lightning puts its own)."""
+        for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            if isinstance(getattr(sampler, "epoch", None), int) and callable(getattr(sampler, "set_epoch", None)):
+                return sampler
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = dict(super().state_dict())
+        sampler = self._epoch_sampler()
+        if sampler is not None:
+            state[SAMPLER_EPOCH_KEY] = sampler.epoch
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        epoch, sampler = state.pop(SAMPLER_EPOCH_KEY, None), self._epoch_sampler()
+        if epoch is not None and sampler is not None:
+            sampler.set_epoch(epoch)
+        super().load_state_dict(state)
 
 
 def stateful(loader: Any) -> Any:
@@ -66,7 +96,7 @@ def stateful(loader: Any) -> Any:
             kwargs["sampler"] = sampler
     else:
         kwargs["batch_sampler"] = batch_sampler
-    return StatefulDataLoader(loader.dataset, **kwargs)
+    return EpochStatefulDataLoader(loader.dataset, **kwargs)
 
 
 def resumable(datamodule: Any) -> Any:

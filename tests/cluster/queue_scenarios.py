@@ -1,6 +1,7 @@
-"""Kueue on the real control plane (the cluster runs Kueue's manager: `localcluster up --kueue`): a job in a
+"""Kueue on the real control plane (installed in the running cluster: `localcluster kueue`): a job in a
 LocalQueue is admitted as one gang against a ClusterQueue's quota, waits Queued while the quota is taken,
-and, preempted by a higher-priority job, saves its checkpoint, waits, and resumes exactly from it."""
+and, preempted by a higher-priority job, saves its checkpoint, waits, and resumes exactly from it (its final
+weights are those of the same job never interrupted)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from localcluster import layout
+
 from .kube import Failed, apply, eventually, kubectl, localcluster, status, worker_pods
-from .scenarios import NS, Figures, checkpoint_step, delete, finished, small_job
+from .scenarios import CLAIM, NS, Figures, checkpoint_step, delete, finished, small_job
 
 LOCAL_QUEUE = "e2e"
 CLUSTER_QUEUE = "e2e-gpus"
@@ -128,13 +132,30 @@ def scenario_kueue_preemption(figures: Figures) -> None:
     logs = eventually(lambda: (text := kubectl("logs", newest_rank_0(low), "-n", NS, check=False).stdout)
                       and "resumed from" in text and text, f"{low}: resumed", 300)
     resumed = int(re.search(r"resumed from \S+ at step (\d+)", logs).group(1))
+    print(f"admitted again:\n{get_dtr(low)}", flush=True)
     if resumed != kept:
         raise Failed(f"{low} resumed at step {resumed}; its last checkpoint (saved on SIGTERM) was at step {kept}")
     final = finished(low)
     if final.get("restarts"):
         raise Failed(f"{low}: restarts {final['restarts']}; a preemption must count none")
-    delete(low)
-    delete(high)
+    # Exact resume across the preemption: the same job, never interrupted, ends with the same weights.
+    whole = "e2e-kp-whole"
+    apply(queued_job(whole, "e2e-low"))
+    finished(whole)
+    preempted, uninterrupted = final_weights(low), final_weights(whole)
+    if preempted.keys() != uninterrupted.keys():
+        raise Failed(f"{low} and {whole} have different parameters")
+    differ = [k for k in preempted if not torch.allclose(preempted[k], uninterrupted[k], rtol=1e-5, atol=1e-6)]
+    if differ:
+        raise Failed(f"{low}'s final weights differ from an uninterrupted run's: {differ[:5]}")
+    for name in (low, high, whole):
+        delete(name)
+
+
+def final_weights(name: str) -> dict[str, Any]:
+    """The job's last checkpoint's weights, read from the scenarios' claim (a folder on this machine)."""
+    path = layout.VOLUMES / NS / CLAIM / name / "checkpoints" / "last.ckpt"
+    return dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
 
 
 QUEUE_SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [

@@ -10,6 +10,7 @@ import aiohttp
 import kmock
 
 from dtrain_operator.api import contract
+from dtrain_operator.core import queueing
 from tests.builders import a_cpu_job
 
 from .cluster import OPERATOR_AGENTS, Cluster
@@ -55,6 +56,7 @@ async def full_lifecycle(cluster: Cluster) -> None:
     cosched = a_cpu_job("cosched").with_nodes(1).with_gang_scheduling("scheduler-plugins-scheduler")
     await cluster.apply(cosched.as_dict())
     await cluster.apply(a_cpu_job("native").with_nodes(1).with_native_gang_scheduling().as_dict())
+    await cluster.apply(a_cpu_job("queued").with_nodes(1).in_queue("team-a").as_dict())
     await cluster.run_all(NS, "life", 2)
     await cluster.phase(NS, "life", "Running")
 
@@ -84,10 +86,17 @@ async def full_lifecycle(cluster: Cluster) -> None:
     await cluster.exit(NS, "life-0", 0, json.dumps({"onnx": "/workspace/artifacts/model.onnx"}))
     await cluster.phase(NS, "life", "BuildingEngine")
     await cluster.finish_engine_job(NS, "life", succeeded=True, message=json.dumps({"engine": "model.plan"}))
-    await cluster.phase(NS, "life", "Succeeded")
+    # Its TTL of 1 s may delete it before a look sees it Succeeded.
+    await cluster.eventually(
+        lambda: cluster.job(NS, "life") is None or cluster.status(NS, "life").get("phase") == "Succeeded", "Succeeded")
     await cluster.eventually(lambda: cluster.job(NS, "life") is None, "the TTL deletion")
     await cluster.eventually(lambda: cluster.pods(NS, "cosched"), "the second job's pod")
     await cluster.eventually(lambda: cluster.pods(NS, "native"), "the third job's pod")
+    # A job in a Kueue queue: its pod held by Kueue's admission gate (as Kueue's webhook adds it), the operator
+    # reads Kueue's Workload and LocalQueue to say where it waits (this API server has neither: 404).
+    await cluster.eventually(lambda: cluster.pods(NS, "queued"), "the queued job's pod")
+    await cluster.patch(f"/api/v1/namespaces/{NS}/pods/queued-0", {"spec": {"schedulingGates": [{"name": queueing.ADMISSION_GATE}]}})
+    await cluster.phase(NS, "queued", "Queued")
 
 
 def operator_calls(cluster: Cluster) -> set[tuple[str, str, str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -30,6 +31,23 @@ RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
 
 
 MODULE = layout.REPO / "tools" / "cluster" / "controlplane"
+
+
+def required_version(module: Path, package: str) -> str:
+    """The release of `package` that the module's go.mod requires."""
+    found = re.search(rf"^\s*(?:require\s+)?{re.escape(package)} (v\S+)", (module / "go.mod").read_text(), re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"{module / 'go.mod'} requires no {package}")
+    return found.group(1)
+
+
+def module_dir(module: Path, package: str) -> Path:
+    """The pinned release's own files (CRDs, manifests), where Go's module cache holds them."""
+    listed = subprocess.run(["go", "list", "-mod=readonly", "-m", "-f", "{{.Dir}}", package], cwd=module,
+                            capture_output=True, text=True, check=False)
+    if listed.returncode != 0:
+        raise RuntimeError(f"go list -m {package} in {module}: {listed.stderr.strip()}")
+    return Path(listed.stdout.strip())
 
 
 def module_stamp(module: Path, package: str, flags: Sequence[str]) -> str:

@@ -74,13 +74,13 @@ def dockerfile_config(image: str) -> ImageConfig:
     return ImageConfig(found.get("ENTRYPOINT", []), found.get("CMD", []))
 
 
-def _buildah(*args: str) -> subprocess.CompletedProcess[str]:
+def buildah(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["buildah", *args], capture_output=True, text=True, check=False, timeout=300)
 
 
 def store_config(image: str) -> ImageConfig:
     """The image's configuration in containers-storage; ImageNotPresent when it is not there."""
-    result = _buildah("inspect", "--type", "image", image)
+    result = buildah("inspect", "--type", "image", image)
     if result.returncode != 0:
         raise ImageNotPresent(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else image)
     config = (json.loads(result.stdout).get("OCIv1") or {}).get("config") or {}
@@ -92,21 +92,21 @@ def store_config(image: str) -> ImageConfig:
 def mount_root(image: str, name: str) -> str:
     """A working container of `image` named `name` (the image's layers and a writable layer of its own),
     mounted: its root filesystem's path."""
-    _buildah("rm", name)  # one a killed kubelet left under this name
-    created = _buildah("from", "--pull-never", "--name", name, image)
+    buildah("rm", name)  # one a killed kubelet left under this name
+    created = buildah("from", "--pull-never", "--name", name, image)
     if created.returncode != 0:
         raise ImageNotPresent(created.stderr.strip())
-    mounted = _buildah("mount", name)
+    mounted = buildah("mount", name)
     if mounted.returncode != 0:
-        _buildah("rm", name)
+        buildah("rm", name)
         raise RuntimeError(f"buildah mount {name}: {mounted.stderr.strip()}")
     return mounted.stdout.strip()
 
 
 def remove_root(name: str) -> None:
     """The container's writable layer goes with the pod."""
-    _buildah("umount", name)
-    _buildah("rm", name)
+    buildah("umount", name)
+    buildah("rm", name)
 
 
 def _table(root: str, name: str) -> list[list[str]]:

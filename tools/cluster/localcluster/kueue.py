@@ -17,7 +17,6 @@ manager once Kueue has written it into its Secret.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from . import controlplane, layout
+from . import controlplane, images, layout
 
 MODULE = layout.REPO / "tools" / "cluster" / "kueue"
 PACKAGE = "sigs.k8s.io/kueue"
@@ -44,10 +43,7 @@ NONROOT = 65532  # the user of upstream's distroless image
 
 def version() -> str:
     """The Kueue release go.mod pins."""
-    found = re.search(rf"^\s*(?:require\s+)?{re.escape(PACKAGE)} (v\S+)", (MODULE / "go.mod").read_text(), re.MULTILINE)
-    if found is None:
-        raise RuntimeError(f"{MODULE / 'go.mod'} requires no {PACKAGE}")
-    return found.group(1)
+    return controlplane.required_version(MODULE, PACKAGE)
 
 
 def image() -> str:
@@ -56,11 +52,9 @@ def image() -> str:
 
 def module_dir() -> Path:
     """The pinned release's files (Go's module cache): config/default and what it includes."""
-    listed = subprocess.run(["go", "list", "-mod=readonly", "-m", "-f", "{{.Dir}}", PACKAGE], cwd=MODULE,
-                            capture_output=True, text=True, check=False)
-    path = Path(listed.stdout.strip())
-    if listed.returncode != 0 or not (path / "config" / "default").is_dir():
-        raise RuntimeError(f"no config/default in {PACKAGE}'s module ({path}): {listed.stderr.strip()}")
+    path = controlplane.module_dir(MODULE, PACKAGE)
+    if not (path / "config" / "default").is_dir():
+        raise RuntimeError(f"no config/default in {PACKAGE}'s module ({path})")
     return path
 
 
@@ -77,7 +71,7 @@ def build() -> None:
 
 
 def _buildah(*args: str) -> str:
-    result = subprocess.run(["buildah", *args], capture_output=True, text=True, check=False, timeout=300)
+    result = images.buildah(*args)
     if result.returncode != 0:
         raise RuntimeError(f"buildah {' '.join(args)}: {result.stderr.strip()}")
     return result.stdout.strip()
@@ -86,9 +80,8 @@ def _buildah(*args: str) -> str:
 def build_image() -> None:
     """The manager's image, when the store lacks one of this binary (a label records which)."""
     stamp = BINARY.with_name(f"{BINARY.name}.stamp").read_text()  # what build() built the binary from
-    built_from = subprocess.run(["buildah", "inspect", "--type", "image", "--format",
-                                 '{{index .OCIv1.Config.Labels "dev.dtrain.built-from"}}', image()],
-                                capture_output=True, text=True, check=False)
+    built_from = images.buildah("inspect", "--type", "image", "--format",
+                                '{{index .OCIv1.Config.Labels "dev.dtrain.built-from"}}', image())
     if built_from.returncode == 0 and built_from.stdout.strip() == stamp:
         return
     container = _buildah("from", "scratch")
@@ -104,7 +97,7 @@ def build_image() -> None:
                  "--label", f"dev.dtrain.built-from={stamp}", container)
         _buildah("commit", "--rm", container, image())
     except BaseException:
-        subprocess.run(["buildah", "rm", container], capture_output=True, check=False)
+        images.buildah("rm", container)
         raise
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +48,12 @@ def parse(text: str) -> list[str]:
 
 def pinned_versions() -> tuple[str, str]:
     """The scheduler-plugins release go.mod requires, and the Kubernetes release it replaces k8s.io/kubernetes with."""
-    go_mod = (MODULE / "go.mod").read_text()
-    plugins = re.search(rf"^\s*(?:require\s+)?{re.escape(PACKAGE)} (v\S+)", go_mod, re.MULTILINE)
-    kubernetes = re.search(r"^\s*k8s\.io/kubernetes => k8s\.io/kubernetes (v\S+)", go_mod, re.MULTILINE)
-    if plugins is None or kubernetes is None:
-        raise RuntimeError(f"{MODULE / 'go.mod'} pins no {PACKAGE} or no k8s.io/kubernetes")
-    return plugins.group(1), kubernetes.group(1)
+    kubernetes = re.search(
+        r"^\s*k8s\.io/kubernetes => k8s\.io/kubernetes (v\S+)", (MODULE / "go.mod").read_text(), re.MULTILINE
+    )
+    if kubernetes is None:
+        raise RuntimeError(f"{MODULE / 'go.mod'} pins no k8s.io/kubernetes")
+    return controlplane.required_version(MODULE, PACKAGE), kubernetes.group(1)
 
 
 def build() -> None:
@@ -71,11 +70,9 @@ def build() -> None:
 
 def crd_file() -> Path:
     """The PodGroup CRD of the pinned release, from the module's own files (Go's module cache)."""
-    listed = subprocess.run(["go", "list", "-mod=readonly", "-m", "-f", "{{.Dir}}", PACKAGE], cwd=MODULE,
-                            capture_output=True, text=True, check=False)
-    path = Path(listed.stdout.strip()) / "manifests" / "coscheduling" / "crd.yaml"
-    if listed.returncode != 0 or not path.is_file():
-        raise RuntimeError(f"no PodGroup CRD in {PACKAGE}'s module ({path}): {listed.stderr.strip()}")
+    path = controlplane.module_dir(MODULE, PACKAGE) / "manifests" / "coscheduling" / "crd.yaml"
+    if not path.is_file():
+        raise RuntimeError(f"no PodGroup CRD in {PACKAGE}'s module ({path})")
     return path
 
 

@@ -84,12 +84,12 @@ def test_kueues_workload_and_local_queue_are_read_into_an_observation() -> None:
     workload = {"status": {"conditions": [
         {"type": "QuotaReserved", "status": "False", "message": "insufficient unused quota for cpu in flavor default"}]}}
     assert observe_queue("team-a", workload, {"spec": {"clusterQueue": "cq"}}) == QueueObservation(
-        "team-a", "cq", admitted=False, message="insufficient unused quota for cpu in flavor default"
+        "team-a", "cq", message="insufficient unused quota for cpu in flavor default"
     )
     admitted = {"status": {"admission": {"clusterQueue": "cq2"}, "conditions": [
         {"type": "QuotaReserved", "status": "True", "message": "Quota reserved in ClusterQueue cq2"},
         {"type": "Admitted", "status": "True"}]}}
-    assert observe_queue("team-a", admitted, {}) == QueueObservation("team-a", "cq2", admitted=True, message="")
+    assert observe_queue("team-a", admitted, {}) == QueueObservation("team-a", "cq2", message="")
     assert observe_queue("team-a", {}, {}) == QueueObservation("team-a")
 
 

@@ -444,7 +444,7 @@ class Controller:
     ) -> None:
         """Record what was decided in the operator's own annotation, before anything is carried out."""
         assert self._client is not None
-        earlier = (state.succeeded_ranks, state.restarts + state.evictions) if state is not None else ((), None)
+        earlier = (state.succeeded_ranks, state.gang_generation) if state is not None else ((), None)
         recorded = trusted.state_of(new, succeeded_ranks(new, observed, *earlier))
         if recorded is None or recorded == state:
             return

@@ -60,6 +60,10 @@ class TrustedState:
     succeeded_ranks: tuple[int, ...] = ()
     """Ranks of the gang generation (restarts + evictions) that exited 0: finished, even once their pods are gone."""
 
+    @property
+    def gang_generation(self) -> int:
+        return self.restarts + self.evictions
+
     def encode(self, key: bytes, job: JobIdentity) -> str:
         record: dict[str, Any] = {
             "version": VERSION,

@@ -92,10 +92,11 @@ def worker_failures(
             failures.append(
                 WorkerFailure(rank, pod.exit_code, pod.reason or "Error", message_tail(pod.message), pod.finished_at)
             )
-        elif pod.deleting and pod.phase != "Succeeded" and queueing.is_queue_stop(pod.reason):
-            failures.append(WorkerFailure(rank, None, pod.reason, pod.message or f"Kueue stopped pod {pod.name}"))
         elif pod.deleting and pod.phase != "Succeeded":
-            failures.append(WorkerFailure(rank, None, "Deleted", f"pod {pod.name} is being deleted"))
+            if queueing.is_queue_stop(pod.reason):
+                failures.append(WorkerFailure(rank, None, pod.reason, pod.message or f"Kueue stopped pod {pod.name}"))
+            else:
+                failures.append(WorkerFailure(rank, None, "Deleted", f"pod {pod.name} is being deleted"))
     return failures
 
 

@@ -68,7 +68,6 @@ class QueueObservation:
 
     local_queue: str
     cluster_queue: str = ""
-    admitted: bool = False
     message: str = ""
     """Why the Workload is not admitted (its QuotaReserved condition's message), when it is not."""
 

@@ -163,7 +163,6 @@ def observe_queue(local_queue: str, workload: Mapping[str, Any], queue: Mapping[
     return queueing.QueueObservation(
         local_queue=local_queue,
         cluster_queue=admission.get("clusterQueue") or (queue.get("spec") or {}).get("clusterQueue") or "",
-        admitted=any(c.get("type") == "Admitted" and c.get("status") == "True" for c in status.get("conditions") or []),
         message="" if reserved.get("status") == "True" else str(reserved.get("message") or ""),
     )
 

@@ -24,6 +24,7 @@ the record format and how readers read it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -66,12 +67,15 @@ class ProgressReporter:
         self.clock = clock
         self._last_progress: float | None = None
         self._broken = False
+        # The training thread and the hang watch's (dtrain_trainer.hang_watch) both send: one record at a time.
+        self._lock = threading.Lock()
 
     def _send(self, record: dict[str, Any]) -> None:
         if self._broken:
             return
         try:
-            self.sink.send(record)
+            with self._lock:
+                self.sink.send(record)
         except Exception as exc:  # noqa: BLE001 - a full disk or a closed pipe must not stop training
             self._broken = True
             log.warning(

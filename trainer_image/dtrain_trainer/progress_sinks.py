@@ -97,6 +97,12 @@ def human_line(record: Mapping[str, Any]) -> str:
             f"{_number(record.get('busBandwidthGBps'))} GB/s), latency {_number(record.get('latencyMs'))} ms; "
             f"{_number(record.get('seconds'))} s in all"
         )
+    if event == Event.HANG:
+        silent = f"; rank(s) {record['silent']} gave none" if record.get("silent") else ""
+        return (
+            f"no batch completed for {_number(record.get('stalledSeconds'), 3)} s at step {record.get('step')}: every "
+            f"rank's stacks in {record.get('dumps')}{silent}"
+        )
     if event in (Event.WARNING, Event.ERROR):
         return f"{event}: {record.get('message')}"
     return json.dumps(dict(record))
@@ -142,9 +148,9 @@ class OperatorSink:
     writes them into the job's status.
 
     The training thread only puts a record in a slot under a lock (one slot each for progress, the
-    pre-flight check, the last checkpoint and a missed one; a newer record replaces the older), so an
-    operator that is slow, failing over or unreachable costs training nothing and memory stays at
-    four records. They are sent in the order they last changed, so the status ends as it would
+    pre-flight check, the last checkpoint, a missed one and a hang's stacks; a newer record replaces the
+    older), so an operator that is slow, failing over or unreachable costs training nothing and memory
+    stays at five records. They are sent in the order they last changed, so the status ends as it would
     have, record by record.
 
     The request carries the pod's projected service-account token for the operator's audience

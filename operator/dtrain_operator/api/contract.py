@@ -94,8 +94,10 @@ OPERATOR_TOKEN_PATH = f"{OPERATOR_TOKEN_DIR}/{OPERATOR_TOKEN_FILE_NAME}"
 # The kubelet refreshes a projected token at 80% of its life; the trainer reads the file at each send.
 OPERATOR_TOKEN_SECONDS = 3600
 DEFAULT_REPORT_PORT = 8443
-# One record, as JSON: far more than any record the trainer sends (a few hundred bytes), far less than memory.
-MAX_REPORT_BYTES = 16384
+# One report (every pending record, as JSON): far more than the trainer sends (a few hundred bytes a record, a
+# hang's stacks at most MAX_HANG_RECORD_BYTES), far less than memory.
+MAX_REPORT_BYTES = 32768
+MAX_HANG_RECORD_BYTES = 12288
 
 
 def report_path(namespace: str, name: str) -> str:
@@ -203,6 +205,23 @@ TIMING_CACHE_FILE_NAME = "timing.cache"
 # {"classPath": ..., "initArgs": {...}} (the spec's `model`).
 ARTIFACTS_KEY_CHECKPOINT = "checkpoint"
 ARTIFACTS_KEY_MODEL = "model"
+
+# Where a hang's stacks go (dtrain_trainer.hang_watch): <artifacts.dir>/hangs/<time>-step-<step>/, holding every
+# rank's stacks (all threads) in one text file, the summary rank 0 sent, and each rank's flight recorder dump.
+HANGS_DIR_NAME = "hangs"
+STACKS_FILE_NAME = "stacks.txt"
+HANG_SUMMARY_FILE_NAME = "hang.json"
+FLIGHT_RECORDER_FILE_PREFIX = "flight-recorder-rank-"
+# PyTorch's flight recorder (the last collectives of each process group, per rank): on for GPU jobs (NCCL) with
+# this many entries; dumped by each rank when rank 0 collects a hang's stacks, and by NCCL itself when a
+# collective times out (TORCH_NCCL_DUMP_ON_TIMEOUT) to the files TORCH_FR_DUMP_TEMP_FILE + rank.
+ENV_FLIGHT_RECORDER_BUFFER = "TORCH_FR_BUFFER_SIZE"
+# Its older name, which torch 2.14 still reads (with a deprecation warning): a user's spec.nccl.env may set it.
+ENV_FLIGHT_RECORDER_BUFFER_OLD_NAME = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+ENV_FLIGHT_RECORDER_DUMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"
+ENV_NCCL_DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+FLIGHT_RECORDER_ENTRIES = 2000
+NCCL_TIMEOUT_DUMP_PREFIX = "nccl-timeout-rank-"
 
 # --- Defaults for the images ------------------------------------------------------------
 DEFAULT_TRAINER_IMAGE = "ghcr.io/dtrain-dev/dtrain-trainer:0.1.0"

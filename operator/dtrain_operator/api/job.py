@@ -105,6 +105,8 @@ class TrainerConfig(ApiModel):
     """Exports."""
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     """The logger and the reported metrics."""
+    progress_deadline_seconds: int = contract.DEFAULT_PROGRESS_DEADLINE_SECONDS
+    """runPolicy.progressDeadlineSeconds: rank 0 collects every rank's stacks shortly before it runs out (0: never)."""
 
     @property
     def checkpoint_dir(self) -> str:
@@ -139,6 +141,7 @@ class TrainerConfig(ApiModel):
             artifacts=spec.artifacts.model_copy(update={"dir": dirs[1]}),
             export=spec.export,
             logging=spec.logging,
+            progress_deadline_seconds=spec.run_policy.progress_deadline_seconds,
         )
 
 

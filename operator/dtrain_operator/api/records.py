@@ -40,6 +40,12 @@ fields that are not known yet are null; consumers must ignore fields they do not
     {"event": "preflight", "time": ..., "backend": "gloo", "worldSize": 2, "seconds": 0.12,
      "joinSeconds": 0.01, "allReduceBytes": 4194304, "allReduceMs": 9.4, "latencyMs": 0.09,
      "busBandwidthGBps": 0.45, "versions": {...}, "ranks": [...]}   (see dtrain_trainer.preflight)
+    {"event": "hang", "time": ..., "step": 57, "batches": 114, "stalledSeconds": 10.2, "worldSize": 4,
+     "groups": [{"ranks": "0,2-3", "threads": 3, "frames": [{"module": "torch.autograd.graph",
+                 "function": "_engine_run_backward", "file": "graph.py", "line": 841}, ...],
+                 "code": [{"module": "dtrain_trainer.runner", ...}]}, ...],
+     "silent": "1" | null, "dumps": "/art/hangs/20250101T120000Z-step-57"}
+         (every rank's stacks when rank 0 completed no batch for a while, see dtrain_trainer.hang_watch)
 
 `batches` counts the training and validation batches rank 0 has completed in this process, and
 `batchTime` is when the latest completed: only the training and validation loops advance them (the
@@ -70,7 +76,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 from typing_extensions import Self
 
-from dtrain_operator.api import PreflightRank, StepTimes
+from dtrain_operator.api import PreflightRank, StackGroup, StepTimes
 
 
 class Event(str, Enum):
@@ -86,6 +92,7 @@ class Event(str, Enum):
     STOPPED = "stopped"
     ERROR = "error"
     PREFLIGHT = "preflight"
+    HANG = "hang"
 
 
 class WireRecord(BaseModel):
@@ -273,9 +280,24 @@ class PreflightRecord(TrainerRecord):
     ranks: list[PreflightRank] | None = None
 
 
+class HangRecord(TrainerRecord):
+    """Every rank's Python stack when the gang stopped completing batches (dtrain_trainer.hang_watch); status.hangStacks
+    holds the same fields."""
+
+    EVENT = Event.HANG
+
+    step: int | None = None
+    batches: int | None = None
+    stalled_seconds: float | None = None
+    world_size: int | None = None
+    groups: list[StackGroup] | None = None
+    silent: str | None = None
+    dumps: str | None = None
+
+
 AnyTrainerRecord = (
     StartRecord | WarningRecord | ErrorRecord | ResumedRecord | CheckpointRecord | ExportRecord
-    | ProgressRecord | FinishedRecord | StoppedRecord | PreflightRecord
+    | ProgressRecord | FinishedRecord | StoppedRecord | PreflightRecord | HangRecord
 )
 RECORD_TYPES: dict[Event, type[TrainerRecord]] = {record.EVENT: record for record in get_args(AnyTrainerRecord)}
 
@@ -322,6 +344,10 @@ def status_patch(data: Mapping[str, Any]) -> dict[str, Any] | None:
         return {"progress": {k: v for k, v in fields.items() if v is not None}}
     if isinstance(record, PreflightRecord):
         return {"preflight": {k: v for k, v in record.to_wire().items() if k != "event" and v is not None}}
+    if isinstance(record, HangRecord):
+        # Every field, null included: a merge patch would keep an earlier collection's silent ranks otherwise.
+        wire = record.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return {"hangStacks": {field.alias or name: wire.get(field.alias or name) for name, field in HangRecord.model_fields.items()}}
     if isinstance(record, CheckpointRecord) and record.ok is False:
         # The newest whole checkpoint stays; the miss is said beside it (the CheckpointMissed condition).
         missed = {"step": record.step, "path": record.path, "error": record.error, "time": record.time}

@@ -163,6 +163,70 @@ class CheckpointInfo(StatusModel):
     """A later checkpoint that could not be written, until one is written again."""
 
 
+class StackFrame(StatusModel):
+    """One frame of a Python stack: where it runs, never what it holds (no locals, no source text)."""
+
+    module: str | None = None
+    """The frame's module, e.g. torch.distributed.distributed_c10d or my_models."""
+    function: str | None = None
+    """Its function's qualified name, e.g. MyModel.training_step."""
+    file: str | None = None
+    """Its source file's name, without the directory."""
+    line: int | None = None
+    """The line it runs."""
+
+
+class StackGroup(StatusModel):
+    """Ranks whose training threads stood in the same frames."""
+
+    ranks: str | None = None
+    """The ranks, e.g. 0,2-5."""
+    threads: int | None = None
+    """Python threads of the first of them."""
+    frames: list[StackFrame] | None = None
+    """The innermost frames of the training thread, innermost first."""
+    code: list[StackFrame] | None = None
+    """The innermost frames of the user's or dtrain's code on it (not torch's, Lightning's or the standard library's), innermost first."""
+
+
+class HangStacks(StatusModel):
+    """Every rank's Python stack, as rank 0 collected them when the gang stopped completing batches (a few seconds before runPolicy.progressDeadlineSeconds)."""
+
+    gang_generation: int | None = None
+    """The gang generation whose rank 0 sent this, as the operator read it from the reporting pod."""
+    time: str | None = None
+    """When rank 0 collected them (RFC 3339)."""
+    step: int | None = None
+    """Global step at which the gang stopped."""
+    batches: int | None = None
+    """Rank 0's batch counter (status.progress.batches) when it collected them."""
+    stalled_seconds: float | None = None
+    """How long rank 0 had been without a completed batch."""
+    world_size: int | None = None
+    """Ranks in the gang."""
+    groups: list[StackGroup] | None = None
+    """The ranks that answered, grouped by the frames of their training thread."""
+    silent: str | None = None
+    """Ranks that gave no stack within seconds: stopped (SIGSTOP), cut off from rank 0, or stuck in native code that holds Python's interpreter lock."""
+    dumps: str | None = None
+    """Where every rank's full stacks (all threads) are: stacks.txt in this directory under artifacts.dir, with hang.json and, where the flight recorder is on, each rank's dump."""
+
+
+class LastHang(StatusModel):
+    """Where the latest hang sat, as the operator named it when runPolicy.progressDeadlineSeconds ran out."""
+
+    time: str | None = None
+    """When the deadline ran out (RFC 3339)."""
+    step: int | None = None
+    """The step the gang was at."""
+    ranks: str | None = None
+    """The ranks named as not where the others are (silent ones included), e.g. 1 or 3-4; empty when every rank stood in the same place."""
+    message: str | None = None
+    """Which ranks, on which pods and nodes, in which frame of the user's or dtrain's code, and where the full stacks are."""
+    dumps: str | None = None
+    """Where every rank's full stacks are (stacks.txt in this directory)."""
+
+
 class DistributedTrainingStatus(StatusModel):
     """Observed state, computed by the operator (progress and lastCheckpoint by rank 0)."""
 
@@ -188,6 +252,10 @@ class DistributedTrainingStatus(StatusModel):
     """The newest checkpoint."""
     preflight: Preflight | None = None
     """The pre-flight gang check of the latest gang start: all-reduce latency and bus bandwidth."""
+    hang_stacks: HangStacks | None = None
+    """Every rank's Python stack when the gang last stopped completing batches, sent by rank 0 (runPolicy.progressDeadlineSeconds reads it)."""
+    last_hang: LastHang | None = None
+    """Where the latest hang sat: the ranks not where the others are, their pods, nodes and frames (runPolicy.progressDeadlineSeconds)."""
     artifacts: InitArgs | None = None
     """What training and the engine Job produced: ONNX file, parity error, engine, latency report."""
     observed_generation: int | None = None

@@ -13,8 +13,8 @@ A request is taken only when, in this order:
 4. the body is at most contract.MAX_REPORT_BYTES and every record is one that changes the status.
 
 The operator then merge-patches only `status.progress` (stamped with the reporting pod's gang
-generation, which the progress deadline uses across a failover), `status.preflight` and
-`status.lastCheckpoint`: whatever a worker sends, nothing else of the status, and nothing the
+generation, which the progress deadline uses across a failover), `status.preflight`,
+`status.lastCheckpoint` and `status.hangStacks` (stamped too: a hang's stacks are this gang's): whatever a worker sends, nothing else of the status, and nothing the
 operator creates, follows from it. Worker pods hold no permission on the Kubernetes API.
 
 TokenReviews are cached for TOKEN_CACHE_SECONDS per token (one review a minute per job, not one per
@@ -131,9 +131,11 @@ def merged_patch(records: Any, generation: int | None) -> dict[str, Any]:
     for index, record in enumerate(records):
         part = status_patch(record) if isinstance(record, Mapping) else None
         if part is None:
-            raise Refused(400, f"records[{index}] is not a record that changes the status (progress, preflight, checkpoint)")
+            raise Refused(
+                400, f"records[{index}] is not a record that changes the status (progress, preflight, checkpoint, hang)"
+            )
         for field, value in part.items():
-            if field == "progress" and generation is not None:
+            if field in ("progress", "hangStacks") and generation is not None:
                 value = {**value, "gangGeneration": generation}
             earlier = patch.get(field)
             patch[field] = {**earlier, **value} if isinstance(earlier, dict) and isinstance(value, dict) else value

@@ -27,6 +27,7 @@ from dtrain_operator.api.records import Event
 from dtrain_operator.controller.report_server import BoundPod, Refused, ReportServer
 from dtrain_operator.controller.report_tls import issue
 from dtrain_operator.core.observation import PodObservation
+from dtrain_trainer import hang_watch
 from dtrain_trainer.progress import ProgressReporter
 from dtrain_trainer.progress_sinks import OperatorSink
 
@@ -149,6 +150,28 @@ def test_records_reach_the_status_through_the_leader(endpoint: Endpoint) -> None
     assert merged["lastCheckpoint"]["step"] == 4
     assert merged["lastCheckpoint"]["missed"]["error"] == "Timeout"
     assert set(merged) == {"progress", "lastCheckpoint"}
+
+
+def test_a_hangs_stacks_reach_the_status_whole_and_stamped_within_one_report(endpoint: Endpoint) -> None:
+    # As large as the trainer makes them: as many distinct places as the summary lists, each with long frames.
+    answers = {
+        rank: {"threads": [{"name": "MainThread", "training": True, "frames": [
+            [f"my_package.some_long_module_name_{rank}_{i}", f"SomeClass.some_long_method_name_{i}", f"/a/long/path/{i}.py", i]
+            for i in range(40)
+        ]}]}
+        for rank in range(12)
+    }
+    groups, _ = hang_watch.summarize(answers, world_size=16)
+    reporter = ProgressReporter(endpoint.sink(), interval_seconds=0.0)
+    reporter.progress(epoch=0, step=7, batches=14)
+    reporter.event(Event.PREFLIGHT, worldSize=16, ranks=[{"rank": r, "pod": f"{JOB}-{r}", "node": f"node-{r}"} for r in range(16)])
+    reporter.event(Event.HANG, step=7, batches=14, worldSize=16, groups=hang_watch.bounded(groups), silent="12-15",
+                   dumps="/art/hangs/t-step-7")
+    reporter.close()
+    assert not endpoint.leader.refused  # one report, progress, pre-flight and stacks together, under the limit
+    stacks = next(patch["hangStacks"] for patch in endpoint.jobs.patches if "hangStacks" in patch)
+    assert stacks["gangGeneration"] == 3 and stacks["silent"] == "12-15" and len(stacks["groups"]) == len(groups)
+    assert "stalledSeconds" in stacks and stacks["stalledSeconds"] is None  # a merge patch clears an earlier one's
 
 
 def test_only_rank_zero_of_the_job_may_report(endpoint: Endpoint) -> None:

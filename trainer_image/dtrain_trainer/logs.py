@@ -16,7 +16,10 @@ at every start, which splits one job's curves into as many runs as it had restar
 
 from __future__ import annotations
 
+import logging
+import sys
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from dtrain_common import object_store
 from dtrain_common.config import ConfigError
 from dtrain_operator.api import TrainerConfig
 from dtrain_operator.api.storage import is_object_url
+from dtrain_trainer.config import global_rank
 from dtrain_trainer.flavor import Flavor
 
 LOG_NAME = "logs"
@@ -123,3 +127,25 @@ def remember_mlflow_run(logger: Any, config: TrainerConfig) -> None:
     path = Path(location)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(str(run_id) + "\n")
+
+
+def configure_logging(env: Mapping[str, str]) -> None:
+    """The trainer's own log lines on stderr, each with its rank."""
+    handler = logging.StreamHandler(sys.stderr)
+    rank = f"[rank {global_rank(env)}]" if "RANK" in env else ""
+    handler.setFormatter(logging.Formatter(f"%(asctime)s dtrain{rank} %(levelname)s %(message)s"))
+    logger = logging.getLogger("dtrain_trainer")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+
+
+def silence_expected_warnings() -> None:
+    """Warnings that say what dtrain does on purpose: a person can act on none of them."""
+    # Resuming into the directory that holds the checkpoints is the point, not a mistake.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    # One log per job: after a restart the logger continues the files it wrote (build_logger).
+    warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+    # ImageFolderDataModule without val_dir returns no validation loaders, on purpose.
+    warnings.filterwarnings("ignore", message=r"Total length of `list` across ranks is zero")
+    # Lightning's use of a torch API that torch deprecated; nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")

@@ -164,6 +164,11 @@ class _ProgressBehaviour:
             self._stage = contract.PROGRESS_STAGE_VALIDATING
             self._report(trainer, epoch_end=False)
 
+    @property
+    def holding(self) -> bool:
+        """A checkpoint is being written: the progress deadline's clock holds, and so does the hang watch's."""
+        return self._stage == contract.PROGRESS_STAGE_CHECKPOINTING
+
     def checkpoint_writing(self, writing: bool) -> None:
         """A checkpoint write starts (True) or ends (False): say so at once, so that a long write trips no
         progress deadline and the deadline runs again from the moment it ends (StepCheckpoint calls this)."""

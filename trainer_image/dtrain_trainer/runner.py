@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -38,7 +37,7 @@ from dtrain_operator.api import TrainerConfig, contract
 from dtrain_operator.api.records import Event
 from dtrain_operator.api.results import TrainerResults
 from dtrain_operator.api.storage import is_object_url
-from dtrain_trainer import artifact_store, checkpoint_store, flavor, preflight
+from dtrain_trainer import artifact_store, checkpoint_store, flavor, hang_watch, preflight
 from dtrain_trainer.checkpoint_store import LAST_POINTER
 from dtrain_trainer.checkpointing import (
     LAST_CHECKPOINT,
@@ -61,7 +60,7 @@ from dtrain_trainer.config import (
 from dtrain_trainer.example_inputs import ExampleInputs, resolve_example
 from dtrain_trainer.export import ExportError, export_artifacts, write_termination_log
 from dtrain_trainer.loading import instantiate_data, job_classes
-from dtrain_trainer.logs import build_logger, continue_log
+from dtrain_trainer.logs import build_logger, configure_logging, continue_log, silence_expected_warnings
 from dtrain_trainer.progress import ProgressReporter
 from dtrain_trainer.progress_callback import _ProgressBehaviour, progress_callback_class
 from dtrain_trainer.progress_sinks import NullSink, sink_from_env
@@ -296,13 +295,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         resumeFrom=resume,
         lightning=pl.name,
     )
-    try:
-        trainer.fit(model, datamodule=data, ckpt_path=resume)
-    except RuntimeError as exc:
-        spec_error = _in_spec_terms(exc, settings.find_unused_parameters)
-        if spec_error is None:
-            raise
-        raise spec_error from exc
+    _fit(trainer, model, data, resume, config, env, reporter)
     metrics = _progress_callback(trainer).final_metrics(trainer)
     stop = next(c for c in trainer.callbacks if isinstance(c, _GracefulStopBehaviour))  # type: ignore[attr-defined]
     if stop.signalled:
@@ -319,6 +312,25 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
         write_termination_log(TrainerResults(ok=True, **metrics, **outcome).to_wire(), env)
     _leave_process_group()
     return EXIT_OK
+
+
+def _fit(
+    trainer: L.Trainer, model: Any, data: Any, resume: str | None, config: TrainerConfig, env: Mapping[str, str],
+    reporter: ProgressReporter,
+) -> None:
+    """Train under the hang watch; an error whose fix is a spec field is raised in the spec's terms."""
+    progress = _progress_callback(trainer)
+    probe = lambda: (progress.batches, progress.holding, trainer.global_step)
+    watch = hang_watch.start(config, env, reporter, probe, progress_interval(env))
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path=resume)
+    except RuntimeError as exc:
+        spec_error = _in_spec_terms(exc, config.trainer.find_unused_parameters)
+        if spec_error is None:
+            raise
+        raise spec_error from exc
+    finally:
+        watch.close()
 
 
 # How DDP (and Lightning on top of it) says that some parameters took no part in the loss.
@@ -359,26 +371,6 @@ def _leave_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def _configure_logging(env: Mapping[str, str]) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    rank = f"[rank {global_rank(env)}]" if "RANK" in env else ""
-    handler.setFormatter(logging.Formatter(f"%(asctime)s dtrain{rank} %(levelname)s %(message)s"))
-    logger = logging.getLogger("dtrain_trainer")
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO)
-
-
-def _silence_expected_warnings() -> None:
-    # Resuming into the directory that holds the checkpoints is the point, not a mistake.
-    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-    # One log per job: after a restart the logger continues the files it wrote (see logs.py).
-    warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
-    # ImageFolderDataModule without val_dir returns no validation loaders, on purpose.
-    warnings.filterwarnings("ignore", message=r"Total length of `list` across ranks is zero")
-    # Lightning's use of a torch API that torch deprecated; nothing a user can act on.
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dtrain_trainer",
@@ -387,8 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", metavar="FILE", help="the trainer config (default: $DTRAIN_CONFIG)")
     args = parser.parse_args(argv)
     env = os.environ
-    _configure_logging(env)
-    _silence_expected_warnings()
+    configure_logging(env)
+    silence_expected_warnings()
     try:
         config = load_config(config_path(args.config, env))
         return run(config, env)

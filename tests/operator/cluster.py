@@ -320,6 +320,12 @@ class Cluster:
             {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}]},
         )
 
+    async def bind(self, namespace: str, name: str, node: str) -> None:
+        """What the scheduler's binding sets: the node the pod runs on (spec.nodeName)."""
+        await self._request(
+            "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", {"spec": {"nodeName": node}}, "application/merge-patch+json"
+        )
+
     async def unschedulable(self, namespace: str, name: str, message: str) -> None:
         await self._pod_status(
             namespace,

@@ -72,6 +72,39 @@ async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: 
     await operated.event_reasons(NS, "hang", ["Pending", "Running", "Restarting", "Running", "Failed"])
 
 
+def frame(module: str, function: str, line: int) -> dict:
+    return {"module": module, "function": function, "file": f"{module.rsplit('.', 1)[-1]}.py", "line": line}
+
+
+async def test_the_restart_names_where_the_hang_sits_from_rank_0s_stacks(operated: Cluster):
+    await operated.apply(a_cpu_job("where").with_nodes(2).with_backoff_limit(1).with_progress_deadline(3).as_dict())
+    pods = await operated.run_all(NS, "where", 2)
+    for pod, node in zip(pods, ("node-a", "node-b")):
+        await operated.bind(NS, pod["metadata"]["name"], node)
+    await operated.phase(NS, "where", "Running")
+    await report(operated, "where", 5)
+    # What rank 0 sends a few seconds into the stall, as the report endpoint writes it (stamped with its gang).
+    await operated.patch_job_status(NS, "where", {"hangStacks": {
+        "gangGeneration": 0, "step": 5, "batches": 5, "worldSize": 2, "dumps": "/workspace/art/hangs/t-step-5",
+        "groups": [
+            {"ranks": "0", "frames": [frame("torch.autograd.graph", "_engine_run_backward", 841)],
+             "code": [frame("dtrain_trainer.runner", "_fit", 326)]},
+            {"ranks": "1", "frames": [frame("my_models", "Net.training_step", 52)],
+             "code": [frame("my_models", "Net.training_step", 52)]},
+        ],
+    }})
+    await operated.eventually(lambda: operated.status(NS, "where").get("restarts") == 1, "restarts=1", timeout=30)
+    named = "rank 1 (pod where-1 on node node-b) is in its own code at my_models.py:52 in Net.training_step"
+    restarting = operated.condition(NS, "where", "Restarting")
+    assert restarting["reason"] == REASON_PROGRESS_DEADLINE and named in restarting["message"]
+    assert "rank 0 is in the backward pass (DDP's gradient all-reduce) called from runner.py:326 in _fit" in restarting["message"]
+    last = operated.status(NS, "where")["lastHang"]
+    assert (last["ranks"], last["step"], last["dumps"]) == ("1", 5, "/workspace/art/hangs/t-step-5")
+    assert last["message"].startswith(f"Where it hangs: {named}")
+    events = await operated.event_reasons(NS, "where", ["Pending", "Running", "Restarting"])
+    assert named in events[-1]["message"] and "stacks.txt" in events[-1]["message"]
+
+
 async def test_off_with_zero(operated: Cluster):
     await operated.apply(a_cpu_job("off").with_nodes(1).with_progress_deadline(0).as_dict())
     await operated.run_all(NS, "off", 1)

@@ -44,6 +44,8 @@ class PodObservation:
     scheduled_at: datetime | None = None
     queued: bool = False
     """Held by Kueue's admission gate: its group is not admitted yet."""
+    node: str = ""
+    """The Kubernetes node it is bound to (spec.nodeName)."""
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from dtrain_operator.controller.status.conditions import (
     SUSPENDED,
     Conditions,
 )
+from dtrain_operator.controller.status.hang import past_progress_deadline
 from dtrain_operator.controller.status.queued import report_queue
 from dtrain_operator.core import policy, progress_deadline, stragglers
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
@@ -258,7 +259,7 @@ def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
     status = c.status
     decision = policy.decide_on_failure(c.spec.run_policy, c.failures, status.restarts) if c.failures else None
     if decision is None and c.gang_started:
-        decision = progress_deadline.decide(c.spec.run_policy, c.progress_watch, c.now, status.restarts)
+        decision = past_progress_deadline(c.spec, c.progress_watch, status, c.gang, c.now)
     if decision is None:
         return None
     if not decision.restart:
@@ -269,10 +270,9 @@ def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
         status.evictions += 1
     status.phase = "Restarting"
     c.conditions.set(RESTARTING, True, decision.reason, decision.message)
+    how = " after a worker failed" if decision.counted else ": Kueue evicted it"
     if not c.failures:
         how = ": it made no progress within runPolicy.progressDeadlineSeconds"
-    else:
-        how = " after a worker failed" if decision.counted else ": Kueue evicted it"
     c.conditions.set(RUNNING, False, "GangRestarting", f"the gang is restarting{how}")
     c.conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
     c.count_nodes([], active=True)

@@ -28,7 +28,7 @@ from dtrain_operator.controller.status.conditions import (
 )
 from dtrain_operator.core import queueing, stragglers
 
-# The status fields the operator owns; progress and lastCheckpoint belong to the trainer.
+# The status fields the operator owns; progress, preflight, lastCheckpoint and hangStacks belong to the trainer.
 OWNED_FIELDS = (
     "phase",
     "conditions",
@@ -41,6 +41,7 @@ OWNED_FIELDS = (
     "artifacts",
     "observedGeneration",
     "acceptedSpec",
+    "lastHang",
 )
 
 

@@ -114,7 +114,7 @@ def test_summary_gathers_the_run_and_the_table_shows_it(tmp_path: Path) -> None:
     )
     summary = collect_summary(
         TWO_NODES.as_model(), workdir, phase="Succeeded", reason="", message="", restarts=1, wall_seconds=75,
-        engine_asked=True,
+        engine_asked=True, last_hang="Where it hangs: rank 1 (pod two-1, local node 1) gave no stack",
     )
     assert (summary.steps, summary.final_loss, summary.images_per_second) == (8, 0.5, 321.0)
     assert summary.onnx_parity_error == 2.5e-7
@@ -134,6 +134,8 @@ def test_summary_gathers_the_run_and_the_table_shows_it(tmp_path: Path) -> None:
         "max relative error 2.50e-07",
         "none built; onnxruntime-cpu checked and timed model.onnx instead",
         "4.00x",
+        "last hang",
+        "Where it hangs: rank 1 (pod two-1, local node 1) gave no stack",
     ):
         assert expected in text, expected
     summary.write(workdir.summary)

@@ -175,6 +175,13 @@ def test_a_rank_that_hangs_is_restarted_by_the_progress_deadline_and_the_run_suc
     assert resumed and resumed[0]["step"] == 2
     # Well before the collective timeout (nccl.timeoutSeconds, 1800 s) would have ended the wait.
     assert time.monotonic() - hung_at < 1800 / 10
+    # Where it hung: rank 0 collected every rank's stacks before the deadline, and the restart names rank 1.
+    named = "rank 1 (pod tiny-hang-1, local node 1) is in its own code at user_models.py:"
+    assert named in run.output and "in HangingClassifier._maybe_hang" in run.output
+    assert "not where the others are: rank 0 is in the backward pass (DDP's gradient all-reduce)" in run.output
+    assert summary["last_hang"].startswith(f"Where it hangs: {named}")
+    [dumps] = (workdir / "artifacts" / "hangs").iterdir()
+    assert "Thread MainThread (the training thread)" in (dumps / "stacks.txt").read_text()
 
 
 def test_a_gang_stuck_in_the_barrier_after_a_checkpoint_is_restarted_too(tmp_path: Path) -> None:
@@ -198,6 +205,7 @@ def test_a_gang_stuck_in_the_barrier_after_a_checkpoint_is_restarted_too(tmp_pat
     assert run.wait(RUN_TIMEOUT) == 0, run.output
     assert "in save" in marker.read_text()
     assert "ProgressDeadlineExceeded" in run.output
+    assert "in HangingClassifier._maybe_hang - not where the others are: rank 0 is in a collective (torch.distributed.barrier)" in run.output
     assert summary_of(workdir)["restarts"] == 1
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from dtrain_trainer.data import SyntheticImageDataModule
 from dtrain_trainer.models import ImageClassifier
 
 
@@ -72,3 +73,67 @@ class SlowClassifier(ImageClassifier):
         if self.global_rank == self.slow_rank:
             time.sleep(self.delay)
         return super().training_step(batch, batch_idx)
+
+
+class CrossedCollectivesClassifier(ImageClassifier):
+    """Every rank blocked in one all-reduce that none can finish: at `hang_at_step` the ranks open two process
+    groups of the same members and each calls the all-reduce on a group of its own (rank 0 on the first, the
+    others on the second), on one line, as behind a link that carries nothing. Once: `marker`."""
+
+    def __init__(self, marker: str, hang_at_step: int = 3, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.hang_at_step = hang_at_step
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import os
+
+        import torch.distributed as dist
+
+        if self.global_step == self.hang_at_step and not os.path.exists(self.marker):
+            groups = [dist.new_group(), dist.new_group()]
+            if self.global_rank == 0:
+                with open(self.marker, "w") as file:
+                    file.write(f"crossed at step {self.global_step}\n")
+            dist.all_reduce(torch.ones(1), group=groups[min(self.global_rank, 1)])
+        return super().training_step(batch, batch_idx)
+
+
+class _HangingSamples(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples of `inner`; on global rank `rank`, fetching the sample after the first `after` blocks (once: `marker`)."""
+
+    def __init__(self, inner: Any, marker: str, after: int, rank: int) -> None:
+        self.inner, self.marker, self.after, self.rank = inner, marker, after, rank
+        self.fetched = 0
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        import os
+        import time
+
+        import torch.distributed as dist
+
+        self.fetched += 1
+        if self.fetched > self.after and dist.get_rank() == self.rank and not os.path.exists(self.marker):
+            with open(self.marker, "w") as file:
+                file.write(f"hung fetching sample {self.fetched}\n")
+            time.sleep(3600)
+        return self.inner[index]
+
+
+class HangingDataModule(SyntheticImageDataModule):
+    """A data loader that blocks (a dead network filesystem, a deadlocked decoder): on `hang_on_rank`, the
+    training loader's dataset never returns the sample after its first `hang_after_samples`."""
+
+    def __init__(self, marker: str, hang_after_samples: int = 40, hang_on_rank: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.hang_after_samples = hang_after_samples
+        self.hang_on_rank = hang_on_rank
+
+    def train_dataloader(self) -> Any:
+        loader = super().train_dataloader()
+        samples = _HangingSamples(loader.dataset, self.marker, self.hang_after_samples, self.hang_on_rank)
+        return torch.utils.data.DataLoader(samples, batch_size=loader.batch_size, num_workers=0)

@@ -277,6 +277,30 @@ def _value(value: object | None, fmt: str = "{}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _gang_rows(table: Table, s: RunSummary) -> None:
+    """What the gang's checks found: the pre-flight check, the slowest rank, where the latest hang sat."""
+    if s.preflight:
+        p = s.preflight
+        table.add_row(
+            "pre-flight",
+            escape(
+                f"{p.get('worldSize')} ranks, {p.get('backend')}: all-reduce latency {_value(p.get('latencyMs'), '{:.3g}')} ms, "
+                f"bus bandwidth {_value(p.get('busBandwidthGBps'), '{:.3g}')} GB/s ({_value(p.get('seconds'), '{:.2f}')} s)"
+            ),
+        )
+    if s.stragglers and s.stragglers.get("slowestRank") is not None:
+        t = s.stragglers
+        table.add_row(
+            "slowest rank",
+            escape(
+                f"{t.get('slowestRank')} ({t.get('slowestPod')}): {_value(t.get('ratio'), '{:.2f}')} x the median "
+                f"{t.get('measure') or 'step'} time {_value(t.get('medianSeconds'), '{:.3g}')} s" + ("  STRAGGLER" if t.get("straggler") else "")
+            ),
+        )
+    if s.last_hang:
+        table.add_row("last hang", escape(s.last_hang))
+
+
 def summary_table(s: RunSummary) -> Table:
     style = {"Succeeded": "bold green", "Failed": "bold red"}.get(s.phase, "bold yellow")
     table = Table(title=f"{s.command} {s.job_name}", show_header=False, title_justify="left")
@@ -296,24 +320,7 @@ def summary_table(s: RunSummary) -> Table:
         table.add_row(escape(name), f"{value:.4g}")
     table.add_row("throughput", _value(s.images_per_second, "{:,.1f} images/s"))
     table.add_row("restarts", str(s.restarts))
-    if s.preflight:
-        p = s.preflight
-        table.add_row(
-            "pre-flight",
-            escape(
-                f"{p.get('worldSize')} ranks, {p.get('backend')}: all-reduce latency {_value(p.get('latencyMs'), '{:.3g}')} ms, "
-                f"bus bandwidth {_value(p.get('busBandwidthGBps'), '{:.3g}')} GB/s ({_value(p.get('seconds'), '{:.2f}')} s)"
-            ),
-        )
-    if s.stragglers and s.stragglers.get("slowestRank") is not None:
-        t = s.stragglers
-        table.add_row(
-            "slowest rank",
-            escape(
-                f"{t.get('slowestRank')} ({t.get('slowestPod')}): {_value(t.get('ratio'), '{:.2f}')} x the median "
-                f"{t.get('measure') or 'step'} time {_value(t.get('medianSeconds'), '{:.3g}')} s" + ("  STRAGGLER" if t.get("straggler") else "")
-            ),
-        )
+    _gang_rows(table, s)
     table.add_row("wall time", format_duration(s.wall_seconds))
     table.add_row("checkpoint", escape(s.checkpoint or "-"))
     onnx = s.onnx or "-"

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from dtrain_operator.api import DistributedTraining, StepTimes, contract, records
+from dtrain_operator.api import DistributedTraining, HangStacks, StepTimes, contract, records
 from dtrain_operator.api.results import TrainerResults, read_termination_message
 from dtrain_operator.api.storage import missing_shared_storage
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job
-from dtrain_operator.core import policy, progress_deadline, render, stragglers
+from dtrain_operator.core import hang_diagnosis, policy, progress_deadline, render, stragglers
 from dtrain_operator.core.storage_volumes import object_store_env
 from dtrain_operator.local.display import Display
 from dtrain_operator.local.launch_plan import (
@@ -122,6 +122,8 @@ class RunState:
     message: str = ""
     restarts: int = 0
     started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    # Where the latest hang sat (core.hang_diagnosis), as the operator keeps it in status.lastHang.
+    last_hang: str | None = None
 
 
 def free_port() -> int:
@@ -187,6 +189,8 @@ class LocalRun:
         # The latest progress record of the running gang, and the watch on it (progressDeadlineSeconds).
         self._progress: Any | None = None
         self._progress_watch: progress_deadline.ProgressWatch | None = None
+        # Every rank's stacks as rank 0 last collected them in the running gang (its hang record).
+        self._hang_stacks: HangStacks | None = None
         self._straggler_warned: str | None = None
         self.cores = available_cores()
 
@@ -206,7 +210,7 @@ class LocalRun:
                 adopts_orphans=self.adopts_orphans,
             )
             self.display.gang_started(self.state.restarts, [launch.rank for launch in launches], gang.pids)
-            self._progress, self._progress_watch = None, None
+            self._progress, self._progress_watch, self._hang_stacks = None, None, None
             outcome = self._watch(gang, on_exit=self._node_failures, watch_progress=True)
             if outcome.hang is not None and outcome.hang.restart:
                 self.display.warn(f"{outcome.hang.reason}: {outcome.hang.message}")
@@ -279,7 +283,7 @@ class LocalRun:
                 )
                 hang = progress_deadline.decide(run_policy, self._progress_watch, now, self.state.restarts)
                 if hang is not None:
-                    return StepOutcome(hang=hang)
+                    return StepOutcome(hang=self._where_it_hangs(hang))
             if time.monotonic() - last_walk >= TREE_WALK_SECONDS:
                 gang.remember_descendants()
                 last_walk = time.monotonic()
@@ -295,8 +299,22 @@ class LocalRun:
             if isinstance(record, records.ProgressRecord):
                 self._progress = progress_deadline.progress_from_record(raw)
                 self._note_straggler(record.step_times)
+            elif isinstance(record, records.HangRecord):
+                self._hang_stacks = hang_diagnosis.stacks_of_record(raw)
             self.display.progress(raw, self.state.restarts)
         self.display.tick()
+
+    def _where_it_hangs(self, hang: policy.FailureDecision) -> policy.FailureDecision:
+        """The deadline's decision with where the hang sits, named as the operator names it."""
+        stacks = hang_diagnosis.current_stacks(self._hang_stacks, self._progress, None)
+        per_node = self.job.spec.devices_per_node
+        diagnosis = hang_diagnosis.diagnose(
+            stacks,
+            self.job.spec.world_size,
+            lambda rank: f"pod {render.worker_pod_name(self.job, rank // per_node)}, local node {rank // per_node}",
+        )
+        self.state.last_hang = diagnosis.message
+        return hang_diagnosis.explained(hang, diagnosis)
 
     def _note_straggler(self, times: StepTimes | None) -> None:
         """Warn once per straggler, as the operator posts one Warning Event."""
@@ -369,6 +387,7 @@ class LocalRun:
             restarts=self.state.restarts,
             wall_seconds=(datetime.now(timezone.utc) - self.state.started).total_seconds(),
             engine_asked=engine_asked,
+            last_hang=self.state.last_hang,
         )
 
 

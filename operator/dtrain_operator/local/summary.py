@@ -64,6 +64,8 @@ class RunSummary:
     preflight: dict[str, Any] | None = None
     # The slowest rank as rank 0 last reported it (status.progress.stragglers).
     stragglers: dict[str, Any] | None = None
+    # Where the latest hang sat, as the progress deadline named it (status.lastHang.message).
+    last_hang: str | None = None
     # What the table's title names: `dtrain run` here, `dtrain watch` for a job on a cluster.
     command: str = "dtrain run"
 
@@ -100,6 +102,7 @@ def collect_summary(
     restarts: int,
     wall_seconds: float,
     engine_asked: bool,
+    last_hang: str | None = None,
 ) -> RunSummary:
     spec = job.spec
     summary = RunSummary(
@@ -114,6 +117,7 @@ def collect_summary(
         wall_seconds=wall_seconds,
         workdir=str(workdir.root),
         engine_asked=engine_asked,
+        last_hang=last_hang,
     )
     progress = JsonlTail(workdir.progress).read_new()
     _add_progress(summary, progress)

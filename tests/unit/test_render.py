@@ -60,6 +60,9 @@ BASE_ENV = [
     {"name": "DTRAIN_PROGRESS_SINK", "value": "stdout"},
 ]
 NODE_NAME = {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+# A GPU job's flight recorder: NCCL's last collectives, dumped at a hang and at a collective timeout (this
+# job's artifacts are on object storage: NCCL's own timeout dump, which writes files, has no place there).
+FLIGHT_RECORDER = [{"name": "TORCH_FR_BUFFER_SIZE", "value": "2000"}, {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"}]
 
 
 @pytest.mark.parametrize(
@@ -76,7 +79,22 @@ NODE_NAME = {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath":
 )
 def test_worker_env_is_the_launch_environment_then_the_node_then_the_users(spec, nccl, users):
     job = MNIST.with_nodes(3).with_devices(2).with_spec(**spec).as_model()
-    assert render.worker_env(job, rank=2) == BASE_ENV + nccl + [NODE_NAME] + users
+    assert render.worker_env(job, rank=2) == BASE_ENV + FLIGHT_RECORDER + nccl + [NODE_NAME] + users
+
+
+def test_the_flight_recorder_is_on_for_gpu_jobs_dumping_under_artifacts_where_that_is_a_path():
+    def recorder(**spec: Any) -> dict[str, str]:
+        env = render.launch_env(MNIST.with_spec(**spec).as_model(), 0, render.pod_site(MNIST.as_model()))
+        return {k: v for k, v in env.items() if k.startswith("TORCH_")}
+
+    assert recorder() == {item["name"]: item["value"] for item in FLIGHT_RECORDER}
+    assert recorder(artifacts={"dir": "/shared/art/"}) == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": "/shared/art/hangs/nccl-timeout-rank-",
+    }
+    assert recorder(nccl={"env": {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}})["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
+    assert recorder(accelerator="cpu") == {}
 
 
 def pod_spec_of(**spec: Any) -> dict[str, Any]:

@@ -185,8 +185,26 @@ def launch_env(job: DistributedTraining, rank: int, site: LaunchSite, gang_gener
         contract.ENV_PROGRESS_INTERVAL: site.progress_interval_seconds,
     }
     env.update({name: str(value) for name, value in optional.items() if value is not None})
+    env.update(flight_recorder_env(job))
     env.update(spec.nccl.to_env())
     env.update(object_store_env(job))
+    return env
+
+
+def flight_recorder_env(job: DistributedTraining) -> dict[str, str]:
+    """On GPUs, PyTorch's flight recorder for NCCL: each rank keeps its last collectives, dumps them into a hang's
+    directory when rank 0 collects the stacks (dtrain_trainer.hang_watch), and NCCL dumps them itself when a
+    collective times out, under artifacts.dir/hangs where that is a path. spec.nccl.env and spec.env override."""
+    if job.spec.accelerator != "gpu":
+        return {}
+    env = {
+        contract.ENV_FLIGHT_RECORDER_BUFFER: str(contract.FLIGHT_RECORDER_ENTRIES),
+        contract.ENV_NCCL_DUMP_ON_TIMEOUT: "1",
+    }
+    artifacts = storage.artifacts_dir(job.spec, job.namespace, job.name)
+    if not storage.is_object_url(artifacts):
+        hangs = f"{artifacts.rstrip('/')}/{contract.HANGS_DIR_NAME}"
+        env[contract.ENV_FLIGHT_RECORDER_DUMP_FILE] = f"{hangs}/{contract.NCCL_TIMEOUT_DUMP_PREFIX}"
     return env
 
 

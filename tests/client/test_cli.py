@@ -133,6 +133,15 @@ async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster
     assert beta[:7] == ["beta", "Running", "2/2", "1", "256", "val_loss=0.412", "1"]
     assert beta[8:] == ["0.1235", "00:30"]
 
+    # One job: where its latest hang sat (status.lastHang), below its row; a list keeps to the rows.
+    where = "Where it hangs: rank 1 (pod beta-1 on node n1) is in its own code at my_models.py:52 in Net.training_step"
+    await cluster.patch_job_status(NS, "beta", {"lastHang": {"time": "2026-01-10T00:00:00Z", "step": 40, "ranks": "1",
+                                                            "message": where, "dumps": "/ws/hangs/t"}})
+    hung = await dtrain(cluster, "get", "beta")
+    assert hung.out.splitlines()[1].split()[0] == "beta"
+    assert hung.out.splitlines()[2:] == ["", f"Last hang (2026-01-10T00:00:00Z, step 40): {where}"]
+    assert "Last hang" not in (await dtrain(cluster, "get")).out
+
     one = await dtrain(cluster, "get", "beta", "-o", "yaml")
     obj = yaml.safe_load(one.out)
     assert obj["metadata"]["name"] == "beta" and obj["status"]["progress"]["step"] == 40

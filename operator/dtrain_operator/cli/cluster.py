@@ -178,6 +178,7 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
         engine_note=engine.message if engine else None,
         engine_report=engine.report if engine else None,
         metrics=dict(update.metrics),
+        last_hang=status.last_hang.message if status.last_hang else None,
         command="dtrain watch",
     )
     for row in (engine.latency if engine else None) or []:
@@ -274,7 +275,17 @@ def get(args: argparse.Namespace) -> int:
         header = ["NAMESPACE", *header]
         rows = [[job.namespace, *row] for job, row in zip(jobs, rows)]
     sys.stdout.write(table([header, *rows]))
+    if args.name:
+        sys.stdout.write(last_hang_lines(jobs[0]))
     return EXIT_OK
+
+
+def last_hang_lines(job: api.DistributedTraining) -> str:
+    """Below one job's row: where its latest hang sat (status.lastHang), if it ever hung."""
+    hang = job.status.last_hang if job.status else None
+    if hang is None or not hang.message:
+        return ""
+    return f"\nLast hang ({hang.time}, step {hang.step}): {hang.message}\n"
 
 
 def watch(args: argparse.Namespace) -> int:

@@ -100,5 +100,8 @@ def test_every_rank_waiting_in_one_collective_names_none_and_keeps_the_flight_re
     ) in run.output
     assert "CrossedCollectivesClassifier.training_step: no rank differs" in run.output
     for rank in (0, 1):
-        recorded = pickle.loads((dumps / f"flight-recorder-rank-{rank}.pkl").read_bytes())
+        recorded = pickle.loads((dumps / f"flight-recorder-rank-{rank}").read_bytes())
         assert any("all_reduce" in str(entry.get("profiling_name")) for entry in recorded["entries"]), recorded
+        # Which collective each process group last issued and last completed: one never completed.
+        groups = recorded["pg_status"].values()
+        assert any(g["last_enqueued_collective"] > g["last_completed_collective"] for g in groups), recorded["pg_status"]

@@ -176,8 +176,8 @@ def flight_recorder_on(env: Mapping[str, str]) -> bool:
 
 
 def dump_flight_recorder(directory: str, rank: int) -> None:
-    """This rank's flight recorder (its last collectives, pickled as PyTorch's own dumps are) into the hang's
-    directory: NCCL's on GPUs, gloo's recorder otherwise."""
+    """This rank's flight recorder (its last collectives, pickled as PyTorch's own dumps are, named <prefix><rank> as
+    `torchfrtrace --prefix` reads them) into the hang's directory: NCCL's on GPUs, gloo's recorder otherwise."""
     import torch
     import torch.distributed as dist
 
@@ -185,7 +185,7 @@ def dump_flight_recorder(directory: str, rank: int) -> None:
     c10d = torch._C._distributed_c10d
     dump = getattr(c10d, "_dump_nccl_trace" if backend == "nccl" else "_dump_fr_trace", None)
     if dump is not None:
-        _write(directory, f"{contract.FLIGHT_RECORDER_FILE_PREFIX}{rank}.pkl", dump())
+        _write(directory, f"{contract.FLIGHT_RECORDER_FILE_PREFIX}{rank}", dump())
 
 
 class HangWatch:

@@ -16,16 +16,7 @@ from dtrain_operator.api.stacks import MAX_GROUPS
 from dtrain_trainer import hang_watch
 from dtrain_trainer.progress import ProgressReporter
 
-
-class ListSink:
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def send(self, record: dict[str, Any]) -> None:
-        self.records.append(dict(record))
-
-    def close(self) -> None:
-        pass
+from .conftest import ListSink
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,9 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
             {"name": "DTRAIN_JOB_NAMESPACE", "value": "default"},
             {"name": "DTRAIN_POD_NAME", "value": f"llm-{rank}"},
             *report_env(operated, rank),
+            # A GPU job's flight recorder (its artifacts on object storage: no file for NCCL's own timeout dump).
+            {"name": "TORCH_FR_BUFFER_SIZE", "value": "2000"},
+            {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
             {"name": "NCCL_IB_DISABLE", "value": "1"},
             {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
             {"name": "NCCL_DEBUG", "value": "INFO"},

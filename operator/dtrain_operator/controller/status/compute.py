@@ -263,16 +263,16 @@ def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
         return None
     if not decision.restart:
         return c.finish(decision.ending)
-    if decision.counted:
-        status.restarts += 1
-    else:
+    if decision.count == "evictions":
         status.evictions += 1
+    elif decision.count == "restartsIgnoringBackoff":
+        status.restarts_ignoring_backoff += 1
+    else:
+        status.restarts += 1
     status.phase = "Restarting"
     c.conditions.set(RESTARTING, True, decision.reason, decision.message)
-    if not c.failures:
-        how = ": it made no progress within runPolicy.progressDeadlineSeconds"
-    else:
-        how = " after a worker failed" if decision.counted else ": Kueue evicted it"
+    how = (": it made no progress within runPolicy.progressDeadlineSeconds" if not c.failures
+           else ": Kueue evicted it" if decision.count == "evictions" else " after a worker failed")
     c.conditions.set(RUNNING, False, "GangRestarting", f"the gang is restarting{how}")
     c.conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
     c.count_nodes([], active=True)

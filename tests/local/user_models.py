@@ -72,3 +72,32 @@ class SlowClassifier(ImageClassifier):
         if self.global_rank == self.slow_rank:
             time.sleep(self.delay)
         return super().training_step(batch, batch_idx)
+
+
+class CrashingClassifier(ImageClassifier):
+    """A rank that dies once as a faulted GPU would: at `crash_at_step`, global rank `crash_on_rank` prints
+    `error` (its last log line, hence its termination message) and exits with `exit_code` at once. `marker` (a
+    file it creates) tells the restarted gang to train on."""
+
+    def __init__(
+        self, marker: str, crash_at_step: int = 2, crash_on_rank: int = 1, exit_code: int = 3,
+        error: str = "RuntimeError: CUDA error: an illegal memory access was encountered", **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.crash_at_step = crash_at_step
+        self.crash_on_rank = crash_on_rank
+        self.exit_code = exit_code
+        self.error = error
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import os
+        import sys
+
+        crash = self.global_step == self.crash_at_step and self.global_rank == self.crash_on_rank
+        if crash and not os.path.exists(self.marker):
+            with open(self.marker, "w") as file:
+                file.write(f"crashed at step {self.global_step}\n")
+            print(self.error, file=sys.stderr, flush=True)
+            os._exit(self.exit_code)
+        return super().training_step(batch, batch_idx)

@@ -277,6 +277,11 @@ def _value(value: object | None, fmt: str = "{}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _not_counted(restarts: int) -> str:
+    """The restarts that RestartGangIgnoringBackoff rules decided, beside those counted against backoffLimit."""
+    return f" (and {restarts} not counted against backoffLimit)" if restarts else ""
+
+
 def summary_table(s: RunSummary) -> Table:
     style = {"Succeeded": "bold green", "Failed": "bold red"}.get(s.phase, "bold yellow")
     table = Table(title=f"{s.command} {s.job_name}", show_header=False, title_justify="left")
@@ -295,7 +300,7 @@ def summary_table(s: RunSummary) -> Table:
     for name, value in s.metrics.items():
         table.add_row(escape(name), f"{value:.4g}")
     table.add_row("throughput", _value(s.images_per_second, "{:,.1f} images/s"))
-    table.add_row("restarts", str(s.restarts))
+    table.add_row("restarts", str(s.restarts) + _not_counted(s.restarts_ignoring_backoff))
     if s.preflight:
         p = s.preflight
         table.add_row(

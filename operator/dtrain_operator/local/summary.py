@@ -44,6 +44,8 @@ class RunSummary:
     restarts: int
     wall_seconds: float
     workdir: str
+    # Restarts a RestartGangIgnoringBackoff failure rule decided (not counted in restarts).
+    restarts_ignoring_backoff: int = 0
     steps: int | None = None
     epoch: int | None = None
     final_loss: float | None = None
@@ -100,6 +102,7 @@ def collect_summary(
     restarts: int,
     wall_seconds: float,
     engine_asked: bool,
+    restarts_ignoring_backoff: int = 0,
 ) -> RunSummary:
     spec = job.spec
     summary = RunSummary(
@@ -111,6 +114,7 @@ def collect_summary(
         devices_per_node=spec.devices_per_node,
         accelerator=spec.accelerator,
         restarts=restarts,
+        restarts_ignoring_backoff=restarts_ignoring_backoff,
         wall_seconds=wall_seconds,
         workdir=str(workdir.root),
         engine_asked=engine_asked,

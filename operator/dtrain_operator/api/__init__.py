@@ -91,7 +91,7 @@ from dtrain_operator.api.status import (
     StatusModel,
     StepTimes,
 )
-from dtrain_operator.api.storage import CheckpointOwner, S3Settings, Storage
+from dtrain_operator.api.storage import CheckpointOwner, S3Settings, Storage, SurvivorMark
 
 __all__ = [
     "BUILTIN_IMAGE_FOLDER_DATA",
@@ -165,6 +165,7 @@ __all__ = [
     "StepTimes",
     "Storage",
     "StragglerSettings",
+    "SurvivorMark",
     "TopologySettings",
     "TrainerConfig",
     "TrainerSettings",

@@ -48,7 +48,8 @@ def event_line(record: records.AnyTrainerRecord) -> str:
             + (f", resuming from {record.resume_from}" if record.resume_from else "")
         )
     if isinstance(record, records.ResumedRecord):
-        return f"resumed from {record.path} at step {record.step}"
+        by = f" (saved by surviving rank {record.survivor.rank} after a peer was lost)" if record.survivor else ""
+        return f"resumed from {record.path} at step {record.step}{by}"
     if isinstance(record, records.ExportRecord):
         if record.ok:
             parity = "-" if record.parity_error is None else f"{record.parity_error:.2e}"
@@ -282,6 +283,11 @@ def _not_counted(restarts: int) -> str:
     return f" (and {restarts} not counted against backoffLimit)" if restarts else ""
 
 
+def _steps_lost(lost: list[int]) -> str:
+    """The steps each restart trained again (RunSummary.steps_lost), one figure per restart."""
+    return f"; steps lost {', '.join(map(str, lost))}" if lost else ""
+
+
 def summary_table(s: RunSummary) -> Table:
     style = {"Succeeded": "bold green", "Failed": "bold red"}.get(s.phase, "bold yellow")
     table = Table(title=f"{s.command} {s.job_name}", show_header=False, title_justify="left")
@@ -300,7 +306,7 @@ def summary_table(s: RunSummary) -> Table:
     for name, value in s.metrics.items():
         table.add_row(escape(name), f"{value:.4g}")
     table.add_row("throughput", _value(s.images_per_second, "{:,.1f} images/s"))
-    table.add_row("restarts", str(s.restarts) + _not_counted(s.restarts_ignoring_backoff))
+    table.add_row("restarts", str(s.restarts) + _not_counted(s.restarts_ignoring_backoff) + _steps_lost(s.steps_lost))
     if s.preflight:
         p = s.preflight
         table.add_row(

@@ -98,6 +98,10 @@ class JobBuilder:
     def with_backoff_limit(self, limit: int) -> JobBuilder:
         return self._with("spec.runPolicy.backoffLimit", limit)
 
+    def with_failure_rules(self, *rules: dict[str, Any]) -> JobBuilder:
+        """spec.runPolicy.failureRules, in order: `with_failure_rules({"action": "FailJob", "onExitCodes": [3]})`."""
+        return self._with("spec.runPolicy.failureRules", list(rules))
+
     def with_deadline(self, seconds: int) -> JobBuilder:
         """spec.runPolicy.activeDeadlineSeconds."""
         return self._with("spec.runPolicy.activeDeadlineSeconds", seconds)

@@ -207,7 +207,10 @@ def cel_causes(schema: dict[str, Any], value: Any, old: Any = None, path: str = 
         try:
             ok = celrules.evaluate(rule["rule"], cel_value(schema, value), cel_value(schema, old))
         except celrules.RuleError as error:
-            causes.append(Cause(path or "<nil>", "FieldValueInvalid", f"Invalid value: \"{_json_type(value)}\": rule evaluation error: {error}"))
+            # apiextensions-apiserver's schema/cel/validation.go: "%v evaluating rule: %v", the error and the
+            # rule's message.
+            causes.append(Cause(path or "<nil>", "FieldValueInvalid",
+                                f"Invalid value: \"{_json_type(value)}\": {error} evaluating rule: {rule['message']}"))
             continue
         if not ok:
             causes.append(Cause(path or "<nil>", "FieldValueInvalid", f'Invalid value: "{_json_type(value)}": {rule["message"]}'))

@@ -785,6 +785,7 @@ POD_FIELDS = ("Kubernetes' pod fields, kept as written (x-kubernetes-preserve-un
               "validation refuses, and what would collide with the operator's own volumes and mounts")
 QUANTITIES = "relations between quantities (sign, request <= limit, device counts): CEL's quantity library, not yet"
 ACROSS_FIELDS = "rules across sibling fields or list items: not yet in CEL"
+RANGE_ORDER = "the order of an exit-code range's two codes: CEL reads no number out of a string"
 CRD_CANNOT_EXPRESS: dict[str, str] = {
     **dict.fromkeys([
         "affinity In without values", "affinity misspelt", "affinity of the wrong shape", "affinity operator",
@@ -802,6 +803,7 @@ CRD_CANNOT_EXPRESS: dict[str, str] = {
     **dict.fromkeys(["negative quantity", "request above limit", "unknown resource", "fractional device",
                      "device request without limit"], QUANTITIES),
     **dict.fromkeys(["nccl var twice", "profiles naming other inputs", "profiles of other ranks"], ACROSS_FIELDS),
+    "failure rule exit code range reversed": RANGE_ORDER,
 }
 # Bad files that are no DistributedTraining at all: kubectl refuses them before any schema applies.
 NOT_A_DISTRIBUTED_TRAINING = {"no metadata", "wrong apiVersion", "wrong kind"}

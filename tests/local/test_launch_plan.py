@@ -21,6 +21,7 @@ from dtrain_operator.local.launch_plan import (
     localize,
     node_launches,
     omp_threads,
+    termination_message,
     user_env,
     worker_exit_code,
 )
@@ -219,6 +220,18 @@ def test_failure_excerpt_keeps_the_last_lines() -> None:
     log = "\n".join(["starting", "RuntimeError: the model failed", TORCHRUN_REPORT.format(code=1)])
     assert "RuntimeError: the model failed" in failure_excerpt(log, lines=1000)
     assert failure_excerpt(log, lines=2).splitlines()[-1].startswith("=====")
+
+
+def test_a_nodes_termination_message_is_a_pods_with_fallback_to_logs_on_error() -> None:
+    """What failure rules' onTerminationMessage reads: the trainer's own message, else the end of the log (at
+    most 80 lines and 2048 bytes, as the kubelet takes it for terminationMessagePolicy FallbackToLogsOnError)."""
+    log = "".join(f"line {i}\n" for i in range(200)) + "RuntimeError: CUDA error\n"
+    assert termination_message('{"ok":false,"error":"bad"}', log) == '{"ok":false,"error":"bad"}'
+    fallback = termination_message("", log)
+    assert fallback.splitlines()[0] == "line 121" and fallback.endswith("RuntimeError: CUDA error")
+    long_lines = "x" * 5000 + "\nend"
+    assert termination_message("  \n", long_lines) == ("x" * 5000 + "\nend")[-2048:]
+    assert termination_message("é" * 3000, "").encode() == ("é" * 2048).encode()
 
 
 def test_object_storage_stays_where_the_spec_puts_it() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 
 from dtrain_operator.cli import main as cli
 
@@ -74,6 +75,56 @@ def test_a_killed_node_restarts_the_gang_from_its_checkpoint(tmp_path: Path) -> 
     assert "worker 1 exited with code 137 (SIGKILL)" in run.output
     assert "restarted from the last checkpoint (restart 1)" in run.output
     assert "│ restarts          │ 1" in run.output
+
+
+def test_a_rank_sigkilled_mid_epoch_loses_no_step_and_ends_with_the_uninterrupted_weights(tmp_path: Path) -> None:
+    """Rank 1 is SIGKILLed once 3 steps are done, mid-epoch, far from the checkpoint grid (every 100 steps):
+    rank 0, the survivor, saves step 3 before it exits, the restarted gang resumes from it (steps lost 0),
+    and the run ends with the weights (and BatchNorm statistics) of the same run never interrupted."""
+    kill_at = 3
+    marker = tmp_path / "killed"
+
+    def job(name: str) -> Path:
+        return write_job(tmp_path, tiny_job(
+            name,
+            # resnet18: BatchNorm (buffers a forward changes) and no dropout (the random state is not checkpointed).
+            model={"classPath": "user_models.KilledClassifier", "initArgs": {
+                "marker": str(marker), "kill_at_step": kill_at, "arch": "resnet18"}},
+            data={"initArgs": {"num_samples": 256}},  # 8 steps
+            checkpoint={"everyNSteps": 100, "keepLast": 1},
+            export={"onnx": {"enabled": False}},
+            engine={"enabled": False},
+        ))
+
+    def final_weights(workdir: Path) -> dict[str, Any]:
+        saved = torch.load(workdir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert saved["global_step"] == 8
+        return saved["state_dict"]  # type: ignore[no-any-return]
+
+    killed_run = tmp_path / "killed-run"
+    run = DtrainRun(tmp_path, str(job("tiny-killed")), "--workdir", str(killed_run), "--no-engine")
+    assert run.wait(RUN_TIMEOUT) == 0, run.output
+    assert marker.read_text() == f"killed after step {kill_at}\n"
+    assert run.leftovers() == []
+    assert "worker 1 exited with code 137 (SIGKILL)" in run.output
+    assert f"checkpoint of step {kill_at} saved by surviving rank 0 after a peer was lost" in (
+        killed_run / "logs" / "node-0.log").read_text()
+    saved = [r for r in records(killed_run) if r.get("event") == "checkpoint" and r.get("survivor")]
+    assert [(r["step"], r["survivor"]["rank"]) for r in saved] == [(kill_at, 0)], run.output
+    resumed = [r for r in records(killed_run) if r.get("event") == "resumed"]
+    assert [(r["step"], r["survivor"]["step"]) for r in resumed] == [(kill_at, kill_at)], run.output
+    assert f"resumed from {killed_run / 'checkpoints'}" in run.output
+    summary = summary_of(killed_run)
+    assert (summary["phase"], summary["restarts"], summary["steps"], summary["steps_lost"]) == ("Succeeded", 1, 8, [0])
+    assert "│ restarts          │ 1; steps lost 0" in run.output
+
+    whole_run = tmp_path / "whole-run"  # the marker exists now: nobody is killed
+    whole = DtrainRun(tmp_path, str(job("tiny-whole")), "--workdir", str(whole_run), "--no-engine")
+    assert whole.wait(RUN_TIMEOUT) == 0, whole.output
+    expected, actual = final_weights(whole_run), final_weights(killed_run)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_a_failing_model_with_no_restarts_left_fails_and_shows_the_log(tmp_path: Path) -> None:

@@ -137,3 +137,56 @@ class HangingDataModule(SyntheticImageDataModule):
         loader = super().train_dataloader()
         samples = _HangingSamples(loader.dataset, self.marker, self.hang_after_samples, self.hang_on_rank)
         return torch.utils.data.DataLoader(samples, batch_size=loader.batch_size, num_workers=0)
+
+
+class CrashingClassifier(ImageClassifier):
+    """A rank that dies once as a faulted GPU would: at `crash_at_step`, global rank `crash_on_rank` prints
+    `error` (its last log line, hence its termination message) and exits with `exit_code` at once. `marker` (a
+    file it creates) tells the restarted gang to train on."""
+
+    def __init__(
+        self, marker: str, crash_at_step: int = 2, crash_on_rank: int = 1, exit_code: int = 3,
+        error: str = "RuntimeError: CUDA error: an illegal memory access was encountered", **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.crash_at_step = crash_at_step
+        self.crash_on_rank = crash_on_rank
+        self.exit_code = exit_code
+        self.error = error
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import os
+        import sys
+
+        crash = self.global_step == self.crash_at_step and self.global_rank == self.crash_on_rank
+        if crash and not os.path.exists(self.marker):
+            with open(self.marker, "w") as file:
+                file.write(f"crashed at step {self.global_step}\n")
+            print(self.error, file=sys.stderr, flush=True)
+            os._exit(self.exit_code)
+        return super().training_step(batch, batch_idx)
+
+
+class KilledClassifier(ImageClassifier):
+    """A rank that is SIGKILLed once, mid-epoch: once `kill_at_step` steps are done, global rank `kill_on_rank`
+    kills itself at the start of its next training_step (no cleanup, no exception, as the OOM killer or a lost
+    node would), while its peers go on into that step's gradient all-reduce. `marker` (a file it creates)
+    tells the restarted gang to train on."""
+
+    def __init__(self, marker: str, kill_at_step: int = 3, kill_on_rank: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.kill_at_step = kill_at_step
+        self.kill_on_rank = kill_on_rank
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        import os
+        import signal
+
+        kill = self.global_step == self.kill_at_step and self.global_rank == self.kill_on_rank
+        if kill and not os.path.exists(self.marker):
+            with open(self.marker, "w") as file:
+                file.write(f"killed after step {self.global_step}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().training_step(batch, batch_idx)

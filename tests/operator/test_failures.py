@@ -91,6 +91,38 @@ async def test_never_policy_fails_on_the_first_failure(operated: Cluster):
     assert operated.status(NS, "once")["restarts"] == 0
 
 
+async def test_failure_rules_decide_and_the_status_and_events_name_the_rule(operated: Cluster):
+    """ExitCode and a backoffLimit of 0 would fail on exit code 3; the rule restarts without counting it. Then the
+    first rule fails the job on an OOM kill, which ExitCode would restart."""
+    job = (a_cpu_job("ruled").with_nodes(2).with_restart_policy("ExitCode").with_backoff_limit(0)
+           .with_failure_rules({"action": "FailJob", "onReasons": ["OOMKilled"]},
+                               {"action": "RestartGangIgnoringBackoff", "onExitCodes": [3],
+                                "onTerminationMessage": "CUDA error: an illegal memory access"}))
+    await operated.apply(job.as_dict())
+    await operated.run_all(NS, "ruled", 2)
+    await operated.phase(NS, "ruled", "Running")
+    await operated.exit(NS, "ruled-1", 3, "Traceback ...\nRuntimeError: CUDA error: an illegal memory access was encountered")
+    await operated.eventually(lambda: operated.status(NS, "ruled").get("restartsIgnoringBackoff") == 1, "an uncounted restart")
+    assert operated.status(NS, "ruled")["restarts"] == 0
+    restarting = operated.condition(NS, "ruled", "Restarting")
+    assert restarting["message"].startswith(
+        "failureRules[1] (RestartGangIgnoringBackoff on exit code 3 and termination message "
+        "/CUDA error: an illegal memory access/) decided: worker 1 exited with code 3: Traceback"
+    )
+    await operated.eventually(lambda: generations(operated.pods(NS, "ruled")) == {"1"}
+                              and len(operated.pods(NS, "ruled")) == 2, "the new gang, generation 1")
+    await operated.run_all(NS, "ruled", 2)
+    await operated.phase(NS, "ruled", "Running")
+    await operated.exit(NS, "ruled-0", 137, reason="OOMKilled")
+    await operated.phase(NS, "ruled", "Failed")
+    failed = operated.condition(NS, "ruled", "Failed")
+    assert failed["reason"] == "FailedByRule"
+    assert failed["message"] == "failureRules[0] (FailJob on reason OOMKilled) decided: worker 0 exited with code 137 (OOMKilled)"
+    events = await operated.event_reasons(NS, "ruled", ["Pending", "Running", "Restarting", "Running", "Failed"])
+    assert [e["message"] for e in events if e["reason"] in ("Restarting", "Failed")] == [
+        restarting["message"], failed["message"]]
+
+
 async def test_a_worker_deleted_by_someone_restarts_the_gang(operated: Cluster):
     await operated.apply(a_cpu_job("drained").with_nodes(2).as_dict())
     await operated.run_all(NS, "drained", 2)

@@ -58,3 +58,32 @@ def test_the_last_saved_step_is_an_attribute_lightnings_skip_check_reads(model_c
         f"{where}._should_skip_saving_checkpoint no longer reads {LAST_SAVED_STEP}: setting it at train start "
         "would not stop a resumed run rewriting its own checkpoint; adapt StepCheckpoint"
     )
+
+
+# What a survivor of a lost peer (dtrain_trainer.survivor) reads, with no collective: the loops' state at each
+# step's end, and the whole checkpoint of the live state (which it then corrects to the last completed step).
+CHECKPOINT_CONNECTOR_METHODS = {"_get_loops_state_dict": (), "dump_checkpoint": ("weights_only",)}
+# ModelCheckpoint's top-k bookkeeping, which StepCheckpoint.save_alone keeps as Lightning's own save would.
+TOP_K_ATTRIBUTES = ("best_k_models", "kth_best_model_path", "kth_value", "best_model_path", "best_model_score",
+                    "current_score", "last_model_path", "save_top_k")
+
+
+@pytest.mark.parametrize("package", flavor.PACKAGES)
+def test_the_checkpoint_connector_has_what_a_survivor_calls(package: str) -> None:
+    pl = flavor.flavor(package)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    connector = getattr(trainer, "_checkpoint_connector", None)
+    for member, expected in CHECKPOINT_CONNECTOR_METHODS.items():
+        method = getattr(connector, member, None)
+        assert callable(method), (
+            f"{package}'s Trainer._checkpoint_connector has no {member}, which dtrain_trainer.survivor calls: "
+            "this Lightning is newer than the range pinned in pyproject.toml; adapt the survivor's checkpoint"
+        )
+        assert tuple(inspect.signature(method).parameters) == expected, f"{package}: {member} takes other parameters"
+
+
+def test_the_top_k_bookkeeping_save_alone_keeps_is_there(model_checkpoint: type, tmp_path: Path) -> None:
+    callback = model_checkpoint(dirpath=str(tmp_path), monitor="step", mode="max", save_top_k=1)
+    missing = [name for name in TOP_K_ATTRIBUTES if not hasattr(callback, name)]
+    assert not missing, f"{model_checkpoint.__qualname__} has no {missing}, which StepCheckpoint.save_alone keeps"
+    assert set(callback.state_dict()) >= {"best_k_models", "kth_best_model_path", "last_model_path"}

@@ -150,10 +150,17 @@ CEL_REJECTS = {
     "profile ranks differ": "spec.engine.profiles[0].inputs[x]: Invalid value: \"object\": min, opt and max need the same rank",
     "profile input name with a comma": "spec.engine.profiles[0].inputs: Invalid value: \"object\": every key must match",
     "name with capitals": "<nil>: Invalid value: \"object\": metadata.name must be a DNS-1035 label",
+    # CEL has no "is a regex": matching '' compiles the pattern, and RE2's error refuses the object.
+    "failure rule pattern RE2 cannot compile": "spec.runPolicy.failureRules[2].onTerminationMessage: Invalid value: "
+    "\"string\": INVALID_ARGUMENT: invalid regular expression: missing ): NCCL (error evaluating rule: "
+    "onTerminationMessage must be an RE2 regular expression",
+    "failure rule pattern with a look-ahead": "spec.runPolicy.failureRules[0].onTerminationMessage: Invalid value: "
+    "\"string\": INVALID_ARGUMENT: invalid regular expression: invalid perl operator: (?=",
 }
 # Bad specs that only the model catches (the operator reports them in the Failed condition):
-# no rule of the CRD says "not both ibDisable and env.NCCL_IB_DISABLE".
-MODEL_ONLY = {"nccl var twice"}
+# no rule of the CRD says "not both ibDisable and env.NCCL_IB_DISABLE", nor compares the two codes of a
+# range (CEL reads no number out of a string without Kubernetes' string library).
+MODEL_ONLY = {"nccl var twice", "failure rule exit code range reversed"}
 BAD = {case: obj for case, obj, _ in BAD_SPECS}
 
 
@@ -237,6 +244,7 @@ def _edited(stored: dict, path: str, value) -> dict:
         ("image", "registry.example/other:1", "spec.image is immutable"),
         ("runPolicy.backoffLimit", 9, "spec.runPolicy.backoffLimit is immutable"),
         ("runPolicy.restartPolicy", "Never", "spec.runPolicy.restartPolicy is immutable"),
+        ("runPolicy.failureRules", [{"action": "FailJob"}], "spec.runPolicy.failureRules is immutable"),
         # Free-form values, compared whole: the operator runs the spec it accepted, so the API
         # server refuses what the operator would not apply.
         ("model", {"classPath": "dtrain_trainer.models.ImageClassifier", "initArgs": {"arch": "resnet50"}},
@@ -389,3 +397,19 @@ def test_name_rule_agrees_with_the_model(name):
     except pydantic.ValidationError:
         model_ok = False
     assert (cel_messages(obj) == []) == model_ok, name
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["CUDA error", "(?i)nccl.*timeout", "(unclosed", "a(?=b)", "a(?<!b)", r"(a)\1", r"\pL+", "[[:alpha:]]+",
+     r"end\z", r"end\Z", "a{1000}", "a{1001}", "[z-a]", "*", r"\Q(literal)\E"],
+)
+def test_termination_message_rule_agrees_with_the_model(pattern):
+    """RE2 both: google-re2 in the model, the CEL engine's RE2 here (the API server's is Go's, RE2 syntax too)."""
+    model_ok = True
+    try:
+        api.FailureRule.model_validate({"action": "FailJob", "onTerminationMessage": pattern})
+    except pydantic.ValidationError:
+        model_ok = False
+    obj = with_spec("runPolicy.failureRules", [{"action": "FailJob", "onTerminationMessage": pattern}])
+    assert (cel_messages(obj) == []) == model_ok, pattern

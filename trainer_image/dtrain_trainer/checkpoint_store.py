@@ -23,7 +23,7 @@ import torch
 
 from dtrain_common import object_store
 from dtrain_common.config import ConfigError
-from dtrain_operator.api import CheckpointOwner, TrainerConfig, contract
+from dtrain_operator.api import CheckpointOwner, SurvivorMark, TrainerConfig, contract
 from dtrain_operator.api.records import Event
 from dtrain_operator.api.storage import training_hash
 from dtrain_trainer.progress import ProgressReporter
@@ -45,10 +45,16 @@ def load_checkpoint(url: str, map_location: Any = None) -> dict[str, Any]:
         return torch.load(handle, map_location=map_location or "cpu", weights_only=False)  # type: ignore[no-any-return]
 
 
-def write_pointer(directory: str, checkpoint_url: str, step: int) -> object_store.Upload:
-    """Name `checkpoint_url` (already uploaded whole) as the newest checkpoint of `directory`."""
+def write_pointer(
+    directory: str, checkpoint_url: str, step: int, survivor: SurvivorMark | None = None
+) -> object_store.Upload:
+    """Name `checkpoint_url` (already uploaded whole) as the newest checkpoint of `directory`; `survivor`: a
+    rank that outlived a lost peer wrote it (dtrain_trainer.survivor), said in the pointer too."""
     name = checkpoint_url.rstrip("/").rsplit("/", 1)[-1]
-    body = json.dumps({"checkpoint": name, "step": step}).encode()
+    pointer: dict[str, Any] = {"checkpoint": name, "step": step}
+    if survivor is not None:
+        pointer["survivor"] = survivor.to_wire()
+    body = json.dumps(pointer).encode()
     return object_store.put_bytes(object_store.join(directory, LAST_POINTER), body)
 
 
@@ -119,9 +125,14 @@ def reported_failure(step: int, url: str, error: str | None, stop: bool = False)
     return f"checkpoint of step {step} not saved: {url} could not be written after retries ({error}); {then}"
 
 
-def report_saved(reporter: ProgressReporter, step: int, path: str, upload: object_store.Upload | None) -> None:
-    """A checkpoint saved whole; on object storage with its size and how long its upload took."""
+def report_saved(
+    reporter: ProgressReporter, step: int, path: str, upload: object_store.Upload | None, survivor: SurvivorMark | None = None
+) -> None:
+    """A checkpoint saved whole; on object storage with its size and how long its upload took; by whom when a
+    survivor of a lost peer wrote it."""
     timing = {"bytes": upload.bytes, "uploadSeconds": round(upload.seconds, 3), "attempts": upload.attempts} if upload else {}
+    if survivor is not None:
+        timing["survivor"] = survivor.to_wire()
     reporter.event(Event.CHECKPOINT, step=step, path=path, ok=True, **timing)
 
 

@@ -32,7 +32,7 @@ from lightning.pytorch.plugins import TorchCheckpointIO
 
 from dtrain_common import object_store
 from dtrain_common.config import ConfigError
-from dtrain_operator.api import contract
+from dtrain_operator.api import SurvivorMark, contract
 from dtrain_operator.api.storage import is_object_url
 from dtrain_trainer import checkpoint_store, flavor
 
@@ -58,7 +58,7 @@ class _StepCheckpointBehaviour:
         dirpath: str,
         every_n_steps: int,
         keep_last: int,
-        on_saved: Callable[[int, str, object_store.Upload | None], None] | None = None,
+        on_saved: Callable[[int, str, object_store.Upload | None, SurvivorMark | None], None] | None = None,
         on_failed: Callable[[int, object_store.Upload], None] | None = None,
     ) -> None:
         super().__init__(  # type: ignore[call-arg]
@@ -96,6 +96,63 @@ class _StepCheckpointBehaviour:
             self._save_topk_checkpoint(trainer, candidates)  # type: ignore[attr-defined]
             self._save_last_checkpoint(trainer, candidates)  # type: ignore[attr-defined]
 
+    @property
+    def saved_step(self) -> int | None:
+        """The step this rank knows saved last (the one resumed from counts)."""
+        return self._last_global_step_saved  # type: ignore[attr-defined,no-any-return]
+
+    def save_alone(self, trainer: L.Trainer, checkpoint: dict[str, Any], step: int, survivor: SurvivorMark) -> str:
+        """Write `checkpoint`, of `step`, as this callback's save of that step is written, by this rank alone.
+
+        For a survivor of a lost peer (dtrain_trainer.survivor): no collective (save_now's Lightning path
+        has a barrier and saves on rank 0 only), the same files in the same order through the same atomic
+        writer (the step file, then last.ckpt or the pointer), the same keepLast bookkeeping (recorded in
+        the checkpoint, so that the resumed run prunes this file in turn) and the same report.
+        """
+        path = self.format_checkpoint_name({"step": step})  # type: ignore[attr-defined]
+        pruned = self._admit(path, step)
+        callbacks = checkpoint.get("callbacks")
+        if isinstance(callbacks, dict):
+            callbacks[self.state_key] = self.state_dict()  # type: ignore[attr-defined]
+        checkpoint_io = trainer.strategy.checkpoint_io
+        checkpoint_io.save_checkpoint(checkpoint, path)
+        written: object_store.Upload | None = getattr(checkpoint_io, "last_upload", None)
+        upload = written if written is not None and written.url == path else None
+        if upload is not None and not upload.ok:
+            raise CheckpointWriteError(checkpoint_store.reported_failure(step, path, upload.error))
+        if is_object_url(str(self.dirpath)):
+            pointer = checkpoint_store.write_pointer(str(self.dirpath), path, step, survivor)
+            if not pointer.ok:
+                raise CheckpointWriteError(checkpoint_store.reported_failure(step, pointer.url, pointer.error))
+        else:
+            checkpoint_io.save_checkpoint(checkpoint, self.last_model_path)  # type: ignore[attr-defined]
+        for old in pruned:
+            checkpoint_io.remove_checkpoint(old)
+        self.latest_path, self._latest_step = path, step
+        self._last_global_step_saved = step
+        if self.on_saved is not None:
+            self.on_saved(step, path, upload, survivor)
+        return path
+
+    def _admit(self, path: str, step: int) -> list[str]:
+        """Count `path` among the newest keepLast step checkpoints, as Lightning's top-k save does; the files it
+        pushes out (monitor "step", mode "max": the lowest step goes)."""
+        kept: dict[str, Any] = self.best_k_models  # type: ignore[attr-defined]
+        pruned = []
+        while self.save_top_k >= 0 and kept and len(kept) >= self.save_top_k:  # type: ignore[attr-defined]
+            oldest = min(kept, key=lambda p: float(kept[p]))
+            kept.pop(oldest)
+            pruned.append(oldest)
+        kept[path] = torch.tensor(step)
+        self.kth_best_model_path = min(kept, key=lambda p: float(kept[p]))
+        self.kth_value = kept[self.kth_best_model_path]
+        self.best_model_path = max(kept, key=lambda p: float(kept[p]))
+        self.best_model_score = kept[self.best_model_path]
+        self.current_score = kept[path]
+        if not is_object_url(str(self.dirpath)):
+            self.last_model_path = str(Path(self.dirpath) / LAST_CHECKPOINT)  # type: ignore[arg-type]
+        return [p for p in pruned if p != path]
+
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)  # type: ignore[misc]
         if not trainer.is_global_zero:
@@ -109,7 +166,8 @@ class _StepCheckpointBehaviour:
         # The step file is written first; last.ckpt then repeats it and needs no report of its own.
         if self.on_saved is not None and self._reported_step != trainer.global_step:
             self._reported_step = trainer.global_step
-            self.on_saved(trainer.global_step, filepath, written if written is not None and written.url == filepath else None)
+            upload = written if written is not None and written.url == filepath else None
+            self.on_saved(trainer.global_step, filepath, upload, None)
 
     def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
         if not is_object_url(self.dirpath):

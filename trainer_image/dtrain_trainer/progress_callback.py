@@ -12,12 +12,13 @@ from typing import Any
 import lightning as L
 import torch
 
-from dtrain_operator.api import contract
+from dtrain_operator.api import SurvivorMark, contract
 from dtrain_operator.api.records import Event
 from dtrain_trainer import flavor
 from dtrain_trainer.progress import ProgressReporter, utc_now
 
 log = logging.getLogger("dtrain_trainer")
+SURVIVOR_KEY = contract.CHECKPOINT_SURVIVOR_KEY
 
 # Metrics reported whenever the model logs them (besides its prog_bar metrics and spec.logging.metrics).
 REPORTED_METRICS = ("val_loss", "val_acc")
@@ -117,9 +118,14 @@ class _ProgressBehaviour:
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         step = checkpoint.get("global_step")
-        log.info("resumed from %s at step %s", trainer.ckpt_path, step)
+        survivor = SurvivorMark.model_validate(checkpoint[SURVIVOR_KEY]) if SURVIVOR_KEY in checkpoint else None
+        by = f" (saved by surviving rank {survivor.rank} after a peer was lost)" if survivor else ""
+        log.info("resumed from %s at step %s%s", trainer.ckpt_path, step, by)
         if trainer.is_global_zero:
-            self.reporter.event(Event.RESUMED, path=str(trainer.ckpt_path), step=step, epoch=checkpoint.get("epoch"))
+            self.reporter.event(
+                Event.RESUMED, path=str(trainer.ckpt_path), step=step, epoch=checkpoint.get("epoch"),
+                **({"survivor": survivor.to_wire()} if survivor else {}),
+            )
 
     def note_step_times(self, times: dict[str, Any], now: bool) -> None:
         """The stragglers callback's latest comparison; `now`: a straggler appeared or went, report at once."""

@@ -77,9 +77,9 @@ def human_line(record: Mapping[str, Any]) -> str:
     if event == Event.CHECKPOINT:
         if record.get("ok") is False:
             return f"checkpoint of step {record.get('step')} NOT saved to {record.get('path')}: {record.get('error')}"
-        return f"checkpoint at step {record.get('step')}: {record.get('path')}"
+        return f"checkpoint at step {record.get('step')}: {record.get('path')}{_by_survivor(record)}"
     if event == Event.RESUMED:
-        return f"resumed from {record.get('path')} at step {record.get('step')}"
+        return f"resumed from {record.get('path')} at step {record.get('step')}{_by_survivor(record)}"
     if event == Event.EXPORT:
         if record.get("ok"):
             error = _number(record.get("parityError"), 3)
@@ -350,3 +350,9 @@ def sink_from_env(env: Mapping[str, str], job_name: str) -> Sink:
         f"{contract.ENV_PROGRESS_SINK} is {choice!r}; use operator, stdout, jsonl:<path> or none"
     )
 
+
+def _by_survivor(record: Mapping[str, Any]) -> str:
+    survivor = record.get("survivor")
+    if not isinstance(survivor, Mapping):
+        return ""
+    return f" (saved by surviving rank {survivor.get('rank')} after a peer was lost)"

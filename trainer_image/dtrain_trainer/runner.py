@@ -72,6 +72,7 @@ from dtrain_trainer.stopping import (
     graceful_stop_class,
 )
 from dtrain_trainer.stragglers import straggler_callback_class
+from dtrain_trainer.survivor import survivor_checkpoint_class
 
 log = logging.getLogger("dtrain_trainer")
 
@@ -80,14 +81,13 @@ EXIT_CONFIG_ERROR = contract.TRAINER_EXIT_INVALID_CONFIG
 
 
 def _step_checkpoint(config: TrainerConfig, reporter: ProgressReporter, package: str) -> Any:
-    """The step-checkpoint callback, reporting each checkpoint saved or missed (and stopping on a miss
-    when checkpoint.onWriteFailure is Fail)."""
+    """The step-checkpoint callback, reporting each save or miss (stopping on a miss if onWriteFailure is Fail)."""
     stop_on_miss = config.checkpoint.on_write_failure == "Fail"
     return step_checkpoint_class(package)(
         dirpath=config.checkpoint_dir,
         every_n_steps=config.checkpoint.every_n_steps,
         keep_last=config.checkpoint.keep_last,
-        on_saved=lambda step, path, upload: checkpoint_store.report_saved(reporter, step, path, upload),
+        on_saved=lambda step, path, upload, survivor: checkpoint_store.report_saved(reporter, step, path, upload, survivor),
         on_failed=lambda step, upload: checkpoint_store.report_failed(reporter, step, upload, stop=stop_on_miss),
     )
 
@@ -139,7 +139,7 @@ def build_trainer(
         max_steps=settings.max_steps,
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
-        callbacks=[straggler, progress, stop, checkpoint],
+        callbacks=[survivor_checkpoint_class(package)(), straggler, progress, stop, checkpoint],  # survivor's first
         plugins=[checkpoint_io],
         logger=build_logger(config, pl, env),
         default_root_dir=config.checkpoint_dir,

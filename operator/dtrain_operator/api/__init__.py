@@ -6,9 +6,10 @@ written for the person who types the YAML. Names follow Kubernetes conventions
 (camelCase on the wire); core Kubernetes types (volumes, affinity, ...) are passed
 through untouched and validated by the API server's own schemas.
 
-This package is the API layer: it imports only pydantic, PyYAML and the standard library, and it is
-the only part of dtrain_operator that the trainer and the engine builder import. The model
-lives in `common`, `spec`, `scheduling`, `storage`, `artifacts`, `status` and `job`, and is re-exported here.
+This package is the API layer: it imports only pydantic, PyYAML, google-re2 (failure rules' patterns) and the
+standard library, and it is the only part of dtrain_operator that the trainer and the engine builder import. The
+model lives in `common`, `spec`, `failure_rules`, `scheduling`, `storage`, `artifacts`, `status` and `job`, and
+is re-exported here.
 """
 
 from dtrain_operator.api.artifacts import (
@@ -53,6 +54,7 @@ from dtrain_operator.api.common import (
     Quantity,
     Resources,
 )
+from dtrain_operator.api.failure_rules import FailureAction, FailureRule, restart_policy_rules
 from dtrain_operator.api.job import (
     ENV_VALUE_PLACEHOLDER,
     MUTABLE_RUN_POLICY_FIELDS,
@@ -93,7 +95,7 @@ from dtrain_operator.api.status import (
     StatusModel,
     StepTimes,
 )
-from dtrain_operator.api.storage import CheckpointOwner, S3Settings, Storage
+from dtrain_operator.api.storage import CheckpointOwner, S3Settings, Storage, SurvivorMark
 
 __all__ = [
     "BUILTIN_IMAGE_FOLDER_DATA",
@@ -137,6 +139,8 @@ __all__ = [
     "EngineSettings",
     "EnvVar",
     "ExportSettings",
+    "FailureAction",
+    "FailureRule",
     "GangProvider",
     "GangScheduling",
     "HangStacks",
@@ -169,9 +173,11 @@ __all__ = [
     "StepTimes",
     "Storage",
     "StragglerSettings",
+    "SurvivorMark",
     "TopologySettings",
     "TrainerConfig",
     "TrainerSettings",
     "immutable_spec",
+    "restart_policy_rules",
     "with_env_values",
 ]

@@ -191,6 +191,12 @@ LAST_CHECKPOINT_FILE_NAME = "last.ckpt"
 LAST_POINTER_FILE_NAME = "last.json"
 # The key under which every checkpoint records the job it belongs to (api.storage.CheckpointOwner).
 CHECKPOINT_OWNER_KEY = "dtrain_owner"
+# The key under which a checkpoint written by a surviving rank, after a peer was lost, says so
+# (api.storage.SurvivorMark); last.json carries the same mark under "survivor".
+CHECKPOINT_SURVIVOR_KEY = "dtrain_survivor"
+# Survivors of a lost peer name themselves in checkpoint.dir with small files of this prefix, to choose
+# the one of them that writes (dtrain_trainer.survivor).
+SURVIVOR_CLAIM_PREFIX = ".survivor-claim."
 
 # --- Files in artifacts.dir ------------------------------------------------------------
 ONNX_FILE_NAME = "model.onnx"

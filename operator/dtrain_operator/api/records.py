@@ -15,7 +15,9 @@ fields that are not known yet are null; consumers must ignore fields they do not
      "resumeFrom": "/ckpt/last.ckpt" | null,
      "lightning": "lightning.pytorch" | "pytorch_lightning"}   (the package the job trains with)
     {"event": "warning", "time": ..., "message": "precision 16-mixed needs a CUDA GPU ..."}
-    {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1}
+    {"event": "resumed", "time": ..., "path": "/ckpt/last.ckpt", "step": 40, "epoch": 1,
+     "survivor": {"rank": 0, "step": 40, "error": "Connection closed by peer ..."} | null}
+     (survivor: the checkpoint was written by a rank that outlived a lost peer, see dtrain_trainer.survivor)
     {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
      "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false,
      "stage": "training" | "validating" | "checkpointing" | "exporting",
@@ -30,6 +32,8 @@ fields that are not known yet are null; consumers must ignore fields they do not
      "bytes": 104857600, "uploadSeconds": 1.9, "attempts": 1}   (object storage: the upload's size and time)
     {"event": "checkpoint", "time": ..., "step": 30, "path": "s3://b/p/step=00000030.ckpt", "ok": false,
      "error": "EndpointConnectionError: ...", "attempts": 5}   (not saved after retries; training went on)
+    {"event": "checkpoint", "time": ..., "step": 41, "path": "/ckpt/step=00000041.ckpt", "ok": true,
+     "survivor": {"rank": 0, "step": 41, "error": "..."}}   (written by rank 0 after a peer was lost)
     {"event": "export", "time": ..., "ok": true, "onnx": "/art/model.onnx",
      "parityError": 2.1e-07, "tolerance": 0.001, "artifacts": "/art/artifacts.json", "error": null}
     {"event": "finished", "time": ..., "ok": true, "step": 128, "epoch": 1, "loss": 0.41,
@@ -76,7 +80,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 from typing_extensions import Self
 
-from dtrain_operator.api import PreflightRank, StackGroup, StepTimes
+from dtrain_operator.api import PreflightRank, StackGroup, StepTimes, SurvivorMark
 
 
 class Event(str, Enum):
@@ -199,6 +203,8 @@ class ResumedRecord(TrainerRecord):
     path: str | None = None
     step: int | None = None
     epoch: int | None = None
+    survivor: SurvivorMark | None = None
+    """Set when a rank that outlived a lost peer wrote the checkpoint (its mark)."""
 
 
 class CheckpointRecord(TrainerRecord):
@@ -213,6 +219,8 @@ class CheckpointRecord(TrainerRecord):
     upload_seconds: float | None = None
     """On object storage: how long the streamed upload took, retries included."""
     attempts: int | None = None
+    survivor: SurvivorMark | None = None
+    """Set when a rank that outlived a lost peer wrote it, just before it exited."""
 
 
 class ExportRecord(TrainerRecord):

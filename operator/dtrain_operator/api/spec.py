@@ -31,6 +31,7 @@ from dtrain_operator.api.common import (
     Precision,
     Resources,
 )
+from dtrain_operator.api.failure_rules import MAX_FAILURE_RULES, FailureRule
 from dtrain_operator.api.free_form import credential_paths
 from dtrain_operator.api.kube_objects import Volume, VolumeMount, refusal
 from dtrain_operator.api.redaction import holds_credential, is_credential_name
@@ -218,7 +219,9 @@ class RunPolicy(ApiModel):
     """How failures, deadlines and cleanup are handled."""
 
     restart_policy: Literal["OnFailure", "ExitCode", "Never"] = "OnFailure"
-    """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job. Under every policy, the trainer's exit code 78 (a classPath, initArgs, checkpoint directory or model export that cannot work) fails the job at once with reason InvalidTrainerConfig."""
+    """OnFailure: any worker failure restarts the gang. ExitCode: exit codes 1-127 (a bug in the job) fail it at once, 128+ and evictions restart. Never: the first failure fails the job. Under every policy, the trainer's exit code 78 (a classPath, initArgs, checkpoint directory or model export that cannot work) fails the job at once with reason InvalidTrainerConfig. Each policy is a list of failure rules that comes after failureRules (see there)."""
+    failure_rules: Annotated[list[FailureRule], Field(max_length=MAX_FAILURE_RULES)] = Field(default_factory=list)
+    """Rules for failed workers, tried in order: the first rule that matches one of the failures that stopped the gang decides (as JobSet's failurePolicy.rules), and the status condition and the Event name it (failureRules[1] ... decided). A failure no rule matches is decided by restartPolicy, which is the rule list that follows yours: OnFailure is [{action: FailJob, onReasons: [InvalidTrainerConfig]}, {action: RestartGang}]; ExitCode is [{action: FailJob, onReasons: [InvalidTrainerConfig]}, {action: RestartGang, onExitCodes: ["128-255"]}, {action: RestartGang, onReasons: [Lost]}, {action: FailJob}]; Never is [{action: FailJob, onReasons: [InvalidTrainerConfig]}, {action: FailJob}]. The failures that stopped the gang are the first ones (those within a second of the first) and every lost worker, not its peers' errors that followed. A Kueue eviction is no failure: the gang is queued again whatever the rules say. A gang past progressDeadlineSeconds is not decided by these rules."""
     backoff_limit: Annotated[int, Field(ge=0, le=1000)] = 3
     """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
     active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_DURATION_SECONDS)] | None = None

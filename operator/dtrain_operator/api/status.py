@@ -242,6 +242,8 @@ class DistributedTrainingStatus(StatusModel):
     """Gang restarts so far (those that count against backoffLimit)."""
     evictions: int = 0
     """Times Kueue evicted the gang (preemption): each restarted it, counted against no backoffLimit."""
+    restarts_ignoring_backoff: int = 0
+    """Gang restarts that a RestartGangIgnoringBackoff rule of runPolicy.failureRules decided: counted against no backoffLimit."""
     start_time: str | None = None
     """When the job started (RFC 3339)."""
     completion_time: str | None = None
@@ -265,7 +267,7 @@ class DistributedTrainingStatus(StatusModel):
 
     @property
     def gang_generation(self) -> int:
-        """Which gang runs now: every restart made a new one, counted (restarts) or not (evictions); its
-        pods carry it in their dtrain.dev/gang-generation label."""
-        return self.restarts + self.evictions
+        """Which gang runs now: every restart made a new one, counted (restarts) or not (evictions,
+        restartsIgnoringBackoff); its pods carry it in their dtrain.dev/gang-generation label."""
+        return self.restarts + self.evictions + self.restarts_ignoring_backoff
 

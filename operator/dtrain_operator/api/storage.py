@@ -178,6 +178,17 @@ class CheckpointOwner(ApiModel):
         return None
 
 
+class SurvivorMark(ApiModel):
+    """In a checkpoint that a surviving rank wrote after a peer of its gang was lost (dtrain_trainer.survivor)."""
+
+    rank: int
+    """The global rank that wrote it."""
+    step: int
+    """The optimizer step it holds: the last one the gang completed."""
+    error: str | None = None
+    """The collective's error that told the survivor a peer was lost (the first line, shortened)."""
+
+
 # Trainer settings that say how long to train or how often to log, not what a step computes: a run resumed
 # with more epochs continues the same training.
 _NOT_SHAPING = ("maxEpochs", "maxSteps", "logEveryNSteps")

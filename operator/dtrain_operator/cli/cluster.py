@@ -163,6 +163,7 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
         devices_per_node=spec.devices_per_node,
         accelerator=spec.accelerator,
         restarts=status.restarts,
+        restarts_ignoring_backoff=status.restarts_ignoring_backoff,
         wall_seconds=wall,
         workdir="",
         steps=update.step if update.step is not None else trainer.step,

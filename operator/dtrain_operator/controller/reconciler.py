@@ -422,7 +422,10 @@ class Controller:
         updated = await self._client.patch_status(namespace, name, patch)
         if updated:
             self._remember(key, updated)
-        restarts = new.restarts - (previous.restarts if previous else 0)
+        # Restarts a RestartGangIgnoringBackoff rule decided are gang restarts too (Kueue's evictions are not).
+        restarts = new.restarts + new.restarts_ignoring_backoff - (
+            previous.restarts + previous.restarts_ignoring_backoff if previous else 0
+        )
         if restarts > 0:
             restarting = next((c for c in new.conditions if c.type == "Restarting"), None)
             self._metrics.gang_restart(restarts, restarting.reason if restarting else "")

@@ -54,21 +54,24 @@ class TrustedState:
     accepted_spec: dict[str, Any]
     restarts: int = 0
     evictions: int = 0
+    restarts_ignoring_backoff: int = 0
     phase: str | None = None
     start_time: str | None = None
     completion_time: str | None = None
     succeeded_ranks: tuple[int, ...] = ()
-    """Ranks of the gang generation (restarts + evictions) that exited 0: finished, even once their pods are gone."""
+    """Ranks of the gang generation (restarts + evictions + restartsIgnoringBackoff) that exited 0: finished, even
+    once their pods are gone."""
 
     @property
     def gang_generation(self) -> int:
-        return self.restarts + self.evictions
+        return self.restarts + self.evictions + self.restarts_ignoring_backoff
 
     def encode(self, key: bytes, job: JobIdentity) -> str:
         record: dict[str, Any] = {
             "version": VERSION,
             "restarts": self.restarts,
             "evictions": self.evictions,
+            "restartsIgnoringBackoff": self.restarts_ignoring_backoff,
             "phase": self.phase,
             "startTime": self.start_time,
             "completionTime": self.completion_time,
@@ -130,7 +133,8 @@ def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
     spec = record.get("acceptedSpec")
     if not isinstance(spec, dict):
         raise UntrustedState(f"annotation {ANNOTATION}: acceptedSpec is not an object")
-    counts = {name: record.get(name, 0) for name in ("restarts", "evictions")}
+    # A record written before restartsIgnoringBackoff existed has none: 0.
+    counts = {name: record.get(name, 0) for name in ("restarts", "evictions", "restartsIgnoringBackoff")}
     for name, count in counts.items():
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise UntrustedState(f"annotation {ANNOTATION}: {name} is not a count ({count!r})")
@@ -145,6 +149,7 @@ def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
         succeeded_ranks=tuple(sorted(set(succeeded))),
         restarts=counts["restarts"],
         evictions=counts["evictions"],
+        restarts_ignoring_backoff=counts["restartsIgnoringBackoff"],
         phase=texts["phase"],
         start_time=texts["startTime"],
         completion_time=texts["completionTime"],
@@ -171,6 +176,7 @@ def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] =
         accepted_spec=dict(status.accepted_spec),
         restarts=status.restarts,
         evictions=status.evictions,
+        restarts_ignoring_backoff=status.restarts_ignoring_backoff,
         phase=status.phase,
         start_time=status.start_time,
         completion_time=status.completion_time,
@@ -198,6 +204,7 @@ def trusted_previous(
                 "accepted_spec": dict(state.accepted_spec),
                 "restarts": state.restarts,
                 "evictions": state.evictions,
+                "restarts_ignoring_backoff": state.restarts_ignoring_backoff,
                 "phase": state.phase,
                 "start_time": state.start_time,
                 "completion_time": state.completion_time,

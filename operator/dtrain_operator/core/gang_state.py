@@ -24,7 +24,10 @@ from dtrain_operator.core.render import worker_pod_name
 IMAGE_PULL_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
 )
-MAX_POD_MESSAGE_CHARS = 400
+# The reasons of Kubernetes' DisruptionTarget condition: who is deleting a pod (failure rules may name them).
+DISRUPTION_REASONS = frozenset(
+    {"PreemptionByScheduler", "EvictionByEvictionAPI", "DeletionByTaintManager", "DeletionByPodGC", "TerminationByKubelet"}
+)
 # How long a finished engine Job waits for its pod to be seen (see engine_pod_awaited).
 ENGINE_POD_GRACE_SECONDS = 30.0
 
@@ -42,11 +45,6 @@ def engine_pod_awaited(observed: Observed, now: datetime) -> float | None:
         return None
     left = ENGINE_POD_GRACE_SECONDS - (now - job.finished_at).total_seconds()
     return left if left > 0 else None
-
-
-def message_tail(text: str, limit: int = MAX_POD_MESSAGE_CHARS) -> str:
-    text = text.strip()
-    return text if len(text) <= limit else "..." + text[-(limit - 3) :]
 
 
 def node_counts(total: int, pods: Sequence[PodObservation], active: bool, gone_succeeded: int = 0) -> NodeCounts:
@@ -90,11 +88,13 @@ def worker_failures(
                 failures.append(WorkerFailure(rank, None, "Deleted", f"pod {name} was deleted"))
         elif pod.phase == "Failed":
             failures.append(
-                WorkerFailure(rank, pod.exit_code, pod.reason or "Error", message_tail(pod.message), pod.finished_at)
+                WorkerFailure(rank, pod.exit_code, pod.reason or "Error", pod.message, pod.finished_at)
             )
         elif pod.deleting and pod.phase != "Succeeded":
             if queueing.is_queue_stop(pod.reason):
                 failures.append(WorkerFailure(rank, None, pod.reason, pod.message or f"Kueue stopped pod {pod.name}"))
+            elif pod.reason in DISRUPTION_REASONS:
+                failures.append(WorkerFailure(rank, None, pod.reason, pod.message or f"pod {pod.name} is being deleted"))
             else:
                 failures.append(WorkerFailure(rank, None, "Deleted", f"pod {pod.name} is being deleted"))
     return failures

@@ -4,6 +4,10 @@ DDP cannot lose a rank, so any worker failure stops the whole gang; these pure
 functions decide whether the gang starts again from its last checkpoint or the
 job ends, and how it ends after training (the export, the engine) or past its
 deadline. Neither caller decides this anywhere else.
+
+A failure is decided by rules (api.failure_rules): runPolicy.failureRules in order, then the
+rules that restartPolicy stands for; the first that matches one of the failures that stopped
+the gang decides, and the decision's message names it when it is one of the user's.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from dtrain_operator.api import RunPolicy, contract
+from dtrain_operator.api import FailureRule, RunPolicy, contract, failure_rules, restart_policy_rules
 from dtrain_operator.core import queueing
 
 # Exit codes of 128 and above mean the process was killed by a signal (128 + n):
@@ -33,7 +37,18 @@ REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
 REASON_TRAINING_SUCCEEDED = "TrainingSucceeded"
 REASON_ENGINE_BUILT = "EngineBuilt"
 # The trainer exited with contract.TRAINER_EXIT_INVALID_CONFIG: its settings are wrong.
-REASON_INVALID_TRAINER_CONFIG = "InvalidTrainerConfig"
+REASON_INVALID_TRAINER_CONFIG = failure_rules.REASON_INVALID_TRAINER_CONFIG
+# A FailJob rule of runPolicy.failureRules failed the job.
+REASON_FAILED_BY_RULE = "FailedByRule"
+# Kubernetes' reasons that dtrain's names for failure rules cover (besides those names themselves).
+REASON_ALIASES = {
+    failure_rules.REASON_PREEMPTED: frozenset({"PreemptionByScheduler", "Preempting"}),
+    failure_rules.REASON_EVICTED: frozenset({"EvictionByEvictionAPI"}),
+}
+# The failure's message, in a decision's message: the end of a log is where its error is.
+MAX_FAILURE_MESSAGE_CHARS = 400
+# A termination-message pattern, in the message that names the rule that decided.
+MAX_PATTERN_ECHO_CHARS = 40
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,16 @@ class WorkerFailure:
     exit_code: int | None
     reason: str = "Error"
     message: str = ""
+    """The pod's termination message (or, for a lost pod, its status message): decisions quote its end."""
     finished_at: datetime | None = None
+    termination_message: str | None = None
+    """What failure rules' onTerminationMessage is matched against when it is not `message`: `dtrain run` shows a
+    failed node's log itself, and quotes in its message only what the trainer wrote, not the log's end that a
+    pod's termination message (FallbackToLogsOnError) would hold."""
+
+    @property
+    def matched_message(self) -> str:
+        return self.message if self.termination_message is None else self.termination_message
 
     def describe(self) -> str:
         if self.exit_code is None:
@@ -57,7 +81,13 @@ class WorkerFailure:
             what = f"worker {self.rank} exited with code {self.exit_code}"
             if self.reason and self.reason not in ("Error", "Completed"):
                 what += f" ({self.reason})"
-        return f"{what}: {self.message}" if self.message else what
+        message = message_tail(self.message)
+        return f"{what}: {message}" if message else what
+
+
+def message_tail(text: str, limit: int = MAX_FAILURE_MESSAGE_CHARS) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else "..." + text[-(limit - 3) :]
 
 
 @dataclass(frozen=True)
@@ -69,6 +99,9 @@ class Ending:
     message: str
 
 
+RestartCount = Literal["restarts", "evictions", "restartsIgnoringBackoff"]
+
+
 @dataclass(frozen=True)
 class FailureDecision:
     """What to do about a failed gang: restart it, or fail the job with a reason."""
@@ -76,8 +109,14 @@ class FailureDecision:
     restart: bool
     reason: str
     message: str
-    counted: bool = True
-    """Whether the restart counts against backoffLimit: not when a queue took the gang away."""
+    count: RestartCount = "restarts"
+    """The count a restart adds to: restarts (against backoffLimit), evictions (Kueue took the gang away) or
+    restartsIgnoringBackoff (a RestartGangIgnoringBackoff rule decided)."""
+
+    @property
+    def counted(self) -> bool:
+        """Whether the restart counts against backoffLimit."""
+        return self.count == "restarts"
 
     @property
     def ending(self) -> Ending:
@@ -102,15 +141,70 @@ def trainer_error(message: str) -> str:
     return text
 
 
-def is_retryable(policy: RunPolicy, failure: WorkerFailure) -> bool:
-    """Whether a restart could cure this failure under the job's restart policy."""
+def failure_reasons(failure: WorkerFailure) -> frozenset[str]:
+    """The names a failure rule's onReasons may give this failure: its own reason, and dtrain's names that
+    cover it (Lost, Preempted, Evicted, InvalidTrainerConfig)."""
+    names = {failure.reason} if failure.reason else set()
+    if failure.exit_code is None:
+        names.add(failure_rules.REASON_LOST)
     if is_invalid_trainer_config(failure):
+        names.add(REASON_INVALID_TRAINER_CONFIG)
+    names.update(name for name, covered in REASON_ALIASES.items() if failure.reason in covered)
+    return frozenset(names)
+
+
+def rule_matches(rule: FailureRule, failure: WorkerFailure) -> bool:
+    """Whether the failure meets every condition of the rule (a rule without conditions matches any)."""
+    if rule.on_exit_codes is not None:
+        code = failure.exit_code
+        if code is None or not any(low <= code <= high for low, high in rule.exit_code_ranges()):
+            return False
+    if rule.on_reasons is not None and not failure_reasons(failure) & set(rule.on_reasons):
         return False
-    if policy.restart_policy == "Never":
-        return False
-    if policy.restart_policy == "ExitCode":
-        return failure.exit_code is None or failure.exit_code >= SIGNAL_EXIT_CODE_BASE
-    return True
+    pattern = rule.on_termination_message
+    return pattern is None or failure_rules.re2_search(pattern, failure.matched_message)
+
+
+@dataclass(frozen=True)
+class RuleMatch:
+    """The rule that decides, and the failure it matched."""
+
+    rule: FailureRule
+    index: int | None
+    """Its place in runPolicy.failureRules; None for one of restartPolicy's rules, which follow them."""
+    failure: WorkerFailure
+
+    def describe(self) -> str:
+        """E.g. failureRules[1] (RestartGangIgnoringBackoff on exit code 143)."""
+        rule, failure = self.rule, self.failure
+        on = []
+        if rule.on_exit_codes is not None:
+            on.append(f"exit code {failure.exit_code}")
+        if rule.on_reasons is not None:
+            reasons = failure_reasons(failure)
+            on.append(f"reason {next(r for r in rule.on_reasons if r in reasons)}")
+        if rule.on_termination_message is not None:
+            pattern = rule.on_termination_message
+            if len(pattern) > MAX_PATTERN_ECHO_CHARS:
+                pattern = pattern[: MAX_PATTERN_ECHO_CHARS - 3] + "..."
+            on.append(f"termination message /{pattern}/")
+        return f"failureRules[{self.index}] ({rule.action} on {' and '.join(on) or 'any failure'})"
+
+
+def first_match(policy: RunPolicy, failures: Sequence[WorkerFailure]) -> RuleMatch:
+    """The first rule, of runPolicy.failureRules and then restartPolicy's, that matches one of the failures."""
+    listed: list[tuple[int | None, FailureRule]] = [*enumerate(policy.failure_rules)]
+    listed += [(None, rule) for rule in restart_policy_rules(policy.restart_policy)]
+    for index, rule in listed:
+        for failure in failures:
+            if rule_matches(rule, failure):
+                return RuleMatch(rule, index, failure)
+    raise ValueError("first_match needs at least one failure")  # restartPolicy's last rule matches any
+
+
+def is_retryable(policy: RunPolicy, failure: WorkerFailure) -> bool:
+    """Whether the job's rules (failureRules, then restartPolicy's) would restart the gang for this failure."""
+    return first_match(policy, [failure]).rule.action != failure_rules.ACTION_FAIL_JOB
 
 
 # Kubernetes reports when a container finished to the second: failures this close together
@@ -119,23 +213,32 @@ SAME_MOMENT_SECONDS = 1.0
 
 
 def root_causes(failures: Sequence[WorkerFailure]) -> list[WorkerFailure]:
-    """The failures that came first, and every worker that was lost.
+    """The failures that came first, every worker that was lost, and every trainer that found its settings wrong.
 
     When one rank dies, its peers fail moments later with errors of their own (a broken
     connection, exit code 1): consequences, not causes. Without a finish time for every
     failure they cannot be told apart, and all count. A worker that was lost (evicted,
     deleted, its node gone: no exit code) is a cause whatever its time: its peers see the
-    loss at once, while its pod is only marked once the node is found gone, much later.
+    loss at once, while its pod is only marked once the node is found gone, much later. So is
+    a trainer's InvalidTrainerConfig: no peer's failure makes a setting wrong.
     """
     timed = [(f, f.finished_at) for f in failures if f.finished_at is not None]
     if len(timed) < len(failures):
         return list(failures)
     first = min(t for _, t in timed)
-    return [f for f, t in timed if f.exit_code is None or (t - first).total_seconds() <= SAME_MOMENT_SECONDS]
+    return [
+        f
+        for f, t in timed
+        if f.exit_code is None or is_invalid_trainer_config(f) or (t - first).total_seconds() <= SAME_MOMENT_SECONDS
+    ]
 
 
 def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], restarts: int) -> FailureDecision:
-    """Restart the gang or fail the job, given the failed workers and the restarts so far."""
+    """Restart the gang or fail the job, given the failed workers and the restarts so far.
+
+    A Kueue eviction is no failure: the gang is queued again. Otherwise the first rule that matches one
+    of the root causes decides: runPolicy.failureRules in order, then restartPolicy's own rules.
+    """
     if not failures:
         raise ValueError("decide_on_failure needs at least one failed worker")
     ordered = sorted(failures, key=lambda f: f.rank)
@@ -147,38 +250,60 @@ def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], rest
             queueing.REASON_EVICTED,
             f"Kueue evicted the gang ({evicted[0].message or evicted[0].reason}); it is queued again and resumes "
             "from its checkpoint once admitted (not counted against backoffLimit)",
-            counted=False,
+            count="evictions",
         )
-    invalid = [f for f in ordered if is_invalid_trainer_config(f)]
-    if invalid:
-        # No restart can cure it, whatever restartPolicy says: fail now, with the trainer's own words.
-        first = invalid[0]
-        error = trainer_error(first.message) or f"exit code {first.exit_code}"
+    summary = "; ".join(f.describe() for f in ordered)
+    match = first_match(policy, root_causes(ordered))
+    if match.index is None:
+        return _by_restart_policy(policy, match, summary, restarts)
+    by = f"{match.describe()} decided: "
+    if match.rule.action == failure_rules.ACTION_FAIL_JOB:
+        return FailureDecision(False, REASON_FAILED_BY_RULE, f"{by}{summary}")
+    if match.rule.action == failure_rules.ACTION_RESTART_IGNORING_BACKOFF:
+        return FailureDecision(
+            True,
+            REASON_WORKER_FAILED,
+            f"{by}{summary}; restarting the gang from the last checkpoint (not counted against backoffLimit)",
+            count="restartsIgnoringBackoff",
+        )
+    return _restart(policy, f"{by}{summary}", restarts)
+
+
+def _by_restart_policy(policy: RunPolicy, match: RuleMatch, summary: str, restarts: int) -> FailureDecision:
+    """What restartPolicy's rules decided, in the words each policy has always used."""
+    if match.rule.action != failure_rules.ACTION_FAIL_JOB:
+        return _restart(policy, summary, restarts)
+    if match.rule.on_reasons == [REASON_INVALID_TRAINER_CONFIG]:
+        # No restart can cure it: fail now, with the trainer's own words.
+        failure = match.failure
+        error = trainer_error(failure.message) or f"exit code {failure.exit_code}"
         return FailureDecision(
             False,
             REASON_INVALID_TRAINER_CONFIG,
-            f"worker {first.rank}: {error} (the trainer's settings are wrong and a restart cannot cure that: "
+            f"worker {failure.rank}: {error} (the trainer's settings are wrong and a restart cannot cure that: "
             "fix the spec and create the job again)",
         )
-    summary = "; ".join(f.describe() for f in ordered)
     if policy.restart_policy == "Never":
         return FailureDecision(False, REASON_RESTART_POLICY_NEVER, f"{summary} (restartPolicy is Never)")
-    if not any(is_retryable(policy, f) for f in root_causes(ordered)):
-        return FailureDecision(
-            False,
-            REASON_NON_RETRYABLE_EXIT,
-            f"{summary} (restartPolicy ExitCode: codes 1-127 are errors of the program and are not retried)",
-        )
+    return FailureDecision(
+        False,
+        REASON_NON_RETRYABLE_EXIT,
+        f"{summary} (restartPolicy ExitCode: codes 1-127 are errors of the program and are not retried)",
+    )
+
+
+def _restart(policy: RunPolicy, what: str, restarts: int) -> FailureDecision:
+    """A restart that counts against backoffLimit, or the job's end once it is spent."""
     if restarts >= policy.backoff_limit:
         return FailureDecision(
             False,
             REASON_BACKOFF_LIMIT,
-            f"{summary} (gang restarted {restarts} time(s), backoffLimit is {policy.backoff_limit})",
+            f"{what} (gang restarted {restarts} time(s), backoffLimit is {policy.backoff_limit})",
         )
     return FailureDecision(
         True,
         REASON_WORKER_FAILED,
-        f"{summary}; restarting the gang from the last checkpoint ({restarts + 1}/{policy.backoff_limit})",
+        f"{what}; restarting the gang from the last checkpoint ({restarts + 1}/{policy.backoff_limit})",
     )
 
 

@@ -48,7 +48,8 @@ def event_line(record: records.AnyTrainerRecord) -> str:
             + (f", resuming from {record.resume_from}" if record.resume_from else "")
         )
     if isinstance(record, records.ResumedRecord):
-        return f"resumed from {record.path} at step {record.step}"
+        by = f" (saved by surviving rank {record.survivor.rank} after a peer was lost)" if record.survivor else ""
+        return f"resumed from {record.path} at step {record.step}{by}"
     if isinstance(record, records.ExportRecord):
         if record.ok:
             parity = "-" if record.parity_error is None else f"{record.parity_error:.2e}"
@@ -277,6 +278,16 @@ def _value(value: object | None, fmt: str = "{}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _not_counted(restarts: int) -> str:
+    """The restarts that RestartGangIgnoringBackoff rules decided, beside those counted against backoffLimit."""
+    return f" (and {restarts} not counted against backoffLimit)" if restarts else ""
+
+
+def _steps_lost(lost: list[int]) -> str:
+    """The steps each restart trained again (RunSummary.steps_lost), one figure per restart."""
+    return f"; steps lost {', '.join(map(str, lost))}" if lost else ""
+
+
 def _gang_rows(table: Table, s: RunSummary) -> None:
     """What the gang's checks found: the pre-flight check, the slowest rank, where the latest hang sat."""
     if s.preflight:
@@ -319,7 +330,7 @@ def summary_table(s: RunSummary) -> Table:
     for name, value in s.metrics.items():
         table.add_row(escape(name), f"{value:.4g}")
     table.add_row("throughput", _value(s.images_per_second, "{:,.1f} images/s"))
-    table.add_row("restarts", str(s.restarts))
+    table.add_row("restarts", str(s.restarts) + _not_counted(s.restarts_ignoring_backoff) + _steps_lost(s.steps_lost))
     _gang_rows(table, s)
     table.add_row("wall time", format_duration(s.wall_seconds))
     table.add_row("checkpoint", escape(s.checkpoint or "-"))

@@ -303,6 +303,21 @@ def worker_exit_code(returncode: int) -> int:
     return policy.SIGNAL_EXIT_CODE_BASE - returncode if returncode < 0 else returncode
 
 
+# A worker pod's terminationMessagePolicy, FallbackToLogsOnError: with no termination message written, a container
+# that failed has the end of its log as its message, at most this many lines and bytes.
+FALLBACK_LOG_LINES = 80
+FALLBACK_LOG_BYTES = 2048
+
+
+def termination_message(written: str, log: str) -> str:
+    """A failed node's termination message, as its pod's would be: what its trainer wrote to the termination log
+    (at most 4 KiB), else the end of its log (what failure rules' onTerminationMessage is matched against)."""
+    if written.strip():
+        return written.encode()[: contract.TERMINATION_MESSAGE_MAX_BYTES].decode(errors="ignore")
+    tail = "\n".join(log.splitlines()[-FALLBACK_LOG_LINES:])
+    return tail.encode()[-FALLBACK_LOG_BYTES:].decode(errors="ignore")
+
+
 def failure_excerpt(log: str, lines: int) -> str:
     """The last `lines` of a failed node's log: the worker's error and the launcher's failure report."""
     return "\n".join(log.splitlines()[-lines:])

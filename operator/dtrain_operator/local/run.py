@@ -47,6 +47,7 @@ from dtrain_operator.local.launch_plan import (
     failure_excerpt,
     localize,
     node_launches,
+    termination_message,
     worker_exit_code,
 )
 from dtrain_operator.local.process_gang import Gang, become_child_subreaper
@@ -121,9 +122,15 @@ class RunState:
     reason: str = ""
     message: str = ""
     restarts: int = 0
+    restarts_ignoring_backoff: int = 0
     started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     # Where the latest hang sat (core.hang_diagnosis), as the operator keeps it in status.lastHang.
     last_hang: str | None = None
+
+    @property
+    def generation(self) -> int:
+        """Which gang runs now: every restart starts a new one, counted against backoffLimit or not."""
+        return self.restarts + self.restarts_ignoring_backoff
 
 
 def free_port() -> int:
@@ -200,16 +207,19 @@ class LocalRun:
         run_policy = self.job.spec.run_policy
         while True:
             launches, warnings = node_launches(self.local, self.workdir, free_port(), os.environ, self.cores)
-            if self.state.restarts == 0:
+            generation = self.state.generation
+            if generation == 0:
                 for warning in warnings:
                     self.display.warn(warning)
+            for launch in launches:  # each node starts with none, as a new pod does
+                self.workdir.termination_log(launch.rank).unlink(missing_ok=True)
             gang = Gang.start(
                 launches,
                 [self.workdir.node_log(launch.rank) for launch in launches],
-                f"gang generation {self.state.restarts}, {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
+                f"gang generation {generation}, {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
                 adopts_orphans=self.adopts_orphans,
             )
-            self.display.gang_started(self.state.restarts, [launch.rank for launch in launches], gang.pids)
+            self.display.gang_started(generation, [launch.rank for launch in launches], gang.pids)
             self._progress, self._progress_watch, self._hang_stacks = None, None, None
             outcome = self._watch(gang, on_exit=self._node_failures, watch_progress=True)
             if outcome.hang is not None and outcome.hang.restart:
@@ -238,7 +248,10 @@ class LocalRun:
             decision = policy.decide_on_failure(run_policy, outcome.failures, self.state.restarts)
             if not decision.restart:
                 return self._end(decision.ending)
-            self.state.restarts += 1
+            if decision.counted:
+                self.state.restarts += 1
+            else:
+                self.state.restarts_ignoring_backoff += 1
             self.display.warn(decision.message)
 
     def _node_failures(self, gang: Gang) -> StepOutcome | None:
@@ -248,8 +261,9 @@ class LocalRun:
         for rank, code in sorted(exited.items()):
             if code != 0:
                 exit_code = worker_exit_code(code)
-                message = self._trainer_message(rank) if exit_code == contract.TRAINER_EXIT_INVALID_CONFIG else ""
-                failures.append(policy.WorkerFailure(rank, exit_code, _reason(exit_code), message))
+                written = self._trainer_message(rank)
+                pods = termination_message(written, gang.nodes[rank].log_since_start())
+                failures.append(policy.WorkerFailure(rank, exit_code, _reason(exit_code), written, termination_message=pods))
         if failures:
             return StepOutcome(failures=failures)
         if len(exited) == len(gang.nodes):
@@ -279,7 +293,7 @@ class LocalRun:
                 # The same watch and the same decision as the operator's; every node runs while none exited.
                 all_running = not gang.exited()
                 self._progress_watch = progress_deadline.observe(
-                    self._progress_watch, self.state.restarts, all_running, self._progress, now
+                    self._progress_watch, self.state.generation, all_running, self._progress, now
                 )
                 hang = progress_deadline.decide(run_policy, self._progress_watch, now, self.state.restarts)
                 if hang is not None:
@@ -301,7 +315,7 @@ class LocalRun:
                 self._note_straggler(record.step_times)
             elif isinstance(record, records.HangRecord):
                 self._hang_stacks = hang_diagnosis.stacks_of_record(raw)
-            self.display.progress(raw, self.state.restarts)
+            self.display.progress(raw, self.state.generation)
         self.display.tick()
 
     def _where_it_hangs(self, hang: policy.FailureDecision) -> policy.FailureDecision:
@@ -385,6 +399,7 @@ class LocalRun:
             reason=self.state.reason,
             message=self.state.message,
             restarts=self.state.restarts,
+            restarts_ignoring_backoff=self.state.restarts_ignoring_backoff,
             wall_seconds=(datetime.now(timezone.utc) - self.state.started).total_seconds(),
             engine_asked=engine_asked,
             last_hang=self.state.last_hang,

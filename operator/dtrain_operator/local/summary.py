@@ -44,7 +44,11 @@ class RunSummary:
     restarts: int
     wall_seconds: float
     workdir: str
+    # Restarts a RestartGangIgnoringBackoff failure rule decided (not counted in restarts).
+    restarts_ignoring_backoff: int = 0
     steps: int | None = None
+    # Per restart: the steps the gang before it had reached that the new gang trained again (see steps_lost).
+    steps_lost: list[int] = field(default_factory=list)
     epoch: int | None = None
     final_loss: float | None = None
     images_per_second: float | None = None
@@ -102,6 +106,7 @@ def collect_summary(
     restarts: int,
     wall_seconds: float,
     engine_asked: bool,
+    restarts_ignoring_backoff: int = 0,
     last_hang: str | None = None,
 ) -> RunSummary:
     spec = job.spec
@@ -114,6 +119,7 @@ def collect_summary(
         devices_per_node=spec.devices_per_node,
         accelerator=spec.accelerator,
         restarts=restarts,
+        restarts_ignoring_backoff=restarts_ignoring_backoff,
         wall_seconds=wall_seconds,
         workdir=str(workdir.root),
         engine_asked=engine_asked,
@@ -121,6 +127,7 @@ def collect_summary(
     )
     progress = JsonlTail(workdir.progress).read_new()
     _add_progress(summary, progress)
+    summary.steps_lost = steps_lost(progress)
     checkpoint = latest_checkpoint(workdir.checkpoints)
     # On object storage the workdir holds none: the newest one the trainer reports saved (a URL).
     saved = [r.path for r in map(records.read_record, progress) if isinstance(r, records.CheckpointRecord) and r.ok]
@@ -152,6 +159,34 @@ def _add_progress(summary: RunSummary, raw_records: list[dict[str, Any]]) -> Non
         elif isinstance(record, records.ExportRecord) and record.ok:
             summary.onnx = record.onnx or summary.onnx
             summary.onnx_parity_error = record.parity_error
+
+
+def steps_lost(raw_records: list[dict[str, Any]]) -> list[int]:
+    """For every gang that followed another, the steps the one before had reached and this one trained again.
+
+    Reached: the highest step of the earlier gang's progress and checkpoint records (a survivor's checkpoint
+    record included, dtrain_trainer.survivor); rank 0 reports progress every few seconds, so when rank 0 was
+    the one lost this is a lower bound. Again: from the step the new gang resumed from, or from 0 when it
+    started without a checkpoint.
+    """
+    lost: list[int] = []
+    reached: int | None = None
+    pending: int | None = None  # what the gang before the latest start had reached
+    for record in map(records.read_record, raw_records):
+        if isinstance(record, records.StartRecord):
+            if reached is not None:
+                pending, reached = reached, None
+        elif isinstance(record, records.ResumedRecord) and pending is not None:
+            lost.append(max(0, pending - (record.step or 0)))
+            pending, reached = None, record.step
+        elif isinstance(record, (records.ProgressRecord, records.CheckpointRecord, records.FinishedRecord,
+                                 records.StoppedRecord)) and record.step is not None:
+            if pending is not None:  # trained on without resuming: from scratch
+                lost.append(pending)
+                pending = None
+            if not isinstance(record, records.CheckpointRecord) or record.ok:
+                reached = max(reached or 0, record.step)
+    return lost
 
 
 def _add_artifacts(summary: RunSummary, workdir: Workdir) -> None:

@@ -22,10 +22,7 @@ from dtrain_operator.controller.status.conditions import (
 )
 from dtrain_operator.controller.status.observe import termination_results
 from dtrain_operator.core import policy
-from dtrain_operator.core.gang_state import (
-    engine_pod_awaited,
-    message_tail,
-)
+from dtrain_operator.core.gang_state import engine_pod_awaited
 from dtrain_operator.core.observation import Observed, PodObservation
 from dtrain_operator.core.render import engine_job_name, worker_pod_name
 
@@ -34,7 +31,7 @@ def _engine_message(observed: Observed) -> str:
     finished = [p for p in observed.engine_pods if p.phase in ("Failed", "Succeeded")]
     latest = max(finished, key=lambda p: p.created_at or datetime.min.replace(tzinfo=timezone.utc), default=None)
     if latest is not None and latest.message.strip():
-        return message_tail(latest.message)
+        return policy.message_tail(latest.message)
     job = observed.engine_job
     return job.message if job is not None and job.message else ""
 

@@ -22,7 +22,7 @@ from dtrain_operator.api import (
     contract,
     immutable_spec,
 )
-from dtrain_operator.controller.status import gpu_memory, storage_conditions
+from dtrain_operator.controller.status import gpu_memory, hang, storage_conditions
 from dtrain_operator.controller.status.after_training import after_training
 from dtrain_operator.controller.status.conditions import (
     CREATED,
@@ -40,7 +40,6 @@ from dtrain_operator.controller.status.conditions import (
     SUSPENDED,
     Conditions,
 )
-from dtrain_operator.controller.status.hang import past_progress_deadline
 from dtrain_operator.controller.status.queued import report_queue
 from dtrain_operator.core import policy, progress_deadline, stragglers
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
@@ -259,20 +258,21 @@ def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
     status = c.status
     decision = policy.decide_on_failure(c.spec.run_policy, c.failures, status.restarts) if c.failures else None
     if decision is None and c.gang_started:
-        decision = past_progress_deadline(c.spec, c.progress_watch, status, c.gang, c.now)
+        decision = hang.past_progress_deadline(c.spec, c.progress_watch, status, c.gang, c.now)
     if decision is None:
         return None
     if not decision.restart:
         return c.finish(decision.ending)
-    if decision.counted:
-        status.restarts += 1
-    else:
+    if decision.count == "evictions":
         status.evictions += 1
+    elif decision.count == "restartsIgnoringBackoff":
+        status.restarts_ignoring_backoff += 1
+    else:
+        status.restarts += 1
     status.phase = "Restarting"
     c.conditions.set(RESTARTING, True, decision.reason, decision.message)
-    how = " after a worker failed" if decision.counted else ": Kueue evicted it"
-    if not c.failures:
-        how = ": it made no progress within runPolicy.progressDeadlineSeconds"
+    how = (": it made no progress within runPolicy.progressDeadlineSeconds" if not c.failures
+           else ": Kueue evicted it" if decision.count == "evictions" else " after a worker failed")
     c.conditions.set(RUNNING, False, "GangRestarting", f"the gang is restarting{how}")
     c.conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
     c.count_nodes([], active=True)

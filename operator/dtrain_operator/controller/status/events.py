@@ -36,6 +36,7 @@ OWNED_FIELDS = (
     "nodesReady",
     "restarts",
     "evictions",
+    "restartsIgnoringBackoff",
     "startTime",
     "completionTime",
     "artifacts",

@@ -56,14 +56,19 @@ def controller_uid(meta: Mapping[str, Any]) -> str | None:
 
 
 def _why(
-    status: Mapping[str, Any], terminated: Mapping[str, Any], disruption: Mapping[str, Any] | None, lost: bool
+    status: Mapping[str, Any],
+    terminated: Mapping[str, Any],
+    disruption: Mapping[str, Any] | None,
+    lost: bool,
+    deleting: bool,
 ) -> tuple[str, str]:
-    """A pod's reason and message: for one taken away, who took it and why; for a pod Kueue is stopping (still
-    running out its grace period), Kueue's; else its container's own."""
+    """A pod's reason and message: for one taken away, who took it and why; for a pod Kueue is stopping, or one
+    being deleted by a disruption (a preemption, a drain's eviction) while it runs out its grace period, the
+    disruption's; else its container's own."""
     if lost:
         reason = status.get("reason") or (disruption or {}).get("reason") or "Lost"
         return reason, status.get("message") or (disruption or {}).get("message") or ""
-    if disruption is not None and disruption.get("type") == queueing.STOP_CONDITION:
+    if disruption is not None and (deleting or disruption.get("type") == queueing.STOP_CONDITION):
         return disruption.get("reason") or "", disruption.get("message") or ""
     return terminated.get("reason") or status.get("reason") or "", terminated.get("message") or status.get("message") or ""
 
@@ -84,7 +89,7 @@ def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
     stops = ("DisruptionTarget", queueing.STOP_CONDITION)  # Kubernetes' own (eviction, preemption) or Kueue's
     disruption = next((c for c in conditions if c.get("type") in stops and c.get("status") == "True"), None)
     lost = status.get("reason") in _LOST_POD_REASONS or (phase == "Failed" and disruption is not None)
-    reason, message = _why(status, terminated, disruption, lost)
+    reason, message = _why(status, terminated, disruption, lost, deleting=bool(meta.get("deletionTimestamp")))
     scheduled = bool((raw.get("spec") or {}).get("nodeName")) or any(
         c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions
     )

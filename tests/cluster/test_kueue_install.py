@@ -35,7 +35,7 @@ RENDERED = yaml.safe_dump_all([
 
 
 def test_the_manager_runs_the_image_built_here_with_the_pod_integration_and_no_visibility_api() -> None:
-    objects = {(o["kind"], o["metadata"]["name"]): o for o in kueue.manifests(RENDERED)}
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in kueue.manifests([o for o in yaml.safe_load_all(RENDERED) if o])}
     assert ("APIService", "v1beta1.visibility.kueue.x-k8s.io") not in objects
     assert ("Secret", "kueue-webhook-server-cert") in objects  # Kueue's internal certificates fill it
     container = objects[("Deployment", kueue.DEPLOYMENT)]["spec"]["template"]["spec"]["containers"][0]

@@ -6,8 +6,8 @@ ports of their own, so that they run beside a `make cluster` on the default port
 controller manager, no kubelet: the benchmark plays the kubelet with the admin's credentials.
 
 A real server cannot be intercepted as the emulator is, and its `apiserver_request_total` metric
-has no user or user-agent label; so kube-apiserver writes an audit log (level Metadata: verb,
-resource, user agent, one line per request and stage), and the benchmark counts the operator's
+has no user or user-agent label; so the benchmark counts in kube-apiserver's audit log (which
+localcluster always writes: level Metadata, verb, resource, user agent, one line per request and stage), and the benchmark counts the operator's
 requests there by user agent, as the emulator's recorder does. The moments objects arrive come
 from watches the benchmark holds, as a client sees them (creationTimestamp has 1 s resolution).
 """
@@ -41,12 +41,6 @@ from .common import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_TOOLS = REPO / "tools" / "cluster"
-AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-- level: Metadata
-"""
 COMPONENTS = ("kube-apiserver", "etcd")  # stopped in this order
 STOP_GRACE_SECONDS = 5.0  # nothing of theirs outlives the run: no need for kube-apiserver's slow goodbye
 
@@ -106,19 +100,13 @@ def started(workdir: Path) -> Iterator[ControlPlane]:
         pki.make_all([])
         admin = pki.client("admin", "kubernetes-admin", "system:masters")
         kubeconfig = pki.kubeconfig(state / "kubeconfig", "kubernetes-admin", *admin)
-        policy = state / "audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY)
-        audit_log = layout.LOGS / "audit.log"
         print(f"control plane: etcd and kube-apiserver {layout.KUBERNETES_VERSION} on {layout.APISERVER_URL} "
               f"(state: {state})", flush=True)
         controlplane.start_etcd()
-        controlplane.start_apiserver([
-            f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}",
-            "--audit-log-maxsize=2000",  # MB: one file for the whole run, --large included
-        ])
+        controlplane.start_apiserver()  # with its audit log (controlplane.AUDIT_POLICY)
         yield ControlPlane(
             url=layout.APISERVER_URL, kubeconfig=kubeconfig, ca=pki.ca()[0], admin_cert=admin[0],
-            admin_key=admin[1], audit_log=audit_log, logs=layout.LOGS, processes=processes,
+            admin_key=admin[1], audit_log=layout.AUDIT_LOG, logs=layout.LOGS, processes=processes,
         )
     finally:
         for component in COMPONENTS:

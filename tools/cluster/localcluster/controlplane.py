@@ -31,6 +31,19 @@ RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
 
 
 MODULE = layout.REPO / "tools" / "cluster" / "controlplane"
+# kube-apiserver's audit log (layout.AUDIT_LOG): one line per request (Metadata: who, verb, object), which is
+# how the benchmarks count a controller's requests (its apiserver_request_total metric names no user). Not
+# the kubelets' (their node and pod status, the same under every controller) nor Lease renewals.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  userGroups: [system:nodes]
+- level: None
+  resources: [{group: coordination.k8s.io, resources: [leases]}]
+- level: Metadata
+"""
 
 
 def required_version(module: Path, package: str) -> str:
@@ -129,8 +142,9 @@ def start_etcd() -> None:
     processes.wait_until(lambda: healthy(f"{url}/health"), "etcd's /health", 60, "etcd")
 
 
-def start_apiserver(extra_flags: Sequence[str] = ()) -> None:
-    """`extra_flags`: a caller's own additions (bench/operator_scale.py's audit log)."""
+def start_apiserver() -> None:
+    policy = layout.STATE / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
     cert, key = pki.serving("apiserver", "kube-apiserver", [])
     kubelet_cert, kubelet_key = pki.client("apiserver-kubelet-client", "kube-apiserver-kubelet-client")
     ca_cert, _ = pki.ca()
@@ -154,7 +168,9 @@ def start_apiserver(extra_flags: Sequence[str] = ()) -> None:
         # No kube-proxy here: webhooks (Kueue's) are reached at their Service's endpoints, not its ClusterIP.
         "--enable-aggregator-routing=true",
         f"--feature-gates={FEATURE_GATES}", f"--runtime-config={RUNTIME_CONFIG}",
-        "--profiling=false", "--v=1", *extra_flags,
+        f"--audit-policy-file={policy}", f"--audit-log-path={layout.AUDIT_LOG}",
+        "--audit-log-maxsize=2000",  # MB: one file for a whole run (bench/operator_scale.py's --large included)
+        "--profiling=false", "--v=1",
     ])
     admin = pki.client("admin", "kubernetes-admin", "system:masters")
     processes.wait_until(

@@ -13,6 +13,7 @@ BIN = Path(os.environ.get("DTRAIN_CLUSTER_BIN", STATE / "bin"))
 CONTROLPLANE_BINARY = BIN / "controlplane"
 PKI = STATE / "pki"
 LOGS = STATE / "logs"
+AUDIT_LOG = LOGS / "audit.log"  # kube-apiserver's (controlplane.AUDIT_POLICY)
 RUN = STATE / "run"  # one pid file per process
 ETCD_DATA = STATE / "etcd"
 NODES = STATE / "nodes"  # one folder per node: its pods, volumes, kubelet credentials

@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from localcluster import images, podinit
+from localcluster import images, kubelet, podinit
 from localcluster.api import ApiError
 from localcluster.securitycontext import container_user
 from localcluster.volumes import PodVolumes, VolumeNotReady
@@ -140,3 +140,17 @@ def test_the_kubelets_status_patch_keeps_the_conditions_of_others():
     assert patch["conditions"] == status["conditions"]
     assert patch["containerStatuses"] == [*status["containerStatuses"], {"$patch": "replace"}]
     assert "containerStatuses" not in status_patch({"phase": "Pending"})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("--master-addr=$(MASTER_ADDR)", "--master-addr=job-master-0"),
+        ("$(MASTER_ADDR):$(MASTER_PORT)", "job-master-0:23456"),
+        ("$(UNDEFINED) stays", "$(UNDEFINED) stays"),
+        ("$$(MASTER_ADDR) is escaped", "$(MASTER_ADDR) is escaped"),
+        ("no reference", "no reference"),
+    ],
+)
+def test_variable_references_expand_as_kubernetes_expands_them(text, expected):
+    assert kubelet.expand(text, {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}) == expected

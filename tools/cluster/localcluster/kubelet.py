@@ -33,10 +33,12 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import ssl
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -66,6 +68,18 @@ IMAGE_BACKOFF_SECONDS = 10  # the kubelet's image pull back-off: 10 s, doubling 
 MAX_IMAGE_BACKOFF_SECONDS = 300
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HEADLESS_LABEL = "service.kubernetes.io/headless"  # on the EndpointSlices of a Service without a ClusterIP
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` in a container's command, args and env values: the variable's value when it is
+    defined, left as written when not; `$$` is a literal `$` (k8s.io/kubernetes' third_party expansion)."""
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return _REFERENCE.sub(replace, text)
 PODS_PER_NODE = 110
 
 
@@ -603,19 +617,20 @@ class Kubelet:
         termination.write_text("")
         mounts.append({"type": "file", "source": str(termination),
                        "target": container.get("terminationMessagePath", "/dev/termination-log")})
-        argv = images.argv(container, run.image)
-        if not argv:
-            raise RuntimeError(f"the container has no command, and its image {container.get('image')!r} none either")
         host = self.from_host(run)
         home = folder / "home"
         home.mkdir(exist_ok=True)
+        environment = await self.environment(run, volumes, str(home) if host else "/")
+        argv = [expand(arg, environment) for arg in images.argv(container, run.image)]
+        if not argv:
+            raise RuntimeError(f"the container has no command, and its image {container.get('image')!r} none either")
         context = {**(spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
         return {
             "hostname": spec.get("hostname") or run.name,
             "mounts": mounts,
             "workingDir": container.get("workingDir") or run.image.workdir or (str(home) if host else "/"),
             "argv": argv,
-            "env": await self.environment(run, volumes, str(home) if host else "/"),
+            "env": environment,
             "ledger": str(self.node.folder / "created-mountpoints"),
             "devScratch": str(folder / "dev"),
             "readOnlyRootFilesystem": bool(context.get("readOnlyRootFilesystem")),
@@ -657,13 +672,14 @@ class Kubelet:
             elif source:
                 raise RuntimeError(f"env {var['name']}: this kubelet reads fieldRef, secretKeyRef and configMapKeyRef")
             else:
-                env[var["name"]] = str(var.get("value", ""))
+                env[var["name"]] = expand(str(var.get("value", "")), env)
         return env
 
     def hosts_for(self, run: PodRun) -> str:
         """The pod's hosts file, as cluster DNS answers: the names of its namespace's headless Services'
         endpoints (`<hostname>.<service>...`), and each headless Service's own name, in any namespace,
-        with one line per ready endpoint (`<service>.<namespace>.svc`: every address, as an A lookup)."""
+        with one line per ready endpoint (`<service>.<namespace>.svc`: every address, as an A lookup; the name
+        alone in the pod's own namespace, as its search path finds it: PyTorchJob's MASTER_ADDR is one)."""
         entries = []
         for endpoint_slice in self.endpoint_slices.values():
             meta = endpoint_slice["metadata"]
@@ -673,9 +689,12 @@ class Kubelet:
                 continue
             if HEADLESS_LABEL in labels:
                 svc = f"{service}.{meta.get('namespace')}"
+                names = [f"{svc}.svc.{layout.CLUSTER_DOMAIN}", f"{svc}.svc", svc]
+                if meta.get("namespace") == run.namespace:
+                    names.append(service)  # the pod's DNS search path (<namespace>.svc...) finds it by its name
                 for endpoint in endpoint_slice.get("endpoints") or []:
                     if endpoint.get("addresses") and (endpoint.get("conditions") or {}).get("ready") is not False:
-                        entries.append((endpoint["addresses"][0], [f"{svc}.svc.{layout.CLUSTER_DOMAIN}", f"{svc}.svc", svc]))
+                        entries.append((endpoint["addresses"][0], names))
             if meta.get("namespace") != run.namespace:
                 continue
             for endpoint in endpoint_slice.get("endpoints") or []:

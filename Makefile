@@ -15,6 +15,9 @@
 #   make e2e    every end-to-end scenario on the real control plane (tests/cluster: starts one unless
 #               one runs, and stops it after) (root)
 #   make e2e JOB=path/to/job.yaml   one job file through kubectl apply on that cluster, to its end
+#   make bench-anchors   dtrain against JobSet, Kubeflow Trainer (TrainJob) and PyTorchJob on the running
+#               cluster (make cluster NODES=3 first): their controllers built from tools/cluster/anchors
+#               and installed, then bench/anchors.py's table (about 40 minutes; SYSTEMS=dtrain,jobset,...)
 # Images (docker, podman or buildah, whichever is here; see tools/build-images.sh):
 #   make images REGISTRY=registry.example.com/ml VERSION=0.1.0
 #   make push   REGISTRY=registry.example.com/ml VERSION=0.1.0
@@ -36,7 +39,7 @@ REGISTRY ?= localhost/dtrain
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 
 .PHONY: install tools lint test e2e demo crd manifests clean images push cluster cluster-join cluster-down cluster-status \
-	cluster-build
+	cluster-build bench-anchors
 
 NODES ?= 2
 GPUS_PER_NODE ?= 0
@@ -98,6 +101,11 @@ cluster: $(INSTALLED) $(TOOLS)
 # The Go builds make e2e needs (the control plane, scheduler-plugins, Kueue), nothing started: CI runs it beside make test.
 cluster-build: $(INSTALLED)
 	$(LOCALCLUSTER) build --schedulers coscheduling --kueue
+
+# Not in make test nor in CI: it needs a running cluster and takes about 40 minutes (bench/anchors.py).
+bench-anchors: $(INSTALLED) $(TOOLS)
+	$(LOCALCLUSTER) anchors
+	OMP_NUM_THREADS=1 $(PY) -m bench.anchors $(if $(SYSTEMS),--systems $(SYSTEMS))
 
 # What a running cluster was made with (the environment, kubectl) is there already: nothing to install.
 cluster-join:

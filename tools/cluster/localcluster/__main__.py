@@ -10,7 +10,10 @@
     status                               what runs
     volume NAME [-n NAMESPACE]           a ReadWriteMany claim for spec.storage.claimName
     kueue                                Kueue in the running cluster (built the first time)
-    build [--schedulers S] [--kueue]     the binaries `up` runs (Go builds), nothing started
+    anchors                              JobSet, Kubeflow Trainer and the Training Operator in the running
+                                         cluster (anchors.py; built the first time), for make bench-anchors
+    build [--schedulers S] [--kueue] [--anchors]
+                                         the binaries `up` runs (Go builds), nothing started
     kubelet --node I ...                 one node's kubelet (started by `up`)
 """
 
@@ -28,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import controlplane, kueue, layout, network, objectstore, pki, processes, schedulers
+from . import anchors, controlplane, kueue, layout, network, objectstore, pki, processes, schedulers
 
 HELM = layout.REPO / ".tools" / "bin" / "helm"
 KUBECTL = layout.REPO / ".tools" / "bin" / "kubectl"
@@ -278,6 +281,9 @@ def build(args: argparse.Namespace) -> int:
         schedulers.build()
     if args.kueue:
         kueue.build()
+    if args.anchors:
+        for anchor in anchors.ANCHORS:
+            anchors.build(anchor)
     return 0
 
 
@@ -286,6 +292,17 @@ def start_kueue(_: argparse.Namespace) -> int:
     if not processes.running("kube-apiserver"):
         raise ClusterError("no cluster runs here: make cluster KUEUE=1 starts one with Kueue")
     _start_kueue()
+    return 0
+
+
+def start_anchors(_: argparse.Namespace) -> int:
+    """The anchors' controllers in the running cluster, each built and installed from its module (anchors.py);
+    nothing for one whose webhooks answer already."""
+    if not processes.running("kube-apiserver"):
+        raise ClusterError("no cluster runs here: make cluster starts one")
+    for anchor in anchors.ANCHORS:
+        anchors.install(anchor, kubectl)
+    print(f"cluster: {', '.join(f'{a.title} {a.version()}' for a in anchors.ANCHORS)} are up", flush=True)
     return 0
 
 
@@ -421,9 +438,12 @@ def main(argv: list[str]) -> int:
     commands.add_parser("down", help="stop the cluster and remove its state").set_defaults(run=down)
     commands.add_parser("status", help="what runs").set_defaults(run=status)
     commands.add_parser("kueue", help="build and install Kueue in the running cluster").set_defaults(run=start_kueue)
+    commands.add_parser("anchors", help="build and install JobSet, Kubeflow Trainer and the Training Operator in the "
+                        "running cluster").set_defaults(run=start_anchors)
     binaries = commands.add_parser("build", help="build the binaries `up` runs, start nothing")
     binaries.add_argument("--schedulers", type=_second_schedulers, default=[], metavar="NAME[,NAME]")
     binaries.add_argument("--kueue", action="store_true")
+    binaries.add_argument("--anchors", action="store_true", help="the anchors' controllers (make bench-anchors)")
     binaries.set_defaults(run=build)
     claim = commands.add_parser("volume", help="a ReadWriteMany claim (for spec.storage.claimName)")
     claim.add_argument("name")

@@ -154,3 +154,24 @@ async def test_a_restart_waits_for_old_pods_to_terminate_before_reusing_their_na
                               and len(operated.pods(NS, "slow")) == 2, "slow-0 of generation 1")
     assert operated.pod_creations(NS, "slow-0") == 2
     assert operated.status(NS, "slow")["restarts"] == 1
+
+
+async def test_the_survivors_of_a_lost_worker_get_the_progress_deadline_as_their_grace(operated: Cluster):
+    """A lost node closes no connection: the survivor waits in its collective and cannot checkpoint on SIGTERM,
+    so it is not given terminationGracePeriodSeconds (600 s by default) but the progress deadline."""
+    await operated.apply(a_cpu_job("lost").with_nodes(2).with_progress_deadline(45).as_dict())
+    await operated.run_all(NS, "lost", 2)
+    await operated.phase(NS, "lost", "Running")
+    await operated.delete("/api/v1/namespaces/default/pods/lost-1")
+    await operated.eventually(lambda: (NS, "lost-0") in operated.api.deletion_graces, "the survivor deleted")
+    assert operated.api.deletion_graces[(NS, "lost-0")] == 45
+
+    # Without a progress deadline, the pod's own grace period, as before.
+    await operated.apply(a_cpu_job("patient").with_nodes(2).with_progress_deadline(0).as_dict())
+    await operated.run_all(NS, "patient", 2)
+    await operated.phase(NS, "patient", "Running")
+    await operated.exit(NS, "patient-1", 137)
+    await operated.eventually(lambda: operated.status(NS, "patient").get("restarts") == 1, "restarts=1")
+    await operated.eventually(lambda: operated.pod(NS, "patient-0")["metadata"].get("deletionTimestamp")
+                              or generations(operated.pods(NS, "patient")) == {"1"}, "the survivor deleted")
+    assert operated.api.deletion_graces.get((NS, "patient-0")) is None

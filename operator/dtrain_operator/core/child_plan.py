@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
-from dtrain_operator.core import progress_deadline, queueing
+from dtrain_operator.core import policy, progress_deadline, queueing
 from dtrain_operator.core.gang_state import (
     current_gang,
     engine_pod_awaited,
@@ -146,6 +146,19 @@ def _earlier_gang_in_queue(job: DistributedTraining, status: DistributedTraining
     )
 
 
+def _restart_grace_seconds(job: DistributedTraining, status: DistributedTrainingStatus) -> int | None:
+    """The grace period of the earlier gang's pods as the gang restarts: short for a hung gang, the progress
+    deadline for the survivors of a failed or lost worker, the pod's own otherwise (a Kueue eviction)."""
+    restarting = next((c for c in status.conditions if c.type == "Restarting" and c.status == "True"), None)
+    if restarting is None:
+        return None
+    if restarting.reason == progress_deadline.REASON_PROGRESS_DEADLINE:
+        return progress_deadline.HUNG_GANG_GRACE_SECONDS
+    if restarting.reason == policy.REASON_WORKER_FAILED:
+        return progress_deadline.survivors_grace_seconds(job.spec.run_policy, job.spec.termination_grace_period_seconds)
+    return None
+
+
 def plan_children(
     job: DistributedTraining,
     status: DistributedTrainingStatus,
@@ -172,13 +185,11 @@ def plan_children(
             rank for rank in range(job.spec.nodes)
             if rank not in gang and worker_pod_name(job, rank, status.gang_generation) not in occupied
         )
-    restarting = next((c for c in status.conditions if c.type == "Restarting" and c.status == "True"), None)
-    hung = restarting is not None and restarting.reason == progress_deadline.REASON_PROGRESS_DEADLINE
     return Plan(
         create_ranks=create,
         delete_pods=older,
         force_delete_pods=force,
-        delete_grace_seconds=progress_deadline.HUNG_GANG_GRACE_SECONDS if hung and older else None,
+        delete_grace_seconds=_restart_grace_seconds(job, status) if older else None,
         create_engine_job=phase == "BuildingEngine" and observed.engine_job is None,
         requeue_after=_earliest(stuck_check, _next_look(job, status, gang, observed, now, limits)),
     )

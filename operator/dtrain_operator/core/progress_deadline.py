@@ -36,6 +36,17 @@ HOLDING_STAGES = frozenset({contract.PROGRESS_STAGE_CHECKPOINTING, contract.PROG
 # are deleted with this grace period rather than spec.terminationGracePeriodSeconds.
 HUNG_GANG_GRACE_SECONDS = 5
 
+
+def survivors_grace_seconds(policy: RunPolicy, pod_grace_seconds: int) -> int | None:
+    """The grace period of a gang's other pods once one of its workers failed or was lost; None: the pod's own.
+
+    DDP cannot stop at a step boundary without the lost rank, so a survivor's SIGTERM checkpoint never comes:
+    it exits by itself (its peer's connection closed, a collective error) or it waits in a collective whose
+    peer is gone (a lost node closes nothing) until nccl.timeoutSeconds. Past the progress deadline, the
+    time a user lets a gang go without a batch, a survivor is as hung as such a gang."""
+    deadline = policy.progress_deadline_seconds
+    return deadline if 0 < deadline < pod_grace_seconds else None
+
 # What identifies one progress report of the training loop: (batches, batchTime), or for a trainer
 # that does not report batches, (epoch, step).
 Mark = tuple[Any, ...]

@@ -83,3 +83,9 @@ def test_a_joining_node_makes_its_own_certificates_and_nothing_else(tmp_path: Pa
     made = {p.name for p in tmp_path.iterdir()} - set(before)
     assert made - {"ca.srl"} == {"node-3-client.crt", "node-3-client.key", "node-3-serving.crt", "node-3-serving.key"}
     assert all((tmp_path / name).read_bytes() == text for name, text in before.items())
+
+
+def test_no_node_serves_on_a_port_of_the_control_plane():
+    ports = [layout.Node(i).kubelet_port for i in range(1, 30)]
+    assert ports[:7] == list(range(10250, 10257))
+    assert len(set(ports)) == len(ports) and not set(ports) & layout.CONTROL_PLANE_PORTS

@@ -58,7 +58,8 @@ CONTROLLER_MANAGER_PORT = _port("CONTROLLER_MANAGER_PORT", 10257)
 SCHEDULER_PORT = _port("SCHEDULER_PORT", 10259)
 # scheduler-plugins' coscheduling scheduler (make cluster SCHEDULERS=coscheduling), beside kube-scheduler.
 COSCHEDULING_PORT = _port("COSCHEDULING_PORT", 10269)
-KUBELET_FIRST_PORT = 10250  # node i serves its pods' logs on KUBELET_FIRST_PORT + i - 1
+CONTROL_PLANE_PORTS = frozenset({CONTROLLER_MANAGER_PORT, SCHEDULER_PORT, COSCHEDULING_PORT})
+KUBELET_FIRST_PORT = 10250  # node i serves its pods' logs on the i-th port from here that is not the control plane's
 S3_PORT = _port("S3_PORT", 9000)
 
 APISERVER_URL = f"https://{os.environ.get('DTRAIN_APISERVER_HOST', BRIDGE_ADDRESS)}:{APISERVER_PORT}"
@@ -92,7 +93,9 @@ class Node:
 
     @property
     def kubelet_port(self) -> int:
-        return KUBELET_FIRST_PORT + self.index - 1
+        # The control plane's own ports lie in the kubelets' range (10257, 10259): node 8 and later step over them.
+        free = (port for port in range(KUBELET_FIRST_PORT, 65536) if port not in CONTROL_PLANE_PORTS)
+        return next(port for i, port in enumerate(free, start=1) if i == self.index)
 
     @property
     def folder(self) -> Path:

@@ -102,8 +102,8 @@ def build(anchor: Anchor) -> None:
                                                if anchor.version_variable else "")]
     controlplane.build_from_module(
         MODULE, anchor.command, anchor.binary, flags,
-        f"cluster: building {anchor.title} {anchor.version()} from its Go module (the first of the anchors ~6-8 min "
-        "on 2 cores; they share their Kubernetes modules, so the next ones are faster)",
+        f"cluster: building {anchor.title} {anchor.version()} from its Go module (the three anchors take ~3 min "
+        "on 2 cores the first time, sharing their Kubernetes modules; Go's caches make the next build a link)",
         env={"CGO_ENABLED": "0"},
     )
 

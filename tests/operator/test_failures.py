@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
@@ -134,8 +136,9 @@ async def test_a_worker_deleted_by_someone_restarts_the_gang(operated: Cluster):
                               and len(operated.pods(NS, "drained")) == 2, "the new gang")
 
 
-async def test_a_restart_waits_for_old_pods_to_terminate_before_reusing_their_names(operated: Cluster):
-    """Pod names are stable (DNS): a new pod `x-0` cannot exist before the old `x-0` is gone."""
+async def test_a_new_gang_starts_once_no_pod_of_the_old_one_runs(operated: Cluster):
+    """A gang is all or nothing: a new rank beside a terminating old one would find it under its DNS name and
+    join the old gang's rendezvous. The failed rank does not hold the new gang back; the terminating one does."""
     await operated.apply(a_cpu_job("slow").with_nodes(2).as_dict())
     await operated.run_all(NS, "slow", 2)
     await operated.phase(NS, "slow", "Running")
@@ -145,13 +148,13 @@ async def test_a_restart_waits_for_old_pods_to_terminate_before_reusing_their_na
     await operated.eventually(
         lambda: operated.pod(NS, "slow-0")["metadata"].get("deletionTimestamp"), "the old slow-0 terminating"
     )
-    await operated.eventually(lambda: [p["metadata"]["name"] for p in operated.pods(NS, "slow")] == ["slow-0", "slow-1"]
-                              and operated.pods(NS, "slow")[1]["metadata"]["labels"][contract.LABEL_GANG_GENERATION] == "1",
-                              "slow-1 of generation 1 created while slow-0 terminates")
-    assert operated.pod(NS, "slow-0")["metadata"]["labels"][contract.LABEL_GANG_GENERATION] == "0"
+    await operated.eventually(lambda: [p["metadata"]["name"] for p in operated.pods(NS, "slow")] == ["slow-0"],
+                              "the failed slow-1 gone")
+    await asyncio.sleep(2)
+    assert generations(operated.pods(NS, "slow")) == {"0"}, "no rank of the new gang while slow-0 still runs"
     await operated.patch("/api/v1/namespaces/default/pods/slow-0", {"metadata": {"finalizers": None}})
     await operated.eventually(lambda: generations(operated.pods(NS, "slow")) == {"1"}
-                              and len(operated.pods(NS, "slow")) == 2, "slow-0 of generation 1")
+                              and len(operated.pods(NS, "slow")) == 2, "both ranks of generation 1")
     assert operated.pod_creations(NS, "slow-0") == 2
     assert operated.status(NS, "slow")["restarts"] == 1
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
-from dtrain_operator.core import policy, progress_deadline, queueing
+from dtrain_operator.core import policy, progress_deadline
 from dtrain_operator.core.gang_state import (
     current_gang,
     engine_pod_awaited,
@@ -139,10 +139,18 @@ def _next_look(
     )
 
 
-def _earlier_gang_in_queue(job: DistributedTraining, status: DistributedTrainingStatus, workers: Sequence[PodObservation]) -> bool:
-    """A job in a Kueue queue whose earlier gang still counts in its pod group (queueing.holds_place_in_group)."""
-    return queueing.queue_name(job) is not None and any(
-        p.generation != status.gang_generation and queueing.holds_place_in_group(p) for p in workers
+def _earlier_gang_alive(status: DistributedTrainingStatus, workers: Sequence[PodObservation]) -> bool:
+    """Whether a pod of an earlier gang may still run: not failed, and not deleted before it was ever placed.
+
+    A new gang waits for it, as a gang is all or nothing. A new rank beside an old one finds it under the
+    same name (a headless Service publishes a terminating pod's address) and joins the old gang's
+    rendezvous, whose next collective fails: a node loss failed a job so. And Kueue counts such a pod in
+    the job's pod group (its isPodRunnableOrSucceeded) and deletes a new one beside it as an excess member.
+    A failed pod that Kueue's finalizer keeps does not hold the new gang back (Kueue lets it go only once
+    a new pod replaces it)."""
+    return any(
+        p.generation != status.gang_generation and p.phase != "Failed" and not (p.deleting and not p.scheduled)
+        for p in workers
     )
 
 
@@ -180,7 +188,7 @@ def plan_children(
         )
     occupied = {p.name for p in workers}
     create: tuple[int, ...] = ()
-    if phase in CREATING_PHASES and not _earlier_gang_in_queue(job, status, workers):
+    if phase in CREATING_PHASES and not _earlier_gang_alive(status, workers):
         create = tuple(
             rank for rank in range(job.spec.nodes)
             if rank not in gang and worker_pod_name(job, rank, status.gang_generation) not in occupied

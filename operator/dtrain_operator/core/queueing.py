@@ -12,12 +12,8 @@ that restart is Kueue's, not a failure, and counts against no backoffLimit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dtrain_operator.api import DistributedTraining
-
-if TYPE_CHECKING:
-    from dtrain_operator.core.observation import PodObservation
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
@@ -84,10 +80,3 @@ def waiting_message(queue: QueueObservation | None, local_queue: str) -> str:
 def is_queue_stop(reason: str) -> bool:
     """A pod Kueue stopped (its TerminationTarget reason): the group was evicted, not the pod failing."""
     return reason.startswith(EVICTED_REASON)
-
-
-def holds_place_in_group(pod: PodObservation) -> bool:
-    """Whether Kueue counts the pod among its group's active members (its isPodRunnableOrSucceeded): a pod
-    that has not failed, unless it is being deleted before it was ever placed. While an earlier gang's pod
-    does, a new one is an excess member, which Kueue deletes: the new gang waits for the old one to end."""
-    return pod.phase != "Failed" and not (pod.deleting and not pod.scheduled)

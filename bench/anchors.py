@@ -268,7 +268,7 @@ def trainjob_objects(workload: Workload) -> list[dict[str, Any]]:
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
         "metadata": {"name": name, "namespace": NS, "labels": {"trainer.kubeflow.org/framework": "torch"}},
         "spec": {
-            "mlPolicy": {"numNodes": NODES, "torch": {"numProcPerNode": 1}},
+            "mlPolicy": {"numNodes": NODES, "torch": {}},
             "template": {"spec": {
                 "failurePolicy": {"maxRestarts": MAX_RESTARTS},
                 "replicatedJobs": [{"name": "node", "template": {
@@ -280,7 +280,7 @@ def trainjob_objects(workload: Workload) -> list[dict[str, Any]]:
     train_job = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": name, "namespace": NS},
         "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": name},
-                 "trainer": {"numNodes": NODES}},
+                 "trainer": {"numNodes": NODES, "numProcPerNode": 1}},
     }
     return [workload.config_map, runtime, train_job]
 
@@ -469,19 +469,17 @@ def kill_worker(system: System, name: str) -> dict[str, Any]:
 
 
 def lose_node(system: System, name: str) -> dict[str, Any]:
-    """Rank 1's node goes: its kubelet stops, and with it its pods' processes (as a machine powering off);
+    """Rank 1's node goes (evacuate_controllers first): its kubelet stops, and with it its pods' processes (as a machine powering off);
     the Node is deleted (as a cloud's node controller does) and so is the pod (as the pod GC would)."""
     pod = _rank_pod(system, name, 1)
     node = pod["spec"]["nodeName"]
     rank_0_node = (system.rank_pods(name).get(0) or {}).get("spec", {}).get("nodeName")
-    moved = evacuate_controllers(node)
     lost = time.time()
     processes.stop(f"kubelet-{node}")
     kill(pod_processes(pod))
     kubectl("delete", "node", node, "--wait=false")
     kubectl("delete", "pod", pod["metadata"]["name"], "-n", NS, "--grace-period=0", "--force", "--wait=false", check=False)
-    return {"pod": pod["metadata"]["name"], "node": node, "rank_0_on_it_too": rank_0_node == node,
-            "controllers_moved_first": moved, "at": lost}
+    return {"pod": pod["metadata"]["name"], "node": node, "rank_0_on_it_too": rank_0_node == node, "at": lost}
 
 
 # The controllers' namespaces, and their Deployments: a lost node must not take one with it (it would measure
@@ -621,8 +619,9 @@ def scenarios(system: System, name: str, progress: Progress, created: float, res
 
     if result["worker_killed"]["training_again_s"] is not None:
         again_step = progress.steps[-1][1]
+        moved = evacuate_controllers(_rank_pod(system, name, 1)["spec"]["nodeName"])
         before = progress.fresh_report(again_step + STEPS_BEFORE_DISRUPTION, RECOVERY_TIMEOUT)
-        result["node_lost"] = lose_node(system, name)
+        result["node_lost"] = {**lose_node(system, name), "controllers_moved_first": moved}
         disrupted = result["node_lost"].pop("at")
         time.sleep(2)
         result["points"].append(snapshot(system, name, "2 s after rank 1's node was lost"))

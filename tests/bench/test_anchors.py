@@ -43,7 +43,8 @@ def test_jobset_gives_torchrun_the_completion_index_and_the_index_0_pod_as_maste
 def test_trainjob_and_pytorchjob_leave_the_gang_variables_to_their_controllers() -> None:
     workload = anchors.Workload.of("tj")
     _, runtime, train_job = anchors.trainjob_objects(workload)
-    assert runtime["spec"]["mlPolicy"] == {"numNodes": 2, "torch": {"numProcPerNode": 1}}
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 2, "torch": {}}
+    assert train_job["spec"]["trainer"] == {"numNodes": 2, "numProcPerNode": 1}
     assert runtime["spec"]["template"]["spec"]["failurePolicy"] == {"maxRestarts": anchors.MAX_RESTARTS}
     (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     assert node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == "node"  # Trainer's trainer container

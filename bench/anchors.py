@@ -685,17 +685,24 @@ def hang_jobs(group: list[System], hang_cap: float) -> dict[str, dict[str, Any]]
 
 
 def _seconds(value: Any, otherwise: str = "n/a") -> Any:
-    return value if value is not None else otherwise
+    """The figure, or what happened instead, up to its first colon (the JSON has all of it)."""
+    return value if value is not None else otherwise.split(":", 1)[0]
 
 
 def table(results: dict[str, dict[str, Any]], hang_cap: float) -> str:
     headers = ["", *(f"{r['system']} {r['version']}" for r in results.values())]
     rows = [
         ["create → first training step (s)", *(r.get("create_to_first_step_s") for r in results.values())],
+        ["worker killed → gang restarted (s)",
+         *(_seconds(r.get("worker_killed", {}).get("restarted_s"), r.get("worker_killed", {}).get("what_happened", "n/a"))
+           for r in results.values())],
         ["worker killed → training again (s)",
          *(_seconds(r.get("worker_killed", {}).get("training_again_s"), r.get("worker_killed", {}).get("what_happened", "n/a"))
            for r in results.values())],
         ["steps lost (worker killed)", *(_seconds(r.get("worker_killed", {}).get("steps_lost")) for r in results.values())],
+        ["node lost → gang restarted (s)",
+         *(_seconds(r.get("node_lost", {}).get("restarted_s"), r.get("node_lost", {}).get("what_happened", "n/a"))
+           for r in results.values())],
         ["node lost → training again (s)",
          *(_seconds(r.get("node_lost", {}).get("training_again_s"), r.get("node_lost", {}).get("what_happened", "n/a"))
            for r in results.values())],

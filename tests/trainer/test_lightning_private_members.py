@@ -1,10 +1,12 @@
-"""The private members of Lightning's ModelCheckpoint that StepCheckpoint relies on are there, as it uses them.
+"""The private members of Lightning that dtrain relies on are there, as it uses them.
 
 Lightning's public API has no way to save the current step on demand (at the end of training,
 or when asked) nor to be told the path of each file saved, so StepCheckpoint
 (dtrain_trainer.checkpointing) calls and overrides these. They may change in any minor
 release: pyproject.toml pins lightning and pytorch-lightning to the minors checked here, and
-this test names the member that a newer Lightning changed, before a job finds out.
+this test names the member that a newer Lightning changed, before a job finds out. The same
+holds for the fit loop's members that LoaderPosition (dtrain_trainer.resumable) uses, where
+Lightning keeps a checkpoint's loader states aside.
 """
 
 from __future__ import annotations
@@ -87,3 +89,26 @@ def test_the_top_k_bookkeeping_save_alone_keeps_is_there(model_checkpoint: type,
     missing = [name for name in TOP_K_ATTRIBUTES if not hasattr(callback, name)]
     assert not missing, f"{model_checkpoint.__qualname__} has no {missing}, which StepCheckpoint.save_alone keeps"
     assert set(callback.state_dict()) >= {"best_k_models", "kth_best_model_path", "last_model_path"}
+
+
+# The fit loop's members that LoaderPosition (dtrain_trainer.resumable) reads and calls: where Lightning keeps
+# a checkpoint's loader states aside until it builds the training loader, the load, and the data fetcher.
+FIT_LOOP_MEMBERS = ("_combined_loader_states_to_load", "_data_fetcher", "_load_combined_loader_states")
+
+
+@pytest.mark.parametrize("package", flavor.PACKAGES)
+def test_the_fit_loop_keeps_a_checkpoints_loader_states_where_loader_position_finds_them(package: str) -> None:
+    pl = flavor.flavor(package)
+    fit_loop = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False).fit_loop
+    where = f"{type(fit_loop).__module__}.{type(fit_loop).__qualname__}"
+    for member in FIT_LOOP_MEMBERS:
+        assert hasattr(fit_loop, member), (
+            f"{where} has no {member}, which dtrain_trainer.resumable.LoaderPosition uses: "
+            "this Lightning is newer than the range pinned in pyproject.toml; adapt LoaderPosition"
+        )
+    fit_loop.on_load_checkpoint({"combined_loader": [{"position": 3}]})
+    assert fit_loop._combined_loader_states_to_load == [{"position": 3}], (
+        f"{where}.on_load_checkpoint no longer keeps the loader states in _combined_loader_states_to_load: "
+        "adapt dtrain_trainer.resumable.LoaderPosition"
+    )
+

@@ -2,13 +2,15 @@
 
 The data order continues exactly where the checkpoint left it: no batch of the epoch is
 trained twice and none is skipped, for a user's DataLoader over a map-style dataset and
-for the built-in data modules.
+for the built-in data modules, also when the model asks Lightning for the run's length
+before the checkpoint is restored (a cosine schedule).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,35 @@ def final_weights(checkpoints: Path) -> dict[str, torch.Tensor]:
     return checkpoint["state_dict"]
 
 
+def saved_step(checkpoints: Path) -> int:
+    return int(torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=False)["global_step"])
+
+
+def assert_same_weights(resumed: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert expected.keys() == resumed.keys()
+    for name, weight in expected.items():
+        torch.testing.assert_close(resumed[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def assert_resumes_exactly(
+    tmp_path: Path, config: Callable[..., dict[str, Any]], processes: int, crashes: list[int]
+) -> None:
+    """`config("whole")` run through, and `config("restarted", crash_at_step=crashes, ...)` restarted after a
+    worker died at each of `crashes` (right after that step's checkpoint), end with the same weights."""
+    whole = launch(tmp_path, config("whole"), processes, "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    crashing = config("restarted", crash_at_step=crashes, crash_marker=str(tmp_path / "crashed"))
+    for step in crashes:
+        crashed = launch(tmp_path, crashing, processes, "restarted")
+        assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr[-3000:]
+        assert saved_step(tmp_path / "restarted" / "checkpoints") == step
+    finished = launch(tmp_path, crashing, processes, "restarted")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "resumed from" in finished.stderr
+    assert "not resumable" not in finished.stderr and "not fully resumable" not in finished.stderr
+    assert_same_weights(final_weights(tmp_path / "restarted" / "checkpoints"), final_weights(tmp_path / "whole" / "checkpoints"))
+
+
 @pytest.mark.parametrize(
     ("data", "processes"),
     [({"initArgs": {"num_samples": 128}}, 2), (SYNTHETIC, 1)],
@@ -87,6 +118,25 @@ def test_resuming_mid_epoch_ends_with_the_uninterrupted_runs_weights(
     assert "not resumable" not in second.stderr and "not fully resumable" not in second.stderr
 
     expected, resumed = final_weights(tmp_path / "whole" / "checkpoints"), final_weights(tmp_path / "restarted" / "checkpoints")
-    assert expected.keys() == resumed.keys()
-    for name in expected:
-        torch.testing.assert_close(resumed[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert_same_weights(resumed, expected)
+
+
+def test_the_cosine_schedule_resumed_in_any_epoch_ends_with_the_uninterrupted_runs_weights(tmp_path: Path) -> None:
+    """`lr_schedule: cosine` (the quick start's) asks Lightning for the run's length in configure_optimizers,
+    which builds the training loader before the checkpoint is restored; Lightning then kept the loader position
+    of the checkpoint aside and never gave it to the loader, so a resumed epoch started over from its first batch."""
+    def config(run: str, **crash: Any) -> dict[str, Any]:
+        # 128 samples in batches of 8 on each of 2 ranks: epochs of 8 steps; resumed at 6 and at 10, in the second.
+        return trainer_config(
+            tmp_path / run,
+            model={"classPath": "dtrain_test_user.CrashingImageClassifier",
+                   "initArgs": {"arch": "shufflenet_v2_x0_5", "num_classes": 4, "optimizer": "sgd", "lr": 0.05,
+                                "lr_schedule": "cosine", **crash}},
+            data={"initArgs": {"num_samples": 128, "image_size": 32}},
+            trainer={"maxSteps": 12, "maxEpochs": 5, "numWorkers": 0},
+            checkpoint={"everyNSteps": 2, "keepLast": 1},
+            export={"onnx": {"enabled": False}},
+        )
+
+    assert_resumes_exactly(tmp_path, config, processes=2, crashes=[6, 10])
+

@@ -20,6 +20,15 @@ checkpoint's when the fast-forward runs: Lightning creates the restored loader's
 (which fast-forwards at once) before it sets its sampler's epoch, so a resume in any epoch
 but the first would skip into the first epoch's order. EpochStatefulDataLoader keeps the
 sampler's epoch in its state and sets it back first.
+
+And the position must reach the loader at all. Lightning keeps a checkpoint's loader
+states aside and gives them to the training loader when it builds it, after the
+restore. A model whose configure_optimizers asks `trainer.estimated_stepping_batches`
+(a cosine or one-cycle schedule, the built-in model's `lr_schedule: cosine`) makes
+Lightning build the loader, and its first iterator, earlier, before the restore; the
+build after it is then skipped, and the states kept aside were never given
+(Lightning-AI/pytorch-lightning#20550): the resumed epoch started over. `LoaderPosition`
+gives them at train start and starts the epoch's iterator again from them.
 """
 
 from __future__ import annotations
@@ -28,9 +37,13 @@ import functools
 import logging
 from typing import Any
 
+import lightning as L
+from lightning.pytorch.utilities.seed import isolate_rng
 from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 from torch.utils.data.sampler import BatchSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
+
+from dtrain_trainer import flavor
 
 log = logging.getLogger("dtrain_trainer")
 SAMPLER_EPOCH_KEY = "dtrain_sampler_epoch"
@@ -114,3 +127,41 @@ def resumable(datamodule: Any) -> Any:
 
     datamodule.train_dataloader = train_dataloader
     return datamodule
+
+
+class _LoaderPositionBehaviour:
+    """Give the training loader the position a checkpoint saved, when Lightning built the loader before its restore.
+
+    Train start is the first hook after the restore and before the first batch. The
+    iterator started again is created as Lightning's own resume creates it (states loaded,
+    then `iter`), with the random-number generators left as they were: creating an iterator
+    draws its workers' base seed from torch's generator, and the first iterator drew it
+    already; a second draw would shift every random draw of the run after it (dropout).
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        fit_loop = trainer.fit_loop
+        # Only left when the build after the restore was skipped: Lightning's own load clears them.
+        if not fit_loop._combined_loader_states_to_load or fit_loop._data_fetcher is None:
+            return
+        fit_loop._load_combined_loader_states()
+        with isolate_rng():
+            iter(fit_loop._data_fetcher)
+
+
+class LoaderPosition(_LoaderPositionBehaviour, L.Callback):
+    __doc__ = _LoaderPositionBehaviour.__doc__
+
+
+@functools.cache
+def loader_position_class(package: str) -> type:
+    """LoaderPosition on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
+    if package == flavor.LIGHTNING:
+        return LoaderPosition
+    base = flavor.flavor(package).Callback
+    return type("LoaderPosition", (_LoaderPositionBehaviour, base), {"__module__": __name__})
+
+
+def exact_resume_callbacks(package: str) -> list[Any]:
+    """What a resume restores beyond Lightning's own: the loader's position in every case."""
+    return [loader_position_class(package)()]

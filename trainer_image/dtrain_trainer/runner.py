@@ -64,7 +64,7 @@ from dtrain_trainer.logs import build_logger, configure_logging, continue_log, s
 from dtrain_trainer.progress import ProgressReporter
 from dtrain_trainer.progress_callback import _ProgressBehaviour, progress_callback_class
 from dtrain_trainer.progress_sinks import NullSink, sink_from_env
-from dtrain_trainer.resumable import resumable
+from dtrain_trainer.resumable import exact_resume_callbacks, resumable
 from dtrain_trainer.stopping import (
     STOP_SIGNAL,
     STOPPED_EXIT_CODE,
@@ -139,7 +139,9 @@ def build_trainer(
         max_steps=settings.max_steps,
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
-        callbacks=[survivor_checkpoint_class(package)(), straggler, progress, stop, checkpoint],  # survivor's first
+        # The survivor's first: it copies the state at each step boundary before any other callback moves on.
+        callbacks=[survivor_checkpoint_class(package)(), *exact_resume_callbacks(package), straggler, progress, stop,
+                   checkpoint],
         plugins=[checkpoint_io],
         logger=build_logger(config, pl, env),
         default_root_dir=config.checkpoint_dir,

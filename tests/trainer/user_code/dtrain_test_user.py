@@ -2,7 +2,7 @@
 
 The model records what the trainer tests need to see from inside training, through
 ordinary Lightning hooks: a digest of its weights at the start and end of training,
-of the first batch it saw, and the world size; and it can die at a given step, once,
+of the first batch it saw, and the world size; and it can die at given steps, once each,
 the way a node does.
 """
 
@@ -13,6 +13,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -20,7 +21,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from dtrain_trainer.models import ImageClassifier
+
 CRASH_EXIT_CODE = 17
+
+
+def crash_once_at(module: L.LightningModule, steps: int | list[int] | None, marker: Path | None) -> None:
+    """Die as a node does (no cleanup, no final checkpoint) at each of `steps`, once: `marker` records the steps died at."""
+    step = module.trainer.global_step
+    if marker is None or step not in ([steps] if isinstance(steps, int) else steps or []):
+        return
+    if str(step) in (marker.read_text().split() if marker.exists() else []):
+        return
+    with open(marker, "a") as record:
+        record.write(f"{step}\n")
+    os._exit(CRASH_EXIT_CODE)
 
 
 def tensor_digest(tensors: list[torch.Tensor]) -> str:
@@ -36,7 +51,7 @@ class TinyClassifier(L.LightningModule):
         num_classes: int = 4,
         lr: float = 0.05,
         record_dir: str | None = None,
-        crash_at_step: int | None = None,
+        crash_at_step: int | list[int] | None = None,
         crash_marker: str | None = None,
         batch_log: str | None = None,
         ballast_mb: int = 0,
@@ -82,11 +97,7 @@ class TinyClassifier(L.LightningModule):
         self._record["world_size"] = self.trainer.world_size
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
-        marker = self.crash_marker
-        crash_here = self.crash_at_step is not None and self.trainer.global_step == self.crash_at_step
-        if crash_here and marker is not None and not marker.exists():
-            marker.touch()
-            os._exit(CRASH_EXIT_CODE)  # a node dying: no cleanup, no final checkpoint
+        crash_once_at(self, self.crash_at_step, self.crash_marker)
 
     def on_train_end(self) -> None:
         if self.record_dir is None:
@@ -115,6 +126,18 @@ class RandomImageData(L.LightningDataModule):
         return DataLoader(
             TensorDataset(images, labels), batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers
         )
+
+
+class CrashingImageClassifier(ImageClassifier):
+    """dtrain's built-in model, dying as TinyClassifier does at `crash_at_step` (each step once)."""
+
+    def __init__(self, crash_at_step: int | list[int] | None = None, crash_marker: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.crash_at_step = crash_at_step
+        self.crash_marker = Path(crash_marker) if crash_marker else None
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        crash_once_at(self, self.crash_at_step, self.crash_marker)
 
 
 class NotAModule:

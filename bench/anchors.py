@@ -64,7 +64,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import REPO_ROOT, machine, markdown_table, write_results
+from bench.common import machine, markdown_table, write_results
 from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.api.records import Event
 from dtrain_operator.core import render
@@ -80,14 +80,10 @@ from tests.cluster.kube import (
     pod_processes,
     trainer_pids,
 )
-from tests.cluster.scenarios import lease_holder
+from tests.cluster.scenarios import CLAIM, NS, QUICKSTART, TRAINER_IMAGE, lease_holder
 
-from localcluster import anchors, layout, processes  # isort: skip  (tests.cluster puts tools/cluster on the path)
+from localcluster import anchors, controllers, layout, processes  # isort: skip  (tests.cluster puts tools/cluster on the path)
 
-NS = "default"
-CLAIM = "dtrain-shared"
-QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
-TRAINER_IMAGE = f"{layout.IMAGE_REGISTRY}/dtrain-trainer:{layout.version()}"
 WORKSPACE = "/workspace"  # where dtrain mounts spec.storage.claimName in a worker
 RESULTS = "anchors"
 NODES = 2
@@ -501,9 +497,8 @@ def evacuate_controllers(node: str) -> list[str]:
     for namespace, deployment in CONTROLLERS.items():
         kubectl("rollout", "status", f"deploy/{deployment}", "-n", namespace, "--timeout=180s")
     for anchor in anchors.ANCHORS:
-        probe = json.dumps(anchor.probe)
-        eventually(lambda probe=probe: kubectl("create", "--dry-run=server", "-f", "-", stdin=probe,  # type: ignore[misc]
-                                               check=False).returncode == 0, f"{anchor.title}'s webhooks", 180)
+        controllers.wait_for_webhooks(kubectl, anchor.probe, anchor.title,
+                                      f"kubectl -n {anchor.namespace} logs deploy/{anchor.deployment}", 180)
     # The operator leads again (its Lease held by a running replica) before the node goes.
     running = {p["metadata"]["name"] for p in items("pods", "dtrain-system") if p["status"].get("phase") == "Running"}
     eventually(lambda: lease_holder() in running,

@@ -95,6 +95,12 @@ def install(kubectl: Kubectl, objects: list[dict[str, Any]], probe: dict[str, An
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what}'s CRDs are not served: {established.stderr.strip()}")
             time.sleep(1)
+    wait_for_webhooks(kubectl, probe, what, hint, deadline - time.monotonic())
+
+
+def wait_for_webhooks(kubectl: Kubectl, probe: dict[str, Any], what: str, hint: str, timeout: float) -> None:
+    """Return once a server-side dry run of `probe` goes through: the controller's webhooks answer."""
+    deadline = time.monotonic() + timeout
     while True:
         answered = kubectl("create", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(probe), check=False)
         if answered.returncode == 0:

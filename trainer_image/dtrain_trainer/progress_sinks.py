@@ -3,15 +3,11 @@ file, the operator (which writes them into the job's status), or nowhere."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
-import socket
-import ssl
 import sys
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,7 +15,8 @@ from typing import Any
 from dtrain_operator.api import contract
 from dtrain_operator.api.records import Event, status_patch
 from dtrain_trainer.config import ConfigError
-from dtrain_trainer.progress import Sink, describe_failure
+from dtrain_trainer.operator_link import OperatorLink
+from dtrain_trainer.progress import Sink
 
 log = logging.getLogger("dtrain_trainer")
 
@@ -153,12 +150,8 @@ class OperatorSink:
     stays at five records. They are sent in the order they last changed, so the status ends as it would
     have, record by record.
 
-    The request carries the pod's projected service-account token for the operator's audience
-    (re-read at every send: the kubelet rotates it), and the connection checks the operator's
-    certificate against the CA in the job's ConfigMap. Every operator replica stands behind the
-    report Service's name (headless: one address each); only the leader takes records and a
-    standby answers 503, so the sender tries each address in turn and keeps to the one that took
-    the last records. A failure is warned about once; the sender retries with backoff (up to
+    Requests go through operator_link: the pod's token for the operator, the operator's CA, the
+    leader among the replicas. A failure is warned about once; the sender retries with backoff (up to
     MAX_RETRY_SECONDS) for as long as the trainer runs, and at the end (`close`) keeps trying the
     last records for up to `close_seconds`: the checkpoint a SIGTERM saved is the one the status
     must name when the pod is gone.
@@ -175,20 +168,12 @@ class OperatorSink:
         resolve: Callable[[str, int], list[str]] | None = None,
         close_seconds: float = CLOSE_SECONDS,
     ) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "https" or not parsed.hostname:
-            raise ConfigError(f"{contract.ENV_OPERATOR_URL} is {url!r}: give https://<host>:<port>")
-        self.host = parsed.hostname
-        self.port = parsed.port or contract.DEFAULT_REPORT_PORT
+        self.link = OperatorLink(url, token_path, ca_path, resolve)
         self.path = contract.report_path(namespace, name)
         self.where = f"{namespace}/{name}"
-        self.token_path = token_path
-        self.ca_path = ca_path
         self.request_timeout = request_timeout
         self.close_seconds = close_seconds
-        self.resolve = resolve or _addresses
         self._slots: dict[str, dict[str, Any]] = {}
-        self._preferred: str | None = None
         self._closed = False
         self._close_deadline = 0.0
         self._warned = False
@@ -242,41 +227,14 @@ class OperatorSink:
 
     def _deliver(self, records: list[dict[str, Any]]) -> str | None:
         """POST the records to the leader; None when it took them (or refused them for good), else why not."""
-        try:
-            token = self.token_path.read_text().strip()
-            context = ssl.create_default_context(cafile=str(self.ca_path))
-            addresses = self.resolve(self.host, self.port)
-        except (OSError, ssl.SSLError) as exc:
-            return describe_failure(exc)
-        if self._preferred in addresses:
-            addresses.remove(self._preferred)
-            addresses.insert(0, self._preferred)
         body = json.dumps({"records": records}, allow_nan=False).encode()
-        problems = []
-        for address in addresses:
-            connection = _AddressedHTTPSConnection(address, self.host, self.port, context, self.request_timeout)
-            try:
-                connection.request(
-                    "POST", self.path, body,
-                    {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-                )
-                response = connection.getresponse()
-                answer = response.read(MAX_ANSWER_BYTES).decode(errors="replace").strip()
-            except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
-                problems.append(f"{address}: {describe_failure(exc)}")
-                continue
-            finally:
-                connection.close()
-            if response.status < 300:
-                self._preferred = address
-                return None
-            if response.status in REFUSED_FOR_GOOD:
-                # Retrying cannot change the answer: say why once, and drop these records.
-                self._preferred = address
-                self._failed(f"{response.status} {answer}")
-                return None
-            problems.append(f"{address}: {response.status} {answer}")
-        return "; ".join(problems) or f"{self.host} has no address"
+        answer = self.link.post(self.path, body, self.request_timeout, final=REFUSED_FOR_GOOD)
+        if isinstance(answer, str):
+            return answer
+        if answer.status in REFUSED_FOR_GOOD:
+            # Retrying cannot change the answer: say why once, and drop these records.
+            self._failed(f"{answer.status} {answer.body[:MAX_ANSWER_BYTES]}")
+        return None
 
     def _failed(self, reason: str) -> None:
         if self._warned:
@@ -289,23 +247,6 @@ class OperatorSink:
             self.where,
             reason,
         )
-
-
-def _addresses(host: str, port: int) -> list[str]:
-    """Every address of a name (a headless Service: one per operator replica)."""
-    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
-
-
-class _AddressedHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to one address of a name, checking the certificate against the name (not the address)."""
-
-    def __init__(self, address: str, host: str, port: int, context: ssl.SSLContext, timeout: float) -> None:
-        super().__init__(host, port, context=context, timeout=timeout)
-        self.address = address
-
-    def connect(self) -> None:
-        sock = socket.create_connection((self.address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
 
 
 def _slot(record: Mapping[str, Any]) -> str | None:

@@ -95,6 +95,9 @@ class JobBuilder:
     def with_restart_policy(self, policy: str) -> JobBuilder:
         return self._with("spec.runPolicy.restartPolicy", policy)
 
+    def with_restart_strategy(self, strategy: str) -> JobBuilder:
+        return self._with("spec.runPolicy.restartStrategy", strategy)
+
     def with_backoff_limit(self, limit: int) -> JobBuilder:
         return self._with("spec.runPolicy.backoffLimit", limit)
 

@@ -32,9 +32,8 @@ def owned_by(obj: dict, job: dict) -> bool:
 
 
 def report_env(cluster: Cluster, rank: int) -> list[dict[str, str]]:
-    """Rank 0 sends its records to the operator's report Service; the other ranks send none."""
-    if rank != 0:
-        return [{"name": "DTRAIN_PROGRESS_SINK", "value": "stdout"}]
+    """Every pod reaches the operator's report Service: rank 0 with its records, each pod's supervisor with its
+    launch (the trainer sends records from global rank 0 only)."""
     url = f"https://dtrain-operator.{OPERATOR_NAMESPACE}.svc:{cluster.operators[-1].report_port}"
     return [{"name": "DTRAIN_PROGRESS_SINK", "value": "operator"}, {"name": "DTRAIN_OPERATOR_URL", "value": url}]
 
@@ -77,7 +76,7 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
         }
         assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == (f"llm-{rank}", "llm", "Never")
         (container,) = spec["containers"]
-        assert container["command"] == ["python", "-m", "dtrain_trainer.launch", "-m", "dtrain_trainer"]
+        assert container["command"] == ["python", "-m", "dtrain_trainer.supervisor", "-m", "dtrain_trainer"]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
         assert container["env"] == [
             {"name": "PET_NNODES", "value": "3"},
@@ -99,12 +98,13 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
             {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
             {"name": "NCCL_DEBUG", "value": "INFO"},
             {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+            {"name": "DTRAIN_GANG_GENERATION", "value": "0"},  # the supervisor's first launch
             {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             {"name": "WANDB_MODE", "value": "offline"},
         ]
         volumes = {v["name"]: v for v in spec["volumes"]}
         assert spec["automountServiceAccountToken"] is False
-        assert (contract.OPERATOR_TOKEN_VOLUME in volumes) == (rank == 0)
+        assert contract.OPERATOR_TOKEN_VOLUME in volumes  # each pod's supervisor reports its launch
         assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
         assert volumes["dtrain-config"]["configMap"] == {"name": "llm-config"}
 

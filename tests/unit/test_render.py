@@ -60,6 +60,7 @@ BASE_ENV = [
     {"name": "DTRAIN_PROGRESS_SINK", "value": "stdout"},
 ]
 NODE_NAME = {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+GANG_GENERATION = {"name": "DTRAIN_GANG_GENERATION", "value": "0"}  # the supervisor's first launch
 # A GPU job's flight recorder: NCCL's last collectives, dumped at a hang and at a collective timeout (this
 # job's artifacts are on object storage: NCCL's own timeout dump, which writes files, has no place there).
 FLIGHT_RECORDER = [{"name": "TORCH_FR_BUFFER_SIZE", "value": "2000"}, {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"}]
@@ -79,7 +80,7 @@ FLIGHT_RECORDER = [{"name": "TORCH_FR_BUFFER_SIZE", "value": "2000"}, {"name": "
 )
 def test_worker_env_is_the_launch_environment_then_the_node_then_the_users(spec, nccl, users):
     job = MNIST.with_nodes(3).with_devices(2).with_spec(**spec).as_model()
-    assert render.worker_env(job, rank=2) == BASE_ENV + FLIGHT_RECORDER + nccl + [NODE_NAME] + users
+    assert render.worker_env(job, rank=2) == BASE_ENV + FLIGHT_RECORDER + nccl + [GANG_GENERATION, NODE_NAME] + users
 
 
 def test_the_flight_recorder_is_on_for_gpu_jobs_dumping_under_artifacts_where_that_is_a_path():
@@ -303,18 +304,21 @@ def test_kubernetes_gang_objects_are_valid_kubernetes_1_36():
 REPORT = render.ReportEndpoint("https://dtrain-operator.dtrain-system.svc:8443", "-----BEGIN CERTIFICATE-----\n...")
 
 
-def test_no_pod_holds_an_api_token_and_rank_zero_one_for_the_operator():
-    """No worker can call the Kubernetes API; rank 0 alone holds a token, for the operator's audience,
-    and the operator's URL and CA; without an endpoint (`dtrain run`), records go to the log."""
+def test_no_pod_holds_an_api_token_and_each_one_for_the_operator():
+    """No worker can call the Kubernetes API; each holds a token for the operator's audience (rank 0 sends its
+    records with it, every pod's supervisor its launch), and the operator's URL and CA; without an endpoint
+    (`dtrain run`), records go to the log and the supervisor is the launcher."""
     three = MNIST.with_nodes(3).as_model()
     pods = [render.render_worker_pod(three, rank, 0, REPORT)["spec"] for rank in range(3)]
     assert [pod["automountServiceAccountToken"] for pod in pods] == [False, False, False]
     projected = [v for pod in pods for v in pod["volumes"] if "projected" in v]
-    assert projected == [{"name": contract.OPERATOR_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {
+    assert projected == 3 * [{"name": contract.OPERATOR_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {
         "audience": "dtrain.dev/operator", "expirationSeconds": 3600, "path": "token"}}]}}]
-    assert projected[0] in pods[0]["volumes"]
     mount = {"name": contract.OPERATOR_TOKEN_VOLUME, "mountPath": contract.OPERATOR_TOKEN_DIR, "readOnly": True}
-    assert [mount in pod["containers"][0]["volumeMounts"] for pod in pods] == [True, False, False]
+    assert [mount in pod["containers"][0]["volumeMounts"] for pod in pods] == [True, True, True]
+    assert [pod["containers"][0]["command"] for pod in pods] == 3 * [render.POD_COMMAND]
+    generation = render.render_worker_pod(three, 1, 4, REPORT)["spec"]["containers"][0]["env"]
+    assert {"name": contract.ENV_GANG_GENERATION, "value": "4"} in generation
     env = {var["name"]: var.get("value") for var in pods[0]["containers"][0]["env"]}
     assert (env[contract.ENV_PROGRESS_SINK], env[contract.ENV_OPERATOR_URL]) == ("operator", REPORT.url)
     config_map = render.render_config_map(three, REPORT)

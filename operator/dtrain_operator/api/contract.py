@@ -46,6 +46,8 @@ ENV_PROGRESS_SINK = "DTRAIN_PROGRESS_SINK"  # "operator" | "stdout" | "jsonl:<pa
 ENV_OPERATOR_URL = "DTRAIN_OPERATOR_URL"
 ENV_PROGRESS_INTERVAL = "DTRAIN_PROGRESS_INTERVAL_SECONDS"
 ENV_TERMINATION_LOG = "DTRAIN_TERMINATION_LOG"  # where results JSON goes; default below
+# The gang generation a pod was created for: its supervisor's first launch (dtrain_trainer.supervisor).
+ENV_GANG_GENERATION = "DTRAIN_GANG_GENERATION"
 
 PROGRESS_SINK_OPERATOR = "operator"
 PROGRESS_SINK_STDOUT = "stdout"
@@ -104,6 +106,11 @@ def report_path(namespace: str, name: str) -> str:
     """The URL path at which the operator takes rank 0's records of one job."""
     return f"/v1/namespaces/{namespace}/{PLURAL}/{name}/records"
 
+
+def launch_path(namespace: str, name: str) -> str:
+    """The URL path at which each worker pod's supervisor reports its launch and asks what to do (api.launches)."""
+    return f"/v1/namespaces/{namespace}/{PLURAL}/{name}/launches"
+
 # The volumes the operator adds to the pods (the config, /dev/shm, spec.storage's claim): a job's
 # own volumes may not take their names, nor its mounts their places.
 CONFIG_VOLUME = "dtrain-config"
@@ -131,6 +138,7 @@ RESERVED_ENV_NAMES = frozenset(
         ENV_OPERATOR_URL,
         ENV_PROGRESS_INTERVAL,
         ENV_TERMINATION_LOG,
+        ENV_GANG_GENERATION,
         "MASTER_ADDR",
         "MASTER_PORT",
         "WORLD_SIZE",

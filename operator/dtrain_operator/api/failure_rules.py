@@ -14,7 +14,7 @@ import functools
 from typing import Annotated, Any, Literal
 
 import re2
-from pydantic import AfterValidator, Field, StrictInt, StrictStr, WithJsonSchema
+from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, WithJsonSchema, model_validator
 
 from dtrain_operator.api.common import ApiModel
 
@@ -22,6 +22,9 @@ FailureAction = Literal["FailJob", "RestartGang", "RestartGangIgnoringBackoff"]
 ACTION_FAIL_JOB: FailureAction = "FailJob"
 ACTION_RESTART_GANG: FailureAction = "RestartGang"
 ACTION_RESTART_IGNORING_BACKOFF: FailureAction = "RestartGangIgnoringBackoff"
+RestartStrategy = Literal["InPlace", "Recreate"]
+STRATEGY_IN_PLACE: RestartStrategy = "InPlace"
+STRATEGY_RECREATE: RestartStrategy = "Recreate"
 
 # A process's exit status on Linux; 128 + n when signal n killed it.
 MAX_EXIT_CODE = 255
@@ -47,6 +50,8 @@ REASON_INVALID_TRAINER_CONFIG = "InvalidTrainerConfig"
 # object with RE2's own words; the rule is true otherwise.
 CEL_COMPILES_RULE = "''.matches(self) || !''.matches(self)"
 CEL_COMPILES_MESSAGE = "onTerminationMessage must be an RE2 regular expression"
+CEL_STRATEGY_RULE = "!has(self.restartStrategy) || self.action != 'FailJob'"
+CEL_STRATEGY_MESSAGE = "restartStrategy is for a rule that restarts the gang: remove it from a FailJob rule"
 
 
 @functools.lru_cache(maxsize=256)
@@ -111,6 +116,10 @@ ExitCodes = Annotated[
 class FailureRule(ApiModel):
     """One rule: a failed worker that meets every condition given (none: any failure) gets the action."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": CEL_STRATEGY_RULE, "message": CEL_STRATEGY_MESSAGE},
+    ]})
+
     action: FailureAction
     """FailJob: the job fails at once (reason FailedByRule). RestartGang: the gang restarts from its last checkpoint, counted against backoffLimit (BackoffLimitExceeded once it is spent). RestartGangIgnoringBackoff: the gang restarts, counted in status.restartsIgnoringBackoff and against no limit: keep it for failures that are not the job's fault (a preemption, a flaky node), or a job can restart forever."""
     on_exit_codes: Annotated[list[ExitCodes], Field(min_length=1, max_length=MAX_EXIT_CODE_ITEMS)] | None = None
@@ -130,6 +139,15 @@ class FailureRule(ApiModel):
         AfterValidator(_compiles),
     ] | None = None
     """An RE2 regular expression found somewhere in the worker's termination message: what its trainer wrote to /dev/termination-log (its JSON results, with the error of a failed run), else the last lines of its log (at most 80 lines and 2 KiB, terminationMessagePolicy FallbackToLogsOnError); for a worker that did not exit by itself, the pod's status message (e.g. "The node was low on resource: memory."). E.g. "CUDA error: an illegal memory access" or "(?i)nccl.*timeout"."""
+
+    restart_strategy: RestartStrategy | None = None
+    """With a restart action: how the gang restarts when this rule decides, instead of runPolicy.restartStrategy (e.g. Recreate for an exit that a fresh pod on another node may cure)."""
+
+    @model_validator(mode="after")
+    def _strategy_restarts(self) -> FailureRule:
+        if self.restart_strategy is not None and self.action == ACTION_FAIL_JOB:
+            raise ValueError(CEL_STRATEGY_MESSAGE)
+        return self
 
     def exit_code_ranges(self) -> tuple[tuple[int, int], ...]:
         return tuple(exit_code_range(item) for item in self.on_exit_codes or ())

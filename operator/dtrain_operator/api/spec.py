@@ -31,7 +31,7 @@ from dtrain_operator.api.common import (
     Precision,
     Resources,
 )
-from dtrain_operator.api.failure_rules import MAX_FAILURE_RULES, FailureRule
+from dtrain_operator.api.failure_rules import MAX_FAILURE_RULES, STRATEGY_IN_PLACE, FailureRule, RestartStrategy
 from dtrain_operator.api.free_form import credential_paths
 from dtrain_operator.api.kube_objects import Volume, VolumeMount, refusal
 from dtrain_operator.api.redaction import holds_credential, is_credential_name
@@ -224,6 +224,8 @@ class RunPolicy(ApiModel):
     """Rules for failed workers, tried in order: the first rule that matches one of the failures that stopped the gang decides (as JobSet's failurePolicy.rules), and the status condition and the Event name it (failureRules[1] ... decided). A failure no rule matches is decided by restartPolicy, which is the rule list that follows yours: OnFailure is [{action: FailJob, onReasons: [InvalidTrainerConfig]}, {action: RestartGang}]; ExitCode is [{action: FailJob, onReasons: [InvalidTrainerConfig]}, {action: RestartGang, onExitCodes: ["128-255"]}, {action: RestartGang, onReasons: [Lost]}, {action: FailJob}]; Never is [{action: FailJob, onReasons: [InvalidTrainerConfig]}, {action: FailJob}]. The failures that stopped the gang are the first ones (those within a second of the first) and every lost worker, not its peers' errors that followed. A Kueue eviction is no failure: the gang is queued again whatever the rules say. A gang past progressDeadlineSeconds is not decided by these rules."""
     backoff_limit: Annotated[int, Field(ge=0, le=1000)] = 3
     """Gang restarts allowed before the job fails with BackoffLimitExceeded."""
+    restart_strategy: RestartStrategy = STRATEGY_IN_PLACE
+    """How a gang restarts. InPlace: when every worker pod and its node are still there (a trainer process that crashed, a collective error, a hang), each pod's supervisor stops torchrun and, once every pod's has, starts it again from the last checkpoint, in the same pods: no rescheduling, image pull or volume attach. A pod or node that is gone, an eviction, a preemption, an OOM kill, a pod cut off from the operator, or an in-place restart that does not start within its grace period plus 30 s recreates the pods instead. Recreate: always delete the gang's pods and create new ones. Either way it counts as a gang restart (backoffLimit) and resumes exactly; status.lastRestart and the GangRestarted Event say which was used and why. A failure rule's restartStrategy overrides it."""
     active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_DURATION_SECONDS)] | None = None
     """Fail the job (DeadlineExceeded) when it runs longer than this, counted from its start."""
     progress_deadline_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = contract.DEFAULT_PROGRESS_DEADLINE_SECONDS

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from dtrain_operator.api.common import ApiModel, InitArgs, Phase
+from dtrain_operator.api.failure_rules import RestartStrategy
 
 
 class StatusModel(ApiModel):
@@ -227,6 +228,19 @@ class LastHang(StatusModel):
     """Where every rank's full stacks are (stacks.txt in this directory)."""
 
 
+class LastRestart(StatusModel):
+    """How the latest gang restart was made."""
+
+    generation: int | None = None
+    """The gang generation it started."""
+    strategy: RestartStrategy | None = None
+    """InPlace: the same pods, torchrun started again in each. Recreate: new pods."""
+    why: str | None = None
+    """Why this strategy: runPolicy.restartStrategy, a failure rule's, or what ruled an in-place restart out."""
+    time: str | None = None
+    """When it was decided (or changed to Recreate), RFC 3339."""
+
+
 class DistributedTrainingStatus(StatusModel):
     """Observed state, computed by the operator (progress and lastCheckpoint by rank 0)."""
 
@@ -244,6 +258,12 @@ class DistributedTrainingStatus(StatusModel):
     """Times Kueue evicted the gang (preemption): each restarted it, counted against no backoffLimit."""
     restarts_ignoring_backoff: int = 0
     """Gang restarts that a RestartGangIgnoringBackoff rule of runPolicy.failureRules decided: counted against no backoffLimit."""
+    restarts_in_place: int = 0
+    """Of restarts and restartsIgnoringBackoff, those made in place (runPolicy.restartStrategy InPlace): the pods stayed, torchrun started again in each."""
+    in_place_generation: int | None = None
+    """The gang generation that restarts in place: the previous generation's pods are kept, relabelled with it once every supervisor has stopped its torchrun. None: the pods of an earlier generation are deleted."""
+    last_restart: LastRestart | None = None
+    """How the latest gang restart was made (in place or by recreating the pods) and why."""
     start_time: str | None = None
     """When the job started (RFC 3339)."""
     completion_time: str | None = None

@@ -20,7 +20,7 @@ from dtrain_operator.controller import refusals
 from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
 from dtrain_operator.controller.kube import ApiError, KubeClient
 from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
-from dtrain_operator.core import render
+from dtrain_operator.core import in_place, render
 from dtrain_operator.core.child_plan import Plan
 from dtrain_operator.core.observation import JobKey, PodObservation
 
@@ -64,6 +64,10 @@ class ChildWriter:
                            namespace, name, pod.name)
             expectations.forced_pods[pod.uid] = now
         await gather(*(self._delete_pod(namespace, pod, expectations, grace_seconds=0) for pod in forced))
+        if plan.relabel_pods:
+            await gather(*(self._relabel_pod(namespace, pod, generation) for pod in plan.relabel_pods))
+            logger.info("%s/%s: every supervisor stopped torchrun; %d pod(s) restart in place as gang generation %d",
+                        namespace, name, len(plan.relabel_pods), generation)
         if plan.delete_engine_job is not None:
             await self._delete(
                 "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
@@ -133,6 +137,13 @@ class ChildWriter:
         existing, _ = await self._create_owned(pod, expectations.uid)
         observation = observe_pod(existing)
         expectations.created_pods[observation.uid] = (time.monotonic(), observation)
+
+    async def _relabel_pod(self, namespace: str, pod: PodObservation, generation: int) -> None:
+        try:
+            await self._client.patch("v1", "Pod", namespace, pod.name, in_place.relabel_patch(generation, pod.uid))
+        except ApiError as exc:
+            if not (exc.not_found or exc.conflict):
+                raise
 
     async def _delete_pod(
         self, namespace: str, pod: PodObservation, expectations: Expectations, grace_seconds: int | None = None

@@ -36,6 +36,7 @@ from dtrain_operator.api import (
     DistributedTrainingStatus,
     contract,
 )
+from dtrain_operator.api.launches import LaunchOrder, LaunchReport
 from dtrain_operator.controller import refusals, trusted
 from dtrain_operator.controller.children import ChildConflict, ChildWriter
 from dtrain_operator.controller.event_recorder import EventRecorder
@@ -55,6 +56,7 @@ from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
 from dtrain_operator.controller.status.invalid import invalid_status, unreadable_status
 from dtrain_operator.controller.status.observe import observe_queue
+from dtrain_operator.controller.supervisors import Supervisors
 from dtrain_operator.controller.workqueue import WorkQueue
 from dtrain_operator.core import progress_deadline, queueing
 from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
@@ -127,6 +129,7 @@ class Controller:
         self._client: KubeClient | None = None
         self._jobs: dict[JobKey, Mapping[str, Any]] = {}
         self._expectations: dict[JobKey, Expectations] = {}
+        self._supervisors = Supervisors()
         self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
         self._instance = os.environ.get("POD_ID") or socket.gethostname()
         # With the client, at the first login:
@@ -204,6 +207,17 @@ class Controller:
         assert self._client is not None
         await self._client.patch_status(namespace, name, patch)
 
+    def launch_reported(self, namespace: str, name: str, pod: PodObservation, report: LaunchReport) -> None:
+        """A supervisor's report (supervisors.py); one that says something new reconciles the job."""
+        if self._supervisors.report((namespace, name), pod.uid, report, datetime.now(timezone.utc)):
+            self._queue.add((namespace, name))
+
+    def launch_order(self, namespace: str, name: str, pod: PodObservation) -> LaunchOrder | None:
+        return self._supervisors.order((namespace, name), pod)
+
+    async def launch_decided(self, namespace: str, name: str, timeout: float) -> None:
+        await self._supervisors.changed((namespace, name), timeout)
+
     def queue_length(self) -> int:
         return len(self._queue)
 
@@ -250,6 +264,7 @@ class Controller:
             self._events.forget(key)
         self._jobs.pop(key, None)
         self._expectations.pop(key, None)
+        self._supervisors.forget(key)
         self._queue.forget(key)
         self._metrics.job_status(key, None)
 
@@ -264,7 +279,8 @@ class Controller:
     def _observe(self, key: JobKey, expectations: Expectations) -> tuple[Observed, frozenset[str]]:
         pods = list(self._pod_index.get(key, ())) if self._pod_index is not None else []
         engine_jobs = list(self._engine_job_index.get(key, ())) if self._engine_job_index is not None else []
-        return observe_with_expectations(pods, engine_jobs, expectations, time.monotonic())
+        observed, blocked = observe_with_expectations(pods, engine_jobs, expectations, time.monotonic())
+        return dataclasses.replace(observed, workers=self._supervisors.attach(key, observed.workers)), blocked
 
     async def _observe_queue(self, key: JobKey, body: Mapping[str, Any], observed: Observed) -> Observed:
         """For a job whose workers Kueue holds, its Workload and LocalQueue (two GETs, only while queued: the
@@ -346,6 +362,7 @@ class Controller:
 
         requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
         await self._write_state(key, body, state, new, observed)
+        self._supervisors.decided(key, running, new)
         if running is None:
             return requeue
         plan = plan_children(running, new, observed, now, self._limits)

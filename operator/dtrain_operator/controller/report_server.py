@@ -24,18 +24,29 @@ the watch at once.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp.web
+from pydantic import ValidationError
 
 from dtrain_operator.api import contract
+from dtrain_operator.api.launches import (
+    ACTION_RUN,
+    ACTION_STOP,
+    ACTION_WAIT,
+    POLL_SECONDS,
+    STATE_RUNNING,
+    LaunchOrder,
+    LaunchReport,
+)
 from dtrain_operator.api.records import status_patch
 from dtrain_operator.controller.kube import ApiError, KubeClient
 from dtrain_operator.controller.report_tls import ReportTLS
@@ -49,6 +60,7 @@ POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
 POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 ROUTE = "/v1/namespaces/{namespace}/" + contract.PLURAL + "/{name}/records"
+LAUNCH_ROUTE = "/v1/namespaces/{namespace}/" + contract.PLURAL + "/{name}/launches"
 
 
 class Refused(Exception):
@@ -74,6 +86,12 @@ class Jobs(Protocol):
     def pod_of(self, namespace: str, name: str, pod_uid: str) -> PodObservation | None: ...
 
     async def write_reports(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None: ...
+
+    def launch_reported(self, namespace: str, name: str, pod: PodObservation, report: LaunchReport) -> None: ...
+
+    def launch_order(self, namespace: str, name: str, pod: PodObservation) -> LaunchOrder | None: ...
+
+    async def launch_decided(self, namespace: str, name: str, timeout: float) -> None: ...
 
 
 class Reviewer(Protocol):
@@ -154,6 +172,7 @@ class ReportServer:
         self._jobs = jobs
         self._reviewer = reviewer
         self._runner: aiohttp.web.AppRunner | None = None
+        self._stopping = asyncio.Event()  # held launch requests are answered at once
         self.taken = 0
         # Refusals by HTTP status: counts, so that a standby answering 503 for months holds a few numbers.
         self.refused: Counter[int] = Counter()
@@ -161,12 +180,14 @@ class ReportServer:
     async def start(self) -> None:
         app = aiohttp.web.Application(client_max_size=contract.MAX_REPORT_BYTES)
         app.router.add_post(ROUTE, self._post)
+        app.router.add_post(LAUNCH_ROUTE, self._post_launch)
         self._runner = aiohttp.web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = aiohttp.web.TCPSite(self._runner, self._host, self._port, ssl_context=self._tls.server_context())
         await site.start()
 
     async def stop(self) -> None:
+        self._stopping.set()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -182,12 +203,13 @@ class ReportServer:
         self.taken += 1
         return aiohttp.web.Response(status=204)
 
-    async def _take(self, request: aiohttp.web.Request, namespace: str, name: str) -> None:
+    async def _worker(self, request: aiohttp.web.Request, namespace: str, name: str) -> tuple[Jobs, PodObservation]:
+        """The worker pod of the job that the request's token is bound to (steps 1 to 3 of the module's docstring)."""
         if self._jobs is None or self._reviewer is None:
             raise Refused(503, "this operator replica is a standby; the leader takes reports")
         authorization = request.headers.get("Authorization", "")
         if not authorization.startswith("Bearer ") or not authorization[7:].strip():
-            raise Refused(401, "no bearer token (rank 0 sends its pod's projected token for the operator)")
+            raise Refused(401, "no bearer token (a worker sends its pod's projected token for the operator)")
         pod = await self._reviewer.review(authorization[7:].strip())
         if pod.namespace != namespace:
             raise Refused(403, f"the token is bound to a pod of namespace {pod.namespace}, not {namespace}")
@@ -197,19 +219,74 @@ class ReportServer:
         observed = self._jobs.pod_of(namespace, name, pod.uid)
         if observed is None:
             raise Refused(409, f"pod {pod.name} is not (yet) known as a pod of {namespace}/{name}")
-        if observed.owner_uid != job_uid or observed.role != contract.ROLE_WORKER or observed.rank != 0:
-            raise Refused(403, f"pod {pod.name} is not the rank-0 worker of {namespace}/{name}: only it reports")
-        try:
-            body = await request.read()
-        except aiohttp.web.HTTPRequestEntityTooLarge as exc:
-            raise Refused(413, f"a report is at most {contract.MAX_REPORT_BYTES} bytes") from exc
-        try:
-            document = json.loads(body)
-        except ValueError as exc:
-            raise Refused(400, f"the body is not JSON ({exc})") from exc
+        if observed.owner_uid != job_uid or observed.role != contract.ROLE_WORKER:
+            raise Refused(403, f"pod {pod.name} is not a worker of {namespace}/{name}")
+        return self._jobs, observed
+
+    async def _take(self, request: aiohttp.web.Request, namespace: str, name: str) -> None:
+        jobs, observed = await self._worker(request, namespace, name)
+        if observed.rank != 0:
+            raise Refused(403, f"pod {observed.name} is not the rank-0 worker of {namespace}/{name}: only it reports")
+        document = await _json_body(request)
         records = document.get("records") if isinstance(document, dict) else None
         patch = merged_patch(records, observed.generation)
         try:
-            await self._jobs.write_reports(namespace, name, patch)
+            await jobs.write_reports(namespace, name, patch)
         except ApiError as exc:
             raise Refused(404 if exc.not_found else 503, f"the status write failed ({exc.status} {exc.reason})") from exc
+
+    async def _post_launch(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        """A supervisor's report (api.launches); the answer, its order, is held while it says "go on as you are"."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            jobs, pod = await self._worker(request, namespace, name)
+            try:
+                report = LaunchReport.model_validate(await _json_body(request))
+            except ValidationError as exc:
+                raise Refused(400, f"not a launch report: {exc.errors()[0].get('msg')}") from exc
+        except Refused as refused:
+            if refused.status in (401, 403):
+                logger.warning("%s/%s: a launch report was refused (%d): %s", namespace, name, refused.status, refused)
+            self.refused[refused.status] += 1
+            return aiohttp.web.json_response({"message": str(refused)}, status=refused.status)
+        jobs.launch_reported(namespace, name, pod, report)
+        deadline = time.monotonic() + POLL_SECONDS
+        while True:
+            pod = jobs.pod_of(namespace, name, pod.uid) or pod  # as the watch shows it now (relabelled?)
+            order = jobs.launch_order(namespace, name, pod)
+            left = deadline - time.monotonic()
+            if (order is not None and not _in_effect(order, report)) or left <= 0 or self._stopping.is_set():
+                break
+            await _first(jobs.launch_decided(namespace, name, left), self._stopping.wait())
+        self.taken += 1
+        if order is None:
+            order = LaunchOrder(action=ACTION_WAIT, generation=report.generation, why="the operator has not decided yet")
+        return aiohttp.web.json_response(order.model_dump(by_alias=True, exclude_none=True))
+
+
+async def _first(*awaitables: Awaitable[Any]) -> None:
+    """Wait for the first of them; cancel the others."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+
+
+def _in_effect(order: LaunchOrder, report: LaunchReport) -> bool:
+    """The supervisor already does what the order says: nothing to tell it yet."""
+    if order.action == ACTION_RUN:
+        return report.state == STATE_RUNNING and report.generation == order.generation
+    if order.action == ACTION_STOP:
+        return report.state != STATE_RUNNING
+    return order.action == ACTION_WAIT
+
+
+async def _json_body(request: aiohttp.web.Request) -> Any:
+    try:
+        body = await request.read()
+    except aiohttp.web.HTTPRequestEntityTooLarge as exc:
+        raise Refused(413, f"a report is at most {contract.MAX_REPORT_BYTES} bytes") from exc
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise Refused(400, f"the body is not JSON ({exc})") from exc

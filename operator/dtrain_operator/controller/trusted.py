@@ -55,6 +55,9 @@ class TrustedState:
     restarts: int = 0
     evictions: int = 0
     restarts_ignoring_backoff: int = 0
+    restarts_in_place: int = 0
+    in_place_generation: int | None = None
+    """The generation that restarts in place: whether the previous generation's pods are kept (status.inPlaceGeneration)."""
     phase: str | None = None
     start_time: str | None = None
     completion_time: str | None = None
@@ -72,6 +75,8 @@ class TrustedState:
             "restarts": self.restarts,
             "evictions": self.evictions,
             "restartsIgnoringBackoff": self.restarts_ignoring_backoff,
+            "restartsInPlace": self.restarts_in_place,
+            "inPlaceGeneration": self.in_place_generation,
             "phase": self.phase,
             "startTime": self.start_time,
             "completionTime": self.completion_time,
@@ -133,11 +138,16 @@ def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
     spec = record.get("acceptedSpec")
     if not isinstance(spec, dict):
         raise UntrustedState(f"annotation {ANNOTATION}: acceptedSpec is not an object")
-    # A record written before restartsIgnoringBackoff existed has none: 0.
-    counts = {name: record.get(name, 0) for name in ("restarts", "evictions", "restartsIgnoringBackoff")}
+    # A record written before restartsIgnoringBackoff or restartsInPlace existed has none: 0.
+    counts = {
+        name: record.get(name, 0) for name in ("restarts", "evictions", "restartsIgnoringBackoff", "restartsInPlace")
+    }
     for name, count in counts.items():
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise UntrustedState(f"annotation {ANNOTATION}: {name} is not a count ({count!r})")
+    in_place = record.get("inPlaceGeneration")
+    if in_place is not None and (not isinstance(in_place, int) or isinstance(in_place, bool) or in_place < 1):
+        raise UntrustedState(f"annotation {ANNOTATION}: inPlaceGeneration is not a gang generation ({in_place!r})")
     texts = {k: record.get(k) for k in ("phase", "startTime", "completionTime")}
     if any(v is not None and not isinstance(v, str) for v in texts.values()):
         raise UntrustedState(f"annotation {ANNOTATION}: phase, startTime and completionTime must be strings")
@@ -150,6 +160,8 @@ def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
         restarts=counts["restarts"],
         evictions=counts["evictions"],
         restarts_ignoring_backoff=counts["restartsIgnoringBackoff"],
+        restarts_in_place=counts["restartsInPlace"],
+        in_place_generation=in_place,
         phase=texts["phase"],
         start_time=texts["startTime"],
         completion_time=texts["completionTime"],
@@ -177,6 +189,8 @@ def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] =
         restarts=status.restarts,
         evictions=status.evictions,
         restarts_ignoring_backoff=status.restarts_ignoring_backoff,
+        restarts_in_place=status.restarts_in_place,
+        in_place_generation=status.in_place_generation,
         phase=status.phase,
         start_time=status.start_time,
         completion_time=status.completion_time,
@@ -205,6 +219,8 @@ def trusted_previous(
                 "restarts": state.restarts,
                 "evictions": state.evictions,
                 "restarts_ignoring_backoff": state.restarts_ignoring_backoff,
+                "restarts_in_place": state.restarts_in_place,
+                "in_place_generation": state.in_place_generation,
                 "phase": state.phase,
                 "start_time": state.start_time,
                 "completion_time": state.completion_time,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
-from dtrain_operator.core import policy, progress_deadline
+from dtrain_operator.core import in_place
 from dtrain_operator.core.gang_state import (
     current_gang,
     engine_pod_awaited,
@@ -47,6 +47,8 @@ class Plan:
     """Seconds until a deadline, timeout or TTL needs another look."""
     delete_grace_seconds: int | None = None
     """Grace period of the deletions (None: each pod's own): short for a gang restarted for a hang."""
+    relabel_pods: tuple[PodObservation, ...] = ()
+    """An in-place restart's pods, every supervisor's torchrun stopped: they take the new gang generation's label."""
 
 
 # Requeue a hair past a deadline, so that the next look sees it passed.
@@ -136,6 +138,7 @@ def _next_look(
         None if pull_deadline is None else _seconds_until(pull_deadline, now),
         min(pending_checks, default=None),
         None if awaited is None else awaited + REQUEUE_MARGIN_SECONDS,
+        in_place.seconds_until_give_up(job, status, now),
     )
 
 
@@ -154,19 +157,6 @@ def _earlier_gang_alive(status: DistributedTrainingStatus, workers: Sequence[Pod
     )
 
 
-def _restart_grace_seconds(job: DistributedTraining, status: DistributedTrainingStatus) -> int | None:
-    """The grace period of the earlier gang's pods as the gang restarts: short for a hung gang, the progress
-    deadline for the survivors of a failed or lost worker, the pod's own otherwise (a Kueue eviction)."""
-    restarting = next((c for c in status.conditions if c.type == "Restarting" and c.status == "True"), None)
-    if restarting is None:
-        return None
-    if restarting.reason == progress_deadline.REASON_PROGRESS_DEADLINE:
-        return progress_deadline.HUNG_GANG_GRACE_SECONDS
-    if restarting.reason == policy.REASON_WORKER_FAILED:
-        return progress_deadline.survivors_grace_seconds(job.spec.run_policy, job.spec.termination_grace_period_seconds)
-    return None
-
-
 def plan_children(
     job: DistributedTraining,
     status: DistributedTrainingStatus,
@@ -178,7 +168,10 @@ def plan_children(
     workers = tuple(p for p in observed.workers if p.role == contract.ROLE_WORKER)
     force, stuck_check = _stuck(workers, now, limits)
     gang = current_gang(status, workers)
-    older = tuple(p for p in workers if p.generation != status.gang_generation and not p.deleting)
+    kept = in_place.kept_pods(status, workers)
+    older = tuple(
+        p for p in workers if p.generation != status.gang_generation and not p.deleting and p not in kept
+    )
     phase = status.phase
     if phase in FINISHED_PHASES:
         return _finished_plan(job, status, workers, older, observed, now)
@@ -188,7 +181,7 @@ def plan_children(
         )
     occupied = {p.name for p in workers}
     create: tuple[int, ...] = ()
-    if phase in CREATING_PHASES and not _earlier_gang_alive(status, workers):
+    if phase in CREATING_PHASES and not kept and not _earlier_gang_alive(status, workers):
         create = tuple(
             rank for rank in range(job.spec.nodes)
             if rank not in gang and worker_pod_name(job, rank, status.gang_generation) not in occupied
@@ -197,7 +190,8 @@ def plan_children(
         create_ranks=create,
         delete_pods=older,
         force_delete_pods=force,
-        delete_grace_seconds=_restart_grace_seconds(job, status) if older else None,
+        delete_grace_seconds=in_place.restart_grace_seconds(job, status) if older else None,
+        relabel_pods=in_place.pods_to_relabel(job, status, workers),
         create_engine_job=phase == "BuildingEngine" and observed.engine_job is None,
         requeue_after=_earliest(stuck_check, _next_look(job, status, gang, observed, now, limits)),
     )

@@ -13,6 +13,7 @@ from dtrain_operator.api import (
     NodeCounts,
     Progress,
     contract,
+    launches,
 )
 from dtrain_operator.core import queueing
 from dtrain_operator.core.observation import Limits, Observed, PodObservation, parse_time
@@ -90,6 +91,8 @@ def worker_failures(
             failures.append(
                 WorkerFailure(rank, pod.exit_code, pod.reason or "Error", pod.message, pod.finished_at)
             )
+        elif (exited := exited_in_pod(pod)) is not None:
+            failures.append(exited)
         elif pod.deleting and pod.phase != "Succeeded":
             if queueing.is_queue_stop(pod.reason):
                 failures.append(WorkerFailure(rank, None, pod.reason, pod.message or f"Kueue stopped pod {pod.name}"))
@@ -98,6 +101,26 @@ def worker_failures(
             else:
                 failures.append(WorkerFailure(rank, None, "Deleted", f"pod {pod.name} is being deleted"))
     return failures
+
+
+def exited_in_pod(pod: PodObservation) -> WorkerFailure | None:
+    """The failure a running pod's supervisor reported: its torchrun of this generation exited by itself, not 0."""
+    state = pod.supervisor
+    if state is None or pod.phase != "Running" or pod.deleting or pod.rank is None:
+        return None
+    report = state.report
+    if report.generation != pod.generation or report.state != launches.STATE_EXITED or report.stopped_on_order:
+        return None
+    if report.exit_code == 0:
+        return None
+    return WorkerFailure(
+        pod.rank,
+        report.exit_code,
+        report.reason or "Error",
+        report.message or "",
+        state.received_at,
+        in_pod=True,
+    )
 
 
 # Kubernetes' timestamps have a resolution of one second: a report counts for the gang only when

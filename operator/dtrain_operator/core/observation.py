@@ -7,10 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from dtrain_operator.api.launches import LaunchReport
 from dtrain_operator.core.queueing import QueueObservation
 
 # A job by its namespace and name: how the operator keys its caches, its queue and its Events.
 JobKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class SupervisorState:
+    """The latest report of a pod's supervisor (api.launches) and when the operator received it."""
+
+    report: LaunchReport
+    received_at: datetime
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,8 @@ class PodObservation:
     """Held by Kueue's admission gate: its group is not admitted yet."""
     node: str = ""
     """The Kubernetes node it is bound to (spec.nodeName)."""
+    supervisor: SupervisorState | None = None
+    """What its supervisor last reported (worker pods; None before its first report)."""
 
 
 @dataclass(frozen=True)

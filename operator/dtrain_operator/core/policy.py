@@ -12,6 +12,7 @@ the gang decides, and the decision's message names it when it is one of the user
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from datetime import datetime
 from typing import Literal
 
 from dtrain_operator.api import FailureRule, RunPolicy, contract, failure_rules, restart_policy_rules
+from dtrain_operator.api.failure_rules import RestartStrategy
 from dtrain_operator.core import queueing
 
 # Exit codes of 128 and above mean the process was killed by a signal (128 + n):
@@ -69,6 +71,8 @@ class WorkerFailure:
     """What failure rules' onTerminationMessage is matched against when it is not `message`: `dtrain run` shows a
     failed node's log itself, and quotes in its message only what the trainer wrote, not the log's end that a
     pod's termination message (FallbackToLogsOnError) would hold."""
+    in_pod: bool = False
+    """Its pod still runs: its supervisor reported torchrun's exit (a restart in place can reuse the pod)."""
 
     @property
     def matched_message(self) -> str:
@@ -112,6 +116,10 @@ class FailureDecision:
     count: RestartCount = "restarts"
     """The count a restart adds to: restarts (against backoffLimit), evictions (Kueue took the gang away) or
     restartsIgnoringBackoff (a RestartGangIgnoringBackoff rule decided)."""
+    strategy: RestartStrategy | None = None
+    """The deciding failure rule's restartStrategy (None: runPolicy.restartStrategy's)."""
+    rule_name: str = ""
+    """failureRules[i], for a message that says why the strategy is what it is."""
 
     @property
     def counted(self) -> bool:
@@ -259,14 +267,17 @@ def decide_on_failure(policy: RunPolicy, failures: Sequence[WorkerFailure], rest
     by = f"{match.describe()} decided: "
     if match.rule.action == failure_rules.ACTION_FAIL_JOB:
         return FailureDecision(False, REASON_FAILED_BY_RULE, f"{by}{summary}")
+    strategy, rule_name = match.rule.restart_strategy, f"failureRules[{match.index}]"
     if match.rule.action == failure_rules.ACTION_RESTART_IGNORING_BACKOFF:
         return FailureDecision(
             True,
             REASON_WORKER_FAILED,
             f"{by}{summary}; restarting the gang from the last checkpoint (not counted against backoffLimit)",
             count="restartsIgnoringBackoff",
+            strategy=strategy,
+            rule_name=rule_name,
         )
-    return _restart(policy, f"{by}{summary}", restarts)
+    return dataclasses.replace(_restart(policy, f"{by}{summary}", restarts), strategy=strategy, rule_name=rule_name)
 
 
 def _by_restart_policy(policy: RunPolicy, match: RuleMatch, summary: str, restarts: int) -> FailureDecision:

@@ -42,6 +42,9 @@ NATIVE_POD_GROUP_API = "scheduling.k8s.io/v1alpha2"  # Kubernetes' own gang sche
 # Worker command: torchrun (through dtrain's launcher, which passes on the failing worker's
 # own exit code) takes its flags from the PET_* variables and runs the trainer module.
 TRAINER_COMMAND = ["python", "-m", "dtrain_trainer.launch", "-m", "dtrain_trainer"]
+# In a pod, dtrain's supervisor runs that command and runs it again when the operator restarts the gang
+# in place (api.launches); without the operator's address it becomes the launcher itself.
+POD_COMMAND = ["python", "-m", "dtrain_trainer.supervisor", "-m", "dtrain_trainer"]
 
 
 @dataclass(frozen=True)
@@ -212,9 +215,10 @@ def worker_env(
     job: DistributedTraining, rank: int, report: ReportEndpoint | None = None, gang_generation: int = 0
 ) -> list[dict[str, Any]]:
     """The trainer container's environment: its launch environment, the node it runs on (downward API),
-    the object store's credentials, then the user's."""
+    the object store's credentials, then the user's. The gang generation is the supervisor's first launch."""
     return [
         *(_var(name, value) for name, value in launch_env(job, rank, pod_site(job, report), gang_generation).items()),
+        _var(contract.ENV_GANG_GENERATION, gang_generation),
         {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         *credentials_env(job),
         *(var.to_wire() for var in job.spec.env),
@@ -350,13 +354,13 @@ def _scheduling_fields(job: DistributedTraining, gang_generation: int | None = N
 def _trainer_container(
     job: DistributedTraining, rank: int, report: ReportEndpoint | None, gang_generation: int
 ) -> dict[str, Any]:
-    """The trainer container; with `report` (rank 0's pod only), its token for the operator mounted."""
+    """The trainer container; with `report`, its token for the operator mounted."""
     spec = job.spec
     return {
         "name": TRAINER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": list(TRAINER_COMMAND),
+        "command": list(POD_COMMAND),
         "env": worker_env(job, rank, report, gang_generation),
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
         "volumeMounts": [
@@ -379,8 +383,9 @@ def render_worker_pod(
 ) -> dict[str, Any]:
     """Worker pod `<name>-<rank>`: torchrun on the trainer, the operator owning restarts.
 
-    No pod holds a token for the API server; rank 0's holds one for the operator's report endpoint."""
-    reports = report is not None and rank == 0
+    No pod holds a token for the API server; each holds one for the operator's report endpoint, where rank 0
+    sends its records and every pod's supervisor reports its launch (api.launches)."""
+    reports = report is not None
     spec = job.spec
     gpus = spec.devices_per_node if spec.accelerator == "gpu" else 0
     metadata = _metadata(job, worker_pod_name(job, rank, gang_generation), worker_labels(job, rank, gang_generation))
@@ -400,7 +405,7 @@ def render_worker_pod(
         # SIGTERM stops training at a step boundary and rank 0 saves a checkpoint: give it the time.
         "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
         "serviceAccountName": spec.service_account_name,
-        # The trainer never calls the Kubernetes API: rank 0 reports to the operator.
+        # The trainer never calls the Kubernetes API: it reports to the operator.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": dict(_POD_SECURITY),

@@ -24,10 +24,11 @@ served resources once through discovery, which every authenticated client may re
   resources: [distributedtrainings/status]
   verbs: [patch]
 # Worker pods. kopf: watched (an index of each job's pods). The operator: created per gang
-# generation, read back when a create meets 409, deleted for a gang restart, suspend, cleanPodPolicy.
+# generation, read back when a create meets 409, deleted for a gang restart, suspend, cleanPodPolicy;
+# patched for a restart in place (their gang-generation label, nothing else).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [create, get, list, watch, delete]
+  verbs: [create, get, list, watch, patch, delete]
 # The engine Job: like the pods (deleted when a job is suspended or cleaned up).
 - apiGroups: [batch]
   resources: [jobs]

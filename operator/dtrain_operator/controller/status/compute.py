@@ -22,7 +22,7 @@ from dtrain_operator.api import (
     contract,
     immutable_spec,
 )
-from dtrain_operator.controller.status import gpu_memory, hang, storage_conditions
+from dtrain_operator.controller.status import gpu_memory, hang, restarts, storage_conditions
 from dtrain_operator.controller.status.after_training import after_training
 from dtrain_operator.controller.status.conditions import (
     CREATED,
@@ -41,7 +41,7 @@ from dtrain_operator.controller.status.conditions import (
     Conditions,
 )
 from dtrain_operator.controller.status.queued import report_queue
-from dtrain_operator.core import policy, progress_deadline, stragglers
+from dtrain_operator.core import in_place, policy, progress_deadline, stragglers
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
 from dtrain_operator.core.gang_state import (
     current_gang,
@@ -252,6 +252,15 @@ def finish_training(c: StatusComputation) -> DistributedTrainingStatus | None:
     return after_training(c.running_job, c.status, c.conditions, c.gang, c.observed, c.finish, c.now)
 
 
+def await_in_place_restart(c: StatusComputation) -> DistributedTrainingStatus | None:
+    """An in-place restart under way (core.in_place), or given up: its pods recreated, counted once."""
+    if not in_place.kept_pods_expected(c.status) or c.gang:
+        return None
+    restarts.await_in_place(c.running_job, c.status, c.conditions, c.observed.workers, c.now)
+    c.count_nodes([], active=True)
+    return c.done()
+
+
 def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
     """A failed, lost or vanished worker, or a gang past its progress deadline: core.policy decides."""
     c.failures = worker_failures(c.running_job, c.gang, gang_started=c.gang_started, succeeded_ranks=c.gone_succeeded)
@@ -263,18 +272,8 @@ def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
         return None
     if not decision.restart:
         return c.finish(decision.ending)
-    if decision.count == "evictions":
-        status.evictions += 1
-    elif decision.count == "restartsIgnoringBackoff":
-        status.restarts_ignoring_backoff += 1
-    else:
-        status.restarts += 1
-    status.phase = "Restarting"
-    c.conditions.set(RESTARTING, True, decision.reason, decision.message)
-    how = (": it made no progress within runPolicy.progressDeadlineSeconds" if not c.failures
-           else ": Kueue evicted it" if decision.count == "evictions" else " after a worker failed")
-    c.conditions.set(RUNNING, False, "GangRestarting", f"the gang is restarting{how}")
-    c.conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
+    strategy, why = in_place.strategy(c.running_job, decision, c.failures, c.gang, c.now)
+    restarts.record_restart(status, c.conditions, decision, (strategy, why), hung=not c.failures, now=c.now)
     c.count_nodes([], active=True)
     return c.done()
 
@@ -359,6 +358,7 @@ STATUS_STEPS: tuple[StatusStep, ...] = (
     suspend_or_resume,
     enforce_active_deadline,
     finish_training,
+    await_in_place_restart,
     restart_or_fail,
     watch_image_pulls,
     set_phase,

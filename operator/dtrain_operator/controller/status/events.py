@@ -89,6 +89,9 @@ WARNING_CONDITIONS = (
 )
 
 
+# The Event that says how a gang restart is made, and why (status.lastRestart).
+RESTART_EVENT_REASONS = {"InPlace": "RestartInPlace", "Recreate": "RestartByRecreate"}
+
 _PHASE_CONDITION = {
     "Running": RUNNING,
     "Exporting": RUNNING,
@@ -127,6 +130,13 @@ def status_events(
     if new.phase != old_phase and new.phase is not None:
         kind: Literal["Normal", "Warning"] = "Warning" if new.phase in ("Failed", "Restarting") else "Normal"
         events.append(JobEvent(kind, new.phase, phase_message(new)))
+    restart = new.last_restart
+    if restart is not None and restart != (previous.last_restart if previous else None):
+        how = "in place, in the same pods" if restart.strategy == "InPlace" else "by recreating its pods"
+        events.append(JobEvent(
+            "Normal", RESTART_EVENT_REASONS[restart.strategy or "Recreate"],
+            f"gang generation {restart.generation} starts {how}: {restart.why}",
+        ))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
         if condition.type not in (*WARNING_CONDITIONS, stragglers.CONDITION) or condition.status != "True":

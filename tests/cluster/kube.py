@@ -154,7 +154,8 @@ def trainer_pids(pod: dict[str, Any]) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if b"-m dtrain_trainer" in cmdline and b"launch" not in cmdline:
+        # Not torchrun (dtrain_trainer.launch) nor the pod's supervisor around it: the ranks.
+        if b"-m dtrain_trainer" in cmdline and b"launch" not in cmdline and b"supervisor" not in cmdline:
             pids.append(pid)
     return pids
 

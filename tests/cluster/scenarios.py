@@ -247,6 +247,84 @@ def scenario_worker_killed(figures: Figures) -> None:
     kubectl("delete", "dtr", name, "-n", NS, "--wait=false")
 
 
+@dataclass
+class RestartMeasure:
+    """One worker-process kill, measured: until the new gang trains, the steps it trained again, the pods."""
+
+    strategy: str
+    seconds: float
+    steps_lost: int
+    resumed_at: int
+    same_pods: bool
+    status: dict[str, Any]
+
+
+def measure_restart(strategy: str) -> RestartMeasure:
+    """A job with runPolicy.restartStrategy `strategy`: rank 1's training process SIGKILLed mid-epoch (the pods and
+    nodes stay) → the first progress of the next gang. Steps lost: the highest step the first gang reported (its
+    surviving rank's checkpoint included) less the step the second resumed from, as `dtrain run` counts them."""
+    name = f"e2e-restart-{strategy.lower()}"
+    apply(small_job(name, runPolicy={"backoffLimit": 3, "restartStrategy": strategy}))
+    eventually(lambda: progress_step(name) >= 6, f"{name}: step 6 reported", 300)
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(name)}
+    victim = next(p for p in worker_pods(name) if p["metadata"]["name"] == f"{name}-1")
+    pids = trainer_pids(victim)
+    if not pids:
+        raise Failed(f"no trainer process found in pod {name}-1")
+    kill(pids)
+    killed = time.monotonic()
+    reached = 0
+
+    def training_again() -> bool:
+        nonlocal reached
+        now = status(name)
+        progress, saved = now.get("progress") or {}, now.get("lastCheckpoint") or {}
+        if progress.get("gangGeneration") == 0:
+            reached = max(reached, int(progress.get("step") or 0))
+        if saved.get("step") and now.get("phase") == "Restarting":  # the surviving rank's, not the new gang's
+            reached = max(reached, int(saved["step"]))
+        return progress.get("gangGeneration") == 1 and progress.get("stage") == "training"
+
+    eventually(training_again, f"{name}: the gang training again after the kill", 300, every=0.25)
+    seconds = time.monotonic() - killed
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(name) if not p["metadata"].get("deletionTimestamp")}
+    logs = kubectl("logs", f"{name}-0", "-n", NS).stdout
+    resumed = [int(step) for step in re.findall(r"resumed from \S+ at step (\d+)", logs)]
+    if not resumed:
+        raise Failed(f"{name}-0 did not resume from a checkpoint:\n{logs[-1500:]}")
+    final = finished(name)
+    delete(name)
+    return RestartMeasure(strategy, seconds, max(0, reached - resumed[-1]), resumed[-1], after == before, final)
+
+
+def scenario_in_place_restart(figures: Figures) -> None:
+    """The same kill of a training process under restartStrategy InPlace and Recreate: in place, the supervisors
+    run torchrun again in the same pods (same UIDs, no scheduling, no image, no volume), counted as a gang restart;
+    by recreate, new pods. Both resume exactly where the surviving rank saved (steps lost 0)."""
+    in_place, recreate = measure_restart("InPlace"), measure_restart("Recreate")
+    for measured, same in ((in_place, True), (recreate, False)):
+        final = measured.status
+        if final.get("phase") != "Succeeded" or final.get("restarts") != 1:
+            raise Failed(f"{measured.strategy}: {final.get('phase')} after {final.get('restarts')} restart(s)")
+        restart = final.get("lastRestart") or {}
+        if restart.get("strategy") != measured.strategy or final.get("restartsInPlace", 0) != int(same):
+            raise Failed(f"{measured.strategy}: lastRestart {restart}, restartsInPlace {final.get('restartsInPlace')}")
+        if measured.same_pods != same:
+            raise Failed(f"{measured.strategy}: the pods {'changed' if same else 'stayed'}")
+        reason = "RestartInPlace" if same else "RestartByRecreate"
+        if not events(f"e2e-restart-{measured.strategy.lower()}", reason):
+            raise Failed(f"{measured.strategy}: no {reason} Event")
+    figures["worker process killed → training again, in place (s)"] = in_place.seconds
+    figures["worker process killed → training again, by recreate (s)"] = recreate.seconds
+    figures["in place / recreate (ratio)"] = in_place.seconds / recreate.seconds
+    figures["steps lost, in place"] = in_place.steps_lost
+    figures["steps lost, by recreate"] = recreate.steps_lost
+    print(f"in place: {in_place.seconds:.1f} s, resumed at step {in_place.resumed_at}, steps lost {in_place.steps_lost}; "
+          f"by recreate: {recreate.seconds:.1f} s, resumed at step {recreate.resumed_at}, steps lost {recreate.steps_lost}")
+    if in_place.steps_lost or recreate.steps_lost:
+        raise Failed(f"steps lost: in place {in_place.steps_lost}, by recreate {recreate.steps_lost} (a rank survived)")
+
+
 def scenario_object_storage(figures: Figures) -> None:
     """The quick start with the README's s3:// line, on make cluster's S3 gateway: a worker SIGKILLed mid-epoch
     → the gang resumes from the bucket's checkpoint → the engine Job reads model.onnx from the bucket and
@@ -685,7 +763,8 @@ def report_from(pod: dict[str, Any], job: str, ca: Path, token: str | None) -> i
 def scenario_tokens(figures: Figures) -> None:
     """Workers hold no API permission: progress reaches the status through the operator alone, which
     takes it only with a token for its audience bound to the job's rank-0 pod (the API server's
-    TokenReview); the API server refuses that token, and every token of the trainers' account."""
+    TokenReview); each worker holds one such token (its supervisor reports its launch with it); the API
+    server refuses that token, and every token of the trainers' account."""
     name = "e2e-tokens"
     apply(small_job(name, trainer={**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 40}))
     eventually(lambda: len([p for p in worker_pods(name) if p["status"].get("phase") == "Running"]) == 2,
@@ -694,10 +773,11 @@ def scenario_tokens(figures: Figures) -> None:
     for worker in (rank0, rank1):
         if worker["spec"].get("automountServiceAccountToken") is not False:
             raise Failed(f"{worker['metadata']['name']} mounts a token for the API server")
-    projected = [v["projected"] for v in rank0["spec"]["volumes"] if "projected" in v]
-    audiences = [s["serviceAccountToken"]["audience"] for p in projected for s in p["sources"]]
-    if audiences != [contract.OPERATOR_TOKEN_AUDIENCE] or any("projected" in v for v in rank1["spec"]["volumes"]):
-        raise Failed(f"rank 0 should hold one token, for the operator; it holds {audiences}")
+    for worker in (rank0, rank1):
+        projected = [v["projected"] for v in worker["spec"]["volumes"] if "projected" in v]
+        audiences = [s["serviceAccountToken"]["audience"] for p in projected for s in p["sources"]]
+        if audiences != [contract.OPERATOR_TOKEN_AUDIENCE]:
+            raise Failed(f"{worker['metadata']['name']} should hold one token, for the operator; it holds {audiences}")
     # Rank 0's records reach the status, which only the operator writes.
     eventually(lambda: (get("dtr", name, NS).get("status", {}).get("progress") or {}).get("gangGeneration") == 0,
                f"{name}: progress in the status, stamped by the operator", 300)
@@ -1142,6 +1222,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("quickstart", "the quick start: kubectl apply → training → engine Job → kubectl delete; then dtrain run",
      scenario_quickstart),
     ("worker-kill", "worker SIGKILL → gang restart → resume at the checkpoint", scenario_worker_killed),
+    ("in-place-restart", ("a training process SIGKILLed, restartStrategy InPlace and Recreate side by side: the "
+                          "same pods or new ones, time to train again, steps lost"), scenario_in_place_restart),
     ("object-storage", "the quick start on s3://: worker SIGKILL → resume from the bucket → engine Job on the bucket",
      scenario_object_storage),
     ("network-cut", "network cut → restart within the collective timeout", scenario_network_cut),

@@ -13,7 +13,7 @@ from dtrain_operator.api import DistributedTrainingStatus
 from dtrain_operator.api.launches import REASON_STOPPED, LaunchReport
 from dtrain_operator.controller import trusted
 from dtrain_operator.controller.status.compute import compute_status
-from dtrain_operator.controller.status.events import status_events
+from dtrain_operator.controller.status.events import status_events, status_patch
 from dtrain_operator.core import in_place, progress_deadline
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.observation import Observed, PodObservation, SupervisorState
@@ -56,6 +56,9 @@ def test_a_process_exit_in_a_live_pod_restarts_the_gang_in_place():
     assert "worker 1 exited with code 137" in restarting.message and "in place, in the same pods" in restarting.message
     # Nothing deleted, nothing created: the pods are kept, and not relabelled while torchrun runs in them.
     assert (plan.delete_pods, plan.create_ranks, plan.relabel_pods) == ((), (), ())
+    patch = status_patch(accepted_status(JOB), status)
+    assert patch["restartsInPlace"] == 1 and patch["inPlaceGeneration"] == 1
+    assert patch["lastRestart"]["strategy"] == "InPlace"
     events = {e.reason: e.message for e in status_events(accepted_status(JOB), status)}
     assert "in place" in events["Restarting"]
     assert events["RestartInPlace"].startswith("gang generation 1 starts in place, in the same pods: runPolicy")
@@ -141,9 +144,14 @@ def test_an_in_place_restart_that_cannot_finish_recreates_the_pods_without_count
     assert "RestartByRecreate" in {e.reason for e in status_events(status, fallen)}
     # Rank 0 never stops within the grace period and the margin: recreate.
     late = NOW + timedelta(seconds=60 + in_place.START_MARGIN_SECONDS + 1)
-    timed_out, plan = decide(killed_rank_1(), status, now=late)
+    heard = tuple(replace(p, supervisor=replace(p.supervisor, received_at=late)) for p in killed_rank_1())
+    timed_out, plan = decide(heard, status, now=late)
     assert timed_out.in_place_generation is None and "did not stop within" in timed_out.last_restart.why
     assert {p.rank for p in plan.delete_pods} == {0, 1}
+    # A supervisor no longer heard from (its pod's link cut) cannot be told to start: recreate, at once.
+    cut = (heard[0], replace(heard[1], supervisor=replace(heard[1].supervisor, received_at=NOW - timedelta(minutes=1))))
+    cut_off, _ = decide(cut, status, now=NOW + timedelta(seconds=10))
+    assert "mnist-1's supervisor has not reported for over 25 s" in cut_off.last_restart.why
     # Before then, the plan asks to look again when it would give up.
     _, waiting = decide(killed_rank_1(), status, now=NOW + timedelta(seconds=10))
     assert waiting.requeue_after == pytest.approx(60 + in_place.START_MARGIN_SECONDS - 10 + 0.5)

@@ -32,10 +32,11 @@ ACTION_WAIT: LaunchAction = "wait"
 ACTION_EXIT: LaunchAction = "exit"
 
 # How long the operator holds a supervisor's request while its order stays what the supervisor does.
-POLL_SECONDS = 20.0
+POLL_SECONDS = 15.0
 # A supervisor that has not reported for this long is not counted on for a restart in place: its pod
-# may be cut off from the operator (a network cut), and could not be told to restart.
-REPORT_FRESH_SECONDS = POLL_SECONDS + 15.0
+# may be cut off from the operator (a network cut), and could not be told to restart. A supervisor asks
+# again as soon as it is answered, so a live one is heard from at least every POLL_SECONDS.
+REPORT_FRESH_SECONDS = POLL_SECONDS + 10.0
 # The reason of an exit the supervisor made itself, on the operator's order.
 REASON_STOPPED = "Stopped"
 MAX_MESSAGE_CHARS = 2048

@@ -1,4 +1,5 @@
-"""The operator's report endpoint: rank 0's records reach the job's status through the operator alone.
+"""The operator's report endpoint: rank 0's records reach the job's status through the operator alone, and
+each worker pod's supervisor learns whether to run, stop or restart torchrun.
 
 Rank 0 POSTs `{"records": [...]}` (the trainer's typed records, dtrain_operator.api.records) over
 HTTPS to `/v1/namespaces/<ns>/distributedtrainings/<name>/records` on the report Service, with a
@@ -16,6 +17,12 @@ The operator then merge-patches only `status.progress` (stamped with the reporti
 generation, which the progress deadline uses across a failover), `status.preflight`,
 `status.lastCheckpoint` and `status.hangStacks` (stamped too: a hang's stacks are this gang's): whatever a worker sends, nothing else of the status, and nothing the
 operator creates, follows from it. Worker pods hold no permission on the Kubernetes API.
+
+Each worker pod's supervisor POSTs its launch reports (api.launches) to `.../launches`, taken on
+steps 1 to 3 for any worker of the job; the answer is its order (core.in_place), held up to
+launches.POLL_SECONDS while the order is what the supervisor already does. What a supervisor says
+(torchrun exited, and how) counts as the same exit of its container would: it can restart the gang
+in place, never make the operator create anything a container's exit could not.
 
 TokenReviews are cached for TOKEN_CACHE_SECONDS per token (one review a minute per job, not one per
 record): a token revoked by deleting its pod is refused within that time, as the pod is gone from

@@ -136,6 +136,8 @@ def gives_up(
             return f"worker {rank}'s pod is gone"
         if pod.phase != "Running":
             return f"pod {pod.name} is {pod.phase} ({pod.reason or 'its supervisor exited'})"
+        if not _heard_lately(pod, now):
+            return f"pod {pod.name}'s supervisor has not reported for over {REPORT_FRESH_SECONDS:g} s (cut off?)"
     decided = parse_time(status.last_restart.time if status.last_restart else None)
     allowed = _stop_grace_seconds(job, status) + START_MARGIN_SECONDS
     if decided is not None and (now - decided).total_seconds() > allowed:

@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -264,6 +265,8 @@ def measure_restart(strategy: str) -> RestartMeasure:
     nodes stay) → the first progress of the next gang. Steps lost: the highest step the first gang reported (its
     surviving rank's checkpoint included) less the step the second resumed from, as `dtrain run` counts them."""
     name = f"e2e-restart-{strategy.lower()}"
+    # An earlier run's checkpoints on a kept cluster's claim are another job's (the trainer refuses them).
+    shutil.rmtree(layout.VOLUMES / NS / CLAIM / name, ignore_errors=True)
     apply(small_job(name, runPolicy={"backoffLimit": 3, "restartStrategy": strategy}))
     eventually(lambda: progress_step(name) >= 6, f"{name}: step 6 reported", 300)
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(name)}

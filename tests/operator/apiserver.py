@@ -21,6 +21,9 @@ operator relies on real API-server behaviour. Each extension is small and stands
   create and update, before it is stored; a DistributedTraining is stored as sent (no CRD schema
   or CEL rules, as with a CRD from before them: the real API server's are `make e2e`'s);
 - GET of one Namespace (`/api/v1/namespaces/NAME`), which kmock reads as a namespace prefix;
+- TokenReview: a token the test bound to a pod (`tokens`) is authenticated for the operator's audience
+  with the pod's name and UID in its claims, as the API server answers for a projected token; any
+  other is not (the real TokenReview is `make e2e`'s scenario `tokens`);
 - a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
   for comparing the operator's calls with its RBAC rules.
 
@@ -71,8 +74,9 @@ RESOURCES = [
     ("scheduling.k8s.io/v1alpha2/podgroups", "PodGroup", True),
     ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True),
     ("scheduling.x-k8s.io/v1alpha1/podgroups", "PodGroup", True),
+    ("authentication.k8s.io/v1/tokenreviews", "TokenReview", False),
 ]
-CLUSTER_SCOPED = {"namespaces"}
+CLUSTER_SCOPED = {"namespaces", "tokenreviews"}
 NAMESPACES = kmock.resource("v1/namespaces")
 
 
@@ -307,6 +311,8 @@ class ApiServer(kmock.KubernetesEmulator):
     _kinds: dict = attrs.field(factory=dict, init=False)
     # Called on create and update as hook(request, new, old) -> the object to store (or raise KubernetesError).
     admission: list[Callable[..., dict[str, Any]]] = attrs.field(factory=list, init=False)
+    # TokenReview's answers: token -> (namespace, pod name, pod UID) it is bound to.
+    tokens: dict[str, tuple[str, str, str]] = attrs.field(factory=dict, init=False)
 
     def admit(self, request: Request, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         for hook in self.admission:
@@ -355,6 +361,8 @@ class ApiServer(kmock.KubernetesEmulator):
             (agent, Call(rbac_verb(request), resource.group or "", resource.plural, request.subresource or ""))
         )
         await self.faults.intercept(request)
+        if resource.plural == "tokenreviews" and request.action == kmock.action.CREATE:
+            return aiohttp.web.json_response(self._review(request.data), status=201)
         if request.action == kmock.action.CREATE:
             return aiohttp.web.json_response(await self._create(request), status=201)
         if request.action == kmock.action.UPDATE:
@@ -362,6 +370,23 @@ class ApiServer(kmock.KubernetesEmulator):
         if request.action == kmock.action.DELETE:
             return aiohttp.web.json_response(await self._delete(request))
         return await super()._handle(request)
+
+    def _review(self, review: Any) -> dict[str, Any]:
+        spec = review.get("spec") or {} if isinstance(review, dict) else {}
+        bound = self.tokens.get(str(spec.get("token")))
+        if bound is None:
+            status: dict[str, Any] = {"authenticated": False, "error": "invalid bearer token"}
+        else:
+            namespace, pod, uid = bound
+            status = {
+                "authenticated": True,
+                "audiences": list(spec.get("audiences") or []),
+                "user": {
+                    "username": f"system:serviceaccount:{namespace}:{contract.DEFAULT_WORKER_SERVICE_ACCOUNT}",
+                    "extra": {"authentication.kubernetes.io/pod-name": [pod], "authentication.kubernetes.io/pod-uid": [uid]},
+                },
+            }
+        return {**review, "status": status}
 
     def _serve_namespace(self, request: Request, name: str) -> aiohttp.web.StreamResponse:
         self.calls.append((request.headers.get("User-Agent", ""), Call("get", "", "namespaces", "")))

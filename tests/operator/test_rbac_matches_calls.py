@@ -46,9 +46,10 @@ class FirstCreateOfEachKind:
         return True
 
 
-async def full_lifecycle(cluster: Cluster) -> None:
+async def full_lifecycle(cluster: Cluster, report_port: int) -> None:
     """Create, conflicts, running, immutable change, restart, suspend/resume, engine Job, success,
-    cleanup, TTL deletion; and two more jobs gang-scheduled by scheduler-plugins and by Kubernetes itself."""
+    cleanup, TTL deletion; two more jobs gang-scheduled by scheduler-plugins and by Kubernetes itself;
+    and a restart in place (its pod relabelled)."""
     # A 409 for creations that meet an object of the same name: the operator reads it back.
     cluster.api.faults.fail(FirstCreateOfEachKind(), status=409, reason="AlreadyExists")
     life = a_cpu_job("life").with_nodes(2).with_engine().with_gang_scheduling("volcano")
@@ -97,6 +98,36 @@ async def full_lifecycle(cluster: Cluster) -> None:
     await cluster.eventually(lambda: cluster.pods(NS, "queued"), "the queued job's pod")
     await cluster.patch(f"/api/v1/namespaces/{NS}/pods/queued-0", {"spec": {"schedulingGates": [{"name": queueing.ADMISSION_GATE}]}})
     await cluster.phase(NS, "queued", "Queued")
+    await restart_in_place(cluster, report_port)
+
+
+async def supervisor_report(cluster: Cluster, port: int, job: str, pod: dict, report: dict) -> tuple[int, dict]:
+    """A pod's supervisor's launch report to the report endpoint, with a token the API server binds to the pod."""
+    token = f"token-of-{pod['metadata']['name']}"
+    cluster.api.tokens[token] = (pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"]["uid"])
+    ca = next(c for c in cluster.objects("v1/configmaps", NS, job) if contract.OPERATOR_CA_FILE_NAME in c["data"])
+    context = ssl.create_default_context(cadata=ca["data"][contract.OPERATOR_CA_FILE_NAME])
+    context.check_hostname = False  # 127.0.0.1, not the Service's name
+    async with aiohttp.ClientSession() as session:
+        url = f"https://127.0.0.1:{port}{contract.launch_path(NS, job)}"
+        async with session.post(url, json=report, headers={"Authorization": f"Bearer {token}"}, ssl=context) as reply:
+            return reply.status, await reply.json()
+
+
+async def restart_in_place(cluster: Cluster, report_port: int) -> None:
+    """A supervisor reports its torchrun exited 1: the gang restarts in place, its pod relabelled (patched), and the
+    answer, held until then, tells the supervisor to run the new generation."""
+    await cluster.apply(a_cpu_job("inplace").with_nodes(1).as_dict())
+    (pod,) = await cluster.run_all(NS, "inplace", 1)
+    await cluster.phase(NS, "inplace", "Running")
+    exited = {"generation": 0, "state": "exited", "exitCode": 1, "reason": "Error", "message": "boom", "sequence": 1}
+    status, order = await supervisor_report(cluster, report_port, "inplace", cluster.pod(NS, "inplace-0"), exited)
+    assert (status, order["action"], order["generation"]) == (200, "run", 1), order
+    (same,) = cluster.pods(NS, "inplace")
+    assert same["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert same["metadata"]["labels"][contract.LABEL_GANG_GENERATION] == "1"
+    now = cluster.status(NS, "inplace")
+    assert (now["restarts"], now["restartsInPlace"], now["lastRestart"]["strategy"]) == (1, 1, "InPlace")
 
 
 def operator_calls(cluster: Cluster) -> set[tuple[str, str, str]]:
@@ -125,7 +156,7 @@ async def test_cluster_role_grants_exactly_what_the_operator_uses(cluster: Clust
     from tests.chart.helm import granted, helm_template, rbac_rules
 
     operator = await cluster.start_operator()
-    await full_lifecycle(cluster)
+    await full_lifecycle(cluster, operator.report_port)
     await a_report(cluster, operator.report_port)
     # The Lease renewed at least once (a patch), every retry period.
     await cluster.eventually(lambda: ("coordination.k8s.io", "leases", "patch") in operator_calls(cluster), "a renewal")

@@ -67,6 +67,15 @@ def flavor(name: str) -> Flavor:
         raise ConfigError(f"the {name} package is not installed ({exc}); pip install {distribution}") from None
 
 
+@functools.cache
+def callback_class(package: str, behaviour: type, on_lightning: type) -> type:
+    """A callback of `package` (lightning.pytorch or pytorch_lightning): `on_lightning` (the `behaviour` mixin on
+    lightning.pytorch's Callback) itself, else the same mixin on pytorch_lightning's Callback, under its name."""
+    if package == LIGHTNING:
+        return on_lightning
+    return type(on_lightning.__name__, (behaviour, flavor(package).Callback), {"__module__": on_lightning.__module__})
+
+
 def package_of(cls: type, base_name: str) -> str | None:
     """The Lightning package whose `base_name` (LightningModule, LightningDataModule) `cls` subclasses, if any.
 

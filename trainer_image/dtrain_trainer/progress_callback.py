@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
@@ -273,10 +272,6 @@ class ProgressCallback(_ProgressBehaviour, L.Callback):
     __doc__ = _ProgressBehaviour.__doc__
 
 
-@functools.cache
 def progress_callback_class(package: str) -> type:
     """ProgressCallback on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
-    if package == flavor.LIGHTNING:
-        return ProgressCallback
-    base = flavor.flavor(package).Callback
-    return type("ProgressCallback", (_ProgressBehaviour, base), {"__module__": __name__})
+    return flavor.callback_class(package, _ProgressBehaviour, ProgressCallback)

@@ -153,13 +153,9 @@ class LoaderPosition(_LoaderPositionBehaviour, L.Callback):
     __doc__ = _LoaderPositionBehaviour.__doc__
 
 
-@functools.cache
 def loader_position_class(package: str) -> type:
     """LoaderPosition on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
-    if package == flavor.LIGHTNING:
-        return LoaderPosition
-    base = flavor.flavor(package).Callback
-    return type("LoaderPosition", (_LoaderPositionBehaviour, base), {"__module__": __name__})
+    return flavor.callback_class(package, _LoaderPositionBehaviour, LoaderPosition)
 
 
 def exact_resume_callbacks(package: str) -> list[Any]:

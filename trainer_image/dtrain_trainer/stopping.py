@@ -14,7 +14,6 @@ moments, and saves nothing.
 
 from __future__ import annotations
 
-import functools
 import logging
 import signal
 import threading
@@ -98,10 +97,6 @@ class GracefulStop(_GracefulStopBehaviour, L.Callback):
     __doc__ = _GracefulStopBehaviour.__doc__
 
 
-@functools.cache
 def graceful_stop_class(package: str) -> type:
     """GracefulStop on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
-    if package == flavor.LIGHTNING:
-        return GracefulStop
-    base = flavor.flavor(package).Callback
-    return type("GracefulStop", (_GracefulStopBehaviour, base), {"__module__": __name__})
+    return flavor.callback_class(package, _GracefulStopBehaviour, GracefulStop)

@@ -28,7 +28,6 @@ Straggler condition and Warning Event follow within seconds. Nothing is restarte
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 import socket
@@ -233,10 +232,6 @@ class StragglerCallback(_StragglerBehaviour, L.Callback):
     __doc__ = _StragglerBehaviour.__doc__
 
 
-@functools.cache
 def straggler_callback_class(package: str) -> type:
     """StragglerCallback on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
-    if package == flavor.LIGHTNING:
-        return StragglerCallback
-    base = flavor.flavor(package).Callback
-    return type("StragglerCallback", (_StragglerBehaviour, base), {"__module__": __name__})
+    return flavor.callback_class(package, _StragglerBehaviour, StragglerCallback)

@@ -38,7 +38,6 @@ restart happens as today, from the checkpoint it wrote (the newest).
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import os
 import re
@@ -290,10 +289,6 @@ class SurvivorCheckpoint(_SurvivorCheckpointBehaviour, L.Callback):
     __doc__ = _SurvivorCheckpointBehaviour.__doc__
 
 
-@functools.cache
 def survivor_checkpoint_class(package: str) -> type:
     """SurvivorCheckpoint on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
-    if package == flavor.LIGHTNING:
-        return SurvivorCheckpoint
-    base = flavor.flavor(package).Callback
-    return type("SurvivorCheckpoint", (_SurvivorCheckpointBehaviour, base), {"__module__": __name__})
+    return flavor.callback_class(package, _SurvivorCheckpointBehaviour, SurvivorCheckpoint)

@@ -218,14 +218,19 @@ def scenario_quickstart(figures: Figures) -> None:
         figures["quick start with dtrain run (s)"] = time.monotonic() - start
 
 
-def kill_rank_1_and_await_restart(name: str) -> float:
-    """SIGKILL to rank 1's training process; returns when the operator has restarted the gang (the kill's time)."""
+def kill_rank_1(name: str) -> float:
+    """SIGKILL to rank 1's training process (its pod and supervisor stay); returns the kill's time."""
     victim = next(p for p in worker_pods(name) if p["metadata"]["name"] == f"{name}-1")
     pids = trainer_pids(victim)
     if not pids:
         raise Failed(f"no trainer process found in pod {name}-1")
     kill(pids)
-    killed = time.monotonic()
+    return time.monotonic()
+
+
+def kill_rank_1_and_await_restart(name: str) -> float:
+    """SIGKILL to rank 1's training process; returns when the operator has restarted the gang (the kill's time)."""
+    killed = kill_rank_1(name)
     eventually(lambda: status(name).get("restarts") == 1, f"{name}: a gang restart", 120)
     return killed
 
@@ -254,12 +259,7 @@ def measure_restart(strategy: str) -> RestartMeasure:
     apply(small_job(name, trainer=trainer, runPolicy={"backoffLimit": 3, "restartStrategy": strategy}))
     eventually(lambda: progress_step(name) >= 6, f"{name}: step 6 reported", 300)
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(name)}
-    victim = next(p for p in worker_pods(name) if p["metadata"]["name"] == f"{name}-1")
-    pids = trainer_pids(victim)
-    if not pids:
-        raise Failed(f"no trainer process found in pod {name}-1")
-    kill(pids)
-    killed = time.monotonic()
+    killed = kill_rank_1(name)
     reached = 0
 
     def training_again() -> bool:

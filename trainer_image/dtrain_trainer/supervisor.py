@@ -100,6 +100,18 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def reap() -> None:
+    """Collect the exit of every child that has ended (orphaned workers re-parented to the supervisor). Only once
+    torchrun's own exit is collected: its Popen must read its status first."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 class Launch:
     """One torchrun: its process, its output passed through (the end of it kept), its OOM count at start."""
 
@@ -141,36 +153,24 @@ class Launch:
             self.process.wait(grace_seconds)
         except subprocess.TimeoutExpired:
             say(f"torchrun did not stop within {grace_seconds:g} s of SIGTERM; killing it and its workers")
-        self.kill_all()
+            self.kill_all_left()
         return self.wait()
-
-    def kill_all(self) -> None:
-        for pid in [*descendants(self.process.pid), self.process.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def wait(self) -> int:
         code = exit_code(self.process.wait())
         self.kill_all_left()
+        reap()
         self._copier.join(5.0)
         return code
 
     def kill_all_left(self) -> None:
-        """Workers torchrun left behind are the supervisor's now (it is their subreaper): kill and reap them."""
+        """Every process below the supervisor: torchrun, if it still runs, and the workers it started or left behind
+        (re-parented to the supervisor, their subreaper)."""
         for pid in descendants(os.getpid()):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
 
     def exit_report(self, code: int) -> tuple[str, str]:
         """The reason and message of its exit, as a pod's would be."""

@@ -105,8 +105,3 @@ def json_safe(value: Any) -> Any:
         return [json_safe(item) for item in value]
     return value
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -36,8 +36,7 @@ from typing_extensions import Self
 from dtrain_operator.api import contract, crd
 from tests.operator.apiserver import now_rfc3339
 from tests.operator.cluster import OPERATOR_AGENTS, OPERATOR_NAMESPACE, OperatorProcess, container_status
-
-from .common import free_port
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_TOOLS = REPO / "tools" / "cluster"

@@ -39,8 +39,9 @@ import yaml
 from dtrain_operator.api import BUILTIN_SYNTHETIC_DATA, DistributedTraining, TrainerConfig, contract
 from dtrain_operator.api.validation import validate_file
 from dtrain_operator.core import render
+from tests.ports import free_port
 
-from .common import REPO_ROOT, free_port, machine, markdown_table, spread, write_results
+from .common import REPO_ROOT, machine, markdown_table, spread, write_results
 from .step_clock import ENV_CLOCK_DIR, median_batch_images_per_second, steady_images_per_second
 
 if TYPE_CHECKING:

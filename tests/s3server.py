@@ -12,7 +12,6 @@ on the same port and data, for the outage tests.
 from __future__ import annotations
 
 import secrets
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -23,14 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "clust
 # tools/cluster is no installed package: its path is added above.
 from localcluster import objectstore
 
+from .ports import free_port
+
 BUCKET = "dtrain-test"
 START_TIMEOUT_SECONDS = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -46,7 +41,7 @@ class S3Server:
     @classmethod
     def start_new(cls, data_dir: Path) -> S3Server:
         objectstore.build()
-        server = cls(data_dir, _free_port())
+        server = cls(data_dir, free_port())
         server.start()
         objectstore.create_bucket(server.endpoint, server.access_key, server.secret_key, BUCKET)
         return server

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import kmock
 
 from dtrain_operator.api import contract
 
+from ..ports import free_port
 from .admission_refusals import Refusals
 from .apiserver import ApiServer, now_rfc3339
 
@@ -37,12 +37,6 @@ OPERATOR_NAMESPACE = "dtrain-system"
 DTR = kmock.resource(f"{contract.API_VERSION}/{contract.PLURAL}")
 PODS = kmock.resource("v1/pods")
 TIMEOUT = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:

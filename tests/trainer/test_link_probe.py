@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from dtrain_trainer.stragglers import link_seconds, probe_links
 
-from .conftest import RUN_TIMEOUT_SECONDS, free_port
+from ..ports import free_port
+from .conftest import RUN_TIMEOUT_SECONDS
 
 
 def probe_rank(rank: int, world: int, port: int, results: multiprocessing.Queue[tuple[int, float, float]]) -> None:

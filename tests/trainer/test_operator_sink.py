@@ -31,7 +31,7 @@ from dtrain_trainer import hang_watch
 from dtrain_trainer.progress import ProgressReporter
 from dtrain_trainer.progress_sinks import OperatorSink
 
-from .conftest import free_port
+from ..ports import free_port
 
 HOST = "dtrain-operator.dtrain-system.svc"
 STANDBY, LEADER = "127.0.0.1", "127.0.0.2"

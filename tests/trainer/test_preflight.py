@@ -15,7 +15,8 @@ from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.core.render import render_config_map, render_worker_pod
 from dtrain_trainer.preflight import interfaces, missing_interfaces
 
-from .conftest import RUN_TIMEOUT_SECONDS, USER_DATA, USER_MODEL, free_port, process_env, read_jsonl
+from ..ports import free_port
+from .conftest import RUN_TIMEOUT_SECONDS, USER_DATA, USER_MODEL, process_env, read_jsonl
 from .test_training import pod_environment
 
 SLOW_START = Path(__file__).parent / "slow_start"

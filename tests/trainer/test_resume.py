@@ -20,7 +20,8 @@ import torch
 from dtrain_operator.api import contract
 from dtrain_operator.core.render import TRAINER_COMMAND
 
-from .conftest import RUN_TIMEOUT_SECONDS, USER_MODEL, free_port, process_env, trainer_config, write_config
+from ..ports import free_port
+from .conftest import RUN_TIMEOUT_SECONDS, USER_MODEL, process_env, trainer_config, write_config
 from .user_code.dtrain_test_user import CRASH_EXIT_CODE
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,8 @@ import torch
 from dtrain_operator.api import contract
 from dtrain_operator.core.render import TRAINER_COMMAND
 
-from .conftest import USER_MODEL, free_port, process_env, read_jsonl, trainer_config, write_config
+from ..ports import free_port
+from .conftest import USER_MODEL, process_env, read_jsonl, trainer_config, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -37,7 +37,8 @@ from dtrain_operator.core.observation import Observed, PodObservation
 from dtrain_operator.core.render import POD_COMMAND
 from tests.builders import a_cpu_job, accepted_status
 
-from .conftest import free_port, process_env
+from ..ports import free_port
+from .conftest import process_env
 
 HOST = "localhost"
 NS, JOB_NAME, JOB_UID = "team-a", "resnet", "job-uid"

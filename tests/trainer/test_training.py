@@ -19,11 +19,11 @@ from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.api.records import status_patch
 from dtrain_operator.core.render import render_config_map, render_worker_pod, worker_env
 
+from ..ports import free_port
 from .conftest import (
     RUN_TIMEOUT_SECONDS,
     USER_DATA,
     USER_MODEL,
-    free_port,
     process_env,
     read_jsonl,
     run_trainer,

@@ -105,7 +105,10 @@ def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(tmp_
             tmp_path / run,
             data={"classPath": "SyntheticImageDataModule",
                   "initArgs": {"image_size": 16, "num_classes": 4, "num_samples": 128, "pool_size": 128}},
-            model={"classPath": USER_MODEL, "initArgs": {"batch_log": str(tmp_path / f"{run}.batches")}},
+            # The run to be stopped steps slowly: SIGTERM, sent once step 10 is reported, must land before step
+            # 14 (maxSteps) on a loaded machine too, or the run ends first.
+            model={"classPath": USER_MODEL, "initArgs": {"batch_log": str(tmp_path / f"{run}.batches"),
+                                                         "step_sleep": 1.0 if run == "stopped" else 0.0}},
             trainer={"maxSteps": 14, "maxEpochs": 5, "numWorkers": 0},
             checkpoint={"everyNSteps": 4, "keepLast": 2},
             export={"onnx": {"enabled": False}},

@@ -152,3 +152,43 @@ def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(tmp_
     expected, actual = weights("whole"), weights("stopped")
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+# Two ranks create the stop flag's group as the trainer's setup does; rank 1 then never joins the flag's
+# all-reduce (as a rank whose link was cut): rank 0's reduce must fail after the collective timeout.
+_SILENT_PEER = """
+import sys, time, types
+from datetime import timedelta
+import torch.distributed as dist
+from dtrain_trainer.stopping import _GracefulStopBehaviour
+rank, store = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2, timeout=timedelta(seconds=2))
+stop = _GracefulStopBehaviour(timedelta(seconds=2))
+stop.setup(types.SimpleNamespace(world_size=2), None, "fit")
+if rank == 1:
+    time.sleep(120)
+started = time.monotonic()
+try:
+    stop._any_rank_signalled()
+except RuntimeError as exc:
+    print(f"failed after {time.monotonic() - started:.1f} s: {exc}")
+    sys.exit(3)
+"""
+
+
+def test_the_stop_flags_reduce_waits_no_longer_than_the_collective_timeout(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", _SILENT_PEER, str(rank), str(store)], env=process_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)
+    ]
+    try:
+        # Without the job's timeout on the flag's group, its default (30 minutes) would hold rank 0 here.
+        out, _ = ranks[0].communicate(timeout=90)
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    assert ranks[0].returncode == 3, out
+    assert "failed after" in out

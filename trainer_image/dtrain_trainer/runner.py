@@ -111,9 +111,10 @@ def build_trainer(
     if warning:
         log.warning(warning)
         reporter.event(Event.WARNING, message=warning)
+    collective_timeout = timedelta(seconds=config.nccl.timeout_seconds)
     strategy = pl.strategies.DDPStrategy(
         find_unused_parameters=settings.find_unused_parameters,
-        timeout=timedelta(seconds=config.nccl.timeout_seconds),
+        timeout=collective_timeout,
         process_group_backend="nccl" if on_gpu else "gloo",
         gradient_as_bucket_view=True,
     )
@@ -124,7 +125,7 @@ def build_trainer(
     checkpoint_io = atomic_checkpoint_io_class(package)()
     checkpoint_io.on_writing = progress.checkpoint_writing
     checkpoint_io.owner = checkpoint_store.owner_of(config).to_wire()
-    stop = graceful_stop_class(package)()
+    stop = graceful_stop_class(package)(collective_timeout)
     straggler = straggler_callback_class(package)(config.stragglers, progress.note_step_times)
     return pl.Trainer(  # type: ignore[no-any-return]
         accelerator="gpu" if on_gpu else "cpu",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from datetime import timedelta
 from types import FrameType
 from typing import Any
 
@@ -36,8 +37,11 @@ STOPPED_EXIT_CODE = 128 + int(STOP_SIGNAL)
 class _GracefulStopBehaviour:
     """Stop on SIGTERM at the next optimizer step of every rank, after a checkpoint of that step."""
 
-    def __init__(self) -> None:
+    def __init__(self, collective_timeout: timedelta) -> None:
         super().__init__()
+        # The flag's all-reduce waits no longer than the training's collectives (nccl.timeoutSeconds): a new
+        # group's own default is 30 minutes, which a peer whose link is cut mid-reduce would hold the gang for.
+        self._collective_timeout = collective_timeout
         self.signalled = False
         self.stopped_at_step: int | None = None
         self._group: Any = None
@@ -47,7 +51,7 @@ class _GracefulStopBehaviour:
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Every rank runs setup, in the same order: the place to create a group collectively.
         if stage == "fit" and dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
-            self._group = dist.new_group(backend="gloo")
+            self._group = dist.new_group(backend="gloo", timeout=self._collective_timeout)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_step = trainer.global_step

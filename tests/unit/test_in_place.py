@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from dtrain_operator.api import DistributedTrainingStatus
+from dtrain_operator.api import DistributedTrainingStatus, launches
 from dtrain_operator.api.launches import REASON_STOPPED, LaunchReport
 from dtrain_operator.controller import trusted
 from dtrain_operator.controller.status.compute import compute_status
@@ -152,9 +152,15 @@ def test_an_in_place_restart_that_cannot_finish_recreates_the_pods_without_count
     cut = (heard[0], replace(heard[1], supervisor=replace(heard[1].supervisor, received_at=NOW - timedelta(minutes=1))))
     cut_off, _ = decide(cut, status, now=NOW + timedelta(seconds=10))
     assert "mnist-1's supervisor has not reported for over 25 s" in cut_off.last_restart.why
-    # Before then, the plan asks to look again when it would give up.
+    # Before then, the plan asks to look again when it would give up: when a supervisor last heard 1 s before
+    # the decision would go unheard (a pod cut off sends nothing that would wake the operator)...
     _, waiting = decide(killed_rank_1(), status, now=NOW + timedelta(seconds=10))
-    assert waiting.requeue_after == pytest.approx(60 + in_place.START_MARGIN_SECONDS - 10 + 0.5)
+    assert waiting.requeue_after == pytest.approx(launches.REPORT_FRESH_SECONDS - 11 + 0.5)
+    # ... or, while every supervisor keeps reporting, when the stop's grace period and margin run out.
+    later = NOW + timedelta(seconds=70)
+    fresh = tuple(replace(p, supervisor=replace(p.supervisor, received_at=later)) for p in killed_rank_1())
+    _, waiting = decide(fresh, status, now=later)
+    assert waiting.requeue_after == pytest.approx(60 + in_place.START_MARGIN_SECONDS - 70 + 0.5)
 
 
 def test_orders_for_a_finished_job_and_an_older_generation_are_to_exit():

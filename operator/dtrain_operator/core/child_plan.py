@@ -138,7 +138,7 @@ def _next_look(
         None if pull_deadline is None else _seconds_until(pull_deadline, now),
         min(pending_checks, default=None),
         None if awaited is None else awaited + REQUEUE_MARGIN_SECONDS,
-        in_place.seconds_until_give_up(job, status, now),
+        in_place.seconds_until_give_up(job, status, observed.workers, now),
     )
 
 

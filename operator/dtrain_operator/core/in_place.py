@@ -149,15 +149,24 @@ def gives_up(
     return None
 
 
-def seconds_until_give_up(job: DistributedTraining, status: DistributedTrainingStatus, now: datetime) -> float | None:
-    """When `gives_up` may next change its answer by the clock alone."""
+def seconds_until_give_up(
+    job: DistributedTraining, status: DistributedTrainingStatus, workers: Sequence[PodObservation], now: datetime
+) -> float | None:
+    """When `gives_up` may next change its answer by the clock alone: the stop's allowance runs out, or a kept
+    pod's supervisor goes unheard (a pod cut off sends nothing that would wake the operator)."""
     if not kept_pods_expected(status):
         return None
     decided = parse_time(status.last_restart.time if status.last_restart else None)
     if decided is None:
         return None
     allowed = _stop_grace_seconds(job, status) + START_MARGIN_SECONDS
-    return max(allowed - (now - decided).total_seconds(), 0.0) + 0.5
+    deadlines = [allowed - (now - decided).total_seconds()]
+    deadlines += [
+        REPORT_FRESH_SECONDS - (now - p.supervisor.received_at).total_seconds()
+        for p in kept_pods(status, workers)
+        if p.supervisor is not None
+    ]
+    return max(min(deadlines), 0.0) + 0.5
 
 
 def kept_pods_expected(status: DistributedTrainingStatus) -> bool:

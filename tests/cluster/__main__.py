@@ -18,12 +18,35 @@ from pathlib import Path
 
 import yaml
 
-from .kube import eventually, kubectl, layout, localcluster, status
+from .kube import eventually, items, kubectl, layout, localcluster, status
 from .queue_scenarios import QUEUE_SCENARIOS
 from .scenarios import CLAIM, NS, SCENARIOS, e2e_cluster_arguments
 
 # Kueue's last: they install it in the running cluster (localcluster kueue), and its webhooks then see every pod.
 ALL_SCENARIOS = [*SCENARIOS, *QUEUE_SCENARIOS]
+
+
+def what_the_cluster_says() -> None:
+    """After a failed scenario: each job's phase, counts and conditions, the namespace's latest Events and the
+    operator's warnings, printed where CI shows them (the cluster and its logs are gone after the run)."""
+    try:
+        for job in items("dtr", NS):
+            found = job.get("status") or {}
+            print(f"dtr/{job['metadata']['name']}: {found.get('phase')} restarts {found.get('restarts')} "
+                  f"in place {found.get('restartsInPlace')} generation {found.get('gangGeneration')} "
+                  f"last restart {found.get('lastRestart')}")
+            for condition in found.get("conditions") or []:
+                print(f"  {condition['type']}={condition['status']} {condition.get('reason')}: "
+                      f"{condition.get('message', '')[:300]}")
+        events = sorted(items("events", NS), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        for event in events[-20:]:
+            print(f"  event {event.get('lastTimestamp')} {event['involvedObject'].get('name')} {event['reason']}: "
+                  f"{event.get('message', '')[:200]}")
+        log = kubectl("logs", "-n", "dtrain-system", "deploy/dtrain-operator", "--tail=2000", check=False).stdout
+        for line in [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line][-15:]:
+            print(f"  operator: {line[:300]}")
+    except Exception as exc:  # noqa: BLE001 - a report of a failure must not hide it
+        print(f"(what the cluster says could not be read: {exc})")
 
 
 def run_file(path: str) -> int:
@@ -68,6 +91,7 @@ def main(argv: list[str]) -> int:
                 scenario(figures)
             except Exception as exc:  # noqa: BLE001 - one scenario's failure is reported and the next one runs
                 traceback.print_exc()
+                what_the_cluster_says()
                 print(f"--- FAILED: {title}: {exc}\n--- logs: {layout.LOGS}", flush=True)
                 results.append((title, False, time.monotonic() - start))
             else:

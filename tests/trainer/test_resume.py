@@ -141,3 +141,21 @@ def test_the_cosine_schedule_resumed_in_any_epoch_ends_with_the_uninterrupted_ru
 
     assert_resumes_exactly(tmp_path, config, processes=2, crashes=[6, 10])
 
+
+
+def test_resuming_from_an_epochs_last_step_trains_the_next_epoch_not_the_one_after(tmp_path: Path) -> None:
+    """A checkpoint of an epoch's last step holds a loader that has yielded every batch of its epoch: resumed,
+    the next epoch must start from its first batch, not be skipped as an exhausted one."""
+    def config(run: str, **model_args: Any) -> dict[str, Any]:
+        # 32 samples in batches of 8 on one rank: epochs of 4 steps; resumed at 4 and at 8, each an epoch's end.
+        return trainer_config(
+            tmp_path / run,
+            model={"classPath": USER_MODEL, "initArgs": model_args},
+            data={"classPath": "SyntheticImageDataModule",
+                  "initArgs": {"image_size": 16, "num_classes": 4, "num_samples": 32, "pool_size": 32}},
+            trainer={"maxSteps": 12, "maxEpochs": 5, "numWorkers": 0},
+            checkpoint={"everyNSteps": 2, "keepLast": 1},
+            export={"onnx": {"enabled": False}},
+        )
+
+    assert_resumes_exactly(tmp_path, config, processes=1, crashes=[4, 8])

@@ -19,7 +19,9 @@ draws a random seed and Lightning would wrap, not replace, it. And the epoch mus
 checkpoint's when the fast-forward runs: Lightning creates the restored loader's iterator
 (which fast-forwards at once) before it sets its sampler's epoch, so a resume in any epoch
 but the first would skip into the first epoch's order. EpochStatefulDataLoader keeps the
-sampler's epoch in its state and sets it back first.
+sampler's epoch in its state and sets it back first. A checkpoint of an epoch's last step
+holds a loader that yielded its whole epoch: resumed as it is, it would give the next epoch
+no batch at all (an epoch skipped), so it starts the next epoch whole instead.
 
 And the position must reach the loader at all. Lightning keeps a checkpoint's loader
 states aside and gives them to the training loader when it builds it, after the
@@ -69,9 +71,32 @@ class EpochStatefulDataLoader(StatefulDataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = dict(state_dict)
         epoch, sampler = state.pop(SAMPLER_EPOCH_KEY, None), self._epoch_sampler()
+        if self._yielded_the_whole_epoch(state):
+            # A checkpoint of an epoch's last step: its loader had yielded every batch, and not been asked for
+            # one more, so torchdata would resume that epoch, exhausted. Lightning counts the epoch as done, and
+            # its next one would end at once (an epoch skipped). Nothing to resume: the next epoch starts whole,
+            # in its own order (Lightning creates the iterator before it sets the epoch, as on any resume).
+            if epoch is not None and sampler is not None:
+                sampler.set_epoch(epoch + 1)
+            return
         if epoch is not None and sampler is not None:
             sampler.set_epoch(epoch)
         super().load_state_dict(state)
+
+
+    def _yielded_the_whole_epoch(self, state: dict[str, Any]) -> bool:
+        if state.get("_iterator_finished"):
+            return False  # torchdata starts the next epoch itself
+        snapshot = state.get("_snapshot")  # the state of a loader with worker processes
+        yielded = (
+            snapshot["_snapshot_step"] + state.get("_steps_since_snapshot", 0)
+            if isinstance(snapshot, dict) and "_snapshot_step" in snapshot
+            else state.get("_num_yielded")
+        )
+        try:
+            return isinstance(yielded, int) and yielded >= len(self)
+        except TypeError:  # no length (an iterable-style dataset): no end to know of
+            return False
 
 
 def stateful(loader: Any) -> Any:

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.deadline is None:
-        # Not 10: a finished gang's ranks can take over 10 s to exit on a loaded machine, which 10 s takes for a hang.
+        # 20 s: rank 0 collects the stacks 13 s into a stall, with time to spare on a loaded machine.
         args.deadline = 20 if args.smoke else 30
     no_export = {"export": {"onnx": {"enabled": False}}, "engine": {"enabled": False}}
     with tempfile.TemporaryDirectory(prefix="dtrain-resilience-") as folder:

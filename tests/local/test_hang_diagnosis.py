@@ -17,8 +17,7 @@ from .dtrain_process import DtrainRun, tiny_job, torchrun_of_node, wait_for_reco
 pytestmark = pytest.mark.slow
 
 RUN_TIMEOUT = 240
-# Rank 0 collects 13 s into a stall. Longer than test_run's 10 s: on a loaded machine the ranks of a gang that
-# has finished may take over 10 s to exit, which a deadline that short takes for a hang (measured on main too).
+# Rank 0 collects 13 s into a stall, which leaves the collection 7 s on a loaded machine.
 DEADLINE = 20
 
 

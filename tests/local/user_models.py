@@ -75,6 +75,20 @@ class SlowClassifier(ImageClassifier):
         return super().training_step(batch, batch_idx)
 
 
+class SlowToExitClassifier(ImageClassifier):
+    """Ranks that take `exit_seconds` to exit once training is over (a loaded node, a large model's teardown)."""
+
+    def __init__(self, exit_seconds: float = 20.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.exit_seconds = exit_seconds
+
+    def on_train_end(self) -> None:
+        import atexit
+        import time
+
+        atexit.register(time.sleep, self.exit_seconds)
+
+
 class CrossedCollectivesClassifier(ImageClassifier):
     """Every rank blocked in one all-reduce that none can finish: at `hang_at_step` the ranks open two process
     groups of the same members and each calls the all-reduce on a group of its own (rank 0 on the first, the

@@ -28,6 +28,8 @@ def test_the_last_records_say_the_last_epoch(tmp_path: Path, every_n_steps: int)
     assert max(r["epoch"] for r in progress_records) == 1
     last_progress = progress_records[-1]
     assert last_progress["stage"] == "exporting" and last_progress["epoch"] == 1
+    # Once fit returns, before the export, rank 0 says training is over: the progress deadline holds from there.
+    assert progress_records[-2]["stage"] == "finishing" and progress_records[-2]["step"] == 4
     assert records[-1]["event"] == "finished" and (records[-1]["epoch"], records[-1]["step"]) == (1, 4)
     view = ProgressView(started=0.0)
     for record in records:

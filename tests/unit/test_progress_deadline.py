@@ -77,8 +77,11 @@ def test_zero_turns_it_off():
     assert wake_after(RunPolicy(progress_deadline_seconds=0), watch, at(0)) is None
 
 
-@pytest.mark.parametrize("stage", [contract.PROGRESS_STAGE_CHECKPOINTING, contract.PROGRESS_STAGE_EXPORTING])
-def test_checkpointing_and_exporting_hold_the_clock(stage: str):
+@pytest.mark.parametrize(
+    "stage",
+    [contract.PROGRESS_STAGE_CHECKPOINTING, contract.PROGRESS_STAGE_EXPORTING, contract.PROGRESS_STAGE_FINISHING],
+)
+def test_checkpointing_exporting_and_finishing_hold_the_clock(stage: str):
     policy = RunPolicy(progress_deadline_seconds=60)
     watch = started(5, at(0))
     watch = observe(watch, 0, True, progress(5, stage), at(50))

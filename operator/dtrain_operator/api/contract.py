@@ -60,6 +60,9 @@ PROGRESS_STAGE_EXPORTING = "exporting"
 # progress deadline does not run meanwhile, nor while it exports).
 PROGRESS_STAGE_VALIDATING = "validating"
 PROGRESS_STAGE_CHECKPOINTING = "checkpointing"
+# Training is over (rank 0 says so once fit returns): what is left (the export, leaving the process group, the
+# processes' exit) completes no batch, and a slow exit is no hang.
+PROGRESS_STAGE_FINISHING = "finishing"
 # runPolicy.progressDeadlineSeconds when the spec does not say: ten minutes without a training or
 # validation batch, a third of the default collective timeout (nccl.timeoutSeconds, 1800).
 DEFAULT_PROGRESS_DEADLINE_SECONDS = 600

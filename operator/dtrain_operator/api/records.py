@@ -20,7 +20,7 @@ fields that are not known yet are null; consumers must ignore fields they do not
      (survivor: the checkpoint was written by a rank that outlived a lost peer, see dtrain_trainer.survivor)
     {"event": "progress", "time": ..., "epoch": 0, "step": 12, "totalSteps": 128 | null,
      "loss": 2.301, "imagesPerSecond": 812.5 | null, "epochEnd": false,
-     "stage": "training" | "validating" | "checkpointing" | "exporting",
+     "stage": "training" | "validating" | "checkpointing" | "exporting" | "finishing",
      "metrics": {"val_loss": 0.41, "val_acc": 0.87, ...}, "validation": "val_loss=0.41" | null,
      "batches": 512, "batchTime": ...,
      "stepTimes": {"step": 150, "medianSeconds": 0.09, "slowestRank": 1, "slowestSeconds": 0.31,

@@ -89,7 +89,7 @@ class Progress(StatusModel):
     step_times: StepTimes | None = None
     """Every rank's step time at the latest comparison (spec.stragglers), and the slowest rank."""
     stage: str | None = None
-    """What rank 0 is doing: training, validating, checkpointing (writing a checkpoint), or exporting (the model is being exported to ONNX)."""
+    """What rank 0 is doing: training, validating, checkpointing (writing a checkpoint), exporting (the model is being exported to ONNX), or finishing (training is over; the processes are ending)."""
     metrics: dict[str, float] | None = None
     """The latest value of val_loss, val_acc, each metric logged with prog_bar=True and each of spec.logging.metrics."""
     validation: str | None = None

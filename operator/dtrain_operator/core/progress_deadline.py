@@ -7,7 +7,8 @@ reporter that is still alive proves nothing. The operator and `dtrain run` watch
 with their own clocks (no clock skew between a node and the operator counts):
 
 - `observe` keeps a `ProgressWatch`: when the counter last moved, or the gang was last seen not
-  all running, or rank 0 last said it was checkpointing or exporting (those stages hold the clock).
+  all running, or rank 0 last said it was checkpointing, exporting or finishing (those stages hold the
+  clock).
   The clock starts at the first report of each gang: until its first batch a start (imports, data,
   the model, a checkpoint to load) may take as long as it takes; a rank that never joins is the
   pre-flight check's and torchrun's rendezvous timeout's to catch;
@@ -30,7 +31,9 @@ from dtrain_operator.core.policy import REASON_BACKOFF_LIMIT, FailureDecision
 
 REASON_PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
 # Stages in which rank 0 works without completing batches, legitimately and for as long as it takes.
-HOLDING_STAGES = frozenset({contract.PROGRESS_STAGE_CHECKPOINTING, contract.PROGRESS_STAGE_EXPORTING})
+HOLDING_STAGES = frozenset(
+    {contract.PROGRESS_STAGE_CHECKPOINTING, contract.PROGRESS_STAGE_EXPORTING, contract.PROGRESS_STAGE_FINISHING}
+)
 # A gang restarted for a hang is stuck in a collective: its SIGTERM handler cannot run (a Python
 # handler waits for the blocking call to return), so there is no checkpoint to wait for. Its pods
 # are deleted with this grace period rather than spec.terminationGracePeriodSeconds.

@@ -83,10 +83,9 @@ class EpochStatefulDataLoader(StatefulDataLoader):
             sampler.set_epoch(epoch)
         super().load_state_dict(state)
 
-
     def _yielded_the_whole_epoch(self, state: dict[str, Any]) -> bool:
         if state.get("_iterator_finished"):
-            return False  # torchdata starts the next epoch itself
+            return True  # torchdata would start afresh too, but in the saved epoch's order
         snapshot = state.get("_snapshot")  # the state of a loader with worker processes
         yielded = (
             snapshot["_snapshot_step"] + state.get("_steps_since_snapshot", 0)

@@ -154,6 +154,36 @@ def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(tmp_
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_sigterm_to_one_rank_as_training_ends_stops_every_rank_with_the_final_checkpoint(tmp_path: Path) -> None:
+    """Once the last step's checkpoint is written, SIGTERM reaches rank 1 alone: no rank may take it for
+    Lightning's handler (a broadcast inside the handler, which deadlocked the ranks until torchrun's SIGKILL),
+    and the ranks decide together to stop, not export (a rank stopping while another exports would wait)."""
+    config = trainer_config(
+        tmp_path,
+        model={"classPath": USER_MODEL, "initArgs": {"sigterm_at_train_end": 1}},
+        trainer={"maxSteps": 6, "numWorkers": 0},
+        checkpoint={"everyNSteps": 4, "keepLast": 2},
+    )
+    progress = tmp_path / "progress.jsonl"
+    env = process_env(**{
+        contract.ENV_CONFIG: str(write_config(tmp_path, config)),
+        contract.ENV_NNODES: "1", contract.ENV_NPROC_PER_NODE: "2", contract.ENV_NODE_RANK: "0",
+        contract.ENV_MASTER_ADDR: "127.0.0.1", contract.ENV_MASTER_PORT: str(free_port()),
+        contract.ENV_SHUTDOWN_TIMEOUT: "60", contract.ENV_PROGRESS_SINK: f"jsonl:{progress}",
+    })
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, *TRAINER_COMMAND[1:]], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    took = time.monotonic() - started
+    events = read_jsonl(progress)
+    assert [(e["event"], e["step"]) for e in events if e["event"] == "stopped"] == [("stopped", 6)], done.stderr[-3000:]
+    assert not any(e["event"] in ("export", "finished") for e in events)
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 6
+    assert "Received SIGTERM" not in done.stderr  # Lightning's handler never ran
+    assert "forcefully exiting" not in done.stderr and took < 120, done.stderr[-3000:]
+    assert done.returncode != 0
+
+
 # Two ranks create the stop flag's group as the trainer's setup does; rank 1 then never joins the flag's
 # all-reduce (as a rank whose link was cut): rank 0's reduce must fail after the collective timeout.
 _SILENT_PEER = """
@@ -169,7 +199,7 @@ if rank == 1:
     time.sleep(120)
 started = time.monotonic()
 try:
-    stop._any_rank_signalled()
+    stop.any_rank_signalled()
 except RuntimeError as exc:
     print(f"failed after {time.monotonic() - started:.1f} s: {exc}")
     sys.exit(3)

@@ -301,11 +301,11 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     _fit(trainer, model, data, resume, config, env, reporter)
     metrics = _progress_callback(trainer).final_metrics(trainer)
     stop = next(c for c in trainer.callbacks if isinstance(c, _GracefulStopBehaviour))  # type: ignore[attr-defined]
-    if stop.signalled:
+    # Decided together: a late SIGTERM may reach some ranks only, and one stopping while another exports would wait.
+    if stop.any_rank_signalled():
         return _stopped(trainer, config, metrics, reporter, env)
     if trainer.is_global_zero:
-        # Training is over: the export, leaving the process group and the exit complete no batch, and may be
-        # slow (a loaded node, a large model); the progress deadline holds its clock from here.
+        # Training is over: the export and the exit complete no batch; the progress deadline holds from here.
         total_steps = _progress_callback(trainer).total_steps
         reporter.progress(stage=contract.PROGRESS_STAGE_FINISHING, totalSteps=total_steps, **metrics)
     outcome: dict[str, Any] = {}

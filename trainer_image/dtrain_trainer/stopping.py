@@ -68,7 +68,7 @@ class _GracefulStopBehaviour:
         if trainer.global_step == self._last_step:
             return  # accumulating gradients: not a step boundary
         self._last_step = trainer.global_step
-        if not self._any_rank_signalled():
+        if not self.any_rank_signalled():
             return
         self.stopped_at_step = trainer.global_step
         log.warning("%s: stopping at step %d and saving a checkpoint", STOP_SIGNAL.name, trainer.global_step)
@@ -78,23 +78,28 @@ class _GracefulStopBehaviour:
                 save_now(trainer)
         trainer.should_stop = True
 
-    def _any_rank_signalled(self) -> bool:
+    def any_rank_signalled(self) -> bool:
+        """Whether SIGTERM reached any rank; every rank calls it, at each step boundary and once fit returns."""
         if self._group is None:
             return self.signalled
         flag = torch.tensor([1 if self.signalled else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item())
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore()
-
+    # Not given back at train end: the final checkpoint is written after it, and Lightning's own handler does a
+    # collective broadcast inside the signal handler, which a SIGTERM during that save (a rank in the save's
+    # barrier, another in the broadcast) turned into a deadlock until torchrun's SIGKILL.
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore()
 
     def _restore(self) -> None:
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
+        if self._previous is None or threading.current_thread() is not threading.main_thread():
+            return
+        # Lightning's teardown, before the callbacks', gives back the handlers it found (its own included):
+        # re-installing the one this replaced would bring Lightning's back after fit.
+        if signal.getsignal(STOP_SIGNAL) == self._handle:
             signal.signal(STOP_SIGNAL, self._previous)
-            self._previous = None
+        self._previous = None
 
 
 class GracefulStop(_GracefulStopBehaviour, L.Callback):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,12 @@ class TinyClassifier(L.LightningModule):
         batch_log: str | None = None,
         ballast_mb: int = 0,
         step_sleep: float = 0.0,
+        sigterm_at_train_end: int | None = None,
     ) -> None:
         super().__init__()
+        # This rank sends itself SIGTERM once training is over, after the callbacks' train-end hooks (the final
+        # checkpoint) and before Lightning's teardown: a pod deleted just as its run ends.
+        self.sigterm_at_train_end = sigterm_at_train_end
         # A large checkpoint without a large model: a saved buffer of this many MiB.
         self.register_buffer("ballast", torch.zeros(ballast_mb * (1 << 20) // 4))
         # A slow step, for tests that act while training runs.
@@ -100,6 +105,8 @@ class TinyClassifier(L.LightningModule):
         crash_once_at(self, self.crash_at_step, self.crash_marker)
 
     def on_train_end(self) -> None:
+        if self.sigterm_at_train_end == self.global_rank:
+            os.kill(os.getpid(), signal.SIGTERM)
         if self.record_dir is None:
             return
         self._record["end_weights"] = tensor_digest(list(self.parameters()))

@@ -44,6 +44,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 from torch.utils.data.sampler import BatchSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader import stateful_dataloader as torchdata_loader
 
 from dtrain_trainer import flavor
 
@@ -84,14 +85,15 @@ class EpochStatefulDataLoader(StatefulDataLoader):
         super().load_state_dict(state)
 
     def _yielded_the_whole_epoch(self, state: dict[str, Any]) -> bool:
-        if state.get("_iterator_finished"):
+        # The state's keys are torchdata's own names for them: a release that renames one fails here, at import,
+        # not by resuming an exhausted epoch again.
+        if state.get(torchdata_loader._ITERATOR_FINISHED):
             return True  # torchdata would start afresh too, but in the saved epoch's order
-        snapshot = state.get("_snapshot")  # the state of a loader with worker processes
-        yielded = (
-            snapshot["_snapshot_step"] + state.get("_steps_since_snapshot", 0)
-            if isinstance(snapshot, dict) and "_snapshot_step" in snapshot
-            else state.get("_num_yielded")
-        )
+        workers = torchdata_loader._StatefulMultiProcessingDataLoaderIter
+        if workers._SNAPSHOT in state:  # a loader with worker processes
+            yielded = state[workers._SNAPSHOT][workers._SNAPSHOT_STEP] + state.get(workers._STEPS_SINCE_SNAPSHOT, 0)
+        else:
+            yielded = state.get(torchdata_loader._StatefulSingleProcessDataLoaderIter._NUM_YIELDED)
         try:
             return isinstance(yielded, int) and yielded >= len(self)
         except TypeError:  # no length (an iterable-style dataset): no end to know of

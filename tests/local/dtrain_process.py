@@ -46,6 +46,23 @@ def tiny_job(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+# The progress deadline of the tests that hang a rank or watch the deadline hold. 20 s: on a loaded machine (CI
+# builds beside the tests) a tiny job's first steps can be 10 s apart, and rank 0, which collects every rank's
+# stacks 13 s into a stall, is left 7 s to do it.
+HANG_DEADLINE = 20
+
+
+def hang_job(name: str, **spec: Any) -> dict[str, Any]:
+    """A tiny job with the progress deadline on, one restart allowed, and no export or engine to wait for."""
+    return tiny_job(
+        name,
+        runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": HANG_DEADLINE},
+        export={"onnx": {"enabled": False}},
+        engine={"enabled": False},
+        **spec,
+    )
+
+
 def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """`base` with `changes` merged in, mapping by mapping."""
     out = dict(base)

@@ -12,23 +12,11 @@ from typing import Any
 
 import pytest
 
-from .dtrain_process import DtrainRun, tiny_job, torchrun_of_node, wait_for_record, write_job
+from .dtrain_process import DtrainRun, hang_job, torchrun_of_node, wait_for_record, write_job
 
 pytestmark = pytest.mark.slow
 
 RUN_TIMEOUT = 240
-# Rank 0 collects 13 s into a stall, which leaves the collection 7 s on a loaded machine.
-DEADLINE = 20
-
-
-def hang_job(name: str, **spec: Any) -> dict[str, Any]:
-    return tiny_job(
-        name,
-        runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": DEADLINE},
-        export={"onnx": {"enabled": False}},
-        engine={"enabled": False},
-        **spec,
-    )
 
 
 def hang_of(workdir: Path) -> tuple[dict[str, Any], Path]:

@@ -14,7 +14,16 @@ import torch
 
 from dtrain_operator.cli import main as cli
 
-from .dtrain_process import DtrainRun, records, tiny_job, torchrun_of_node, wait_for_record, write_job
+from .dtrain_process import (
+    HANG_DEADLINE,
+    DtrainRun,
+    hang_job,
+    records,
+    tiny_job,
+    torchrun_of_node,
+    wait_for_record,
+    write_job,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -198,16 +207,12 @@ def test_a_bad_file_prints_the_validation_errors_and_starts_nothing(
 
 def test_a_rank_that_hangs_is_restarted_by_the_progress_deadline_and_the_run_succeeds(tmp_path: Path) -> None:
     # The clock starts at the first batch of each gang; rank 0 collects every rank's stacks 13 s into the stall.
-    deadline = 20
     marker = tmp_path / "hung"
     job = write_job(
         tmp_path,
-        tiny_job(
+        hang_job(
             "tiny-hang",
             model={"classPath": "user_models.HangingClassifier", "initArgs": {"marker": str(marker), "hang_at_step": 3}},
-            runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": deadline},
-            export={"onnx": {"enabled": False}},
-            engine={"enabled": False},
         ),
     )
     workdir = tmp_path / "work"
@@ -217,7 +222,7 @@ def test_a_rank_that_hangs_is_restarted_by_the_progress_deadline_and_the_run_suc
     assert run.wait(RUN_TIMEOUT) == 0, run.output
     assert marker.exists()
     assert "ProgressDeadlineExceeded" in run.output
-    assert f"progressDeadlineSeconds is {deadline}" in run.output
+    assert f"progressDeadlineSeconds is {HANG_DEADLINE}" in run.output
     summary = summary_of(workdir)
     assert (summary["phase"], summary["restarts"]) == ("Succeeded", 1)
     # Each start ran the pre-flight check: the summary has the latest one's figures.
@@ -238,17 +243,12 @@ def test_a_rank_that_hangs_is_restarted_by_the_progress_deadline_and_the_run_suc
 
 def test_ranks_slow_to_exit_after_training_are_not_taken_for_a_hang(tmp_path: Path) -> None:
     # Once training is over rank 0 says so (stage finishing), and the deadline's clock holds: ranks that take
-    # twice the deadline to exit were restarted as a hung gang before. 20 s, as the hang tests: on a loaded
-    # machine (CI builds beside the tests) a tiny job's first steps can be 10 s apart.
-    deadline = 20
+    # twice the deadline to exit were restarted as a hung gang before.
     job = write_job(
         tmp_path,
-        tiny_job(
+        hang_job(
             "tiny-slow-exit",
-            model={"classPath": "user_models.SlowToExitClassifier", "initArgs": {"exit_seconds": 2 * deadline}},
-            runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": deadline},
-            export={"onnx": {"enabled": False}},
-            engine={"enabled": False},
+            model={"classPath": "user_models.SlowToExitClassifier", "initArgs": {"exit_seconds": 2 * HANG_DEADLINE}},
         ),
     )
     workdir = tmp_path / "work"
@@ -264,15 +264,12 @@ def test_a_gang_stuck_in_the_barrier_after_a_checkpoint_is_restarted_too(tmp_pat
     marker = tmp_path / "hung"
     job = write_job(
         tmp_path,
-        tiny_job(
+        hang_job(
             "tiny-hang-save",
             model={
                 "classPath": "user_models.HangingClassifier",
                 "initArgs": {"marker": str(marker), "hang_at_step": 4, "hang_in": "save"},
             },
-            runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": 20},
-            export={"onnx": {"enabled": False}},
-            engine={"enabled": False},
         ),
     )
     workdir = tmp_path / "work"

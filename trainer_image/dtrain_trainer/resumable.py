@@ -41,19 +41,34 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities.seed import isolate_rng
-from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.sampler import BatchSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader import stateful_dataloader as torchdata_loader
+from torchdata.stateful_dataloader.sampler import BatchSampler as StatefulBatchSampler
+from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
+from dtrain_common.config import ConfigError
 from dtrain_trainer import flavor
+from dtrain_trainer.elastic_data import (
+    ACCUMULATE,
+    ElasticOrder,
+    GlobalOrderSampler,
+    check_same_global_batch,
+    elastic_resume_class,
+    loader_layout,
+    rescaled_micro_batches,
+)
 
 log = logging.getLogger("dtrain_trainer")
 SAMPLER_EPOCH_KEY = "dtrain_sampler_epoch"
+LAYOUT_KEY = "dtrain_batch_layout"
+START_KEY = "startMicroBatch"
 
 
 class EpochStatefulDataLoader(StatefulDataLoader):
-    """A StatefulDataLoader whose state holds its sampler's epoch too, set back before its order is resumed."""
+    """A StatefulDataLoader whose state holds its sampler's epoch too, set back before its order is resumed
+    (and, for an elastic gang's GlobalOrderSampler, the layout its position counts in)."""
 
     def _epoch_sampler(self) -> Any:
         """The sampler with an epoch: the loader's, or its batch sampler's (where Lightning puts its own)."""
@@ -67,12 +82,19 @@ class EpochStatefulDataLoader(StatefulDataLoader):
         sampler = self._epoch_sampler()
         if sampler is not None:
             state[SAMPLER_EPOCH_KEY] = sampler.epoch
+        if isinstance(sampler, GlobalOrderSampler):
+            state[LAYOUT_KEY] = {**loader_layout(sampler), START_KEY: sampler.start}
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = dict(state_dict)
         epoch, sampler = state.pop(SAMPLER_EPOCH_KEY, None), self._epoch_sampler()
-        if self._yielded_the_whole_epoch(state):
+        saved_layout = state.pop(LAYOUT_KEY, None)
+        elastic = isinstance(sampler, GlobalOrderSampler) and saved_layout is not None
+        if elastic:
+            check_same_global_batch(saved_layout, sampler.layout)
+        position = self._position(state, saved_layout if elastic else None, sampler)
+        if state.get(torchdata_loader._ITERATOR_FINISHED) or self._past_the_end(position):
             # A checkpoint of an epoch's last step: its loader had yielded every batch, and not been asked for
             # one more, so torchdata would resume that epoch, exhausted. Lightning counts the epoch as done, and
             # its next one would end at once (an epoch skipped). Nothing to resume: the next epoch starts whole,
@@ -82,29 +104,65 @@ class EpochStatefulDataLoader(StatefulDataLoader):
             return
         if epoch is not None and sampler is not None:
             sampler.set_epoch(epoch)
+        if elastic:
+            if saved_layout[ACCUMULATE] != sampler.layout.accumulate_grad_batches:
+                # Resized: torchdata's position counts the old micro-batches; a new iterator starts at the step.
+                sampler.start = position
+                return
+            sampler.start = saved_layout[START_KEY]
         super().load_state_dict(state)
 
-    def _yielded_the_whole_epoch(self, state: dict[str, Any]) -> bool:
+    @staticmethod
+    def _position(state: dict[str, Any], saved_layout: dict[str, int] | None, sampler: Any) -> int | None:
+        """The micro-batches of the epoch the state had yielded, in this loader's layout (None when unknown)."""
         # The state's keys are torchdata's own names for them: a release that renames one fails here, at import,
         # not by resuming an exhausted epoch again.
-        if state.get(torchdata_loader._ITERATOR_FINISHED):
-            return True  # torchdata would start afresh too, but in the saved epoch's order
         workers = torchdata_loader._StatefulMultiProcessingDataLoaderIter
         if workers._SNAPSHOT in state:  # a loader with worker processes
             yielded = state[workers._SNAPSHOT][workers._SNAPSHOT_STEP] + state.get(workers._STEPS_SINCE_SNAPSHOT, 0)
         else:
             yielded = state.get(torchdata_loader._StatefulSingleProcessDataLoaderIter._NUM_YIELDED)
+        if not isinstance(yielded, int) or saved_layout is None:
+            return yielded if isinstance(yielded, int) else None
+        return rescaled_micro_batches(
+            saved_layout[START_KEY] + yielded, saved_layout[ACCUMULATE], sampler.layout.accumulate_grad_batches
+        )
+
+    def _past_the_end(self, position: int | None) -> bool:
         try:
-            return isinstance(yielded, int) and yielded >= len(self)
+            return position is not None and position >= len(self)
         except TypeError:  # no length (an iterable-style dataset): no end to know of
             return False
 
 
-def stateful(loader: Any) -> Any:
-    """`loader` as a StatefulDataLoader with the same settings, when that is possible; else `loader`."""
-    if isinstance(loader, StatefulDataLoader) or not isinstance(loader, DataLoader):
+def elastic_sampler(loader: DataLoader[Any], order: ElasticOrder) -> GlobalOrderSampler:
+    """The global order for `loader`'s dataset, shuffled when its sampler is a random one."""
+    sampler = loader.sampler
+    random = isinstance(sampler, (RandomSampler, StatefulRandomSampler))
+    if loader.batch_size is None or type(loader.batch_sampler) not in (BatchSampler, StatefulBatchSampler) or not (
+        random or isinstance(sampler, SequentialSampler)
+    ):
+        raise ConfigError(
+            f"data: the training loader uses its own sampler or batch sampler ({type(sampler).__name__}, "
+            f"{type(loader.batch_sampler).__name__}); an elastic job cuts each epoch into global batches itself, so "
+            "give the DataLoader a batch_size and shuffle=True or False, without sampler or batch_sampler"
+        )
+    return GlobalOrderSampler(loader.dataset, order, shuffle=random)
+
+
+def stateful(loader: Any, order: ElasticOrder | None = None) -> Any:
+    """`loader` as a StatefulDataLoader with the same settings, when that is possible; else `loader`.
+
+    With `order` (an elastic gang), its order is the global one: the loader is rebuilt on a
+    GlobalOrderSampler with this size's per-process batch."""
+    if not isinstance(loader, DataLoader) or (order is None and isinstance(loader, StatefulDataLoader)):
         return loader
     if isinstance(loader.dataset, IterableDataset):
+        if order is not None:
+            raise ConfigError(
+                f"data: the training data is an iterable-style dataset ({type(loader.dataset).__name__}), which an "
+                "elastic job cannot re-shard over a new gang size; use a map-style dataset (with __getitem__ and __len__)"
+            )
         log.warning(
             "the training data is an iterable-style dataset (%s): a restart resumes its epoch from the start; "
             "give it state_dict/load_state_dict, or use a map-style dataset, for an exact resume",
@@ -125,7 +183,9 @@ def stateful(loader: Any) -> Any:
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     batch_sampler = loader.batch_sampler
-    if loader.batch_size is not None and type(batch_sampler) is BatchSampler:
+    if order is not None:
+        kwargs.update(batch_size=order.layout.batch_size, drop_last=True, sampler=elastic_sampler(loader, order))
+    elif loader.batch_size is not None and type(batch_sampler) is BatchSampler:
         sampler = loader.sampler
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
         if type(sampler) is not SequentialSampler:
@@ -138,18 +198,19 @@ def stateful(loader: Any) -> Any:
     return EpochStatefulDataLoader(loader.dataset, **kwargs)
 
 
-def resumable(datamodule: Any) -> Any:
-    """`datamodule`, its train_dataloader() returning stateful loaders (in place; returns it)."""
+def resumable(datamodule: Any, order: ElasticOrder | None = None) -> Any:
+    """`datamodule`, its train_dataloader() returning stateful loaders (in place; returns it); with `order`,
+    in an elastic gang's global order."""
     original = datamodule.train_dataloader
 
     @functools.wraps(original)
     def train_dataloader() -> Any:
         loaders = original()
         if isinstance(loaders, dict):
-            return {name: stateful(loader) for name, loader in loaders.items()}
+            return {name: stateful(loader, order) for name, loader in loaders.items()}
         if isinstance(loaders, (list, tuple)):
-            return type(loaders)(stateful(loader) for loader in loaders)
-        return stateful(loaders)
+            return type(loaders)(stateful(loader, order) for loader in loaders)
+        return stateful(loaders, order)
 
     datamodule.train_dataloader = train_dataloader
     return datamodule
@@ -184,6 +245,8 @@ def loader_position_class(package: str) -> type:
     return flavor.callback_class(package, _LoaderPositionBehaviour, LoaderPosition)
 
 
-def exact_resume_callbacks(package: str) -> list[Any]:
-    """What a resume restores beyond Lightning's own: the loader's position in every case."""
-    return [loader_position_class(package)()]
+def exact_resume_callbacks(package: str, order: ElasticOrder | None = None) -> list[Any]:
+    """What a resume restores beyond Lightning's own: the loader's position in every case, and an elastic gang's
+    micro-batch count at this size's layout."""
+    elastic = [elastic_resume_class(package)(order.layout)] if order is not None else []
+    return [loader_position_class(package)(), *elastic]

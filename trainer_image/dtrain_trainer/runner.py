@@ -57,6 +57,7 @@ from dtrain_trainer.config import (
     progress_interval,
     resolve_precision,
 )
+from dtrain_trainer.elastic_data import at_gang_size, elastic_order
 from dtrain_trainer.example_inputs import ExampleInputs, resolve_example
 from dtrain_trainer.export import ExportError, export_artifacts, write_termination_log
 from dtrain_trainer.loading import instantiate_data, job_classes
@@ -65,12 +66,7 @@ from dtrain_trainer.progress import ProgressReporter
 from dtrain_trainer.progress_callback import _ProgressBehaviour, progress_callback_class
 from dtrain_trainer.progress_sinks import NullSink, sink_from_env
 from dtrain_trainer.resumable import exact_resume_callbacks, resumable
-from dtrain_trainer.stopping import (
-    STOP_SIGNAL,
-    STOPPED_EXIT_CODE,
-    _GracefulStopBehaviour,
-    graceful_stop_class,
-)
+from dtrain_trainer.stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
 from dtrain_trainer.stragglers import straggler_callback_class
 from dtrain_trainer.survivor import survivor_checkpoint_class
 
@@ -141,8 +137,8 @@ def build_trainer(
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
         # The survivor's first: it copies the state at each step boundary before any other callback moves on.
-        callbacks=[survivor_checkpoint_class(package)(), *exact_resume_callbacks(package), straggler, progress, stop,
-                   checkpoint],
+        callbacks=[survivor_checkpoint_class(package)(), *exact_resume_callbacks(package, elastic_order(config, env)),
+                   straggler, progress, stop, checkpoint],
         plugins=[checkpoint_io],
         logger=build_logger(config, pl, env),
         default_root_dir=config.checkpoint_dir,
@@ -244,6 +240,7 @@ def run(config: TrainerConfig, env: Mapping[str, str]) -> int:
     visible_gpus = torch.cuda.device_count() if config.accelerator == "gpu" else 0
     config, fallback = cpu_fallback(config, visible_gpus)
     topology = check_launch_environment(config, env, visible_gpus)
+    config = at_gang_size(config, topology)
     sink = sink_from_env(env, config.job_name) if global_rank(env) == 0 else NullSink()
     reporter = ProgressReporter(sink, progress_interval(env))
     if fallback:
@@ -271,7 +268,7 @@ def _train_and_export(config: TrainerConfig, env: Mapping[str, str], reporter: P
     model = instantiate(config.model, "model", pl.LightningModule, cls=model_cls)
     data = instantiate_data(config.data, pl, data_cls, settings.batch_size, settings.num_workers)
     check_model_matches_data(model, data)
-    resumable(data)
+    resumable(data, elastic_order(config, env))
     check_writable(config.checkpoint_dir, "checkpoint.dir")
     if global_rank(env) == 0:
         check_writable(config.artifacts_dir, "artifacts.dir")

@@ -107,6 +107,9 @@ class TrainerConfig(ApiModel):
     """The logger and the reported metrics."""
     progress_deadline_seconds: int = contract.DEFAULT_PROGRESS_DEADLINE_SECONDS
     """runPolicy.progressDeadlineSeconds: rank 0 collects every rank's stacks shortly before it runs out (0: never)."""
+    elastic_nodes: Annotated[int, Field(ge=1)] | None = None
+    """The gang size trainer.batchSize and accumulateGradBatches are for, when the gang is elastic: on any other
+    size the trainer keeps their global batch and the epoch's sample order (api.elastic). None: a fixed gang."""
 
     @property
     def checkpoint_dir(self) -> str:

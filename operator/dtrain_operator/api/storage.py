@@ -192,11 +192,15 @@ class SurvivorMark(ApiModel):
 # Trainer settings that say how long to train or how often to log, not what a step computes: a run resumed
 # with more epochs continues the same training.
 _NOT_SHAPING = ("maxEpochs", "maxSteps", "logEveryNSteps")
+# An elastic gang's per-process batch and accumulation change with its size (api.elastic): what shapes its
+# training is their global batch, which the trainer checks against the one each checkpoint records.
+_ELASTIC_LAYOUT = ("batchSize", "accumulateGradBatches")
 
 
 def training_hash(config: TrainerConfig) -> str:
     """A hash of what shapes the training: the model, the data and the trainer settings (not its length)."""
-    trainer = {k: v for k, v in config.trainer.to_wire().items() if k not in _NOT_SHAPING}
+    not_shaping = _NOT_SHAPING + (_ELASTIC_LAYOUT if config.elastic_nodes is not None else ())
+    trainer = {k: v for k, v in config.trainer.to_wire().items() if k not in not_shaping}
     shaping: dict[str, Any] = {"model": config.model.to_wire(), "data": config.data.to_wire(), "trainer": trainer}
     canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]

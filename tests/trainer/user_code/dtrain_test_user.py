@@ -55,6 +55,7 @@ class TinyClassifier(L.LightningModule):
         crash_at_step: int | list[int] | None = None,
         crash_marker: str | None = None,
         batch_log: str | None = None,
+        sample_log: str | None = None,
         ballast_mb: int = 0,
         step_sleep: float = 0.0,
         sigterm_at_train_end: int | None = None,
@@ -68,6 +69,7 @@ class TinyClassifier(L.LightningModule):
         # A slow step, for tests that act while training runs.
         self.step_sleep = step_sleep
         self.batch_log = Path(batch_log) if batch_log else None
+        self.sample_log = Path(sample_log) if sample_log else None
         self.num_classes = num_classes
         self.lr = lr
         self.record_dir = Path(record_dir) if record_dir else None
@@ -81,8 +83,14 @@ class TinyClassifier(L.LightningModule):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(images)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        images, labels = batch
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        images, labels, *ids = batch
+        if self.sample_log is not None:
+            # The sample ids of each micro-batch (IndexedImageData), by the step they count towards and the step
+            # this run of the gang resumed from (a step trained again after a restart is the later run's).
+            with open(f"{self.sample_log}.rank{self.global_rank}", "a") as log:
+                resumed_from, step = self._record["resumed_from"], self.trainer.global_step
+                log.write(f"{resumed_from} {self.trainer.current_epoch} {step} {' '.join(map(str, ids[0].tolist()))}\n")
         if self.step_sleep:
             time.sleep(self.step_sleep)
         if "first_batch" not in self._record:
@@ -100,6 +108,7 @@ class TinyClassifier(L.LightningModule):
     def on_train_start(self) -> None:
         self._record["start_weights"] = tensor_digest(list(self.parameters()))
         self._record["world_size"] = self.trainer.world_size
+        self._record["resumed_from"] = self.trainer.global_step
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         crash_once_at(self, self.crash_at_step, self.crash_marker)
@@ -132,6 +141,16 @@ class RandomImageData(L.LightningDataModule):
         labels = torch.randint(0, self.num_classes, (self.num_samples,), generator=generator)
         return DataLoader(
             TensorDataset(images, labels), batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers
+        )
+
+
+class IndexedImageData(RandomImageData):
+    """RandomImageData whose batches carry each sample's index too, for tests of which samples were trained."""
+
+    def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+        images, labels = super().train_dataloader().dataset.tensors
+        return DataLoader(
+            TensorDataset(images, labels, torch.arange(self.num_samples)), batch_size=self.batch_size, shuffle=True
         )
 
 

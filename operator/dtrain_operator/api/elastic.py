@@ -1,0 +1,62 @@
+"""The batch an elastic gang trains with at each size: the one place its arithmetic is decided.
+
+A job's batch settings (trainer.batchSize per process, trainer.accumulateGradBatches) are for
+the gang size it wants (`spec.nodes`). Its global batch, the samples behind each optimizer
+step, is batchSize x devicesPerNode x nodes x accumulateGradBatches. On fewer nodes the same
+global batch is kept exactly, so that what is optimised does not change with the gang's size:
+each process trains global / processes samples per step, in as few accumulated micro-batches
+as keep each one no larger than batchSize (no process ever holds more in memory than the
+wanted size asks). A size whose process count does not divide the global batch cannot keep it.
+
+Pure functions of integers: the trainer (`dtrain_trainer.elastic_data`) and the spec's
+validation share them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one gang size trains the global batch: `accumulate_grad_batches` micro-batches of `batch_size` per process."""
+
+    batch_size: int
+    accumulate_grad_batches: int
+    world_size: int
+
+    @property
+    def global_batch(self) -> int:
+        """Samples behind each optimizer step, over every process."""
+        return self.batch_size * self.accumulate_grad_batches * self.world_size
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples behind one micro-batch, over every process."""
+        return self.batch_size * self.world_size
+
+
+def wanted_layout(batch_size: int, accumulate_grad_batches: int, devices_per_node: int, nodes: int) -> BatchLayout:
+    """The layout the settings give at the size they are for."""
+    return BatchLayout(batch_size, accumulate_grad_batches, devices_per_node * nodes)
+
+
+def layout_at(wanted: BatchLayout, devices_per_node: int, nodes: int) -> BatchLayout | None:
+    """The layout that keeps `wanted`'s global batch on `nodes` nodes, or None when no layout can.
+
+    The per-process batch stays `wanted.batch_size` where raising the accumulation is enough, and
+    shrinks to the largest divisor of the process's share that fits where it is not.
+    """
+    world = devices_per_node * nodes
+    if world < 1 or wanted.global_batch % world:
+        return None
+    share = wanted.global_batch // world
+    accumulate = -(-share // wanted.batch_size)  # the fewest micro-batches whose batch can fit
+    while share % accumulate:
+        accumulate += 1
+    return BatchLayout(share // accumulate, accumulate, world)
+
+
+def sizes_that_cannot(wanted: BatchLayout, devices_per_node: int, min_nodes: int, nodes: int) -> list[int]:
+    """The node counts from `min_nodes` to `nodes` on which the global batch cannot be kept."""
+    return [size for size in range(min_nodes, nodes + 1) if layout_at(wanted, devices_per_node, size) is None]

@@ -1,0 +1,110 @@
+"""An elastic gang resized mid-epoch keeps its global batch and its epoch's order: each sample once per epoch,
+each step the samples it has at the wanted size, and the weights of the gang that was never resized.
+
+Each gang here is real torchrun nodes (one process each) on this machine, as `dtrain run` starts
+them; a worker dies right after a step's checkpoint, as a lost node's does, and the next gang
+resumes from it at another size.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dtrain_operator.api import contract
+from dtrain_operator.core.render import TRAINER_COMMAND
+
+from ..ports import free_port
+from .conftest import RUN_TIMEOUT_SECONDS, USER_MODEL, process_env, trainer_config, write_config
+from .test_resume import assert_same_weights, saved_step
+from .user_code.dtrain_test_user import CRASH_EXIT_CODE
+
+pytestmark = pytest.mark.slow
+
+# 36 samples, a global batch of 8 (4 per process on the wanted 2 nodes): epochs of 4 steps, 4 samples left over.
+SAMPLES, WANTED_NODES, STEPS = 36, 2, 10
+
+
+def launch_gang(tmp_path: Path, config: dict[str, Any], nodes: int, name: str) -> list[subprocess.CompletedProcess[str]]:
+    """`nodes` torchrun nodes of one process each, as a pod's command runs; every node's outcome."""
+    config_file = str(write_config(tmp_path, config, f"{name}.yaml"))
+    port = str(free_port())
+    started = [
+        subprocess.Popen(
+            [sys.executable, *TRAINER_COMMAND[1:]],
+            env=process_env(**{
+                contract.ENV_CONFIG: config_file, contract.ENV_NNODES: str(nodes), contract.ENV_NPROC_PER_NODE: "1",
+                contract.ENV_NODE_RANK: str(rank), contract.ENV_MASTER_ADDR: "127.0.0.1",
+                contract.ENV_MASTER_PORT: port, contract.ENV_PROGRESS_SINK: "none",
+            }),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in range(nodes)
+    ]
+    outcomes = []
+    for node in started:
+        try:
+            stdout, stderr = node.communicate(timeout=RUN_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            stdout, stderr = node.communicate()
+        outcomes.append(subprocess.CompletedProcess(node.args, node.returncode, stdout, stderr))
+    return outcomes
+
+
+def trained_steps(sample_log: Path) -> dict[tuple[int, int], list[int]]:
+    """The sample ids each (epoch, step) trained, over every rank, from the last run of the gang that trained it."""
+    runs: dict[tuple[int, int], dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for log in sample_log.parent.glob(f"{sample_log.name}.rank*"):
+        for line in log.read_text().splitlines():
+            resumed_from, epoch, step, *ids = map(int, line.split())
+            runs[(epoch, step)][resumed_from].extend(ids)
+    return {key: sorted(by_run[max(by_run)]) for key, by_run in sorted(runs.items())}
+
+
+def test_a_gang_resized_twice_mid_epoch_trains_each_sample_once_and_ends_with_the_unresized_gangs_weights(
+    tmp_path: Path,
+) -> None:
+    def config(run: str, **model_args: Any) -> dict[str, Any]:
+        return trainer_config(
+            tmp_path / run,
+            model={"classPath": USER_MODEL, "initArgs": {"sample_log": str(tmp_path / run / "samples"), **model_args}},
+            data={"classPath": "dtrain_test_user.IndexedImageData", "initArgs": {"num_samples": SAMPLES}},
+            trainer={"maxSteps": STEPS, "maxEpochs": 5, "batchSize": 4, "numWorkers": 0},
+            checkpoint={"everyNSteps": 1, "keepLast": 1},
+            export={"onnx": {"enabled": False}},
+            elasticNodes=WANTED_NODES,
+        )
+
+    (tmp_path / "whole").mkdir()
+    whole = launch_gang(tmp_path, config("whole"), WANTED_NODES, "whole")
+    assert [node.returncode for node in whole] == [0, 0], whole[0].stderr[-3000:]
+
+    # Two nodes until a worker dies after step 3 (of epoch 0); one node, with twice the accumulation, until one
+    # dies after step 6 (of epoch 1); two nodes again to the end.
+    (tmp_path / "resized").mkdir()
+    resized = config("resized", crash_at_step=[3, 6], crash_marker=str(tmp_path / "crashed"))
+    for nodes, step in ((2, 3), (1, 6)):
+        crashed = launch_gang(tmp_path, resized, nodes, "resized")
+        assert CRASH_EXIT_CODE in [node.returncode for node in crashed], crashed[0].stderr[-3000:]
+        assert saved_step(tmp_path / "resized" / "checkpoints") == step
+    finished = launch_gang(tmp_path, resized, WANTED_NODES, "resized")
+    assert [node.returncode for node in finished] == [0, 0], finished[0].stderr[-3000:]
+    assert "resumed from" in finished[0].stderr
+
+    expected, trained = trained_steps(tmp_path / "whole" / "samples"), trained_steps(tmp_path / "resized" / "samples")
+    assert list(trained) == list(expected) == [(step // 4, step) for step in range(STEPS)]
+    assert trained == expected
+    for epoch in range(3):
+        ids = [i for (e, _), step_ids in trained.items() if e == epoch for i in step_ids]
+        assert len(ids) == len(set(ids)), f"epoch {epoch} trained a sample twice"
+        assert len(ids) == (8 * 4 if epoch < 2 else 8 * 2)
+    final = {run: torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False) for run in ("whole", "resized")}
+    assert final["resized"]["global_step"] == final["whole"]["global_step"] == STEPS
+    assert_same_weights(final["resized"]["state_dict"], final["whole"]["state_dict"])

@@ -32,6 +32,7 @@ from torch.utils.data import DistributedSampler
 from dtrain_common.config import ConfigError
 from dtrain_operator.api import TrainerConfig
 from dtrain_operator.api.elastic import BatchLayout, layout_at, wanted_layout
+from dtrain_operator.api.spec import ELASTIC_LIMIT_MESSAGE
 from dtrain_trainer import flavor
 from dtrain_trainer.config import Topology, global_rank, launch_topology
 
@@ -74,11 +75,8 @@ def batch_layout(config: TrainerConfig, nodes: int, devices_per_node: int) -> Ba
     """The layout an elastic job trains with on `nodes` nodes, or a ConfigError naming why it cannot."""
     assert config.elastic_nodes is not None
     settings = config.trainer
-    if settings.limit_train_batches not in (None, 1, 1.0):
-        raise ConfigError(
-            "trainer.limitTrainBatches counts a process's batches, which an elastic gang changes with its size; "
-            "leave it out of an elastic job (use trainer.maxSteps to bound the run)"
-        )
+    if settings.limit_train_batches is not None:
+        raise ConfigError(ELASTIC_LIMIT_MESSAGE)
     wanted = wanted_layout(settings.batch_size, settings.accumulate_grad_batches, devices_per_node, config.elastic_nodes)
     layout = layout_at(wanted, devices_per_node, nodes)
     if layout is None:

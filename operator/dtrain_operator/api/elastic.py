@@ -8,13 +8,29 @@ each process trains global / processes samples per step, in as few accumulated m
 as keep each one no larger than batchSize (no process ever holds more in memory than the
 wanted size asks). A size whose process count does not divide the global batch cannot keep it.
 
-Pure functions of integers: the trainer (`dtrain_trainer.elastic_data`) and the spec's
-validation share them.
+Pure functions of integers: the trainer (`dtrain_trainer.elastic_data`), the spec's validation
+and the operator's resize share them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
+
+from dtrain_operator.api.common import MAX_TIMEOUT_SECONDS, ApiModel
+
+DEFAULT_WAIT_SECONDS = 120
+
+
+class ElasticPolicy(ApiModel):
+    """Train on fewer nodes, with the same global batch and data order, while some cannot be placed; grow back when they can."""
+
+    min_nodes: Annotated[int, Field(ge=1, le=4096)]
+    """The fewest nodes the gang trains on (at most nodes). Every count from minNodes to nodes must divide the global batch (trainer.batchSize x devicesPerNode x nodes x accumulateGradBatches) by its processes: a smaller gang trains each step's global batch in more accumulated micro-batches, of at most trainer.batchSize samples per process."""
+    wait_seconds: Annotated[int, Field(ge=0, le=MAX_TIMEOUT_SECONDS)] = DEFAULT_WAIT_SECONDS
+    """How long a worker pod may wait unplaced (unschedulable, or its node gone) before the gang restarts from its last checkpoint on the nodes that can be placed. Default 120."""
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,7 @@ class TrainerConfig(ApiModel):
             export=spec.export,
             logging=spec.logging,
             progress_deadline_seconds=spec.run_policy.progress_deadline_seconds,
+            elastic_nodes=spec.nodes if spec.elastic is not None else None,
         )
 
 

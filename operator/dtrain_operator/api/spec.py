@@ -31,6 +31,7 @@ from dtrain_operator.api.common import (
     Precision,
     Resources,
 )
+from dtrain_operator.api.elastic import ElasticPolicy, sizes_that_cannot, wanted_layout
 from dtrain_operator.api.failure_rules import MAX_FAILURE_RULES, STRATEGY_IN_PLACE, FailureRule, RestartStrategy
 from dtrain_operator.api.free_form import credential_paths
 from dtrain_operator.api.kube_objects import Volume, VolumeMount, refusal
@@ -238,6 +239,12 @@ class RunPolicy(ApiModel):
     """True stops the job: worker pods are deleted; false starts them again and training resumes from its checkpoint."""
 
 
+ELASTIC_LIMIT_MESSAGE = (
+    "trainer.limitTrainBatches counts a process's batches, which an elastic gang changes with its size; "
+    "leave it out of an elastic job (trainer.maxSteps bounds the run)"
+)
+
+
 class DistributedTrainingSpec(ApiModel):
     """What to train, on how many nodes, and what to build from it."""
 
@@ -245,6 +252,8 @@ class DistributedTrainingSpec(ApiModel):
         {"rule": '!has(self.scheduling) || !has(self.scheduling.gang) || !has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= self.nodes', "message": 'scheduling.gang.minAvailable cannot exceed nodes'},
         {"rule": '(has(self.engine) && !self.engine.enabled) || !has(self.export) || !has(self.export.onnx) || self.export.onnx.enabled', "message": 'engine.enabled needs export.onnx.enabled: the engine is built from model.onnx'},
         {"rule": CEL_SHARED_STORAGE_RULE, "message": CEL_SHARED_STORAGE_MESSAGE},
+        {"rule": '!has(self.elastic) || self.elastic.minNodes <= self.nodes', "message": 'elastic.minNodes cannot exceed nodes'},
+        {"rule": '!has(self.elastic) || !has(self.trainer) || !has(self.trainer.limitTrainBatches)', "message": ELASTIC_LIMIT_MESSAGE},
     ]})
 
     image: ImageReference = contract.DEFAULT_TRAINER_IMAGE
@@ -305,6 +314,27 @@ class DistributedTrainingSpec(ApiModel):
     """Restarts, deadlines, suspension and cleanup."""
     scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
     """Scheduling of the worker pods."""
+    elastic: ElasticPolicy | None = None
+    """Keep training on fewer nodes (down to minNodes) when worker pods cannot be placed for waitSeconds, and grow back to nodes at the first checkpoint after they can; the global batch and the epoch's sample order stay exactly those of nodes. A resize restarts the gang from its last checkpoint without counting against runPolicy.backoffLimit. None: the gang is always nodes."""
+
+    @model_validator(mode="after")
+    def _elastic_sizes_keep_the_batch(self) -> DistributedTrainingSpec:
+        if self.elastic is None:
+            return self
+        if self.elastic.min_nodes > self.nodes:
+            raise refusal(".elastic.minNodes", f"{self.elastic.min_nodes} cannot exceed nodes ({self.nodes})")
+        if self.trainer.limit_train_batches is not None:
+            raise refusal(".trainer.limitTrainBatches", ELASTIC_LIMIT_MESSAGE)
+        settings = self.trainer
+        wanted = wanted_layout(settings.batch_size, settings.accumulate_grad_batches, self.devices_per_node, self.nodes)
+        cannot = sizes_that_cannot(wanted, self.devices_per_node, self.elastic.min_nodes, self.nodes)
+        if cannot:
+            raise refusal(".elastic.minNodes", (
+                f"on {' or '.join(map(str, cannot))} node(s) the global batch of {wanted.global_batch} (trainer.batchSize x "
+                "devicesPerNode x nodes x accumulateGradBatches) cannot be split evenly over the processes; raise "
+                "minNodes above them, or choose a batchSize or accumulateGradBatches that every count divides"
+            ))
+        return self
 
     @model_validator(mode="after")
     def _cross_field(self) -> DistributedTrainingSpec:

@@ -163,13 +163,16 @@ def pod_site(job: DistributedTraining, report: ReportEndpoint | None = None) -> 
     )
 
 
-def launch_env(job: DistributedTraining, rank: int, site: LaunchSite, gang_generation: int = 0) -> dict[str, str]:
+def launch_env(
+    job: DistributedTraining, rank: int, site: LaunchSite, gang_generation: int = 0, gang_nodes: int | None = None
+) -> dict[str, str]:
     """A worker's launch environment, the one source of it for a pod and for `dtrain run`: torchrun's PET_*
-    (the only route the gang's shape takes to the trainer), dtrain's contract, the NCCL_* variables of
-    spec.nccl and the object store's endpoint. The user's spec.env comes after it in each."""
+    (the only route the gang's shape takes to the trainer: `gang_nodes`, an elastic gang's size now, or
+    spec.nodes), dtrain's contract, the NCCL_* variables of spec.nccl and the object store's endpoint. The
+    user's spec.env comes after it in each."""
     spec = job.spec
     env = {
-        contract.ENV_NNODES: str(spec.nodes),
+        contract.ENV_NNODES: str(gang_nodes or spec.nodes),
         contract.ENV_NPROC_PER_NODE: str(spec.devices_per_node),
         contract.ENV_NODE_RANK: str(rank),
         contract.ENV_MASTER_ADDR: site.master_addr,

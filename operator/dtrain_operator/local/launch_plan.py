@@ -251,23 +251,25 @@ def node_launches(
     master_port: int,
     base_env: Mapping[str, str],
     cores: int,
+    nodes: int | None = None,
 ) -> tuple[list[NodeLaunch], list[str]]:
     """Every node's launch: the worker pod's command and launch environment on this machine, and the
-    warnings about spec.env (once each)."""
+    warnings about spec.env (once each). `nodes`: an elastic gang's size now (default spec.nodes)."""
     job = local.job
-    processes = job.spec.nodes * job.spec.devices_per_node
+    nodes = nodes or job.spec.nodes
+    processes = nodes * job.spec.devices_per_node
     # What the runner inherited from a surrounding torchrun or dtrain must not leak into the nodes.
     inherited = {k: v for k, v in base_env.items() if not contract.is_reserved_env_name(k)}
     launches: list[NodeLaunch] = []
     warnings: list[str] = []
-    for rank in range(job.spec.nodes):
+    for rank in range(nodes):
         values, env_warnings = user_env(job, rank)
         warnings.extend(w for w in env_warnings if w not in warnings)
         # OMP_NUM_THREADS: the job's env, else the caller's, else the cores shared between the processes.
         env = {
             "OMP_NUM_THREADS": str(omp_threads(cores, processes)),
             **inherited,
-            **render.launch_env(job, rank, local_site(workdir, master_port, rank)),
+            **render.launch_env(job, rank, local_site(workdir, master_port, rank), gang_nodes=nodes),
             **values,
             # Logs reach the node's log file as they are written, so a failure's last lines are there.
             "PYTHONUNBUFFERED": "1",

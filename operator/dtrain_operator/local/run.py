@@ -33,7 +33,7 @@ from dtrain_operator.api import DistributedTraining, HangStacks, StepTimes, cont
 from dtrain_operator.api.results import TrainerResults, read_termination_message
 from dtrain_operator.api.storage import missing_shared_storage
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job
-from dtrain_operator.core import hang_diagnosis, policy, progress_deadline, render, stragglers
+from dtrain_operator.core import elastic, hang_diagnosis, policy, progress_deadline, render, stragglers
 from dtrain_operator.core.storage_volumes import object_store_env
 from dtrain_operator.local.display import Display
 from dtrain_operator.local.launch_plan import (
@@ -123,6 +123,8 @@ class RunState:
     message: str = ""
     restarts: int = 0
     restarts_ignoring_backoff: int = 0
+    # The nodes the gang runs on: spec.nodes, fewer once an elastic job lost some (core.elastic).
+    nodes: int = 0
     started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     # Where the latest hang sat (core.hang_diagnosis), as the operator keeps it in status.lastHang.
     last_hang: str | None = None
@@ -191,7 +193,7 @@ class LocalRun:
         self.workdir = workdir
         self.display = display
         self.stop = stop
-        self.state = RunState()
+        self.state = RunState(nodes=local.job.spec.nodes)
         self.progress = JsonlTail(workdir.progress)
         # The latest progress record of the running gang, and the watch on it (progressDeadlineSeconds).
         self._progress: Any | None = None
@@ -206,7 +208,9 @@ class LocalRun:
     def train(self) -> bool:
         run_policy = self.job.spec.run_policy
         while True:
-            launches, warnings = node_launches(self.local, self.workdir, free_port(), os.environ, self.cores)
+            launches, warnings = node_launches(
+                self.local, self.workdir, free_port(), os.environ, self.cores, self.state.nodes
+            )
             generation = self.state.generation
             if generation == 0:
                 for warning in warnings:
@@ -241,6 +245,12 @@ class LocalRun:
                     return self._end(outcome.hang.ending)
                 self.state.restarts += 1
                 continue
+            resize = self._lost_nodes(gang)
+            if resize is not None:
+                self.state.nodes = resize.nodes
+                self.state.restarts_ignoring_backoff += 1
+                self.display.warn(resize.message)
+                continue
             for failure in outcome.failures:
                 node = gang.nodes[failure.rank]
                 excerpt = failure_excerpt(node.log_since_start(), FAILURE_LOG_LINES)
@@ -253,6 +263,13 @@ class LocalRun:
             else:
                 self.state.restarts_ignoring_backoff += 1
             self.display.warn(decision.message)
+
+    def _lost_nodes(self, gang: Gang) -> elastic.Resize | None:
+        """An elastic job's smaller gang when nodes were lost: a node's launcher killed by a signal from outside
+        (a pod's node gone, here), which is not started again."""
+        lost = sorted(rank for rank, code in gang.exited().items() if code < 0)
+        nodes = ", ".join(map(str, lost))
+        return elastic.after_lost_nodes(self.job.spec, self.state.nodes, len(lost), f"node(s) {nodes} stopped for good")
 
     def _node_failures(self, gang: Gang) -> StepOutcome | None:
         """The gang's end, once it is decided: all nodes done, or the first failures."""
@@ -324,7 +341,7 @@ class LocalRun:
         per_node = self.job.spec.devices_per_node
         diagnosis = hang_diagnosis.diagnose(
             stacks,
-            self.job.spec.world_size,
+            self.state.nodes * per_node,
             lambda rank: f"pod {render.worker_pod_name(self.job, rank // per_node)}, local node {rank // per_node}",
         )
         self.state.last_hang = diagnosis.message

@@ -1,10 +1,15 @@
-"""The batch an elastic gang trains with at each size: the global batch kept exactly, no process's batch larger."""
+"""An elastic gang's sizes: the batch each trains with (the global batch kept exactly, no process's batch larger),
+when it shrinks and grows, and the specs whose sizes cannot keep the batch."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from dtrain_operator.api import DistributedTrainingSpec
 from dtrain_operator.api.elastic import BatchLayout, layout_at, sizes_that_cannot, wanted_layout
+from dtrain_operator.core.elastic import REASON_CAPACITY_BACK, REASON_NODES_LOST, Resize, after_lost_nodes, grown_back
 
 
 @pytest.mark.parametrize(
@@ -55,3 +60,49 @@ def test_every_size_down_to_one_node_keeps_any_global_batch_a_node_count_divides
                 fewer = layout.accumulate_grad_batches - 1
                 share = settings.global_batch // (2 * nodes)
                 assert fewer == 0 or share % fewer or share // fewer > batch_size
+
+
+def elastic_spec(**elastic: int) -> DistributedTrainingSpec:
+    return DistributedTrainingSpec.model_validate({
+        "nodes": 3, "accelerator": "cpu", "storage": {"claimName": "shared"}, "trainer": {"batchSize": 8},
+        **({"elastic": elastic} if elastic else {}),
+    })
+
+
+def test_lost_nodes_shrink_an_elastic_gang_down_to_min_nodes_and_no_further() -> None:
+    spec = elastic_spec(minNodes=2)
+    resize = after_lost_nodes(spec, nodes=3, lost=1, why="pod w-2 cannot be placed")
+    assert resize == Resize(2, REASON_NODES_LOST, (
+        "pod w-2 cannot be placed: training goes on from the last checkpoint on 2 of 3 nodes; batchSize 6 per process "
+        "and accumulateGradBatches 2 keep the global batch of 24"
+    ))
+    assert after_lost_nodes(spec, nodes=3, lost=2, why="") is None  # 1 left, below minNodes
+    assert after_lost_nodes(spec, nodes=2, lost=1, why="") is None
+    assert after_lost_nodes(elastic_spec(), nodes=3, lost=1, why="") is None  # not elastic: the usual restart
+
+
+def test_a_smaller_gang_grows_back_to_nodes() -> None:
+    spec = elastic_spec(minNodes=1)
+    resize = grown_back(spec, nodes=1, why="capacity is back")
+    assert resize is not None and (resize.nodes, resize.reason) == (3, REASON_CAPACITY_BACK)
+    assert resize.message.endswith("batchSize 8 per process and accumulateGradBatches 1 keep the global batch of 24")
+    assert grown_back(spec, nodes=3, why="") is None
+    assert grown_back(elastic_spec(), nodes=2, why="") is None
+
+
+@pytest.mark.parametrize(
+    ("elastic", "trainer", "message"),
+    [
+        ({"minNodes": 4}, {}, ".elastic.minNodes: 4 cannot exceed nodes (3)"),
+        ({"minNodes": 1}, {"batchSize": 5}, ".elastic.minNodes: on 2 node(s) the global batch of 15"),
+        ({"minNodes": 2}, {"limitTrainBatches": 10}, ".trainer.limitTrainBatches: trainer.limitTrainBatches counts"),
+        ({"minNodes": 0}, {}, "greater than or equal to 1"),
+    ],
+)
+def test_an_elastic_spec_whose_sizes_cannot_keep_the_batch_is_refused_by_field(
+    elastic: dict[str, int], trainer: dict[str, int], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DistributedTrainingSpec.model_validate({
+            "nodes": 3, "accelerator": "cpu", "storage": {"claimName": "shared"}, "trainer": trainer, "elastic": elastic,
+        })

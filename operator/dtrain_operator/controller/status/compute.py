@@ -41,13 +41,13 @@ from dtrain_operator.controller.status.conditions import (
     Conditions,
 )
 from dtrain_operator.controller.status.queued import report_queue
-from dtrain_operator.core import in_place, policy, progress_deadline, stragglers
+from dtrain_operator.controller.status.reports import report_missed_checkpoints, report_pending_pods, report_stragglers
+from dtrain_operator.core import in_place, policy, progress_deadline
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
 from dtrain_operator.core.gang_state import (
     current_gang,
     image_pull_deadline,
     node_counts,
-    pods_pending_too_long,
     pulling_images,
     reported_stage,
     stuck_terminating,
@@ -316,33 +316,6 @@ def set_phase(c: StatusComputation) -> None:
         status.phase = "Starting"
     else:
         status.phase = "Pending"
-
-
-def report_stragglers(c: StatusComputation) -> None:
-    progress = c.status.progress
-    straggler = stragglers.straggler_message(progress.step_times if progress else None, c.spec.stragglers)
-    if straggler is not None:
-        c.conditions.set(stragglers.CONDITION, True, stragglers.REASON_DETECTED, straggler)
-    elif c.conditions.is_true(stragglers.CONDITION):
-        c.conditions.clear(stragglers.CONDITION, stragglers.REASON_NONE, "no rank is slower than the others now")
-
-
-def report_missed_checkpoints(c: StatusComputation) -> None:
-    missed = storage_conditions.missed_message(c.status)
-    if missed is not None:
-        c.conditions.set(storage_conditions.CONDITION, True, storage_conditions.REASON_MISSED, missed)
-    elif c.conditions.is_true(storage_conditions.CONDITION):
-        c.conditions.clear(storage_conditions.CONDITION, storage_conditions.REASON_WRITTEN, "the newest checkpoint was written")
-
-
-def report_pending_pods(c: StatusComputation) -> None:
-    too_long = pods_pending_too_long(c.running_job, c.gang, c.now)
-    if too_long:
-        timeout = c.spec.scheduling.gang.schedule_timeout_seconds
-        details = "; ".join(f"{p.name}: {p.pending_reason}" for p in too_long)
-        c.conditions.set(PODS_PENDING, True, "PodsPendingTooLong", f"Pending for more than {timeout} s: {details}")
-    else:
-        c.conditions.clear(PODS_PENDING, "PodsStarted", "no worker pod is Pending beyond the schedule timeout")
 
 
 # The order is the decision: a finished job is kept before anything is looked at, a suspend wins

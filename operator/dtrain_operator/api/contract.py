@@ -182,6 +182,9 @@ def is_operator_annotation(key: str) -> bool:
 
 ROLE_WORKER = "worker"
 ROLE_ENGINE = "engine"
+# A pod that holds the place of a node an elastic gang has lost (spec.elastic): it runs nothing, and once every
+# one of them is placed the gang grows back at its next checkpoint.
+ROLE_STANDBY = "standby"
 
 # The node label of NVIDIA's GPU feature discovery that carries one GPU's memory, in MiB: where a job's
 # scheduling.nodeSelector names it, that is the memory of the GPUs it runs on.

@@ -241,6 +241,25 @@ class LastRestart(StatusModel):
     """When it was decided (or changed to Recreate), RFC 3339."""
 
 
+class ElasticStatus(StatusModel):
+    """An elastic gang's size (spec.elastic): the nodes it runs on now, out of those it wants."""
+
+    nodes: int | None = None
+    """The nodes the gang runs on now."""
+    wanted_nodes: int | None = None
+    """spec.nodes: the size it grows back to."""
+    min_nodes: int | None = None
+    """spec.elastic.minNodes: the fewest it trains on."""
+    resizes: int = 0
+    """Times the gang restarted on another number of nodes (counted in restartsIgnoringBackoff)."""
+    last_resize: str | None = None
+    """Why the latest resize was made, and how the global batch was kept."""
+    last_resize_time: str | None = None
+    """When it was decided (RFC 3339)."""
+    capacity_back_step: int | None = None
+    """While the gang is smaller: the step of the last checkpoint when a standby pod of every missing node had been placed; the gang grows back at the first checkpoint after it."""
+
+
 class DistributedTrainingStatus(StatusModel):
     """Observed state, computed by the operator (progress and lastCheckpoint by rank 0)."""
 
@@ -257,13 +276,15 @@ class DistributedTrainingStatus(StatusModel):
     evictions: int = 0
     """Times Kueue evicted the gang (preemption): each restarted it, counted against no backoffLimit."""
     restarts_ignoring_backoff: int = 0
-    """Gang restarts that a RestartGangIgnoringBackoff rule of runPolicy.failureRules decided: counted against no backoffLimit."""
+    """Gang restarts that a RestartGangIgnoringBackoff rule of runPolicy.failureRules decided, and an elastic gang's resizes and the node losses that lead to them: counted against no backoffLimit."""
     restarts_in_place: int = 0
     """Of restarts and restartsIgnoringBackoff, those made in place (runPolicy.restartStrategy InPlace): the pods stayed, torchrun started again in each."""
     in_place_generation: int | None = None
     """The gang generation that restarts in place: the previous generation's pods are kept, relabelled with it once every supervisor has stopped its torchrun. None: the pods of an earlier generation are deleted."""
     last_restart: LastRestart | None = None
     """How the latest gang restart was made (in place or by recreating the pods) and why."""
+    elastic: ElasticStatus | None = None
+    """An elastic job's gang size (spec.elastic)."""
     start_time: str | None = None
     """When the job started (RFC 3339)."""
     completion_time: str | None = None

@@ -74,11 +74,17 @@ class ChildWriter:
             )
         ranks = [rank for rank in plan.create_ranks if render.worker_pod_name(job, rank, generation) not in blocked]
         if ranks:
-            pods = [render.render_worker_pod(job, rank, generation, self._report) for rank in ranks]
+            pods = [render.render_worker_pod(job, rank, generation, self._report, plan.gang_nodes) for rank in ranks]
             adopt(pods, body)
             await self._ensure_shared_children(body, job, generation, expectations)
             await gather(*(self._create_pod(pod, expectations) for pod in pods))
             logger.info("%s/%s: created %d worker pod(s) of gang generation %d", namespace, name, len(pods), generation)
+        if plan.create_standby_ranks:
+            standby = [render.render_standby_pod(job, rank) for rank in plan.create_standby_ranks]
+            adopt(standby, body)
+            await gather(*(self._create_pod(pod, expectations) for pod in standby))
+            logger.info("%s/%s: created %d standby pod(s) for the node(s) the elastic gang lacks", namespace, name,
+                        len(standby))
         if len(ranks) < len(plan.create_ranks):
             raise ChildConflict(
                 "worker pod names are taken by pods this job does not own (left by an earlier job of the same "

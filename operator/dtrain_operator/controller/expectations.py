@@ -78,4 +78,5 @@ def observe_with_expectations(
     engine_pods = tuple(
         p for p in owned if p.role == contract.ROLE_ENGINE and engine_job is not None and p.owner_uid == engine_job.uid
     )
-    return Observed(workers=workers, engine_pods=engine_pods, engine_job=engine_job), frozenset(blocked)
+    standby = tuple(p for p in owned if p.role == contract.ROLE_STANDBY)
+    return Observed(workers=workers, standby=standby, engine_pods=engine_pods, engine_job=engine_job), frozenset(blocked)

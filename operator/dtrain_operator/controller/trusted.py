@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dtrain_operator.api import DistributedTrainingStatus, contract
+from dtrain_operator.api import DistributedTrainingStatus, ElasticStatus, contract
 
 ANNOTATION = contract.ANNOTATION_STATE
 # 2: signed with the operator's key (version 1 carried only a hash, which anyone could compute).
@@ -64,6 +64,11 @@ class TrustedState:
     succeeded_ranks: tuple[int, ...] = ()
     """Ranks of the gang generation (restarts + evictions + restartsIgnoringBackoff) that exited 0: finished, even
     once their pods are gone."""
+    gang_nodes: int | None = None
+    """An elastic gang's size now (status.elastic.nodes): how many worker pods the operator creates."""
+    resizes: int = 0
+    capacity_back_step: int | None = None
+    """When a smaller elastic gang grows back (status.elastic.capacityBackStep)."""
 
     @property
     def gang_generation(self) -> int:
@@ -82,6 +87,9 @@ class TrustedState:
             "completionTime": self.completion_time,
             "succeededRanks": list(self.succeeded_ranks),
             "acceptedSpec": self.accepted_spec,
+            "gangNodes": self.gang_nodes,
+            "resizes": self.resizes,
+            "capacityBackStep": self.capacity_back_step,
         }
         record["signature"] = _signature(key, job, record)
         return _canonical(record)
@@ -140,7 +148,8 @@ def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
         raise UntrustedState(f"annotation {ANNOTATION}: acceptedSpec is not an object")
     # A record written before restartsIgnoringBackoff or restartsInPlace existed has none: 0.
     counts = {
-        name: record.get(name, 0) for name in ("restarts", "evictions", "restartsIgnoringBackoff", "restartsInPlace")
+        name: record.get(name, 0)
+        for name in ("restarts", "evictions", "restartsIgnoringBackoff", "restartsInPlace", "resizes")
     }
     for name, count in counts.items():
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -148,6 +157,9 @@ def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
     in_place = record.get("inPlaceGeneration")
     if in_place is not None and (not isinstance(in_place, int) or isinstance(in_place, bool) or in_place < 1):
         raise UntrustedState(f"annotation {ANNOTATION}: inPlaceGeneration is not a gang generation ({in_place!r})")
+    elastic = {k: record.get(k) for k in ("gangNodes", "capacityBackStep")}
+    if any(v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0) for v in elastic.values()):
+        raise UntrustedState(f"annotation {ANNOTATION}: gangNodes and capacityBackStep must be counts")
     texts = {k: record.get(k) for k in ("phase", "startTime", "completionTime")}
     if any(v is not None and not isinstance(v, str) for v in texts.values()):
         raise UntrustedState(f"annotation {ANNOTATION}: phase, startTime and completionTime must be strings")
@@ -165,6 +177,9 @@ def decode(text: str, key: bytes, job: JobIdentity) -> TrustedState:
         phase=texts["phase"],
         start_time=texts["startTime"],
         completion_time=texts["completionTime"],
+        gang_nodes=elastic["gangNodes"],
+        resizes=counts["resizes"],
+        capacity_back_step=elastic["capacityBackStep"],
     )
 
 
@@ -183,6 +198,7 @@ def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] =
     """The record of a status the operator just computed (None for a job it never accepted)."""
     if status.accepted_spec is None:
         return None
+    elastic = status.elastic
     return TrustedState(
         succeeded_ranks=tuple(sorted(set(succeeded_ranks))),
         accepted_spec=dict(status.accepted_spec),
@@ -194,6 +210,9 @@ def state_of(status: DistributedTrainingStatus, succeeded_ranks: Iterable[int] =
         phase=status.phase,
         start_time=status.start_time,
         completion_time=status.completion_time,
+        gang_nodes=elastic.nodes if elastic is not None else None,
+        resizes=elastic.resizes if elastic is not None else 0,
+        capacity_back_step=elastic.capacity_back_step if elastic is not None else None,
     )
 
 
@@ -213,8 +232,13 @@ def trusted_previous(
     that a job that failed validation keeps its failure until its spec is fixed.
     """
     if state is not None:
+        # The size and the growth are the operator's record; the rest of status.elastic only describes them.
+        elastic = (read.elastic or ElasticStatus()).model_copy(
+            update={"nodes": state.gang_nodes, "resizes": state.resizes, "capacity_back_step": state.capacity_back_step}
+        )
         return read.model_copy(
             update={
+                "elastic": elastic if state.gang_nodes is not None else None,
                 "accepted_spec": dict(state.accepted_spec),
                 "restarts": state.restarts,
                 "evictions": state.evictions,

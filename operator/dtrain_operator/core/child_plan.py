@@ -7,12 +7,13 @@ generations are deleted, missing pods of the current generation created, nothing
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
-from dtrain_operator.core import in_place
+from dtrain_operator.core import elastic, in_place, queueing
 from dtrain_operator.core.gang_state import (
     current_gang,
     engine_pod_awaited,
@@ -21,7 +22,7 @@ from dtrain_operator.core.gang_state import (
     stuck_terminating,
 )
 from dtrain_operator.core.observation import EngineJobObservation, Limits, Observed, PodObservation, parse_time
-from dtrain_operator.core.render import worker_pod_name
+from dtrain_operator.core.render import standby_pod_name, worker_pod_name
 
 # Phases in which the current gang's missing pods are created.
 CREATING_PHASES = ("Pending", "Starting", "Restarting")
@@ -49,6 +50,10 @@ class Plan:
     """Grace period of the deletions (None: each pod's own): short for a gang restarted for a hang."""
     relabel_pods: tuple[PodObservation, ...] = ()
     """An in-place restart's pods, every supervisor's torchrun stopped: they take the new gang generation's label."""
+    gang_nodes: int | None = None
+    """The gang's size that the created worker pods' launch environment names (an elastic gang's now)."""
+    create_standby_ranks: tuple[int, ...] = ()
+    """Standby pods to create: one for each node a smaller elastic gang lacks (core.elastic)."""
 
 
 # Requeue a hair past a deadline, so that the next look sees it passed.
@@ -131,12 +136,14 @@ def _next_look(
         for p in gang.values()
         if p.phase == "Pending" and p.created_at is not None and p.created_at + timeout > now
     ]
+    unplaced = elastic.seconds_until_unplaced(gang, spec.elastic.wait_seconds, now) if spec.elastic else None
     awaited = engine_pod_awaited(observed, now)
     pull_deadline = image_pull_deadline(pulling_images(gang), limits) if phase in CREATING_PHASES else None
     return _earliest(
         deadline,
         None if pull_deadline is None else _seconds_until(pull_deadline, now),
         min(pending_checks, default=None),
+        None if unplaced is None else unplaced + REQUEUE_MARGIN_SECONDS,
         None if awaited is None else awaited + REQUEUE_MARGIN_SECONDS,
         in_place.seconds_until_give_up(job, status, observed.workers, now),
     )
@@ -173,22 +180,31 @@ def plan_children(
         p for p in workers if p.generation != status.gang_generation and not p.deleting and p not in kept
     )
     phase = status.phase
+    standby = tuple(p for p in observed.standby if not p.deleting)
     if phase in FINISHED_PHASES:
-        return _finished_plan(job, status, workers, older, observed, now)
+        finished = _finished_plan(job, status, workers, older, observed, now)
+        return dataclasses.replace(finished, delete_pods=finished.delete_pods + standby)
     if phase == "Suspended":
         return Plan(
-            delete_pods=tuple(p for p in workers if not p.deleting), force_delete_pods=force, requeue_after=stuck_check
+            delete_pods=tuple(p for p in workers if not p.deleting) + standby, force_delete_pods=force,
+            requeue_after=stuck_check,
         )
+    nodes = elastic.gang_nodes(job.spec, status)
+    # Under Kueue a gang's size is the workload it admitted: no standby pod asks for more.
+    lacking = () if queueing.queue_name(job) is not None else elastic.standby_ranks(job.spec, status)
+    standing = {p.name for p in standby}
     occupied = {p.name for p in workers}
     create: tuple[int, ...] = ()
     if phase in CREATING_PHASES and not kept and not _earlier_gang_alive(status, workers):
         create = tuple(
-            rank for rank in range(job.spec.nodes)
+            rank for rank in range(nodes)
             if rank not in gang and worker_pod_name(job, rank, status.gang_generation) not in occupied
         )
     return Plan(
         create_ranks=create,
-        delete_pods=older,
+        gang_nodes=nodes,
+        create_standby_ranks=tuple(r for r in lacking if standby_pod_name(job, r) not in standing),
+        delete_pods=older + tuple(p for p in standby if p.rank not in lacking),
         force_delete_pods=force,
         delete_grace_seconds=in_place.restart_grace_seconds(job, status) if older else None,
         relabel_pods=in_place.pods_to_relabel(job, status, workers),

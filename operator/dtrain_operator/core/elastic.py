@@ -2,17 +2,23 @@
 
 A gang shrinks when nodes are lost (pods that cannot be placed for elastic.waitSeconds; a
 local node stopped for good) and at least elastic.minNodes are left; it grows back to
-spec.nodes when the capacity is there again. Either way it restarts from its last checkpoint
-with the batch api.elastic keeps at the new size, and the restart is not counted against
+spec.nodes when the capacity is there again: on a cluster, once a standby pod of every
+missing node is placed (a pod that runs nothing and holds the node's place), at the first
+checkpoint after that. Either way it restarts from its last checkpoint with the batch
+api.elastic keeps at the new size, and the restart is not counted against
 runPolicy.backoffLimit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from dtrain_operator.api import DistributedTrainingSpec
+from dtrain_operator.api import DistributedTrainingSpec, DistributedTrainingStatus
 from dtrain_operator.api.elastic import layout_at, wanted_layout
+from dtrain_operator.core.observation import PodObservation
+from dtrain_operator.core.policy import FailureDecision, WorkerFailure
 
 REASON_NODES_LOST = "NodesLost"
 REASON_CAPACITY_BACK = "CapacityBack"
@@ -62,3 +68,66 @@ def grown_back(spec: DistributedTrainingSpec, nodes: int, why: str) -> Resize | 
         f"{why}: the gang grows back from {nodes} to {spec.nodes} nodes from the last checkpoint; "
         f"{batch_kept(spec, spec.nodes)}",
     )
+
+
+# How a worker pod whose node is gone ends: deleted by the pod garbage collector or the taint manager, or simply
+# gone (deleted outright, preempted). In an elastic job the restart that follows is the first half of a resize.
+NODE_LOSS_REASONS = frozenset({"Deleted", "DeletionByPodGC", "DeletionByTaintManager", "PreemptionByScheduler"})
+REASON_NODE_LOST = "NodeLost"
+
+
+def gang_nodes(spec: DistributedTrainingSpec, status: DistributedTrainingStatus) -> int:
+    """The nodes the gang runs on: an elastic gang's size now (status.elastic.nodes), else spec.nodes."""
+    elastic = status.elastic
+    if spec.elastic is None or elastic is None or elastic.nodes is None:
+        return spec.nodes
+    return elastic.nodes
+
+
+def node_loss_restart(spec: DistributedTrainingSpec, failures: Sequence[WorkerFailure]) -> FailureDecision | None:
+    """An elastic gang whose only failures are pods gone with their nodes restarts without counting against
+    backoffLimit: if the nodes do not come back, the pods that replace them wait unplaced and the gang shrinks."""
+    if spec.elastic is None or not failures or any(f.reason not in NODE_LOSS_REASONS for f in failures):
+        return None
+    pods = "; ".join(f.message or f.reason for f in failures)
+    return FailureDecision(
+        restart=True,
+        reason=REASON_NODE_LOST,
+        message=f"{pods}: the gang restarts from the last checkpoint (not counted against backoffLimit: the job is "
+        f"elastic, and trains on down to {spec.elastic.min_nodes} node(s) if pods cannot be placed for "
+        f"{spec.elastic.wait_seconds} s)",
+        count="restartsIgnoringBackoff",
+    )
+
+
+def unplaced(gang: Mapping[int, PodObservation], wait_seconds: int, now: datetime) -> list[PodObservation]:
+    """Pods of the gang no node took within `wait_seconds` of their creation (one Kueue holds waits for its
+    quota, not for a node)."""
+    return [
+        p for _, p in sorted(gang.items())
+        if p.phase == "Pending" and not p.scheduled and not p.queued and not p.deleting and p.created_at is not None
+        and (now - p.created_at).total_seconds() >= wait_seconds
+    ]
+
+
+def seconds_until_unplaced(gang: Mapping[int, PodObservation], wait_seconds: int, now: datetime) -> float | None:
+    """Seconds until the next pending pod of the gang counts as unplaced (None: none will)."""
+    waits = [
+        wait_seconds - (now - p.created_at).total_seconds()
+        for p in gang.values()
+        if p.phase == "Pending" and not p.scheduled and p.created_at is not None
+        and (now - p.created_at).total_seconds() < wait_seconds
+    ]
+    return min(waits, default=None)
+
+
+def standby_ranks(spec: DistributedTrainingSpec, status: DistributedTrainingStatus) -> range:
+    """The ranks a smaller elastic gang lacks: each has a standby pod, placed where its worker would be."""
+    return range(gang_nodes(spec, status), spec.nodes if spec.elastic is not None else 0)
+
+
+def capacity_back(spec: DistributedTrainingSpec, status: DistributedTrainingStatus, standby: Sequence[PodObservation]) -> bool:
+    """Every node a smaller gang lacks could be placed again: a standby pod of each is on a node."""
+    placed = {p.rank for p in standby if p.scheduled and not p.deleting}
+    wanted = standby_ranks(spec, status)
+    return len(wanted) > 0 and all(rank in placed for rank in wanted)

@@ -71,6 +71,7 @@ def worker_failures(
     gang: Mapping[int, PodObservation],
     gang_started: bool,
     succeeded_ranks: Collection[int] = (),
+    nodes: int | None = None,
 ) -> list[WorkerFailure]:
     """Workers of the current gang that failed, were lost, or vanished.
 
@@ -78,10 +79,11 @@ def worker_failures(
     is simply not created yet. Once the gang runs, a pod being deleted is a failure because the
     operator deletes pods of a running gang only when it stops the job, and then it asks no more
     questions; before, `compute_status` leaves pods on their way out out of the gang. A rank
-    that exited 0 (`succeeded_ranks`) stays finished when its pod goes (drained, collected).
+    that exited 0 (`succeeded_ranks`) stays finished when its pod goes (drained, collected). `nodes`: the
+    gang's size (an elastic gang's now; default spec.nodes).
     """
     failures: list[WorkerFailure] = []
-    for rank in range(job.spec.nodes):
+    for rank in range(nodes or job.spec.nodes):
         pod = gang.get(rank)
         if pod is None:
             if gang_started and rank not in succeeded_ranks:

@@ -35,7 +35,7 @@ from dtrain_operator.api.launches import (
     STATE_RUNNING,
     LaunchOrder,
 )
-from dtrain_operator.core import policy, progress_deadline
+from dtrain_operator.core import elastic, policy, progress_deadline
 from dtrain_operator.core.observation import PodObservation, parse_time
 from dtrain_operator.core.policy import FailureDecision, WorkerFailure
 
@@ -73,6 +73,7 @@ def strategy(
     failures: Sequence[WorkerFailure],
     gang: Mapping[int, PodObservation],
     now: datetime,
+    nodes: int | None = None,
 ) -> tuple[RestartStrategy, str]:
     """How a gang restart that `decision` made is carried out, and why: in place where it can be."""
     spec = job.spec
@@ -87,7 +88,7 @@ def strategy(
             return STRATEGY_RECREATE, f"worker {failure.rank}'s pod is gone or failed ({failure.reason})"
         if failure.reason in RECREATE_REASONS:
             return STRATEGY_RECREATE, f"worker {failure.rank} stopped with {failure.reason}: a new pod is the cure"
-    for rank in range(spec.nodes):
+    for rank in range(nodes or spec.nodes):
         pod = gang.get(rank)
         if pod is None or pod.phase != "Running" or pod.deleting:
             return STRATEGY_RECREATE, f"worker {rank}'s pod is not running"
@@ -118,7 +119,7 @@ def pods_to_relabel(
 ) -> tuple[PodObservation, ...]:
     """The kept pods, once every one of them has stopped torchrun (the barrier); none before."""
     kept = kept_pods(status, workers)
-    if sorted(p.rank for p in kept if p.rank is not None) != list(range(job.spec.nodes)):
+    if sorted(p.rank for p in kept if p.rank is not None) != list(range(elastic.gang_nodes(job.spec, status))):
         return ()
     if any(p.generation == status.gang_generation for p in workers):
         return ()
@@ -130,7 +131,7 @@ def gives_up(
 ) -> str | None:
     """Why an in-place restart still under way cannot finish (the pods are recreated instead); None: it goes on."""
     kept = {p.rank: p for p in kept_pods(status, workers)}
-    for rank in range(job.spec.nodes):
+    for rank in range(elastic.gang_nodes(job.spec, status)):
         pod = kept.get(rank)
         if pod is None:
             return f"worker {rank}'s pod is gone"

@@ -94,6 +94,8 @@ class Observed:
     """Everything observed about one job's children."""
 
     workers: tuple[PodObservation, ...] = ()
+    standby: tuple[PodObservation, ...] = ()
+    """An elastic gang's standby pods (contract.ROLE_STANDBY)."""
     engine_pods: tuple[PodObservation, ...] = ()
     engine_job: EngineJobObservation | None = None
     queue: QueueObservation | None = None

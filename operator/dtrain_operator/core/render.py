@@ -215,12 +215,17 @@ def flight_recorder_env(job: DistributedTraining) -> dict[str, str]:
 
 
 def worker_env(
-    job: DistributedTraining, rank: int, report: ReportEndpoint | None = None, gang_generation: int = 0
+    job: DistributedTraining,
+    rank: int,
+    report: ReportEndpoint | None = None,
+    gang_generation: int = 0,
+    gang_nodes: int | None = None,
 ) -> list[dict[str, Any]]:
     """The trainer container's environment: its launch environment, the node it runs on (downward API),
     the object store's credentials, then the user's. The gang generation is the supervisor's first launch."""
+    site = pod_site(job, report)
     return [
-        *(_var(name, value) for name, value in launch_env(job, rank, pod_site(job, report), gang_generation).items()),
+        *(_var(name, value) for name, value in launch_env(job, rank, site, gang_generation, gang_nodes).items()),
         _var(contract.ENV_GANG_GENERATION, gang_generation),
         {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         *credentials_env(job),
@@ -355,7 +360,7 @@ def _scheduling_fields(job: DistributedTraining, gang_generation: int | None = N
 
 
 def _trainer_container(
-    job: DistributedTraining, rank: int, report: ReportEndpoint | None, gang_generation: int
+    job: DistributedTraining, rank: int, report: ReportEndpoint | None, gang_generation: int, gang_nodes: int | None
 ) -> dict[str, Any]:
     """The trainer container; with `report`, its token for the operator mounted."""
     spec = job.spec
@@ -364,7 +369,7 @@ def _trainer_container(
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(POD_COMMAND),
-        "env": worker_env(job, rank, report, gang_generation),
+        "env": worker_env(job, rank, report, gang_generation, gang_nodes),
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True},
@@ -382,9 +387,14 @@ def _trainer_container(
 
 
 def render_worker_pod(
-    job: DistributedTraining, rank: int, gang_generation: int = 0, report: ReportEndpoint | None = None
+    job: DistributedTraining,
+    rank: int,
+    gang_generation: int = 0,
+    report: ReportEndpoint | None = None,
+    gang_nodes: int | None = None,
 ) -> dict[str, Any]:
-    """Worker pod `<name>-<rank>`: torchrun on the trainer, the operator owning restarts.
+    """Worker pod `<name>-<rank>`: torchrun on the trainer, the operator owning restarts. `gang_nodes`: an
+    elastic gang's size now (default spec.nodes).
 
     No pod holds a token for the API server; each holds one for the operator's report endpoint, where rank 0
     sends its records and every pod's supervisor reports its launch (api.launches)."""
@@ -397,7 +407,7 @@ def render_worker_pod(
         annotations[VOLCANO_GROUP_ANNOTATION] = pod_group_name(job)
     if annotations:
         metadata["annotations"] = annotations
-    container = _trainer_container(job, rank, report if reports else None, gang_generation)
+    container = _trainer_container(job, rank, report if reports else None, gang_generation, gang_nodes)
     resources = _resources(spec.resources, gpus)
     if resources:
         container["resources"] = resources
@@ -432,6 +442,32 @@ def render_worker_pod(
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+# What a standby pod runs: nothing, until it is deleted (python is in every trainer image).
+STANDBY_COMMAND = ["python", "-c", "import signal; signal.pause()"]
+STANDBY_GRACE_SECONDS = 1
+
+
+def standby_pod_name(job: DistributedTraining, rank: int) -> str:
+    return f"{job.name}-standby-{rank}"
+
+
+def render_standby_pod(job: DistributedTraining, rank: int) -> dict[str, Any]:
+    """Standby pod `<name>-standby-<rank>`: holds the place of node `rank`, which an elastic gang lacks now
+    (core.elastic). Placed as rank's worker would be (image, resources, volumes, scheduling); it runs nothing,
+    is no member of the Service, and holds no token."""
+    pod = render_worker_pod(job, rank)
+    pod["metadata"]["name"] = standby_pod_name(job, rank)
+    pod["metadata"]["labels"][contract.LABEL_ROLE] = contract.ROLE_STANDBY
+    pod_spec = pod["spec"]
+    for name in ("hostname", "subdomain"):
+        pod_spec.pop(name, None)
+    pod_spec["terminationGracePeriodSeconds"] = STANDBY_GRACE_SECONDS
+    container = pod_spec["containers"][0]
+    container.update(command=list(STANDBY_COMMAND), env=[])
+    container.pop("ports", None)
+    return pod
 
 
 def engine_command(job: DistributedTraining) -> list[str]:

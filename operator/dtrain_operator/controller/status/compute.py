@@ -42,7 +42,8 @@ from dtrain_operator.controller.status.conditions import (
 )
 from dtrain_operator.controller.status.queued import report_queue
 from dtrain_operator.controller.status.reports import report_missed_checkpoints, report_pending_pods, report_stragglers
-from dtrain_operator.core import in_place, policy, progress_deadline
+from dtrain_operator.controller.status.resize import resize_elastic_gang
+from dtrain_operator.core import elastic, in_place, policy, progress_deadline
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
 from dtrain_operator.core.gang_state import (
     current_gang,
@@ -89,7 +90,7 @@ class StatusComputation:
 
     @property
     def total(self) -> int:
-        return self.spec.nodes
+        return elastic.gang_nodes(self.spec, self.status)
 
     def done(self) -> DistributedTrainingStatus:
         self.status.conditions = self.conditions.items()
@@ -107,7 +108,8 @@ class StatusComputation:
 
     def count_nodes(self, pods: Sequence[PodObservation], active: bool, gone_succeeded: int = 0) -> None:
         self.status.nodes = node_counts(self.total, pods, active=active, gone_succeeded=gone_succeeded)
-        self.status.nodes_ready = f"{self.status.nodes.running}/{self.total}"
+        wanted = f" of {self.spec.nodes}" if self.total < self.spec.nodes else ""
+        self.status.nodes_ready = f"{self.status.nodes.running}/{self.total}{wanted}"
 
 
 StatusStep = Callable[[StatusComputation], DistributedTrainingStatus | None]
@@ -263,16 +265,18 @@ def await_in_place_restart(c: StatusComputation) -> DistributedTrainingStatus | 
 
 def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
     """A failed, lost or vanished worker, or a gang past its progress deadline: core.policy decides."""
-    c.failures = worker_failures(c.running_job, c.gang, gang_started=c.gang_started, succeeded_ranks=c.gone_succeeded)
+    c.failures = worker_failures(c.running_job, c.gang, c.gang_started, c.gone_succeeded, c.total)
     status = c.status
-    decision = policy.decide_on_failure(c.spec.run_policy, c.failures, status.restarts) if c.failures else None
+    decision = elastic.node_loss_restart(c.spec, c.failures) or (
+        policy.decide_on_failure(c.spec.run_policy, c.failures, status.restarts) if c.failures else None
+    )
     if decision is None and c.gang_started:
         decision = hang.past_progress_deadline(c.spec, c.progress_watch, status, c.gang, c.now)
     if decision is None:
         return None
     if not decision.restart:
         return c.finish(decision.ending)
-    strategy, why = in_place.strategy(c.running_job, decision, c.failures, c.gang, c.now)
+    strategy, why = in_place.strategy(c.running_job, decision, c.failures, c.gang, c.now, c.total)
     restarts.record_restart(status, c.conditions, decision, (strategy, why), hung=not c.failures, now=c.now)
     c.count_nodes([], active=True)
     return c.done()
@@ -334,6 +338,7 @@ STATUS_STEPS: tuple[StatusStep, ...] = (
     await_in_place_restart,
     restart_or_fail,
     watch_image_pulls,
+    resize_elastic_gang,
     set_phase,
     report_queue,
     report_stragglers,

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from dtrain_operator.api import (
     DistributedTrainingStatus,
+    ElasticStatus,
 )
 from dtrain_operator.controller.status import gpu_memory, storage_conditions
 from dtrain_operator.controller.status.conditions import (
@@ -40,6 +41,7 @@ OWNED_FIELDS = (
     "restartsInPlace",
     "inPlaceGeneration",
     "lastRestart",
+    "elastic",
     "startTime",
     "completionTime",
     "artifacts",
@@ -140,6 +142,7 @@ def status_events(
             "Normal", RESTART_EVENT_REASONS[restart.strategy or "Recreate"],
             f"gang generation {restart.generation} starts {how}: {restart.why}",
         ))
+    events.extend(_resize_events(previous.elastic if previous else None, new.elastic))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
         if condition.type not in (*WARNING_CONDITIONS, stragglers.CONDITION) or condition.status != "True":
@@ -148,3 +151,15 @@ def status_events(
         if old is None or old.status != "True" or old.message != condition.message:
             events.append(JobEvent("Warning", condition.type, condition.message, series=True))
     return events
+
+
+# The Events of an elastic gang's resize (status.elastic): a smaller gang is a warning, a whole one news.
+EVENT_GANG_SHRUNK = "GangShrunk"
+EVENT_GANG_GROWN = "GangGrown"
+
+
+def _resize_events(previous: ElasticStatus | None, new: ElasticStatus | None) -> list[JobEvent]:
+    if new is None or new.resizes <= (previous.resizes if previous else 0) or not new.last_resize:
+        return []
+    shrunk = new.nodes is not None and new.wanted_nodes is not None and new.nodes < new.wanted_nodes
+    return [JobEvent("Warning" if shrunk else "Normal", EVENT_GANG_SHRUNK if shrunk else EVENT_GANG_GROWN, new.last_resize)]

@@ -1151,6 +1151,74 @@ def gang_waits_whole_until_a_node_joins(name: str, provider: GangProvider, nodes
     eventually(lambda: not worker_pods(name), f"{name}: its pods gone (their GPUs free)", 180)
 
 
+# The elastic job: 3 GPU workers, down to 2; a short wait for a pod that cannot be placed, many epochs (it is waited
+# for through a node's loss and return, at whatever pace the machine trains).
+ELASTIC_NODES, ELASTIC_MIN_NODES, ELASTIC_WAIT_SECONDS, ELASTIC_EPOCHS = 3, 2, 20, 40
+
+
+def elastic_size(name: str) -> tuple[int | None, str | None, str | None]:
+    """status.elastic.nodes, the phase and NODES as the job's status says them."""
+    found = status(name)
+    return (found.get("elastic") or {}).get("nodes"), found.get("phase"), found.get("nodesReady")
+
+
+def scenario_elastic(figures: Figures) -> None:
+    """An elastic job (spec.elastic, minNodes 2) of 3 GPU workers on 3 nodes of one nvidia.com/gpu each. A node
+    is lost (python -m localcluster lose: its kubelet stopped, its Node deleted; the pod garbage collector deletes
+    its pod): the gang restarts (not counted), the pod replacing the lost one cannot be placed, and after
+    waitSeconds the job trains on 2 nodes (NODES 2/2 of 3, a GangShrunk Event saying how the global batch is
+    kept). The node returns (rejoin): a standby pod is placed on it and the gang grows back to 3 at its next
+    checkpoint (GangGrown). It ends Succeeded with no restart counted."""
+    nodes = gpu_nodes_or_skip()
+    if nodes is None:
+        return
+    for _ in range(ELASTIC_NODES - nodes):
+        if localcluster("join") != 0:
+            raise Failed("python -m localcluster join failed (above)")
+    name = "e2e-elastic"
+    trainer = {**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": ELASTIC_EPOCHS}
+    apply(small_job(name, nodes=ELASTIC_NODES, accelerator="gpu", devicesPerNode=1, trainer=trainer,
+                    terminationGracePeriodSeconds=15, runPolicy={"backoffLimit": 0},
+                    elastic={"minNodes": ELASTIC_MIN_NODES, "waitSeconds": ELASTIC_WAIT_SECONDS}))
+    eventually(lambda: running_gang(name, nodes=ELASTIC_NODES) and checkpoint_step(name) >= 4,
+               f"{name}: all {ELASTIC_NODES} workers training, a checkpoint written", 300)
+    last = max(worker_pods(name), key=lambda p: int(p["metadata"]["labels"][contract.LABEL_NODE_RANK]))
+    lost = last["spec"]["nodeName"]
+    at_loss = progress_step(name)
+    if localcluster("lose", lost) != 0:
+        raise Failed(f"python -m localcluster lose {lost} failed (above)")
+    since = time.monotonic()
+    eventually(lambda: elastic_size(name)[:2] == (ELASTIC_MIN_NODES, "Running") and progress_step(name) > at_loss,
+               f"{name}: training again on {ELASTIC_MIN_NODES} nodes after {lost} was lost", 300)
+    figures[f"node lost → training on {ELASTIC_MIN_NODES} of {ELASTIC_NODES} nodes (s)"] = time.monotonic() - since
+    shrunk = eventually(lambda: events(name, "GangShrunk"), f"{name}: a GangShrunk Event", 60)[0]["message"]
+    print(f"after {lost} was lost: {shrunk}")
+    print(kubectl("get", "dtr", name, "-n", NS).stdout)
+    if elastic_size(name)[2] != f"{ELASTIC_MIN_NODES}/{ELASTIC_MIN_NODES} of {ELASTIC_NODES}" or "keep the global batch" not in shrunk:
+        raise Failed(f"{name}: NODES {elastic_size(name)[2]}, the Event {shrunk!r}")
+
+    if localcluster("rejoin", lost) != 0:
+        raise Failed(f"python -m localcluster rejoin {lost} failed (above)")
+    since = time.monotonic()
+    eventually(lambda: elastic_size(name) == (ELASTIC_NODES, "Running", f"{ELASTIC_NODES}/{ELASTIC_NODES}")
+               and running_gang(name, nodes=ELASTIC_NODES),
+               f"{name}: grown back to {ELASTIC_NODES} nodes after {lost} returned", 300)
+    grown_at = progress_step(name)
+    eventually(lambda: progress_step(name) > grown_at, f"{name}: training on {ELASTIC_NODES} nodes", 300)
+    figures[f"capacity back → training on all {ELASTIC_NODES} nodes (s)"] = time.monotonic() - since
+    grown = eventually(lambda: events(name, "GangGrown"), f"{name}: a GangGrown Event", 60)[0]["message"]
+    print(f"after {lost} returned: {grown}")
+    if items("pods", NS, f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_STANDBY}"):
+        raise Failed(f"{name}: standby pods left once the gang is whole")
+    final = finished(name, timeout=1800)
+    resizes = (final.get("elastic") or {}).get("resizes")
+    if final.get("restarts") != 0 or resizes != 2:
+        raise Failed(f"{name}: restarts {final.get('restarts')}, resizes {resizes}: expected 0 and 2")
+    print(f"{name}: Succeeded after {resizes} resizes, {final.get('restartsIgnoringBackoff')} restarts not counted")
+    delete(name)
+    eventually(lambda: not worker_pods(name), f"{name}: its pods gone (their GPUs free)", 180)
+
+
 RACK = "e2e.dtrain.dev/rack"
 
 
@@ -1232,6 +1300,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
               "joins → the gang placed whole → Succeeded; two gangs that fit alone, not together: no deadlock; "
               "a gang that asks for one rack lands in one rack"),
      scenario_gang),
+    ("elastic", ("an elastic job of 3 GPU workers: a node lost → training on 2 with the global batch kept; the "
+                 "node back → grown to 3 at the next checkpoint → Succeeded, no restart counted"), scenario_elastic),
     ("gang-coscheduling", ("scheduler-plugins' coscheduling: a gang of one GPU worker more than the nodes, none "
                            "placed, the job says why; a node joins → all placed → Succeeded"),
      scenario_gang_coscheduling),

@@ -90,6 +90,14 @@ def test_a_smaller_gang_grows_back_to_nodes() -> None:
     assert grown_back(elastic_spec(), nodes=2, why="") is None
 
 
+def test_an_elastic_spec_with_gang_scheduling_is_refused() -> None:
+    with pytest.raises(ValueError, match=re.escape(".scheduling.gang.enabled: elastic cannot be combined")):
+        DistributedTrainingSpec.model_validate({
+            "nodes": 3, "accelerator": "cpu", "storage": {"claimName": "shared"}, "elastic": {"minNodes": 2},
+            "scheduling": {"gang": {"enabled": True, "provider": "kubernetes"}},
+        })
+
+
 @pytest.mark.parametrize(
     ("elastic", "trainer", "message"),
     [

@@ -69,7 +69,12 @@ def test_a_pod_unplaced_past_wait_seconds_shrinks_the_gang_without_counting_a_re
         "mnist-0", "mnist-1", "mnist-2"
     }
     plan = plan_children(JOB, status, Observed(), NOW)
-    assert (plan.create_ranks, plan.gang_nodes, plan.create_standby_ranks) == ((0, 1), 2, (2,))
+    assert (plan.create_ranks, plan.gang_nodes, plan.create_standby_ranks) == ((0, 1), 2, ())
+    # The standby pod asks only for what the gang leaves: once each of the gang's pods is placed.
+    waiting = Observed(workers=(a_worker(0, "Pending", 2, scheduled=True), a_worker(1, "Pending", 2)))
+    assert plan_children(JOB, status, waiting, NOW).create_standby_ranks == ()
+    placed = Observed(workers=(a_worker(0, "Pending", 2, scheduled=True), a_worker(1, "Pending", 2, scheduled=True)))
+    assert plan_children(JOB, status, placed, NOW).create_standby_ranks == (2,)
     env = {v["name"]: v.get("value") for v in render.render_worker_pod(JOB, 0, 2, None, plan.gang_nodes)["spec"]
            ["containers"][0]["env"]}
     assert env[contract.ENV_NNODES] == "2"

@@ -245,6 +245,12 @@ ELASTIC_LIMIT_MESSAGE = (
 )
 
 
+ELASTIC_GANG_MESSAGE = (
+    "elastic cannot be combined with scheduling.gang yet: the gang's PodGroup is of nodes pods, so a smaller gang "
+    "would never be placed; leave one of them out"
+)
+
+
 class DistributedTrainingSpec(ApiModel):
     """What to train, on how many nodes, and what to build from it."""
 
@@ -254,6 +260,7 @@ class DistributedTrainingSpec(ApiModel):
         {"rule": CEL_SHARED_STORAGE_RULE, "message": CEL_SHARED_STORAGE_MESSAGE},
         {"rule": '!has(self.elastic) || self.elastic.minNodes <= self.nodes', "message": 'elastic.minNodes cannot exceed nodes'},
         {"rule": '!has(self.elastic) || !has(self.trainer) || !has(self.trainer.limitTrainBatches)', "message": ELASTIC_LIMIT_MESSAGE},
+        {"rule": '!has(self.elastic) || !has(self.scheduling) || !has(self.scheduling.gang) || !self.scheduling.gang.enabled', "message": ELASTIC_GANG_MESSAGE},
     ]})
 
     image: ImageReference = contract.DEFAULT_TRAINER_IMAGE
@@ -325,6 +332,8 @@ class DistributedTrainingSpec(ApiModel):
             raise refusal(".elastic.minNodes", f"{self.elastic.min_nodes} cannot exceed nodes ({self.nodes})")
         if self.trainer.limit_train_batches is not None:
             raise refusal(".trainer.limitTrainBatches", ELASTIC_LIMIT_MESSAGE)
+        if self.scheduling.gang.enabled:
+            raise refusal(".scheduling.gang.enabled", ELASTIC_GANG_MESSAGE)
         settings = self.trainer
         wanted = wanted_layout(settings.batch_size, settings.accumulate_grad_batches, self.devices_per_node, self.nodes)
         cannot = sizes_that_cannot(wanted, self.devices_per_node, self.elastic.min_nodes, self.nodes)

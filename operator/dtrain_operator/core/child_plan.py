@@ -190,8 +190,11 @@ def plan_children(
             requeue_after=stuck_check,
         )
     nodes = elastic.gang_nodes(job.spec, status)
-    # Under Kueue a gang's size is the workload it admitted: no standby pod asks for more.
-    lacking = () if queueing.queue_name(job) is not None else elastic.standby_ranks(job.spec, status)
+    # Standby pods ask only for what the whole gang leaves free: none before each of its pods is placed (one
+    # placed first would take a node the gang needs). Under Kueue a gang's size is the workload it admitted.
+    gang_placed = all(rank in gang and gang[rank].scheduled for rank in range(nodes))
+    queued = queueing.queue_name(job) is not None
+    lacking = elastic.standby_ranks(job.spec, status) if gang_placed and not queued else range(0)
     standing = {p.name for p in standby}
     occupied = {p.name for p in workers}
     create: tuple[int, ...] = ()

@@ -330,6 +330,42 @@ def join(_: argparse.Namespace) -> int:
     return 0
 
 
+def _node_named(name: str) -> layout.Node:
+    index = name.removeprefix("node-")
+    if not index.isdigit() or int(index) < 1:
+        raise ClusterError(f"{name!r} is not a node of this cluster (node-1, node-2, ...)")
+    return layout.Node(int(index))
+
+
+def lose(args: argparse.Namespace) -> int:
+    """A node lost, as a machine is: its kubelet stopped (every process of its pods ends with it) and its Node
+    object deleted, so that the pod garbage collector deletes the pods bound to it (about 40 s later)."""
+    node = _node_named(args.node)
+    if not processes.running(_kubelet_name(node.index)):
+        raise ClusterError(f"{node.name} has no kubelet running here (make cluster-status lists the nodes)")
+    processes.stop(_kubelet_name(node.index))
+    kubectl("delete", "node", node.name, "--wait=false")
+    print(f"cluster: {node.name} lost: its kubelet stopped and its Node deleted; `rejoin {node.name}` brings it back")
+    return 0
+
+
+def rejoin(args: argparse.Namespace) -> int:
+    """A lost node back: its kubelet started again (its certificates kept), which registers the Node anew;
+    returns when it is Ready."""
+    node = _node_named(args.node)
+    if not processes.running("kube-apiserver") or not layout.CONFIG.exists():
+        raise ClusterError("no cluster runs here: make cluster starts one")
+    if processes.running(_kubelet_name(node.index)):
+        raise ClusterError(f"{node.name}'s kubelet runs already")
+    if not node.folder.exists():
+        raise ClusterError(f"{node.name} was never part of this cluster: make cluster-join adds a node")
+    _start_kubelet(node, json.loads(layout.CONFIG.read_text()))
+    processes.wait_until(lambda: node.name in _ready_node_names(), f"{node.name} Ready", 120,
+                         process=_kubelet_name(node.index))
+    print(f"cluster: {node.name} is back and Ready")
+    return 0
+
+
 def volume_manifest(name: str, namespace: str, size: str) -> str:
     """A ReadWriteMany claim bound to a hostPath PersistentVolume of its own (there is no provisioner)."""
     folder = layout.VOLUMES / namespace / name
@@ -435,6 +471,12 @@ def main(argv: list[str]) -> int:
                        "Python environment (quick local loops)")
     start.set_defaults(run=up)
     commands.add_parser("join", help="one more node in the running cluster, as `up` made each").set_defaults(run=join)
+    lost = commands.add_parser("lose", help="a node lost: its kubelet stopped and its Node deleted")
+    lost.add_argument("node", help="node-N")
+    lost.set_defaults(run=lose)
+    back = commands.add_parser("rejoin", help="a lost node back: its kubelet started again")
+    back.add_argument("node", help="node-N")
+    back.set_defaults(run=rejoin)
     commands.add_parser("down", help="stop the cluster and remove its state").set_defaults(run=down)
     commands.add_parser("status", help="what runs").set_defaults(run=status)
     commands.add_parser("kueue", help="build and install Kueue in the running cluster").set_defaults(run=start_kueue)

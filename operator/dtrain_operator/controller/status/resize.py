@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from dtrain_operator.api import DistributedTrainingStatus, ElasticStatus, LastRestart
 from dtrain_operator.api.failure_rules import STRATEGY_RECREATE
 from dtrain_operator.controller.status.conditions import PODS_PENDING, RESTARTING, RUNNING
-from dtrain_operator.core import elastic
+from dtrain_operator.core import elastic, queueing
 from dtrain_operator.core.observation import format_time
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ def resize_elastic_gang(c: StatusComputation) -> DistributedTrainingStatus | Non
     """Shrink a gang whose pods wait unplaced past elastic.waitSeconds; grow a smaller one back at the first
     checkpoint after a standby pod of every missing node was placed."""
     spec, status = c.spec, c.status
-    if spec.elastic is None:
+    # Under Kueue the gang's size is the workload Kueue admitted, of nodes pods: it keeps it.
+    if spec.elastic is None or queueing.queue_name(c.running_job) is not None:
         return None
     size = status.elastic = status.elastic or ElasticStatus()
     size.nodes, size.wanted_nodes, size.min_nodes = size.nodes or spec.nodes, spec.nodes, spec.elastic.min_nodes

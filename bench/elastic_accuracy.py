@@ -53,7 +53,9 @@ def free_port() -> int:
 
 def trainer_config(workdir: Path, smoke: bool) -> dict[str, Any]:
     """The quick start's trainer config, elastic, in `workdir`; no export (accuracy is the figure)."""
-    job = load_job(QUICKSTART)
+    job, errors = load_job(QUICKSTART)
+    if job is None:
+        raise SystemExit("; ".join(errors))
     spec = job.spec.model_copy(update={"elastic": ElasticPolicy(min_nodes=1)})
     if smoke:  # one epoch of 16x16 images: the same path, a fraction of the time
         spec.trainer.max_epochs = 1
@@ -77,7 +79,7 @@ def node_env(config: Path, nodes: int, rank: int, port: int, workdir: Path) -> d
         contract.ENV_MASTER_ADDR: "127.0.0.1",
         contract.ENV_MASTER_PORT: str(port),
         contract.ENV_PROGRESS_SINK: f"{contract.PROGRESS_SINK_JSONL_PREFIX}{workdir / 'progress.jsonl'}",
-        contract.ENV_PROGRESS_INTERVAL: "1",
+        contract.ENV_PROGRESS_INTERVAL: "0",  # a record per step: the stop lands near its step
         contract.ENV_TERMINATION_LOG: str(workdir / f"results-{rank}.json"),
     })
     return env

@@ -107,4 +107,8 @@ def test_a_gang_resized_twice_mid_epoch_trains_each_sample_once_and_ends_with_th
         assert len(ids) == (8 * 4 if epoch < 2 else 8 * 2)
     final = {run: torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False) for run in ("whole", "resized")}
     assert final["resized"]["global_step"] == final["whole"]["global_step"] == STEPS
+    # Lightning's own counts (where a step ends, where validation runs) are those of the gang never resized.
+    loops = {run: final[run]["loops"]["fit_loop"] for run in final}
+    assert loops["resized"]["epoch_loop.batch_progress"]["current"] == loops["whole"]["epoch_loop.batch_progress"]["current"]
+    assert loops["resized"]["epoch_loop.state_dict"] == loops["whole"]["epoch_loop.state_dict"]
     assert_same_weights(final["resized"]["state_dict"], final["whole"]["state_dict"])

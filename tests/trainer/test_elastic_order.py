@@ -129,15 +129,29 @@ def test_a_loader_with_its_own_sampler_cannot_be_resharded() -> None:
     assert isinstance(stateful(DataLoader(dataset, batch_size=8), ElasticOrder(at(3), 0, 7)).sampler, GlobalOrderSampler)
 
 
-def progress(micro_batches: int, total: int) -> dict[str, Any]:
-    stages = ("ready", "started", "processed", "completed")
-    return {"current": dict.fromkeys(stages, micro_batches), "total": dict.fromkeys(stages, total)}
+def progress(micro_batches: int, total: int, completing: bool = False) -> dict[str, Any]:
+    """Lightning's batch_progress after `micro_batches` of the epoch; `completing`: saved in on_train_batch_end,
+    the last one processed and not yet completed."""
+    def counts(n: int) -> dict[str, int]:
+        return {"ready": n, "started": n, "processed": n, "completed": n - completing}
+    return {"current": counts(micro_batches), "total": counts(total)}
 
 
-def test_lightnings_count_of_the_epochs_micro_batches_is_rescaled_to_the_step_it_was_in() -> None:
-    saved = ElasticResume(at(2))  # 2 micro-batches a step
-    checkpoint: dict[str, Any] = {"loops": {"fit_loop": {"epoch_loop.batch_progress": progress(5, 21)}}}
-    saved.on_save_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("saved", "resumed"),
+    [
+        # Saved in on_train_batch_end of micro-batch 4, two a step (the end of step 2): on 1 node (three a
+        # step), micro-batch 6 ends step 2, saved alike, for Lightning to complete on restore.
+        (progress(4, 20, completing=True), progress(6, 22, completing=True)),
+        # 5 micro-batches of 2 a step, step 3 under way: on 1 node it starts again, from micro-batch 6.
+        (progress(5, 21), progress(6, 22)),
+        (progress(5, 21, completing=True), progress(6, 22)),
+    ],
+)
+def test_lightnings_count_of_the_epochs_micro_batches_is_rescaled_to_the_step_it_was_in(
+    saved: dict[str, Any], resumed: dict[str, Any]
+) -> None:
+    checkpoint: dict[str, Any] = {"loops": {"fit_loop": {"epoch_loop.batch_progress": saved}}}
+    ElasticResume(at(2)).on_save_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
     ElasticResume(at(1)).on_load_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
-    # 5 micro-batches of 2 a step: step 2 was under way; on 1 node (3 a step) its start is micro-batch 6.
-    assert checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"] == progress(6, 22)
+    assert checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"] == resumed

@@ -36,8 +36,8 @@ from dtrain_operator.api.spec import ELASTIC_LIMIT_MESSAGE
 from dtrain_trainer import flavor
 from dtrain_trainer.config import Topology, global_rank, launch_topology
 
-# Where a checkpoint keeps the layout it was saved with.
-CHECKPOINT_LAYOUT_KEY = "dtrain_batch_layout"
+# Where a checkpoint, and a training loader's state in it, keep the layout they were saved with.
+LAYOUT_KEY = "dtrain_batch_layout"
 GLOBAL_BATCH = "globalBatch"
 ACCUMULATE = "accumulateGradBatches"
 
@@ -155,35 +155,48 @@ def check_same_global_batch(saved: Mapping[str, Any], layout: BatchLayout) -> No
         )
 
 
-class _ElasticResumeBehaviour:
-    """Lightning's count of the epoch's micro-batches, saved with the layout and rescaled to this size's on resume.
+PROGRESS_STAGES = ("ready", "started", "processed", "completed")
 
-    The count decides where Lightning's accumulation ends a step and its epoch ends; it is
-    rescaled in the checkpoint before Lightning restores its loops (callbacks load first).
+
+def rescale_batch_progress(progress: dict[str, Any], saved_accumulate: int, accumulate: int) -> None:
+    """Lightning's count of the epoch's micro-batches (its saved `batch_progress`), in micro-batches of `accumulate`.
+
+    The count decides where Lightning's accumulation ends a step, where validation runs and where the
+    epoch ends. A checkpoint is saved with the micro-batch under way processed and not yet completed (in
+    on_train_batch_end), which Lightning completes on restore: at a step's end the counts move together
+    and keep that; within a step, the step starts again (rescaled_micro_batches), every count at its start.
     """
+    current, total = progress["current"], progress["total"]
+    processed = current["processed"]
+    position = rescaled_micro_batches(processed, saved_accumulate, accumulate)
+    at_step_end = processed % saved_accumulate == 0
+    for stage in PROGRESS_STAGES:
+        moved = current[stage] + position - processed if at_step_end else position
+        total[stage] += moved - current[stage]
+        current[stage] = moved
+
+
+class _ElasticResumeBehaviour:
+    """Lightning's count of the epoch's micro-batches, saved with the layout and rescaled to this size's on resume
+    (rescale_batch_progress), in the checkpoint before Lightning restores its loops (callbacks load first)."""
 
     def __init__(self, layout: BatchLayout) -> None:
         self.layout = layout
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CHECKPOINT_LAYOUT_KEY] = {
+        checkpoint[LAYOUT_KEY] = {
             GLOBAL_BATCH: self.layout.global_batch, ACCUMULATE: self.layout.accumulate_grad_batches,
         }
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get(CHECKPOINT_LAYOUT_KEY)
+        saved = checkpoint.get(LAYOUT_KEY)
         if saved is None:  # a fixed gang's checkpoint: its counts are of this layout's settings
             return
         check_same_global_batch(saved, self.layout)
         progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
         if progress is None or saved[ACCUMULATE] == self.layout.accumulate_grad_batches:
             return
-        current, total = progress["current"], progress["total"]
-        # A step interrupted mid-way restarts: its finished micro-batches are the count to keep.
-        done = rescaled_micro_batches(current["completed"], saved[ACCUMULATE], self.layout.accumulate_grad_batches)
-        for stage in ("ready", "started", "processed", "completed"):
-            total[stage] += done - current[stage]
-            current[stage] = done
+        rescale_batch_progress(progress, saved[ACCUMULATE], self.layout.accumulate_grad_batches)
 
 
 class ElasticResume(_ElasticResumeBehaviour, L.Callback):

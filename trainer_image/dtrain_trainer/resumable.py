@@ -52,6 +52,7 @@ from dtrain_common.config import ConfigError
 from dtrain_trainer import flavor
 from dtrain_trainer.elastic_data import (
     ACCUMULATE,
+    LAYOUT_KEY,
     ElasticOrder,
     GlobalOrderSampler,
     check_same_global_batch,
@@ -62,7 +63,6 @@ from dtrain_trainer.elastic_data import (
 
 log = logging.getLogger("dtrain_trainer")
 SAMPLER_EPOCH_KEY = "dtrain_sampler_epoch"
-LAYOUT_KEY = "dtrain_batch_layout"
 START_KEY = "startMicroBatch"
 
 

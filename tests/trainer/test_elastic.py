@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from dtrain_operator.core.render import TRAINER_COMMAND
 from ..ports import free_port
 from .conftest import RUN_TIMEOUT_SECONDS, USER_MODEL, process_env, trainer_config, write_config
 from .test_resume import assert_same_weights, saved_step
-from .user_code.dtrain_test_user import CRASH_EXIT_CODE
+from .user_code.dtrain_test_user import CRASH_EXIT_CODE, trained_samples
 
 pytestmark = pytest.mark.slow
 
@@ -58,16 +57,6 @@ def launch_gang(tmp_path: Path, config: dict[str, Any], nodes: int, name: str) -
     return outcomes
 
 
-def trained_steps(sample_log: Path) -> dict[tuple[int, int], list[int]]:
-    """The sample ids each (epoch, step) trained, over every rank, from the last run of the gang that trained it."""
-    runs: dict[tuple[int, int], dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for log in sample_log.parent.glob(f"{sample_log.name}.rank*"):
-        for line in log.read_text().splitlines():
-            resumed_from, epoch, step, *ids = map(int, line.split())
-            runs[(epoch, step)][resumed_from].extend(ids)
-    return {key: sorted(by_run[max(by_run)]) for key, by_run in sorted(runs.items())}
-
-
 def test_a_gang_resized_twice_mid_epoch_trains_each_sample_once_and_ends_with_the_unresized_gangs_weights(
     tmp_path: Path,
 ) -> None:
@@ -98,7 +87,7 @@ def test_a_gang_resized_twice_mid_epoch_trains_each_sample_once_and_ends_with_th
     assert [node.returncode for node in finished] == [0, 0], finished[0].stderr[-3000:]
     assert "resumed from" in finished[0].stderr
 
-    expected, trained = trained_steps(tmp_path / "whole" / "samples"), trained_steps(tmp_path / "resized" / "samples")
+    expected, trained = trained_samples(tmp_path / "whole" / "samples"), trained_samples(tmp_path / "resized" / "samples")
     assert list(trained) == list(expected) == [(step // 4, step) for step in range(STEPS)]
     assert trained == expected
     for epoch in range(3):

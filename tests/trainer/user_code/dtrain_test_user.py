@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,18 @@ def crash_once_at(module: L.LightningModule, steps: int | list[int] | None, mark
     with open(marker, "a") as record:
         record.write(f"{step}\n")
     os._exit(CRASH_EXIT_CODE)
+
+
+def trained_samples(sample_log: str | Path) -> dict[tuple[int, int], list[int]]:
+    """The sample ids each (epoch, step) trained, over every rank, from the last run of the gang that trained it:
+    what TinyClassifier's `sample_log` files (`<sample_log>.rank<r>`) say."""
+    prefix = Path(sample_log)
+    runs: dict[tuple[int, int], dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for log in prefix.parent.glob(f"{prefix.name}.rank*"):
+        for line in log.read_text().splitlines():
+            resumed_from, epoch, step, *ids = map(int, line.split())
+            runs[(epoch, step)][resumed_from].extend(ids)
+    return {key: sorted(by_run[max(by_run)]) for key, by_run in sorted(runs.items())}
 
 
 def tensor_digest(tensors: list[torch.Tensor]) -> str:

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from dtrain_operator.api import DistributedTrainingSpec, DistributedTrainingStatus, LastHang
 from dtrain_operator.api.stacks import format_ranks
-from dtrain_operator.core import hang_diagnosis, progress_deadline
+from dtrain_operator.core import elastic, hang_diagnosis, progress_deadline
 from dtrain_operator.core.observation import PodObservation, format_time
 from dtrain_operator.core.policy import FailureDecision
 
@@ -33,7 +33,8 @@ def past_progress_deadline(
     if decision is None:
         return None
     stacks = hang_diagnosis.current_stacks(status.hang_stacks, status.progress, status.gang_generation)
-    diagnosis = hang_diagnosis.diagnose(stacks, spec.world_size, lambda rank: pod_and_node(gang, spec.devices_per_node, rank))
+    world_size = elastic.gang_nodes(spec, status) * spec.devices_per_node  # an elastic gang's ranks now
+    diagnosis = hang_diagnosis.diagnose(stacks, world_size, lambda rank: pod_and_node(gang, spec.devices_per_node, rank))
     status.last_hang = LastHang(
         time=format_time(now),
         step=stacks.step if stacks is not None else (status.progress.step if status.progress else None),

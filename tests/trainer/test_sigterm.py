@@ -187,7 +187,7 @@ def test_sigterm_to_one_rank_as_training_ends_stops_every_rank_with_the_final_ch
 # Two ranks create the stop flag's group as the trainer's setup does; rank 1 then never joins the flag's
 # all-reduce (as a rank whose link was cut): rank 0's reduce must fail after the collective timeout.
 _SILENT_PEER = """
-import sys, time, types
+import os, sys, time, types
 from datetime import timedelta
 import torch.distributed as dist
 from dtrain_trainer.stopping import _GracefulStopBehaviour
@@ -201,8 +201,10 @@ started = time.monotonic()
 try:
     stop.any_rank_signalled()
 except RuntimeError as exc:
-    print(f"failed after {time.monotonic() - started:.1f} s: {exc}")
-    sys.exit(3)
+    print(f"failed after {time.monotonic() - started:.1f} s: {exc}", flush=True)
+    # Out at once: tearing down a gloo group whose peer never answered can abort the process ("terminate called
+    # without an active exception"), which is gloo's teardown, not the wait this test measures.
+    os._exit(3)
 """
 
 

@@ -1325,7 +1325,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("image-missing", "an image in no store → ErrImagePull, ImagePullBackOff, the operator's condition", scenario_image_missing),
     ("leader-failover", "two operator replicas: the leader's pod lost → the standby leads", scenario_leader_failover),
     ("control-plane-outage", "kube-apiserver, then etcd, stopped for 20 s during training", scenario_control_plane_outage),
-    # Last: each leaves a node more behind (the coscheduling gang is one larger after the gang scenario's join).
+    # Last: gang needs the 2 nodes the cluster starts with and leaves a third joined, elastic needs 3 and leaves them,
+    # and the coscheduling gang is one larger than the nodes there are.
     ("gang", ("Kubernetes' own gang scheduling: 3 GPU workers on 2 GPU nodes none placed, the job says why; a node "
               "joins → the gang placed whole → Succeeded; two gangs that fit alone, not together: no deadlock; "
               "a gang that asks for one rack lands in one rack"),

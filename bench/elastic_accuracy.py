@@ -14,8 +14,8 @@ difference, and the sizes the resized gang trained at. Its steps see the same sa
 gang's (tests/trainer/test_elastic.py checks that sample by sample); what differs is the order of
 the sums in each gradient and batch norm's statistics, computed per micro-batch.
 
-`OMP_NUM_THREADS=1 .venv/bin/python -m bench.elastic_accuracy` (`--smoke`: one epoch of an eighth of
-the images, for the tests: the figures are not meant to be read)
+`OMP_NUM_THREADS=1 .venv/bin/python -m bench.elastic_accuracy` (`--smoke`: one epoch of 16x16 images,
+for the tests: the figures are not meant to be read)
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,16 +38,11 @@ from dtrain_operator.api import TrainerConfig, contract
 from dtrain_operator.api.elastic import ElasticPolicy
 from dtrain_operator.api.validation import load_job
 from dtrain_operator.core.render import TRAINER_COMMAND
+from tests.ports import free_port
 
 QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
 NODES = 2
 RUN_TIMEOUT_SECONDS = 3600
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def trainer_config(workdir: Path, smoke: bool) -> dict[str, Any]:

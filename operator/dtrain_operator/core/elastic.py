@@ -100,25 +100,26 @@ def node_loss_restart(spec: DistributedTrainingSpec, failures: Sequence[WorkerFa
     )
 
 
+def _waiting_for_a_node(pod: PodObservation) -> bool:
+    """A pod of the gang that no node has taken yet (one Kueue holds waits for its quota, not for a node)."""
+    return (pod.phase == "Pending" and not pod.scheduled and not pod.queued and not pod.deleting
+            and pod.created_at is not None)
+
+
+def _waited(pod: PodObservation, now: datetime) -> float:
+    assert pod.created_at is not None
+    return (now - pod.created_at).total_seconds()
+
+
 def unplaced(gang: Mapping[int, PodObservation], wait_seconds: int, now: datetime) -> list[PodObservation]:
-    """Pods of the gang no node took within `wait_seconds` of their creation (one Kueue holds waits for its
-    quota, not for a node)."""
-    return [
-        p for _, p in sorted(gang.items())
-        if p.phase == "Pending" and not p.scheduled and not p.queued and not p.deleting and p.created_at is not None
-        and (now - p.created_at).total_seconds() >= wait_seconds
-    ]
+    """Pods of the gang no node took within `wait_seconds` of their creation."""
+    return [p for _, p in sorted(gang.items()) if _waiting_for_a_node(p) and _waited(p, now) >= wait_seconds]
 
 
 def seconds_until_unplaced(gang: Mapping[int, PodObservation], wait_seconds: int, now: datetime) -> float | None:
-    """Seconds until the next pending pod of the gang counts as unplaced (None: none will)."""
-    waits = [
-        wait_seconds - (now - p.created_at).total_seconds()
-        for p in gang.values()
-        if p.phase == "Pending" and not p.scheduled and p.created_at is not None
-        and (now - p.created_at).total_seconds() < wait_seconds
-    ]
-    return min(waits, default=None)
+    """Seconds until the next pod of the gang counts as unplaced (None: none will)."""
+    waits = [wait_seconds - _waited(p, now) for p in gang.values() if _waiting_for_a_node(p)]
+    return min((wait for wait in waits if wait > 0), default=None)
 
 
 def standby_ranks(spec: DistributedTrainingSpec, status: DistributedTrainingStatus) -> range:

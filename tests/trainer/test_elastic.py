@@ -2,8 +2,8 @@
 each step the samples it has at the wanted size, and the weights of the gang that was never resized.
 
 Each gang here is real torchrun nodes (one process each) on this machine, as `dtrain run` starts
-them; a worker dies right after a step's checkpoint, as a lost node's does, and the next gang
-resumes from it at another size.
+them; a worker dies right after a step's checkpoint, as a lost node's does, or the gang is stopped
+by SIGTERM, as the operator deletes a gang to grow it, and the next gang resumes at another size.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from dtrain_operator.api import contract
 from dtrain_operator.core.render import TRAINER_COMMAND
+from dtrain_trainer.stopping import STOPPED_EXIT_CODE
 
 from ..ports import free_port
 from .conftest import RUN_TIMEOUT_SECONDS, USER_MODEL, process_env, trainer_config, write_config
@@ -27,7 +28,8 @@ from .user_code.dtrain_test_user import CRASH_EXIT_CODE, trained_samples
 pytestmark = pytest.mark.slow
 
 # 36 samples, a global batch of 8 (4 per process on the wanted 2 nodes): epochs of 4 steps, 4 samples left over.
-SAMPLES, WANTED_NODES, STEPS = 36, 2, 10
+SAMPLES, WANTED_NODES, EPOCHS = 36, 2, 3
+STEPS = EPOCHS * 4
 
 
 def launch_gang(tmp_path: Path, config: dict[str, Any], nodes: int, name: str) -> list[subprocess.CompletedProcess[str]]:
@@ -57,15 +59,27 @@ def launch_gang(tmp_path: Path, config: dict[str, Any], nodes: int, name: str) -
     return outcomes
 
 
-def test_a_gang_resized_twice_mid_epoch_trains_each_sample_once_and_ends_with_the_unresized_gangs_weights(
-    tmp_path: Path,
+# How the gang is stopped to be resized, and the steps its checkpoints then hold: two nodes until the first stop,
+# one node (twice the accumulation) until the second, two nodes again to the end. Workers dying mid-epoch (after
+# step 3 of epoch 0, step 6 of epoch 1); or as on a cluster whose checkpoints fall at epoch ends: a node lost after
+# an epoch's last step (4), then the gang deleted to grow back (a SIGTERM after step 5 stops it at step 6).
+RESIZES = {
+    "crashes-mid-epoch": ({"crash_at_step": [3, 6]}, (3, 6)),
+    "crash-at-epoch-end-then-sigterm": ({"crash_at_step": 4, "sigterm_at_step": 5}, (4, 6)),
+}
+
+
+@pytest.mark.parametrize(("stops", "saved_steps"), RESIZES.values(), ids=RESIZES.keys())
+def test_a_gang_resized_twice_trains_each_sample_once_and_ends_with_the_unresized_gangs_weights(
+    tmp_path: Path, stops: dict[str, Any], saved_steps: tuple[int, int],
 ) -> None:
     def config(run: str, **model_args: Any) -> dict[str, Any]:
         return trainer_config(
             tmp_path / run,
             model={"classPath": USER_MODEL, "initArgs": {"sample_log": str(tmp_path / run / "samples"), **model_args}},
             data={"classPath": "dtrain_test_user.IndexedImageData", "initArgs": {"num_samples": SAMPLES}},
-            trainer={"maxSteps": STEPS, "maxEpochs": 5, "batchSize": 4, "numWorkers": 0},
+            # The run's end is its epochs': an epoch trained twice would show as steps more.
+            trainer={"maxSteps": -1, "maxEpochs": EPOCHS, "batchSize": 4, "numWorkers": 0},
             checkpoint={"everyNSteps": 1, "keepLast": 1},
             export={"onnx": {"enabled": False}},
             elasticNodes=WANTED_NODES,
@@ -75,13 +89,12 @@ def test_a_gang_resized_twice_mid_epoch_trains_each_sample_once_and_ends_with_th
     whole = launch_gang(tmp_path, config("whole"), WANTED_NODES, "whole")
     assert [node.returncode for node in whole] == [0, 0], whole[0].stderr[-3000:]
 
-    # Two nodes until a worker dies after step 3 (of epoch 0); one node, with twice the accumulation, until one
-    # dies after step 6 (of epoch 1); two nodes again to the end.
     (tmp_path / "resized").mkdir()
-    resized = config("resized", crash_at_step=[3, 6], crash_marker=str(tmp_path / "crashed"))
-    for nodes, step in ((2, 3), (1, 6)):
-        crashed = launch_gang(tmp_path, resized, nodes, "resized")
-        assert CRASH_EXIT_CODE in [node.returncode for node in crashed], crashed[0].stderr[-3000:]
+    resized = config("resized", **stops, crash_marker=str(tmp_path / "stopped"))
+    for nodes, step in zip((2, 1), saved_steps):
+        stopped = launch_gang(tmp_path, resized, nodes, "resized")
+        codes = {node.returncode for node in stopped}
+        assert CRASH_EXIT_CODE in codes or codes == {STOPPED_EXIT_CODE}, stopped[0].stderr[-3000:]
         assert saved_step(tmp_path / "resized" / "checkpoints") == step
     finished = launch_gang(tmp_path, resized, WANTED_NODES, "resized")
     assert [node.returncode for node in finished] == [0, 0], finished[0].stderr[-3000:]
@@ -90,14 +103,14 @@ def test_a_gang_resized_twice_mid_epoch_trains_each_sample_once_and_ends_with_th
     expected, trained = trained_samples(tmp_path / "whole" / "samples"), trained_samples(tmp_path / "resized" / "samples")
     assert list(trained) == list(expected) == [(step // 4, step) for step in range(STEPS)]
     assert trained == expected
-    for epoch in range(3):
+    for epoch in range(EPOCHS):
         ids = [i for (e, _), step_ids in trained.items() if e == epoch for i in step_ids]
-        assert len(ids) == len(set(ids)), f"epoch {epoch} trained a sample twice"
-        assert len(ids) == (8 * 4 if epoch < 2 else 8 * 2)
+        assert len(ids) == len(set(ids)) == 8 * 4, f"epoch {epoch} trained {len(ids)} samples, {len(set(ids))} distinct"
     final = {run: torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False) for run in ("whole", "resized")}
     assert final["resized"]["global_step"] == final["whole"]["global_step"] == STEPS
     # Lightning's own counts (where a step ends, where validation runs) are those of the gang never resized.
     loops = {run: final[run]["loops"]["fit_loop"] for run in final}
     assert loops["resized"]["epoch_loop.batch_progress"]["current"] == loops["whole"]["epoch_loop.batch_progress"]["current"]
     assert loops["resized"]["epoch_loop.state_dict"] == loops["whole"]["epoch_loop.state_dict"]
+    assert loops["resized"]["epoch_progress"] == loops["whole"]["epoch_progress"]
     assert_same_weights(final["resized"]["state_dict"], final["whole"]["state_dict"])

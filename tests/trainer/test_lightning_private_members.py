@@ -6,7 +6,7 @@ or when asked) nor to be told the path of each file saved, so StepCheckpoint
 release: pyproject.toml pins lightning and pytorch-lightning to the minors checked here, and
 this test names the member that a newer Lightning changed, before a job finds out. The same
 holds for the fit loop's members that LoaderPosition (dtrain_trainer.resumable) uses, where
-Lightning keeps a checkpoint's loader states aside.
+Lightning keeps a checkpoint's loader states aside, and for its restart stages that EpochAfterRestart reads.
 """
 
 from __future__ import annotations
@@ -112,3 +112,26 @@ def test_the_fit_loop_keeps_a_checkpoints_loader_states_where_loader_position_fi
         "adapt dtrain_trainer.resumable.LoaderPosition"
     )
 
+
+
+# What EpochAfterRestart (dtrain_trainer.resumable) reads of a restart and clears: the fit loop's stage, the
+# epoch loop's, and whether the saved micro-batch was its epoch's last.
+FIT_LOOP_RESTART_MEMBERS = ("restarted_mid_epoch", "reset_restart_stage")
+EPOCH_LOOP_RESTART_MEMBERS = ("restarted_on_train_batch_end",)
+
+
+@pytest.mark.parametrize("package", flavor.PACKAGES)
+def test_the_loops_have_the_restart_stages_epoch_after_restart_reads(package: str) -> None:
+    pl = flavor.flavor(package)
+    fit_loop = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False).fit_loop
+    where = f"{type(fit_loop).__module__}.{type(fit_loop).__qualname__}"
+    missing = [name for name in FIT_LOOP_RESTART_MEMBERS if not hasattr(fit_loop, name)]
+    missing += [f"epoch_loop.{name}" for name in EPOCH_LOOP_RESTART_MEMBERS if not hasattr(fit_loop.epoch_loop, name)]
+    if not hasattr(fit_loop.epoch_loop.batch_progress, "is_last_batch"):
+        missing.append("epoch_loop.batch_progress.is_last_batch")
+    assert not missing, (
+        f"{where} has no {missing}, which dtrain_trainer.resumable.EpochAfterRestart uses: "
+        "this Lightning is newer than the range pinned in pyproject.toml; adapt EpochAfterRestart"
+    )
+    assert fit_loop.restarted_mid_epoch is False
+    fit_loop.reset_restart_stage()

@@ -143,19 +143,29 @@ def test_the_cosine_schedule_resumed_in_any_epoch_ends_with_the_uninterrupted_ru
 
 
 
-def test_resuming_from_an_epochs_last_step_trains_the_next_epoch_not_the_one_after(tmp_path: Path) -> None:
+# Epochs of 4 steps (32 samples in batches of 8 over the ranks), 3 of them: resumed at 4 and at 8, two epoch ends
+# in a row, the run's end decided by maxEpochs.
+EPOCH_END_DATA = {
+    "users-dataloader-two-ranks": ({"initArgs": {"num_samples": 64}}, 2),
+    "builtin-data-module": ({"classPath": "SyntheticImageDataModule",
+                             "initArgs": {"image_size": 16, "num_classes": 4, "num_samples": 32, "pool_size": 32}}, 1),
+}
+
+
+@pytest.mark.parametrize(("data", "processes"), EPOCH_END_DATA.values(), ids=EPOCH_END_DATA.keys())
+def test_resuming_from_epoch_ends_trains_each_epoch_once(tmp_path: Path, data: dict[str, Any], processes: int) -> None:
     """A checkpoint of an epoch's last step holds a loader that has yielded every batch of its epoch: resumed,
-    the next epoch must start from its first batch, not be skipped as an exhausted one."""
+    the next epoch must start from its first batch, not be skipped as an exhausted one. And resumed from such a
+    checkpoint twice in a row, the epoch between is not trained again (Lightning took it for the restarted one:
+    dtrain_trainer.resumable.EpochAfterRestart)."""
     def config(run: str, **model_args: Any) -> dict[str, Any]:
-        # 32 samples in batches of 8 on one rank: epochs of 4 steps; resumed at 4 and at 8, each an epoch's end.
         return trainer_config(
             tmp_path / run,
             model={"classPath": USER_MODEL, "initArgs": model_args},
-            data={"classPath": "SyntheticImageDataModule",
-                  "initArgs": {"image_size": 16, "num_classes": 4, "num_samples": 32, "pool_size": 32}},
-            trainer={"maxSteps": 12, "maxEpochs": 5, "numWorkers": 0},
+            data=data,
+            trainer={"maxSteps": -1, "maxEpochs": 3, "numWorkers": 0},
             checkpoint={"everyNSteps": 2, "keepLast": 1},
             export={"onnx": {"enabled": False}},
         )
 
-    assert_resumes_exactly(tmp_path, config, processes=1, crashes=[4, 8])
+    assert_resumes_exactly(tmp_path, config, processes=processes, crashes=[4, 8])

@@ -31,6 +31,11 @@ Lightning build the loader, and its first iterator, earlier, before the restore;
 build after it is then skipped, and the states kept aside were never given
 (Lightning-AI/pytorch-lightning#20550): the resumed epoch started over. `LoaderPosition`
 gives them at train start and starts the epoch's iterator again from them.
+
+And the epoch after a restored epoch's end must count as begun. Lightning takes it for the
+restarted epoch and never counts it started, so a second restart, from within it, trained it
+again from its start (an epoch trained twice when step checkpoints fall at epoch ends):
+`EpochAfterRestart` starts it as any other epoch.
 """
 
 from __future__ import annotations
@@ -245,8 +250,43 @@ def loader_position_class(package: str) -> type:
     return flavor.callback_class(package, _LoaderPositionBehaviour, LoaderPosition)
 
 
+class _EpochAfterRestartBehaviour:
+    """Start the epoch after a restored epoch-end checkpoint as Lightning starts any epoch.
+
+    A checkpoint of an epoch's last step saved in on_train_batch_end (a step checkpoint at an
+    epoch's end) is restored by Lightning as a restart mid-epoch whose epoch is over: its reset
+    counts that epoch processed and completed, and the loader starts the next one whole. But the
+    restart's stage is kept through the next epoch, which Lightning then neither counts as ready
+    and started nor opens with on_train_epoch_start. A checkpoint saved in that epoch holds an
+    epoch count saying it never started; restored, Lightning reads that epoch as over and trains
+    it again from its start (two epoch-end restarts in a row: an epoch trained twice). The stage
+    is cleared at train start, after the reset that closed the saved epoch and before the next
+    epoch starts.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        fit_loop = trainer.fit_loop
+        epoch_loop = fit_loop.epoch_loop
+        # Exactly where the fit loop's reset closed the saved epoch.
+        if (
+            fit_loop.restarted_mid_epoch
+            and epoch_loop.restarted_on_train_batch_end
+            and epoch_loop.batch_progress.is_last_batch
+        ):
+            fit_loop.reset_restart_stage()
+
+
+class EpochAfterRestart(_EpochAfterRestartBehaviour, L.Callback):
+    __doc__ = _EpochAfterRestartBehaviour.__doc__
+
+
+def epoch_after_restart_class(package: str) -> type:
+    """EpochAfterRestart on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
+    return flavor.callback_class(package, _EpochAfterRestartBehaviour, EpochAfterRestart)
+
+
 def exact_resume_callbacks(package: str, order: ElasticOrder | None = None) -> list[Any]:
-    """What a resume restores beyond Lightning's own: the loader's position in every case, and an elastic gang's
-    micro-batch count at this size's layout."""
+    """What a resume restores beyond Lightning's own: the loader's position and the epoch after an epoch-end
+    checkpoint in every case, and an elastic gang's micro-batch count at this size's layout."""
     elastic = [elastic_resume_class(package)(order.layout)] if order is not None else []
-    return [loader_position_class(package)(), *elastic]
+    return [loader_position_class(package)(), epoch_after_restart_class(package)(), *elastic]

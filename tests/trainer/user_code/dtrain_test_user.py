@@ -28,16 +28,22 @@ from dtrain_trainer.models import ImageClassifier
 CRASH_EXIT_CODE = 17
 
 
-def crash_once_at(module: L.LightningModule, steps: int | list[int] | None, marker: Path | None) -> None:
-    """Die as a node does (no cleanup, no final checkpoint) at each of `steps`, once: `marker` records the steps died at."""
+def first_time_at(module: L.LightningModule, steps: int | list[int] | None, marker: Path | None) -> bool:
+    """Whether the module's step is one of `steps` not reached before: `marker` records the steps reached."""
     step = module.trainer.global_step
     if marker is None or step not in ([steps] if isinstance(steps, int) else steps or []):
-        return
+        return False
     if str(step) in (marker.read_text().split() if marker.exists() else []):
-        return
+        return False
     with open(marker, "a") as record:
         record.write(f"{step}\n")
-    os._exit(CRASH_EXIT_CODE)
+    return True
+
+
+def crash_once_at(module: L.LightningModule, steps: int | list[int] | None, marker: Path | None) -> None:
+    """Die as a node does (no cleanup, no final checkpoint) at each of `steps`, once: `marker` records the steps died at."""
+    if first_time_at(module, steps, marker):
+        os._exit(CRASH_EXIT_CODE)
 
 
 def trained_samples(sample_log: str | Path) -> dict[tuple[int, int], list[int]]:
@@ -72,8 +78,12 @@ class TinyClassifier(L.LightningModule):
         ballast_mb: int = 0,
         step_sleep: float = 0.0,
         sigterm_at_train_end: int | None = None,
+        sigterm_at_step: int | None = None,
     ) -> None:
         super().__init__()
+        # Rank 0 sends itself SIGTERM after this step, once (recorded in crash_marker): a pod deleted mid-run, as
+        # the operator deletes a gang it resizes; the gang stops at its next step with a checkpoint.
+        self.sigterm_at_step = sigterm_at_step
         # This rank sends itself SIGTERM once training is over, after the callbacks' train-end hooks (the final
         # checkpoint) and before Lightning's teardown: a pod deleted just as its run ends.
         self.sigterm_at_train_end = sigterm_at_train_end
@@ -125,6 +135,8 @@ class TinyClassifier(L.LightningModule):
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         crash_once_at(self, self.crash_at_step, self.crash_marker)
+        if self.global_rank == 0 and first_time_at(self, self.sigterm_at_step, self.crash_marker):
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_train_end(self) -> None:
         if self.sigterm_at_train_end == self.global_rank:

@@ -59,19 +59,23 @@ def launch_gang(tmp_path: Path, config: dict[str, Any], nodes: int, name: str) -
     return outcomes
 
 
-# How the gang is stopped to be resized, and the steps its checkpoints then hold: two nodes until the first stop,
-# one node (twice the accumulation) until the second, two nodes again to the end. Workers dying mid-epoch (after
-# step 3 of epoch 0, step 6 of epoch 1); or as on a cluster whose checkpoints fall at epoch ends: a node lost after
-# an epoch's last step (4), then the gang deleted to grow back (a SIGTERM after step 5 stops it at step 6).
+# How the gang is stopped to be resized, its step checkpoints, and the steps its checkpoints then hold: two nodes
+# until the first stop, one node (twice the accumulation) until the second, two nodes again to the end.
+# - Workers dying mid-epoch, right after a step checkpoint (step 3 of epoch 0, step 6 of epoch 1).
+# - As on a cluster whose step checkpoints fall at epoch ends: a node lost after an epoch's last step (4), then the
+#   gang deleted to grow back (a SIGTERM after step 5 stops it at step 6, with a checkpoint).
+# - A node lost between step checkpoints (rank 1 after step 6, checkpoints every 4): the survivor saves step 6
+#   (dtrain_trainer.survivor); then the gang deleted to grow back (SIGTERM after 9: stopped at 10).
 RESIZES = {
-    "crashes-mid-epoch": ({"crash_at_step": [3, 6]}, (3, 6)),
-    "crash-at-epoch-end-then-sigterm": ({"crash_at_step": 4, "sigterm_at_step": 5}, (4, 6)),
+    "crashes-mid-epoch": ({"crash_at_step": [3, 6]}, 1, (3, 6)),
+    "crash-at-epoch-end-then-sigterm": ({"crash_at_step": 4, "sigterm_at_step": 5}, 1, (4, 6)),
+    "survivor-checkpoint-then-sigterm": ({"crash_at_step": 6, "crash_on_rank": 1, "sigterm_at_step": 9}, 4, (6, 10)),
 }
 
 
-@pytest.mark.parametrize(("stops", "saved_steps"), RESIZES.values(), ids=RESIZES.keys())
+@pytest.mark.parametrize(("stops", "checkpoint_every", "saved_steps"), RESIZES.values(), ids=RESIZES.keys())
 def test_a_gang_resized_twice_trains_each_sample_once_and_ends_with_the_unresized_gangs_weights(
-    tmp_path: Path, stops: dict[str, Any], saved_steps: tuple[int, int],
+    tmp_path: Path, stops: dict[str, Any], checkpoint_every: int, saved_steps: tuple[int, int],
 ) -> None:
     def config(run: str, **model_args: Any) -> dict[str, Any]:
         return trainer_config(
@@ -80,7 +84,7 @@ def test_a_gang_resized_twice_trains_each_sample_once_and_ends_with_the_unresize
             data={"classPath": "dtrain_test_user.IndexedImageData", "initArgs": {"num_samples": SAMPLES}},
             # The run's end is its epochs': an epoch trained twice would show as steps more.
             trainer={"maxSteps": -1, "maxEpochs": EPOCHS, "batchSize": 4, "numWorkers": 0},
-            checkpoint={"everyNSteps": 1, "keepLast": 1},
+            checkpoint={"everyNSteps": checkpoint_every, "keepLast": 1},
             export={"onnx": {"enabled": False}},
             elasticNodes=WANTED_NODES,
         )

@@ -73,6 +73,7 @@ class TinyClassifier(L.LightningModule):
         record_dir: str | None = None,
         crash_at_step: int | list[int] | None = None,
         crash_marker: str | None = None,
+        crash_on_rank: int | None = None,
         batch_log: str | None = None,
         sample_log: str | None = None,
         ballast_mb: int = 0,
@@ -98,6 +99,8 @@ class TinyClassifier(L.LightningModule):
         self.record_dir = Path(record_dir) if record_dir else None
         self.crash_at_step = crash_at_step
         self.crash_marker = Path(crash_marker) if crash_marker else None
+        # Only this global rank dies at crash_at_step (None: whichever gets there first); the others survive it.
+        self.crash_on_rank = crash_on_rank
         self.net = nn.Sequential(
             nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes)
         )
@@ -134,7 +137,8 @@ class TinyClassifier(L.LightningModule):
         self._record["resumed_from"] = self.trainer.global_step
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
-        crash_once_at(self, self.crash_at_step, self.crash_marker)
+        if self.crash_on_rank in (None, self.global_rank):
+            crash_once_at(self, self.crash_at_step, self.crash_marker)
         if self.global_rank == 0 and first_time_at(self, self.sigterm_at_step, self.crash_marker):
             os.kill(os.getpid(), signal.SIGTERM)
 

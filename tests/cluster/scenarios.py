@@ -23,6 +23,7 @@ from localcluster import controlplane, layout, processes, schedulers
 
 from dtrain_operator.api import contract
 from dtrain_operator.core.render import COSCHEDULING_GROUP_LABEL
+from tests.trainer.user_code.dtrain_test_user import trained_samples
 
 from .kube import (
     REPO,
@@ -1151,9 +1152,13 @@ def gang_waits_whole_until_a_node_joins(name: str, provider: GangProvider, nodes
     eventually(lambda: not worker_pods(name), f"{name}: its pods gone (their GPUs free)", 180)
 
 
-# The elastic job: 3 GPU workers, down to 2; a short wait for a pod that cannot be placed, many epochs (it is waited
-# for through a node's loss and return, at whatever pace the machine trains).
+# The elastic job: 3 GPU workers, down to 2; a short wait for a pod that cannot be placed. The tests' own model and
+# data module (from the shared claim: PYTHONPATH) record every sample id each rank trains; a step is slowed to a
+# pace that outlasts a node's loss and return. 192 samples, global batches of 16 x 3: 4 steps an epoch, no sample
+# left over, and a step checkpoint at each epoch's end.
 ELASTIC_NODES, ELASTIC_MIN_NODES, ELASTIC_WAIT_SECONDS, ELASTIC_EPOCHS = 3, 2, 20, 40
+ELASTIC_SAMPLES, ELASTIC_STEP_SECONDS = 192, 0.25
+USER_CODE = REPO / "tests" / "trainer" / "user_code" / "dtrain_test_user.py"
 
 
 def elastic_size(name: str) -> tuple[int | None, str | None, str | None]:
@@ -1169,7 +1174,8 @@ def scenario_elastic(figures: Figures) -> None:
     before the lost pod is gone), the pod replacing the lost one cannot be placed, and after
     waitSeconds the job trains on 2 nodes (NODES 2/2 of 3, a GangShrunk Event saying how the global batch is
     kept). The node returns (rejoin): a standby pod is placed on it and the gang grows back to 3 at its next
-    checkpoint (GangGrown). It ends Succeeded, the resizes not counted."""
+    checkpoint (GangGrown). It ends Succeeded, the resizes not counted, and the sample ids the ranks recorded show
+    every sample trained exactly once in each epoch, across the resizes."""
     nodes = gpu_nodes_or_skip()
     if nodes is None:
         return
@@ -1177,10 +1183,22 @@ def scenario_elastic(figures: Figures) -> None:
         if localcluster("join") != 0:
             raise Failed("python -m localcluster join failed (above)")
     name = "e2e-elastic"
+    claim = layout.VOLUMES / NS / CLAIM
+    code, samples = claim / f"{name}-code", claim / f"{name}-samples"
+    for old in claim.glob(f"{samples.name}.rank*"):
+        old.unlink()
+    code.mkdir(exist_ok=True)
+    shutil.copy(USER_CODE, code / USER_CODE.name)
     trainer = {**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": ELASTIC_EPOCHS}
-    apply(small_job(name, nodes=ELASTIC_NODES, accelerator="gpu", devicesPerNode=1, trainer=trainer,
-                    terminationGracePeriodSeconds=15, runPolicy={"backoffLimit": 2},
-                    elastic={"minNodes": ELASTIC_MIN_NODES, "waitSeconds": ELASTIC_WAIT_SECONDS}))
+    apply(small_job(
+        name, nodes=ELASTIC_NODES, accelerator="gpu", devicesPerNode=1, trainer=trainer,
+        terminationGracePeriodSeconds=15, runPolicy={"backoffLimit": 2},
+        elastic={"minNodes": ELASTIC_MIN_NODES, "waitSeconds": ELASTIC_WAIT_SECONDS},
+        env=[{"name": "PYTHONPATH", "value": f"/workspace/{code.name}"}],
+        model={"classPath": "dtrain_test_user.TinyClassifier", "initArgs": {
+            "sample_log": f"/workspace/{samples.name}", "step_sleep": ELASTIC_STEP_SECONDS}},
+        data={"classPath": "dtrain_test_user.IndexedImageData", "initArgs": {"num_samples": ELASTIC_SAMPLES}},
+    ))
     eventually(lambda: running_gang(name, nodes=ELASTIC_NODES) and checkpoint_step(name) >= 4,
                f"{name}: all {ELASTIC_NODES} workers training, a checkpoint written", 300)
     last = max(worker_pods(name), key=lambda p: int(p["metadata"]["labels"][contract.LABEL_NODE_RANK]))
@@ -1216,7 +1234,21 @@ def scenario_elastic(figures: Figures) -> None:
     # The node's loss itself counts once at most (a survivor's collective error seen first); the resizes never.
     if final.get("restarts") not in (0, 1) or resizes != 2:
         raise Failed(f"{name}: restarts {final.get('restarts')}, resizes {resizes}: expected at most 1 and 2")
-    print(f"{name}: Succeeded after {resizes} resizes, {final.get('restartsIgnoringBackoff')} restarts not counted")
+    # Each epoch trained every sample exactly once, across the resizes: the ids each step's gang recorded.
+    trained = trained_samples(samples)
+    steps, per_epoch = final["progress"]["step"], ELASTIC_SAMPLES // (16 * ELASTIC_NODES)
+    expected = [(step // per_epoch, step) for step in range(ELASTIC_EPOCHS * per_epoch)]
+    if steps != len(expected) or list(trained) != expected:
+        out_of_place = next((key for key, want in zip(trained, expected) if key != want), None)
+        raise Failed(f"{name}: {steps} steps for {ELASTIC_EPOCHS} epochs of {per_epoch}; the sample logs record "
+                     f"{len(trained)} (epoch, step), the first out of place {out_of_place}")
+    for epoch in range(ELASTIC_EPOCHS):
+        ids = sorted(i for (e, _), step_ids in trained.items() if e == epoch for i in step_ids)
+        if ids != list(range(ELASTIC_SAMPLES)):
+            raise Failed(f"{name}: epoch {epoch} trained {len(ids)} samples, {len(set(ids))} distinct, of "
+                         f"{ELASTIC_SAMPLES}")
+    print(f"{name}: Succeeded after {resizes} resizes, {final.get('restartsIgnoringBackoff')} restarts not counted; "
+          f"every one of the {ELASTIC_SAMPLES} samples trained once in each of {ELASTIC_EPOCHS} epochs")
     delete(name)
     eventually(lambda: not worker_pods(name), f"{name}: its pods gone (their GPUs free)", 180)
 

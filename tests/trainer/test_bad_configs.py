@@ -7,6 +7,7 @@ a Trainer exists); one runs the real `python -m dtrain_trainer` to see the whole
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from dtrain_operator.api import contract
+from dtrain_trainer.checkpointing import check_writable
 from dtrain_trainer.runner import EXIT_CONFIG_ERROR, main
 
 from .conftest import USER_CODE, run_trainer, trainer_config, write_config
@@ -184,6 +186,28 @@ def test_unwritable_directories_are_named_before_training(
     fails_with(capsys, ["--config", str(write_config(tmp_path, config))], "artifacts.dir", "is not writable")
     # Nothing trained: no checkpoint was written.
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_the_ranks_of_a_gang_check_one_shared_directory_at_once(tmp_path: Path) -> None:
+    """Every rank checks checkpoint.dir as it starts, and on a shared volume they check one directory at the same
+    moment, each pod with a PID namespace of its own (the same pid). Here threads of one process, one pid: none
+    may remove the probe of another (the e2e elastic job's worker failed 'not writable (No such file or directory)')."""
+    failures: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            for _ in range(50):
+                check_writable(tmp_path / "shared" / "checkpoints", "checkpoint.dir")
+        except BaseException as exc:  # noqa: BLE001 - any failure is the test's
+            failures.append(exc)
+
+    threads = [threading.Thread(target=check) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[0]
+    assert not list((tmp_path / "shared" / "checkpoints").iterdir()), "a probe was left behind"
 
 
 def test_the_invalid_config_exit_code_is_the_contracts() -> None:

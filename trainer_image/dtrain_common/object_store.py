@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,12 +73,19 @@ def describe(exc: BaseException) -> str:
     return redact_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
+def write_probe_name() -> str:
+    """The name of a probe that a write check writes and removes, which no other process uses: not the pid, since
+    each pod has a PID namespace of its own, and the ranks of a gang starting together on a shared volume or prefix
+    had the same pid, one removing the probe another was about to remove (ENOENT: 'not writable')."""
+    return f".dtrain-write-check.{uuid.uuid4().hex}"
+
+
 def check_writable(url: str, field: str) -> None:
     """`url` takes an object (a probe written and removed), or an ObjectStoreError naming the URL and the error.
 
     Checked before training, so that a wrong bucket, endpoint or credential fails the job in seconds.
     """
-    probe = join(url, f".dtrain-write-check.{os.getpid()}")
+    probe = join(url, write_probe_name())
     try:
         fs, path = filesystem(probe)
         fs.pipe_file(path, b"ok")

@@ -20,6 +20,7 @@ import functools
 import logging
 import os
 import re
+import uuid
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -203,8 +204,9 @@ class CheckpointWriteError(ConfigError):
 class _AtomicCheckpointIOBehaviour:
     """TorchCheckpointIO whose files appear complete or not at all.
 
-    torch.save streams into `.<name>.<pid>.tmp` beside the target, which is flushed and
-    fsync'd, then renamed over the target (atomic within one file system). Lightning's own
+    torch.save streams into `.<name>.<unique>.tmp` beside the target, which is flushed and
+    fsync'd, then renamed over the target (atomic within one file system). Unique, not the pid: two
+    survivors in pods of their own may both write (see dtrain_trainer.survivor), with the same pid. Lightning's own
     writer goes through fsspec's transaction, which stages the file in the system's temp
     directory: in a container that is a small overlay, and the final move is a copy.
 
@@ -257,7 +259,7 @@ class _AtomicCheckpointIOBehaviour:
             self.last_upload = checkpoint_store.upload_checkpoint(checkpoint, str(path))
             return
         target = Path(path)
-        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(temporary, "wb") as file:
@@ -305,7 +307,7 @@ def check_writable(location: str | os.PathLike[str], field: str) -> None:
         object_store.check_writable(str(location), field)
         return
     directory = Path(location)
-    probe = directory / f".dtrain-write-check.{os.getpid()}"
+    probe = directory / object_store.write_probe_name()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"ok")

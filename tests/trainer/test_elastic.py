@@ -61,13 +61,11 @@ def launch_gang(tmp_path: Path, config: dict[str, Any], nodes: int, name: str) -
 
 # How the gang is stopped to be resized, its step checkpoints, and the steps its checkpoints then hold: two nodes
 # until the first stop, one node (twice the accumulation) until the second, two nodes again to the end.
-# - Workers dying mid-epoch, right after a step checkpoint (step 3 of epoch 0, step 6 of epoch 1).
 # - As on a cluster whose step checkpoints fall at epoch ends: a node lost after an epoch's last step (4), then the
 #   gang deleted to grow back (a SIGTERM after step 5 stops it at step 6, with a checkpoint).
 # - A node lost between step checkpoints (rank 1 after step 6, checkpoints every 4): the survivor saves step 6
-#   (dtrain_trainer.survivor); then the gang deleted to grow back (SIGTERM after 9: stopped at 10).
+#   (dtrain_trainer.survivor), mid-epoch; then the gang deleted to grow back (SIGTERM after 9: stopped at 10).
 RESIZES = {
-    "crashes-mid-epoch": ({"crash_at_step": [3, 6]}, 1, (3, 6)),
     "crash-at-epoch-end-then-sigterm": ({"crash_at_step": 4, "sigterm_at_step": 5}, 1, (4, 6)),
     "survivor-checkpoint-then-sigterm": ({"crash_at_step": 6, "crash_on_rank": 1, "sigterm_at_step": 9}, 4, (6, 10)),
 }

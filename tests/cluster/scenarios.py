@@ -1236,7 +1236,7 @@ def scenario_elastic(figures: Figures) -> None:
         raise Failed(f"{name}: restarts {final.get('restarts')}, resizes {resizes}: expected at most 1 and 2")
     # Each epoch trained every sample exactly once, across the resizes: the ids each step's gang recorded.
     trained = trained_samples(samples)
-    steps, per_epoch = final["progress"]["step"], ELASTIC_SAMPLES // (16 * ELASTIC_NODES)
+    steps, per_epoch = final["progress"]["step"], ELASTIC_SAMPLES // (trainer["batchSize"] * ELASTIC_NODES)
     expected = [(step // per_epoch, step) for step in range(ELASTIC_EPOCHS * per_epoch)]
     if steps != len(expected) or list(trained) != expected:
         out_of_place = next((key for key, want in zip(trained, expected) if key != want), None)

@@ -113,7 +113,6 @@ def test_the_fit_loop_keeps_a_checkpoints_loader_states_where_loader_position_fi
     )
 
 
-
 # What EpochAfterRestart (dtrain_trainer.resumable) reads of a restart and clears: the fit loop's stage, the
 # epoch loop's, and whether the saved micro-batch was its epoch's last.
 FIT_LOOP_RESTART_MEMBERS = ("restarted_mid_epoch", "reset_restart_stage")

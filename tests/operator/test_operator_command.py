@@ -32,7 +32,8 @@ def test_help_documents_every_flag():
         "--watch-timeout", "--stuck-terminating-timeout", "--image-pull-timeout", "--no-leader-elect", "--leader-elect-lease-duration",
         "--leader-elect-renew-deadline", "--leader-elect-retry-period", "--leader-elect-resource-name",
         "--leader-elect-resource-namespace", "--log-level", "--log-format", "--network-policy", "--refuse-host-access",
-        "--state-key-secret", "--report-service", "--report-port", "--report-tls-secret",
+        "--state-key-secret", "--report-service", "--report-port", "--report-tls-secret", "--service-account",
+        "--trainer-service-account", "--allow-service-account",
     }
     text = run_dtrain("operator", "--help").stdout
     for flag in flags:
@@ -50,6 +51,12 @@ def test_bad_rate_limit_is_rejected():
     result = run_dtrain("operator", "--qps", "0")
     assert result.returncode == 2
     assert "--qps must be above 0" in result.stderr
+
+
+def test_an_allowed_account_names_its_namespace():
+    result = run_dtrain("operator", "--allow-service-account", "iam")
+    assert result.returncode == 2
+    assert "--allow-service-account 'iam': give it as NAMESPACE/NAME" in result.stderr
 
 
 async def fetch(url: str) -> tuple[int, str]:

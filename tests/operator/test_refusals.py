@@ -67,10 +67,11 @@ async def test_quota_retries_back_off(operated: Cluster):
 
 async def test_a_missing_service_account(operated: Cluster):
     operated.refusals.missing_service_account()
-    await operated.apply(a_cpu_job("nosa").with_nodes(1).with_spec(serviceAccountName="trainer").as_dict())
+    await operated.apply(a_cpu_job("nosa").with_nodes(1).as_dict())
     condition = await operated.eventually(lambda: refused(operated, "nosa"), "the CreateRefused condition")
     assert condition["reason"] == refusals.REASON_SERVICE_ACCOUNT
-    assert 'error looking up service account default/trainer: serviceaccount "trainer" not found' in condition["message"]
+    assert ('error looking up service account default/dtrain-trainer: serviceaccount "dtrain-trainer" not found'
+            in condition["message"])
 
 
 async def test_an_invalid_object_fails_the_job_with_its_own_reason(operated: Cluster):

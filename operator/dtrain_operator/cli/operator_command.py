@@ -124,6 +124,28 @@ def add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "(created at the first start when missing; default dtrain-operator-state-key)",
     )
     p.add_argument(
+        "--service-account",
+        metavar="NAME",
+        default="dtrain-operator",
+        help="the operator's own service account (in its namespace), which no job may run as (default dtrain-operator)",
+    )
+    p.add_argument(
+        "--trainer-service-account",
+        metavar="NAME",
+        default=contract.DEFAULT_WORKER_SERVICE_ACCOUNT,
+        help="the service account a job's pods run as unless an administrator allowed another "
+        f"(default {contract.DEFAULT_WORKER_SERVICE_ACCOUNT})",
+    )
+    p.add_argument(
+        "--allow-service-account",
+        metavar="NAMESPACE/NAME",
+        action="append",
+        default=[],
+        dest="allowed_service_accounts",
+        help="a service account that jobs in NAMESPACE may name in spec.serviceAccountName, and under which they "
+        "may mount a token for the Kubernetes API (repeatable; the chart's tenancy.allowedServiceAccounts)",
+    )
+    p.add_argument(
         "--leader-elect-resource-namespace",
         metavar="NS",
         help="the Lease's namespace: the operator's own (default $POD_NAMESPACE, else the service account's "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import json
 import logging
 import os
 import socket
@@ -26,6 +28,7 @@ from dtrain_operator.controller.report_server import ReportServer
 from dtrain_operator.controller.report_tls import ReportTLS, ReportTLSError, load_report_tls, service_names
 from dtrain_operator.core.observation import Limits
 from dtrain_operator.core.render import ReportEndpoint
+from dtrain_operator.core.tenancy import Tenancy
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +93,32 @@ def operator_namespace() -> str:
     if not namespace and SERVICE_ACCOUNT_NAMESPACE.is_file():
         namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
     return namespace or "default"
+
+
+SERVICE_ACCOUNT_TOKEN = SERVICE_ACCOUNT_NAMESPACE.with_name("token")
+
+
+def api_audiences() -> frozenset[str]:
+    """The audiences the API server accepts, as the operator's own token names them (none outside a pod)."""
+    try:
+        payload = SERVICE_ACCOUNT_TOKEN.read_text().split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (OSError, IndexError, ValueError):
+        return frozenset()
+    audience = claims.get("aud") if isinstance(claims, dict) else None
+    audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
+    return frozenset(a for a in audiences if isinstance(a, str) and a)
+
+
+def tenancy(args: argparse.Namespace) -> Tenancy:
+    return Tenancy(
+        operator_namespace=operator_namespace(),
+        operator_service_account=args.service_account,
+        trainer_service_account=args.trainer_service_account,
+        allowed_service_accounts=frozenset(args.allowed_service_accounts),
+        operator_secrets=frozenset({args.state_key_secret, args.report_tls_secret}),
+        api_audiences=api_audiences(),
+    )
 
 
 async def operator_secrets(args: argparse.Namespace, metrics: OperatorMetrics) -> tuple[bytes, ReportTLS | None]:
@@ -172,6 +201,10 @@ def argument_problem(args: argparse.Namespace) -> str | None:
         return "--watch-timeout must be at least 1 second"
     if not 1 <= args.report_port <= 65535:
         return "--report-port must be a port number (1-65535)"
+    for pair in args.allowed_service_accounts:
+        namespace, _, name = pair.partition("/")
+        if not namespace or not name or "/" in name:
+            return f"--allow-service-account {pair!r}: give it as NAMESPACE/NAME"
     return None
 
 
@@ -201,9 +234,7 @@ def main(args: argparse.Namespace) -> int:
         if problem:
             print(f"dtrain operator: {problem}", file=sys.stderr)
             return 2
-        logger.info(
-            "leader election: %s wants the lease %s/%s", election.identity, election.namespace, election.name
-        )
+        logger.info("leader election: %s wants the lease %s/%s", election.identity, election.namespace, election.name)
         try:
             asyncio.run(stand_by(election, args.health_port, metrics, ReportServer(tls, args.report_port) if tls else None))
         except KeyboardInterrupt:
@@ -215,6 +246,7 @@ def main(args: argparse.Namespace) -> int:
         network_policy=args.network_policy,
         refuse_host_access=args.refuse_host_access,
         record_key=key,
+        tenancy=tenancy(args),
         limits=Limits(stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout),
         election=election,
         report=report_endpoint(args, tls),

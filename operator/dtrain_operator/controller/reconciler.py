@@ -65,6 +65,7 @@ from dtrain_operator.core.gang_state import current_gang, succeeded_ranks
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
 from dtrain_operator.core.observation import EngineJobObservation, JobKey, Limits, Observed, PodObservation
 from dtrain_operator.core.render import ReportEndpoint
+from dtrain_operator.core.tenancy import Tenancy, tenancy_refusals
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class Controller:
         qps: float,
         burst: int,
         record_key: bytes,
+        tenancy: Tenancy,
         network_policy: bool = False,
         refuse_host_access: bool = False,
         limits: Limits = Limits(),
@@ -111,6 +113,7 @@ class Controller:
     ) -> None:
         self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
         self._refuse_host_access = refuse_host_access  # hostNetwork/hostPath only in opted-in namespaces
+        self._tenancy = tenancy  # who a job's pods may be (tenancy.py)
         self._record_key = record_key  # signs and checks the operator's record of each job (trusted.py)
         self._limits = limits
         self._election = election
@@ -383,14 +386,15 @@ class Controller:
         return min(delays) if delays else None
 
     async def _parse(self, body: Mapping[str, Any], previous: DistributedTrainingStatus) -> ParsedJob:
-        """The job with the spec it runs (core.accepted); before it is accepted, refused when it asks for
-        host access its namespace does not allow."""
+        """The job with the spec it runs (core.accepted); before it is accepted, refused when it would run as
+        more than its namespace allows (tenancy.py) or asks for host access its namespace does not allow."""
         parsed = parse_job(body, previous)
-        if parsed.job is not None and previous.accepted_spec is None and self._refuse_host_access:
+        if parsed.job is None or previous.accepted_spec is not None:
+            return parsed
+        refused = tenancy_refusals(parsed.job.spec, parsed.job.namespace, self._tenancy)
+        if not refused and self._refuse_host_access:
             refused = await self._host_access_refusals(parsed.job)
-            if refused:
-                return ParsedJob(None, tuple(refused))
-        return parsed
+        return ParsedJob(None, tuple(refused)) if refused else parsed
 
     async def _host_access_refusals(self, job: DistributedTraining) -> list[str]:
         """Why the job may not reach the node (host_access.py decides); checked once, before it is accepted."""

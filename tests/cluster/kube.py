@@ -45,14 +45,14 @@ def kubectl(*args: str, kubeconfig: Path = layout.KUBECONFIG, stdin: str | None 
     return result
 
 
-def get(kind: str, name: str = "", namespace: str = "default") -> Any:
+def get(kind: str, name: str = "", namespace: str = layout.JOB_NAMESPACE) -> Any:
     result = kubectl("get", kind, *([name] if name else []), "-n", namespace, "-o", "json", check=False)
     if result.returncode != 0:
         return None
     return json.loads(result.stdout)
 
 
-def items(kind: str, namespace: str = "default", selector: str = "") -> list[dict[str, Any]]:
+def items(kind: str, namespace: str = layout.JOB_NAMESPACE, selector: str = "") -> list[dict[str, Any]]:
     args = ["get", kind, "-n", namespace, "-o", "json"] + (["-l", selector] if selector else [])
     return json.loads(kubectl(*args).stdout)["items"]
 
@@ -72,12 +72,12 @@ def eventually(check: Callable[[], T], what: str, timeout: float = 120.0, every:
         time.sleep(every)
 
 
-def status(name: str, namespace: str = "default") -> dict[str, Any]:
+def status(name: str, namespace: str = layout.JOB_NAMESPACE) -> dict[str, Any]:
     job = get("distributedtraining", name, namespace)
     return (job or {}).get("status") or {}
 
 
-def worker_pods(name: str, namespace: str = "default") -> list[dict[str, Any]]:
+def worker_pods(name: str, namespace: str = layout.JOB_NAMESPACE) -> list[dict[str, Any]]:
     return items("pods", namespace, f"dtrain.dev/job-name={name},dtrain.dev/role=worker")
 
 

@@ -46,14 +46,14 @@ from .kube import (
     worker_pods,
 )
 
-NS = "default"
+NS = layout.JOB_NAMESPACE
 SMALL_JOB = REPO / "tests" / "cluster" / "small-job.yaml"
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 QUICKSTART_STEPS_VARIABLE = "E2E_QUICKSTART_MAX_STEPS"
 TRAINING_TIMEOUT = 900.0
 ENGINE_RESOURCES = {"limits": {"cpu": "1", "memory": "4Gi"}}
-# The claim the README's walkthrough names (its step 2), made by tests/cluster/__main__.py.
-CLAIM = "dtrain-shared"
+# The claim the README's walkthrough names, made by make cluster in the jobs' namespace.
+CLAIM = layout.SHARED_CLAIM
 README = REPO / "README.md"
 TRAINER_IMAGE = f"{layout.IMAGE_REGISTRY}/dtrain-trainer:{layout.version()}"
 ENGINE_IMAGE = f"{layout.IMAGE_REGISTRY}/dtrain-engine:{layout.version()}"
@@ -686,13 +686,76 @@ def _refused(result, *fragments: str) -> None:
         raise Failed(f"expected a refusal naming {fragments}, got rc {result.returncode}: {text.strip()[:600]}")
 
 
-def scenario_forged_record(figures: Figures) -> None:
-    """A user's own credentials: the operator's record cannot be written, set or removed at the API."""
-    alice = user_kubeconfig("alice@example.com")
+def dtr_editor() -> Path:
+    """The kubeconfig of a user who may edit DistributedTrainings in the jobs' namespace and nothing else."""
     kubectl("create", "role", "dtr-editor", "-n", NS, "--verb=get,list,watch,create,update,patch,delete",
             "--resource=distributedtrainings.dtrain.dev", check=False)
     kubectl("create", "rolebinding", "alice-dtr-editor", "-n", NS, "--role=dtr-editor", "--user=alice@example.com",
             check=False)
+    return user_kubeconfig("alice@example.com")
+
+
+OPERATOR_SECRETS = ("dtrain-operator-state-key", "dtrain-operator-report-tls")
+
+
+def secrets_named(pod: dict[str, Any]) -> set[str]:
+    """The Secrets a pod's volumes and environment read."""
+    named = set()
+    for volume in pod["spec"].get("volumes") or []:
+        named.add((volume.get("secret") or {}).get("secretName"))
+        named.update((source.get("secret") or {}).get("name") for source in (volume.get("projected") or {}).get("sources") or [])
+    for container in pod["spec"].get("containers") or []:
+        named.update(((var.get("valueFrom") or {}).get("secretKeyRef") or {}).get("name") for var in container.get("env") or [])
+    return named - {None}
+
+
+def scenario_tenancy(figures: Figures) -> None:
+    """A user who may edit DistributedTrainings in the jobs' namespace and nothing else: a job as the operator's
+    account, naming the operator's Secrets, asking for an API token or an account no administrator allowed is
+    refused at kubectl apply (the chart's policy), in the operator's namespace too, and no pod with that identity
+    or Secret ever exists; an account the chart allows runs."""
+    alice = dtr_editor()
+    operator_namespace = "dtrain-system"
+    api_token = [{"name": "api", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]
+    api_mount = [{"name": "api", "mountPath": "/api"}]
+    attempts: list[tuple[str, dict[str, Any], str]] = [
+        ("the operator's account", {"serviceAccountName": "dtrain-operator"}, "the dtrain operator's own account"),
+        ("the operator's record key", {"volumes": [{"name": "key", "secret": {"secretName": OPERATOR_SECRETS[0]}}],
+                                       "volumeMounts": [{"name": "key", "mountPath": "/key"}]},
+         "names a Secret of the dtrain operator's"),
+        ("the report endpoint's key in env", {"env": [{"name": "TLS", "valueFrom": {"secretKeyRef": {
+            "name": OPERATOR_SECRETS[1], "key": "tls.key"}}}]}, "names a Secret of the dtrain operator's"),
+        ("a token for the API", {"volumes": api_token, "volumeMounts": api_mount}, "a token for the Kubernetes API"),
+        ("an account not allowed", {"serviceAccountName": "e2e-iam"}, "this account is not allowed in this namespace"),
+    ]
+    for what, spec, message in attempts:
+        _refused(apply(small_job("e2e-tenancy", **spec), kubeconfig=alice, check=False), message)
+        at_home = small_job("e2e-tenancy", **spec)
+        at_home["metadata"]["namespace"] = operator_namespace
+        # Alice has no right there at all; an administrator is refused by the policy.
+        _refused(apply(at_home, kubeconfig=alice, check=False), "forbidden")
+        _refused(apply(at_home, check=False), f"{operator_namespace} is the dtrain operator's own namespace")
+        print(f"refused in {NS} and {operator_namespace}: {what}", flush=True)
+    for pod in json.loads(kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]:
+        where = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        if pod["spec"].get("serviceAccountName") == "dtrain-operator" and pod["metadata"]["namespace"] != operator_namespace:
+            raise Failed(f"{where} runs as the operator's account")
+        if secrets_named(pod) & set(OPERATOR_SECRETS):
+            raise Failed(f"{where} reads a Secret of the operator's: {secrets_named(pod)}")
+    # An administrator allows one account in the jobs' namespace: it runs there, and nowhere else.
+    kubectl("create", "serviceaccount", "e2e-iam", "-n", NS, check=False)
+    helm_upgrade(f"tenancy.allowedServiceAccounts={{{NS}/e2e-iam}}")
+    name = "e2e-tenancy-iam"
+    apply(small_job(name, serviceAccountName="e2e-iam", volumes=api_token, volumeMounts=api_mount), kubeconfig=alice)
+    pods = eventually(lambda: len(p := worker_pods(name)) == 2 and p, f"{name}: its pods", 120)
+    if {p["spec"]["serviceAccountName"] for p in pods} != {"e2e-iam"}:
+        raise Failed(f"{name}: pods run as {[p['spec']['serviceAccountName'] for p in pods]}, expected e2e-iam")
+    delete(name)
+
+
+def scenario_forged_record(figures: Figures) -> None:
+    """A user's own credentials: the operator's record cannot be written, set or removed at the API."""
+    alice = dtr_editor()
     job = small_job("e2e-forged")
     accepted = {**job["spec"], "hostNetwork": True, "volumes": [{"name": "root", "hostPath": {"path": "/"}}]}
     forged = copy.deepcopy(job)
@@ -794,7 +857,7 @@ def scenario_tokens(figures: Figures) -> None:
     code, text = request_with_token(rank0_token, "GET", "/apis")
     if code != 401:
         raise Failed(f"the API server took a token for the operator's audience: {code} {text[:300]}")
-    trainer = "system:serviceaccount:default:dtrain-trainer"
+    trainer = f"system:serviceaccount:{NS}:dtrain-trainer"
     for verb, resource, extra in (("patch", "distributedtrainings.dtrain.dev", ("--subresource=status",)),
                                   ("get", "distributedtrainings.dtrain.dev", ()), ("list", "pods", ()),
                                   ("get", "secrets", ()), ("create", "pods", ())):
@@ -1308,6 +1371,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("crd-refusals", "what the CRD refuses at kubectl apply and on an edit, with the API server's own message",
      scenario_crd_refusals),
     ("forged-record", "the operator's record: refused at the API with a user's own credentials", scenario_forged_record),
+    ("tenancy", ("a user's own credentials: no job as the operator, with its Secrets, an API token or an account no "
+                 "administrator allowed, nor in the operator's namespace; an allowed account runs"), scenario_tenancy),
     ("quickstart", "the quick start: kubectl apply → training → engine Job → kubectl delete; then dtrain run",
      scenario_quickstart),
     ("in-place-restart", ("a training process SIGKILLed, restartStrategy InPlace and Recreate side by side: the "

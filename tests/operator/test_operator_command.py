@@ -33,7 +33,7 @@ def test_help_documents_every_flag():
         "--leader-elect-renew-deadline", "--leader-elect-retry-period", "--leader-elect-resource-name",
         "--leader-elect-resource-namespace", "--log-level", "--log-format", "--network-policy", "--refuse-host-access",
         "--state-key-secret", "--report-service", "--report-port", "--report-tls-secret", "--service-account",
-        "--trainer-service-account", "--allow-service-account",
+        "--trainer-service-account", "--allow-service-account", "--job-defaults",
     }
     text = run_dtrain("operator", "--help").stdout
     for flag in flags:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dtrain_operator.api import TrainerConfig, storage
+from dtrain_operator.api.job_defaults import JobDefaults
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job, validate_object, validate_text
 from dtrain_operator.core import render
 from tests.builders import a_job
@@ -104,10 +105,13 @@ def test_jobs_with_shared_storage_or_none_needed_pass(spec: dict) -> None:
         ({"nodes": 2, "checkpoint": {"dir": "s3://bkt/c"}}, True),
     ],
 )
-def test_the_crd_refuses_what_validate_refuses(spec: dict, refused: bool) -> None:
-    messages = cel_messages(no_storage(**spec))
-    assert any("needs shared storage" in m for m in messages) == refused, messages
+def test_shared_storage_is_judged_after_the_job_defaults(spec: dict, refused: bool) -> None:
+    """The CRD cannot know the cluster's job defaults, which may hold the storage: it admits every case, and
+    what dtrain validate (and the operator) refuse without defaults they take with defaults that name a claim."""
+    assert not any("shared storage" in m for m in cel_messages(no_storage(**spec)))
     assert (validate_object(no_storage(**spec)).job is None) == refused
+    defaults = JobDefaults(spec={"storage": {"claimName": "dtrain-shared"}})
+    assert validate_object(defaults.fill(no_storage(**spec))).errors == []
 
 
 def test_dtrain_run_takes_the_quickstart_that_a_cluster_refuses() -> None:
@@ -122,6 +126,21 @@ def test_dtrain_run_takes_the_quickstart_that_a_cluster_refuses() -> None:
                               capture_output=True, text=True, check=False)
     assert validate.returncode == EXIT_INVALID_JOB
     assert validate.stderr.strip().splitlines() == [f"{quickstart}: {cluster.errors[0]}"]
+
+
+def test_the_quickstart_validates_against_a_clusters_job_defaults(tmp_path: Path) -> None:
+    """The chart's jobDefaults give the unchanged quick start its storage: `dtrain validate --defaults` says so."""
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+    defaults = tmp_path / "job-defaults.yaml"
+    defaults.write_text("namespaces:\n  default:\n    storage: {claimName: dtrain-shared}\n")
+    validate = subprocess.run([sys.executable, "-m", "dtrain_operator.cli", "validate", "--defaults", str(defaults),
+                               str(quickstart)], capture_output=True, text=True, check=False)
+    assert validate.returncode == 0, validate.stderr
+    defaults.write_text("spec:\n  imag: registry.example.com/trainer:1\n")
+    validate = subprocess.run([sys.executable, "-m", "dtrain_operator.cli", "validate", "--defaults", str(defaults),
+                               str(quickstart)], capture_output=True, text=True, check=False)
+    assert validate.returncode == EXIT_INVALID_JOB
+    assert validate.stderr.startswith(f"dtrain validate: --defaults {defaults}: jobDefaults.spec.imag"), validate.stderr
 
 
 # --- What the pods get --------------------------------------------------------------------------------
@@ -234,7 +253,7 @@ def test_the_operator_refuses_a_job_without_shared_storage_with_the_same_line() 
     from dtrain_operator.api import DistributedTrainingStatus
     from dtrain_operator.core.accepted import parse_job
 
-    parsed = parse_job(a_job("mnist").without_storage().with_nodes(2).as_dict(), DistributedTrainingStatus())
+    parsed = parse_job(a_job("mnist").without_storage().with_nodes(2).as_dict(), DistributedTrainingStatus(), {})
     needs = "its 2 nodes must share checkpoints and the engine Job must read model.onnx"
     assert parsed.job is None and parsed.errors == (f"spec.storage: the job has no shared storage but {needs}; {FIX}",)
 

@@ -38,7 +38,7 @@ from dtrain_operator.api.kube_objects import Volume, VolumeMount, refusal
 from dtrain_operator.api.redaction import holds_credential, is_credential_name
 from dtrain_operator.api.safe_yaml import echo
 from dtrain_operator.api.scheduling import SchedulingSettings
-from dtrain_operator.api.storage import CEL_SHARED_STORAGE_MESSAGE, CEL_SHARED_STORAGE_RULE, DIR_PATTERN, Storage
+from dtrain_operator.api.storage import DIR_PATTERN, Storage
 
 
 class ClassSpec(ApiModel):
@@ -257,7 +257,6 @@ class DistributedTrainingSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": '!has(self.scheduling) || !has(self.scheduling.gang) || !has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= self.nodes', "message": 'scheduling.gang.minAvailable cannot exceed nodes'},
         {"rule": '(has(self.engine) && !self.engine.enabled) || !has(self.export) || !has(self.export.onnx) || self.export.onnx.enabled', "message": 'engine.enabled needs export.onnx.enabled: the engine is built from model.onnx'},
-        {"rule": CEL_SHARED_STORAGE_RULE, "message": CEL_SHARED_STORAGE_MESSAGE},
         {"rule": '!has(self.elastic) || self.elastic.minNodes <= self.nodes', "message": 'elastic.minNodes cannot exceed nodes'},
         {"rule": '!has(self.elastic) || !has(self.trainer) || !has(self.trainer.limitTrainBatches)', "message": ELASTIC_LIMIT_MESSAGE},
         {"rule": '!has(self.elastic) || !has(self.scheduling) || !has(self.scheduling.gang) || !self.scheduling.gang.enabled', "message": ELASTIC_GANG_MESSAGE},

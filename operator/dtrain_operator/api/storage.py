@@ -7,8 +7,9 @@
 
 On a cluster, a job whose gang must share its checkpoints (more than one node) or whose engine Job
 must read model.onnx needs shared storage: `missing_shared_storage` says so in one line, and
-`dtrain validate`, `dtrain submit`, the operator and the CRD (a CEL rule) refuse such a job. `dtrain
-run` does not: its nodes share this machine's disk.
+`dtrain validate`, `dtrain submit` and the operator refuse such a job, after the cluster's job defaults
+(api.job_defaults) filled what it leaves unset: the CRD cannot, since the storage may come from them.
+`dtrain run` does not: its nodes share this machine's disk.
 """
 
 from __future__ import annotations
@@ -138,23 +139,6 @@ def uses_object_storage(spec: DistributedTrainingSpec, namespace: str, name: str
     """The object-storage schemes the job's directories use (empty for none)."""
     dirs = (checkpoint_dir(spec, namespace, name), artifacts_dir(spec, namespace, name))
     return {scheme for scheme in map(url_scheme, dirs) if scheme}
-
-
-# The CRD's copy of the refusal, for what the API server can see (no defaults of nested objects, so each
-# field is tested for presence): a multi-node job, or one with the engine step, needs spec.storage (claim or
-# url), a volume of its own, or object-storage URLs for the directories it must share.
-_OBJECT_DIR = "self.{0}.dir.matches('^(s3|gs)://')"
-CEL_SHARED_STORAGE_RULE: Final = (
-    "(has(self.storage) && (has(self.storage.claimName) || has(self.storage.url)))"
-    " || (has(self.volumeMounts) && size(self.volumeMounts) > 0)"
-    " || ((!has(self.nodes) || self.nodes <= 1 || (has(self.checkpoint) && has(self.checkpoint.dir) && "
-    + _OBJECT_DIR.format("checkpoint") + "))"
-    " && ((has(self.engine) && has(self.engine.enabled) && !self.engine.enabled)"
-    " || (has(self.artifacts) && has(self.artifacts.dir) && " + _OBJECT_DIR.format("artifacts") + ")))"
-)
-CEL_SHARED_STORAGE_MESSAGE: Final = (
-    f"spec.storage: a multi-node job or one with the engine step needs shared storage; {NO_SHARED_STORAGE_FIX}"
-)
 
 
 class CheckpointOwner(ApiModel):

@@ -20,6 +20,7 @@ from pydantic_core import ErrorDetails
 
 from dtrain_operator import api
 from dtrain_operator.api import contract
+from dtrain_operator.api.job_defaults import JobDefaults, JobDefaultsError
 from dtrain_operator.api.kube_objects import FIELD_ERROR
 from dtrain_operator.api.redaction import REDACTED, is_credential_name, redact_text
 from dtrain_operator.api.safe_yaml import YamlRefused, echo, key_path, load_documents, printable, read_job_file
@@ -249,7 +250,7 @@ def validate_job_document(obj: Any, source: str = "", cluster: bool = True) -> D
     return result
 
 
-def validate_text(text: str, source: str, cluster: bool = True) -> DocumentResult:
+def validate_text(text: str, source: str, cluster: bool = True, defaults: JobDefaults | None = None) -> DocumentResult:
     """The one DistributedTraining of a YAML text; YAML syntax errors, hostile YAML, empty files and files
     with several documents are errors too (`dtrain validate`, `submit` and `run` take one job per file)."""
     try:
@@ -263,16 +264,53 @@ def validate_text(text: str, source: str, cluster: bool = True) -> DocumentResul
         return DocumentResult(
             source=source, errors=[f"holds {len(documents)} YAML documents; give one DistributedTraining per file"]
         )
-    return validate_job_document(documents[0], source, cluster)
+    return validate_job_document(defaults.fill(documents[0]) if defaults else documents[0], source, cluster)
 
 
-def validate_file(path: str | Path, cluster: bool = True) -> DocumentResult:
+def validate_file(path: str | Path, cluster: bool = True, defaults: JobDefaults | None = None) -> DocumentResult:
     source = printable(str(path))
     try:
         text = read_job_file(path)
     except YamlRefused as exc:
         return DocumentResult(source=source, errors=[str(exc)])
-    return validate_text(text, source, cluster)
+    return validate_text(text, source, cluster, defaults)
+
+
+def _checked_defaults(where: str, partial: Any, namespace: str) -> dict[str, Any]:
+    """One part of the job defaults, checked as a job's spec is (nothing it may not hold, every value valid)."""
+    if not isinstance(partial, dict):
+        raise JobDefaultsError(f"{where}: expected a mapping of spec fields, got {type(partial).__name__}")
+    document = {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
+                "metadata": {"name": "job-defaults", "namespace": namespace}, "spec": partial}
+    errors = validate_object(document, cluster=False).errors
+    if errors:
+        raise JobDefaultsError("; ".join(
+            line.replace("spec", where, 1) if line.startswith("spec") else f"{where}: {line}"
+            for line in errors[:MAX_ERROR_LINES]
+        ))
+    return partial
+
+
+def parse_job_defaults(text: str, source: str = "job defaults") -> JobDefaults:
+    """Job defaults from YAML (`{spec: {...}, namespaces: {NS: {...}}}`, the chart's jobDefaults), or
+    JobDefaultsError naming the field and what is wrong with it."""
+    try:
+        documents = load_documents(text)
+    except YamlRefused as exc:
+        raise JobDefaultsError(f"{source}: {exc}") from exc
+    data = documents[0] if documents else None
+    if data is None:
+        return JobDefaults()
+    if not isinstance(data, dict) or set(data) - {"spec", "namespaces"}:
+        raise JobDefaultsError(f"{source}: expected a mapping with spec and namespaces (each optional)")
+    spec = _checked_defaults("jobDefaults.spec", data.get("spec") or {}, "default")
+    namespaces = data.get("namespaces") or {}
+    if not isinstance(namespaces, dict):
+        raise JobDefaultsError(f"{source}: namespaces: expected a mapping of namespace to spec fields")
+    defaults = JobDefaults(spec=spec, namespaces={str(ns): partial or {} for ns, partial in namespaces.items()})
+    for namespace in defaults.namespaces:
+        _checked_defaults(f"jobDefaults.namespaces.{namespace}", defaults.for_namespace(namespace), namespace)
+    return defaults
 
 
 def load_job(path: str | Path) -> tuple[api.DistributedTraining | None, list[str]]:

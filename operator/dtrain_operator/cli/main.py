@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from dtrain_operator.api import engine_options
 from dtrain_operator.cli import subcommands
@@ -28,12 +29,20 @@ def _cmd_api_docs(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from dtrain_operator.api.validation import EXIT_INVALID_JOB, validate_file
+    from dtrain_operator.api.job_defaults import JobDefaultsError
+    from dtrain_operator.api.validation import EXIT_INVALID_JOB, parse_job_defaults, validate_file
 
+    defaults = None
+    if args.defaults:
+        try:
+            defaults = parse_job_defaults(Path(args.defaults).read_text(), args.defaults)
+        except (OSError, JobDefaultsError) as exc:
+            print(f"dtrain validate: --defaults {args.defaults}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            return EXIT_INVALID_JOB
     failed = False
     estimate_code = 0
     for path in args.files:
-        result = validate_file(path)
+        result = validate_file(path, defaults=defaults)
         if result.errors:
             failed = True
             for error in result.errors:
@@ -130,6 +139,12 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    p.add_argument(
+        "--defaults",
+        metavar="FILE",
+        help="the cluster's job defaults ({spec: {...}, namespaces: {NS: {...}}}, the chart's jobDefaults): every "
+        "field a job leaves unset is taken from them first, as the operator does",
+    )
     p.add_argument(
         "--estimate",
         action="store_true",

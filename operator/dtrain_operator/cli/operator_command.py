@@ -124,6 +124,12 @@ def add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "(created at the first start when missing; default dtrain-operator-state-key)",
     )
     p.add_argument(
+        "--job-defaults",
+        metavar="FILE",
+        help="YAML of the fields every job leaves unset takes ({spec: {...}, namespaces: {NS: {...}}}; the chart's "
+        "jobDefaults): storage, images, the engine's fallback, scheduling; a job's own fields win",
+    )
+    p.add_argument(
         "--service-account",
         metavar="NAME",
         default="dtrain-operator",

@@ -17,7 +17,9 @@ import aiohttp.web
 import kopf
 
 from dtrain_operator.api import contract
+from dtrain_operator.api.job_defaults import JobDefaults, JobDefaultsError
 from dtrain_operator.api.redaction import redact_text
+from dtrain_operator.api.validation import parse_job_defaults
 from dtrain_operator.controller.handlers import build_registry
 from dtrain_operator.controller.kube import KubeClient, RateLimiter, load_configuration
 from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
@@ -208,9 +210,27 @@ def argument_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def job_defaults(args: argparse.Namespace) -> JobDefaults:
+    if not args.job_defaults:
+        return JobDefaults()
+    try:
+        text = Path(args.job_defaults).read_text()
+    except OSError as exc:
+        raise JobDefaultsError(f"--job-defaults {args.job_defaults}: {exc.strerror}") from exc
+    return parse_job_defaults(text, f"--job-defaults {args.job_defaults}")
+
+
+def checked_arguments(args: argparse.Namespace) -> tuple[str | None, JobDefaults]:
+    """What is wrong with the flags (one line, or None), and the job defaults they name."""
+    try:
+        return argument_problem(args), job_defaults(args)
+    except JobDefaultsError as exc:
+        return str(exc), JobDefaults()
+
+
 def main(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
-    problem = argument_problem(args)
+    problem, defaults = checked_arguments(args)
     if problem:
         print(f"dtrain operator: {problem}", file=sys.stderr)
         return 2
@@ -247,6 +267,7 @@ def main(args: argparse.Namespace) -> int:
         refuse_host_access=args.refuse_host_access,
         record_key=key,
         tenancy=tenancy(args),
+        job_defaults=defaults,
         limits=Limits(stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout),
         election=election,
         report=report_endpoint(args, tls),

@@ -36,6 +36,7 @@ from dtrain_operator.api import (
     DistributedTrainingStatus,
     contract,
 )
+from dtrain_operator.api.job_defaults import JobDefaults
 from dtrain_operator.api.launches import LaunchOrder, LaunchReport
 from dtrain_operator.controller import refusals, trusted
 from dtrain_operator.controller.children import ChildConflict, ChildWriter
@@ -103,6 +104,7 @@ class Controller:
         burst: int,
         record_key: bytes,
         tenancy: Tenancy,
+        job_defaults: JobDefaults,
         network_policy: bool = False,
         refuse_host_access: bool = False,
         limits: Limits = Limits(),
@@ -114,6 +116,7 @@ class Controller:
         self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
         self._refuse_host_access = refuse_host_access  # hostNetwork/hostPath only in opted-in namespaces
         self._tenancy = tenancy  # who a job's pods may be (tenancy.py)
+        self._job_defaults = job_defaults  # what every job leaves unset (api/job_defaults.py)
         self._record_key = record_key  # signs and checks the operator's record of each job (trusted.py)
         self._limits = limits
         self._election = election
@@ -388,7 +391,7 @@ class Controller:
     async def _parse(self, body: Mapping[str, Any], previous: DistributedTrainingStatus) -> ParsedJob:
         """The job with the spec it runs (core.accepted); before it is accepted, refused when it would run as
         more than its namespace allows (tenancy.py) or asks for host access its namespace does not allow."""
-        parsed = parse_job(body, previous)
+        parsed = parse_job(body, previous, self._job_defaults.for_namespace(_key(body)[0]))
         if parsed.job is None or previous.accepted_spec is not None:
             return parsed
         refused = tenancy_refusals(parsed.job.spec, parsed.job.namespace, self._tenancy)

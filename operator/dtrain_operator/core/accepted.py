@@ -21,6 +21,7 @@ from dtrain_operator.api import (
     immutable_spec,
     with_env_values,
 )
+from dtrain_operator.api.job_defaults import with_defaults
 from dtrain_operator.api.validation import validate_object
 
 # Fields that may change while the job is suspended: its scheduling directives.
@@ -93,9 +94,23 @@ def _readable_env(body: Mapping[str, Any]) -> list[EnvVar]:
     return readable
 
 
-def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus) -> ParsedJob:
-    """Validate the object (not its status). An accepted job whose spec became invalid keeps its accepted spec."""
+def filled_spec(body: Mapping[str, Any], previous: DistributedTrainingStatus, defaults: Mapping[str, Any]) -> Any:
+    """The object's spec with what it leaves unset taken from the job defaults (api.job_defaults); once the job
+    is accepted, from the spec it was accepted with, so that defaults changed since are no edit of the job."""
+    spec = body.get("spec")
+    if not isinstance(spec, Mapping):
+        return spec
+    if previous.accepted_spec is not None:
+        defaults = {k: v for k, v in previous.accepted_spec.items() if k != "env"}  # env: the job's own, as written
+    return with_defaults(spec, defaults)
+
+
+def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus, defaults: Mapping[str, Any]) -> ParsedJob:
+    """Validate the object (not its status), its unset fields filled (`filled_spec`). An accepted job whose spec
+    became invalid keeps its accepted spec."""
     document = {k: v for k, v in body.items() if k != "status"}
+    if "spec" in document:
+        document["spec"] = filled_spec(body, previous, defaults)
     result = validate_object(document, "")
     if result.job is not None:
         return ParsedJob(result.job.model_copy(update={"status": previous}))

@@ -172,13 +172,13 @@ def _start_object_store() -> dict[str, str]:
 
 
 def object_store_secrets(keys: dict[str, str]) -> str:
-    """The gateway's keys as the Secret spec.storage.credentialsSecret names, in each namespace the README uses."""
-    objects: list[dict[str, object]] = []
-    for namespace in layout.S3_SECRET_NAMESPACES:
-        objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        objects.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                        "metadata": {"name": layout.S3_SECRET, "namespace": namespace}, "stringData": keys})
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    """The jobs' namespace, and in it the gateway's keys as the Secret spec.storage.credentialsSecret names."""
+    namespace = layout.JOB_NAMESPACE
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": {"name": layout.S3_SECRET, "namespace": namespace}, "stringData": keys},
+    ]})
 
 
 def _start_coscheduling() -> None:
@@ -192,13 +192,28 @@ def _start_coscheduling() -> None:
     schedulers.start()
 
 
+def job_defaults() -> dict[str, Any]:
+    """The chart's jobDefaults for this cluster, as a platform team sets them once: the images built here, the
+    engine's ONNX Runtime fallback on a CPU's share (no TensorRT, no GPU it could use), and the jobs' namespace's
+    claim; so that examples/quickstart.yaml, unchanged, runs there."""
+    return {"jobDefaults": {
+        "spec": {"image": f"{layout.IMAGE_REGISTRY}/dtrain-trainer:{layout.version()}",
+                 "engine": {"image": f"{layout.IMAGE_REGISTRY}/dtrain-engine:{layout.version()}",
+                            "fallback": "onnxruntime", "resources": {"limits": {"cpu": "1", "memory": "4Gi"}}}},
+        "namespaces": {layout.JOB_NAMESPACE: {"storage": {"claimName": layout.SHARED_CLAIM}}},
+    }}
+
+
 def _install_operator() -> None:
+    values = layout.STATE / "operator-values.json"
+    values.write_text(json.dumps(job_defaults()))
     command = [str(HELM), f"--kubeconfig={layout.KUBECONFIG}", "upgrade", "--install", RELEASE,
                str(layout.REPO / "helm" / "dtrain-operator"), "-n", OPERATOR_NAMESPACE, "--create-namespace",
+               "-f", str(values),
                "--set", f"image.repository={layout.IMAGE_REGISTRY}/dtrain-operator", "--set", f"image.tag={layout.version()}",
                "--set", "image.pullPolicy=Never",
-               # The trainers' service account where the README's jobs go (the release namespace has one too).
-               "--set", "trainerServiceAccount.namespaces={default}", "--wait", "--timeout=5m"]
+               # The trainers' service account where the README's jobs go.
+               "--set", f"trainerServiceAccount.namespaces={{{layout.JOB_NAMESPACE}}}", "--wait", "--timeout=5m"]
     result = subprocess.run(command, text=True, capture_output=True, check=False, timeout=400)
     if result.returncode != 0:
         raise ClusterError(f"helm install of the operator failed: {result.stderr.strip()} "
@@ -250,6 +265,8 @@ def up(args: argparse.Namespace) -> int:
     if not args.no_operator:
         print("cluster: helm install dtrain helm/dtrain-operator -n dtrain-system --create-namespace", flush=True)
         _install_operator()
+    if make_volume(layout.SHARED_CLAIM, layout.JOB_NAMESPACE, layout.SHARED_CLAIM_SIZE) != 0:
+        raise ClusterError(f"the claim {layout.JOB_NAMESPACE}/{layout.SHARED_CLAIM} could not be made (above)")
     if args.kueue:
         _start_kueue()
     server = kubectl("version", "-o", "json").stdout
@@ -257,9 +274,9 @@ def up(args: argparse.Namespace) -> int:
     also = "".join(f", {name}" for name in args.schedulers)
     print(f"cluster: Kubernetes {version} with {len(nodes)} nodes (pods from {args.pods_from}{also}) is up in "
           f"{time.monotonic() - started:.0f} s; the operator is {'Available' if not args.no_operator else 'not installed'}")
-    print(f"cluster: object storage: spec.storage {{url: s3://{layout.S3_BUCKET}/<prefix>, s3: {{endpoint: "
-          f"{layout.S3_ENDPOINT}}}, credentialsSecret: {layout.S3_SECRET}}} (the Secret is in "
-          f"{' and '.join(layout.S3_SECRET_NAMESPACES)})")
+    print(f"cluster: jobs go to namespace {layout.JOB_NAMESPACE}: its trainer service account, the ReadWriteMany "
+          f"claim {layout.SHARED_CLAIM} (spec.storage.claimName) and object storage: spec.storage {{url: "
+          f"s3://{layout.S3_BUCKET}/<prefix>, s3: {{endpoint: {layout.S3_ENDPOINT}}}, credentialsSecret: {layout.S3_SECRET}}}")
     print(f"export KUBECONFIG={layout.KUBECONFIG}")
     return 0
 
@@ -380,15 +397,19 @@ def volume_manifest(name: str, namespace: str, size: str) -> str:
     ]})
 
 
-def volume(args: argparse.Namespace) -> int:
+def make_volume(name: str, namespace: str, size: str) -> int:
     """A shared claim for spec.storage, as a ReadWriteMany storage class would give one."""
-    folder = layout.VOLUMES / args.namespace / args.name
+    folder = layout.VOLUMES / namespace / name
     folder.mkdir(parents=True, exist_ok=True)
     # Writable by the pods' non-root users, as a shared file system's export for a team would be.
     folder.chmod(0o1777)
     result = subprocess.run([str(KUBECTL), f"--kubeconfig={layout.KUBECONFIG}", "apply", "-f", "-"],
-                            input=volume_manifest(args.name, args.namespace, args.size), text=True, check=False)
+                            input=volume_manifest(name, namespace, size), text=True, check=False)
     return result.returncode
+
+
+def volume(args: argparse.Namespace) -> int:
+    return make_volume(args.name, args.namespace, args.size)
 
 
 def _unmount_under(folder: Path) -> None:
@@ -489,8 +510,8 @@ def main(argv: list[str]) -> int:
     binaries.set_defaults(run=build)
     claim = commands.add_parser("volume", help="a ReadWriteMany claim (for spec.storage.claimName)")
     claim.add_argument("name")
-    claim.add_argument("-n", "--namespace", default="default")
-    claim.add_argument("--size", default="10Gi")
+    claim.add_argument("-n", "--namespace", default=layout.JOB_NAMESPACE)
+    claim.add_argument("--size", default=layout.SHARED_CLAIM_SIZE)
     claim.set_defaults(run=volume)
     args = parser.parse_args(argv)
     if args.command == "up" and args.nodes < 1:

@@ -65,12 +65,17 @@ S3_PORT = _port("S3_PORT", 9000)
 APISERVER_URL = f"https://{os.environ.get('DTRAIN_APISERVER_HOST', BRIDGE_ADDRESS)}:{APISERVER_PORT}"
 SERVICE_ACCOUNT_ISSUER = f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}"
 
+# The user namespace `up` prepares for jobs, as a platform team prepares a team's: the trainers' service
+# account (the chart's), the S3 Secret and a ReadWriteMany claim. No job runs in the operator's namespace.
+JOB_NAMESPACE = "team-a"
+SHARED_CLAIM = "dtrain-shared"
+SHARED_CLAIM_SIZE = "10Gi"
+
 # Object storage for spec.storage.url: an S3 gateway on the bridge, one bucket, and its keys in a Secret
-# of that name in each namespace the README's jobs use (the Secret's keys are the SDK's variables).
+# of that name in the jobs' namespace (the Secret's keys are the SDK's variables).
 S3_ENDPOINT = f"http://{BRIDGE_ADDRESS}:{S3_PORT}"
 S3_BUCKET = "dtrain"
 S3_SECRET = "dtrain-s3"
-S3_SECRET_NAMESPACES = ("default", "dtrain-system")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ Rendering runs the real helm binary; every assertion is about the objects Kubern
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ import yaml
 
 from dtrain_operator.api import contract
 from dtrain_operator.api.crd import crd
+from dtrain_operator.api.validation import parse_job_defaults, validate_file
 from dtrain_operator.cli import main as cli
 from dtrain_operator.controller.main import operator_settings
 from tests.chart.helm import (
@@ -28,6 +31,11 @@ from tests.chart.helm import (
     rbac_rules,
 )
 from tests.chart.value_sets import VALUE_SETS
+from tests.cluster import kube  # noqa: F401 - puts tools/cluster's localcluster on the path
+
+from localcluster.__main__ import job_defaults  # isort: skip
+
+REPO = Path(__file__).resolve().parents[2]
 
 NAMESPACE = "dtrain-system"
 
@@ -75,6 +83,7 @@ def test_defaults_install_a_cluster_wide_operator() -> None:
         "RoleBinding",
         "Service",
         "Deployment",
+        "ConfigMap",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     }
@@ -87,7 +96,8 @@ def test_defaults_install_a_cluster_wide_operator() -> None:
     pod = dep["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "dtrain-operator"
     accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in of_kind(objects, "ServiceAccount")}
-    assert accounts == {(NAMESPACE, "dtrain-operator"), (NAMESPACE, "dtrain-trainer")}
+    # No trainer account in the operator's namespace: no job runs there.
+    assert accounts == {(NAMESPACE, "dtrain-operator")}
     # The only Roles: the Lease and the key of the operator's records, in the operator's own namespace.
     roles = {role["metadata"]["name"]: role for role in of_kind(objects, "Role")}
     assert set(roles) == {"dtrain-operator-leader-election", "dtrain-operator-state-key"}
@@ -214,7 +224,7 @@ def test_trainer_service_account_is_the_jobs_default() -> None:
 def test_trainer_namespaces_when_watching_everything() -> None:
     objects = helm_template({"trainerServiceAccount": {"namespaces": ["research", NAMESPACE]}})
     accounts = [sa for sa in of_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "dtrain-trainer"]
-    assert [sa["metadata"]["namespace"] for sa in accounts] == [NAMESPACE, "research"]
+    assert [sa["metadata"]["namespace"] for sa in accounts] == ["research"]  # never the operator's own
 
 
 def test_no_rbac_renders_no_roles_and_uses_the_given_service_account() -> None:
@@ -283,11 +293,47 @@ def test_release_name_gives_the_object_names() -> None:
 def test_notes_tell_the_next_commands() -> None:
     notes = helm_notes()
     assert "kubectl -n dtrain-system rollout status deployment/dtrain-operator" in notes
-    assert "kubectl apply -n dtrain-system -f examples/quickstart.yaml" in notes
-    assert "kubectl -n NS create serviceaccount dtrain-trainer" in notes
+    assert "kubectl create namespace team-a" in notes and "kubectl -n team-a create serviceaccount dtrain-trainer" in notes
+    assert "kubectl apply -n team-a -f examples/quickstart.yaml" in notes
+    assert "examples/quickstart.yaml names no shared storage and no trainer image: set them once" in notes
     namespaced = helm_notes(VALUE_SETS["namespaced"][0])
     assert "watching: team-a, team-b" in namespaced
     assert "kubectl apply -n team-a -f examples/quickstart.yaml" in namespaced
+
+
+def notes_commands(values: dict[str, Any] | None) -> list[list[str]]:
+    """The kubectl lines NOTES.txt prints, split as the shell splits them."""
+    return [shlex.split(line) for line in helm_notes(values).splitlines() if line.strip().startswith("kubectl ")]
+
+
+@pytest.mark.parametrize("values", [None, {"trainerServiceAccount": {"namespaces": ["team-a"]}, **job_defaults()}],
+                         ids=["defaults", "make cluster"])
+def test_every_notes_command_names_what_the_chart_makes(values: dict[str, Any] | None) -> None:
+    """Each kubectl line as printed: its namespace exists (the release's, a prepared one, or one an earlier line
+    creates) and no job goes to the operator's; its Deployment is the chart's; a file it applies exists and,
+    where the values give job defaults, validates against them as the operator will read them."""
+    objects = helm_template(values)
+    prepared = {sa["metadata"]["namespace"] for sa in of_kind(objects, "ServiceAccount")}
+    deployments = {f"deployment/{d['metadata']['name']}" for d in of_kind(objects, "Deployment")}
+    config = next(c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"].endswith("-job-defaults"))
+    defaults = parse_job_defaults(config["data"]["job-defaults.yaml"])
+    commands = notes_commands(values)
+    assert commands
+    for words in commands:
+        namespace = words[words.index("-n") + 1] if "-n" in words else None
+        if words[1:3] == ["create", "namespace"]:
+            prepared.add(words[3])
+            continue
+        if "deployment/" in " ".join(words):
+            assert namespace == "dtrain-system" and next(w for w in words if w.startswith("deployment/")) in deployments
+            continue
+        assert namespace in prepared, words
+        assert namespace != "dtrain-system", f"a job command for the operator's namespace: {words}"
+        if "-f" in words:
+            path = REPO / words[words.index("-f") + 1]
+            result = validate_file(path, defaults=defaults, namespace=namespace)
+            stated = bool(defaults.for_namespace(namespace).get("storage"))
+            assert (result.errors == []) == stated, result.errors
 
 
 BAD_VALUES = [

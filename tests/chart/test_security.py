@@ -177,9 +177,10 @@ def test_default_worker_service_account_is_the_one_the_chart_creates() -> None:
     quickstart = JOBS["quickstart.yaml"]
     assert quickstart.spec.service_account_name == contract.DEFAULT_WORKER_SERVICE_ACCOUNT
     accounts = {
-        obj["metadata"]["name"] for obj in helm_template() if obj["kind"] == "ServiceAccount"
+        (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        for obj in helm_template({"trainerServiceAccount": {"namespaces": ["team-a"]}}) if obj["kind"] == "ServiceAccount"
     }
-    assert contract.DEFAULT_WORKER_SERVICE_ACCOUNT in accounts
+    assert ("team-a", contract.DEFAULT_WORKER_SERVICE_ACCOUNT) in accounts
 
 
 def test_restricted_check_catches_what_it_claims() -> None:

@@ -43,10 +43,10 @@ app.kubernetes.io/part-of: dtrain
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* Namespaces that get the trainers' ServiceAccount, one per line. */}}
+{{/* Namespaces that get the trainers' ServiceAccount, one per line: the watched and the listed ones, never the
+release namespace (the operator's own, where no job runs). */}}
 {{- define "dtrain-operator.trainerNamespaces" -}}
-{{- $namespaces := .Values.watchNamespaces | default (list .Release.Namespace) }}
-{{- range concat $namespaces .Values.trainerServiceAccount.namespaces | uniq }}
+{{- range without (concat .Values.watchNamespaces .Values.trainerServiceAccount.namespaces | uniq) .Release.Namespace }}
 {{ . }}
 {{- end }}
 {{- end }}

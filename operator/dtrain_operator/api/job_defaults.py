@@ -47,11 +47,11 @@ class JobDefaults:
     def for_namespace(self, namespace: str) -> dict[str, Any]:
         return with_defaults(self.namespaces.get(namespace) or {}, self.spec)
 
-    def fill(self, document: Any) -> Any:
-        """A job object with its spec's unset fields filled, as the operator fills it (no change when there is
-        no spec mapping to fill)."""
+    def fill(self, document: Any, namespace: str = "default") -> Any:
+        """A job object with its spec's unset fields filled, as the operator fills it in its namespace (its own,
+        else `namespace`, as `kubectl apply -n` gives it); no change when there is no spec mapping to fill."""
         if not isinstance(document, Mapping) or not isinstance(document.get("spec"), Mapping):
             return document
         metadata = document.get("metadata")
-        namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
-        return {**document, "spec": with_defaults(document["spec"], self.for_namespace(str(namespace or "default")))}
+        own = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+        return {**document, "spec": with_defaults(document["spec"], self.for_namespace(str(own or namespace)))}

@@ -250,7 +250,9 @@ def validate_job_document(obj: Any, source: str = "", cluster: bool = True) -> D
     return result
 
 
-def validate_text(text: str, source: str, cluster: bool = True, defaults: JobDefaults | None = None) -> DocumentResult:
+def validate_text(
+    text: str, source: str, cluster: bool = True, defaults: JobDefaults | None = None, namespace: str = "default"
+) -> DocumentResult:
     """The one DistributedTraining of a YAML text; YAML syntax errors, hostile YAML, empty files and files
     with several documents are errors too (`dtrain validate`, `submit` and `run` take one job per file)."""
     try:
@@ -264,16 +266,19 @@ def validate_text(text: str, source: str, cluster: bool = True, defaults: JobDef
         return DocumentResult(
             source=source, errors=[f"holds {len(documents)} YAML documents; give one DistributedTraining per file"]
         )
-    return validate_job_document(defaults.fill(documents[0]) if defaults else documents[0], source, cluster)
+    return validate_job_document(defaults.fill(documents[0], namespace) if defaults else documents[0], source, cluster)
 
 
-def validate_file(path: str | Path, cluster: bool = True, defaults: JobDefaults | None = None) -> DocumentResult:
+def validate_file(
+    path: str | Path, cluster: bool = True, defaults: JobDefaults | None = None, namespace: str = "default"
+) -> DocumentResult:
+    """One job file; with `defaults`, filled as the operator fills it in its namespace (or `namespace`)."""
     source = printable(str(path))
     try:
         text = read_job_file(path)
     except YamlRefused as exc:
         return DocumentResult(source=source, errors=[str(exc)])
-    return validate_text(text, source, cluster, defaults)
+    return validate_text(text, source, cluster, defaults, namespace)
 
 
 def _checked_defaults(where: str, partial: Any, namespace: str) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     estimate_code = 0
     for path in args.files:
-        result = validate_file(path, defaults=defaults)
+        result = validate_file(path, defaults=defaults, namespace=args.namespace)
         if result.errors:
             failed = True
             for error in result.errors:
@@ -144,6 +144,10 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="FILE",
         help="the cluster's job defaults ({spec: {...}, namespaces: {NS: {...}}}, the chart's jobDefaults): every "
         "field a job leaves unset is taken from them first, as the operator does",
+    )
+    p.add_argument(
+        "-n", "--namespace", metavar="NS", default="default",
+        help="with --defaults: the namespace a file without one is applied to (kubectl apply -n NS; default: default)",
     )
     p.add_argument(
         "--estimate",

@@ -200,7 +200,7 @@ def scenario_quickstart(figures: Figures) -> None:
     final = finished(name, TRAINING_TIMEOUT)
     figures["quick start through the operator (s)"] = time.monotonic() - created
     accepted = final.get("acceptedSpec") or {}
-    if (accepted.get("image"), accepted.get("storage")) != (TRAINER_IMAGE, {"claimName": CLAIM}):
+    if (accepted.get("image"), (accepted.get("storage") or {}).get("claimName")) != (TRAINER_IMAGE, CLAIM):
         raise Failed(f"status.acceptedSpec does not show the job defaults it ran with: {json.dumps(accepted)[:600]}")
     engine_jobs = items("jobs.batch", NS, f"{contract.LABEL_JOB_NAME}={name}")
     if not engine_jobs or not any(c["type"] == "Complete" and c["status"] == "True"

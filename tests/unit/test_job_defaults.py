@@ -61,3 +61,14 @@ def test_an_accepted_job_is_filled_from_what_it_was_accepted_with():
     assert changed_immutable_fields(later.job.model_copy(update={"status": accepted})) == []
     refused = parse_job(body, DistributedTrainingStatus(), {})
     assert refused.job is None and "spec.storage: the job has no shared storage" in refused.errors[0]
+
+
+def test_removing_a_field_the_defaults_do_not_set_is_still_an_edit():
+    body = a_cpu_job("resnet").without_storage().with_nodes(2).with_spec(nccl={"debug": "INFO"}).as_dict()
+    first = parse_job(body, DistributedTrainingStatus(), DEFAULTS)
+    assert first.job is not None
+    accepted = DistributedTrainingStatus(accepted_spec=immutable_spec(first.job.spec))
+    del body["spec"]["nccl"]
+    later = parse_job(body, accepted, DEFAULTS)
+    assert later.job is not None
+    assert changed_immutable_fields(later.job.model_copy(update={"status": accepted})) == ["spec.nccl.debug"]

@@ -21,7 +21,7 @@ from dtrain_operator.api import (
     immutable_spec,
     with_env_values,
 )
-from dtrain_operator.api.job_defaults import with_defaults
+from dtrain_operator.api.job_defaults import WHOLE_FIELDS, with_defaults
 from dtrain_operator.api.validation import validate_object
 
 # Fields that may change while the job is suspended: its scheduling directives.
@@ -101,8 +101,21 @@ def filled_spec(body: Mapping[str, Any], previous: DistributedTrainingStatus, de
     if not isinstance(spec, Mapping):
         return spec
     if previous.accepted_spec is not None:
-        defaults = {k: v for k, v in previous.accepted_spec.items() if k != "env"}  # env: the job's own, as written
+        defaults = _as_accepted(defaults, previous.accepted_spec)
     return with_defaults(spec, defaults)
+
+
+def _as_accepted(defaults: Mapping[str, Any], accepted: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields the defaults set, with the values the job was accepted with (a field the defaults do not set
+    stays the job's own: removing it is an edit, as it always was)."""
+    taken: dict[str, Any] = {}
+    for key, default in defaults.items():
+        if key not in accepted or key == "env":
+            continue
+        value = accepted[key]
+        both_objects = isinstance(default, Mapping) and isinstance(value, Mapping)
+        taken[key] = _as_accepted(default, value) if both_objects and key not in WHOLE_FIELDS else value
+    return taken
 
 
 def parse_job(body: Mapping[str, Any], previous: DistributedTrainingStatus, defaults: Mapping[str, Any]) -> ParsedJob:

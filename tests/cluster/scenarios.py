@@ -760,8 +760,13 @@ def scenario_tenancy(figures: Figures) -> None:
     # An administrator allows one account in the jobs' namespace: it runs there, and nowhere else.
     kubectl("create", "serviceaccount", "e2e-iam", "-n", NS, check=False)
     helm_upgrade(f"tenancy.allowedServiceAccounts={{{NS}/e2e-iam}}")
+    # The upgraded operator (its new flag) leads before the job is made: the old one would refuse it.
+    eventually(lambda: len(pods := operator_pods()) == 1 and lease_holder() == pods[0]["metadata"]["name"],
+               "the upgraded operator leading", 120)
     name = "e2e-tenancy-iam"
-    apply(small_job(name, serviceAccountName="e2e-iam", volumes=api_token, volumeMounts=api_mount), kubeconfig=alice)
+    allowed = small_job(name, serviceAccountName="e2e-iam", volumes=api_token, volumeMounts=api_mount)
+    # The API server takes the policy's new values within a moment of the upgrade.
+    eventually(lambda: apply(allowed, kubeconfig=alice, check=False).returncode == 0, f"{name} admitted", 60)
     pods = eventually(lambda: len(p := worker_pods(name)) == 2 and p, f"{name}: its pods", 120)
     if {p["spec"]["serviceAccountName"] for p in pods} != {"e2e-iam"}:
         raise Failed(f"{name}: pods run as {[p['spec']['serviceAccountName'] for p in pods]}, expected e2e-iam")

@@ -83,8 +83,30 @@ def get_dtr(name: str) -> str:
     return kubectl("get", "dtr", name, "-n", NS).stdout.strip()
 
 
+def kueue_served() -> bool:
+    return kubectl("get", "crd", "localqueues.kueue.x-k8s.io", check=False).returncode == 0
+
+
+def not_honored_while_kueue_is_missing() -> None:
+    """Before Kueue runs, a job that names a queue gets QueueNotHonored (a Warning) and no pod of it is bound:
+    its workers wait behind the admission gate instead of running unqueued."""
+    name = "e2e-kq-unqueued"
+    apply(queued_job(name))
+    condition = eventually(lambda: next((c for c in status(name).get("conditions") or []
+                                         if c["type"] == "QueueNotHonored" and c["status"] == "True"), None),
+                           f"{name}: the QueueNotHonored condition", 120)
+    warned = kubectl("get", "events", "-n", NS, "--field-selector", f"involvedObject.name={name},reason=QueueNotHonored",
+                     "-o", "name").stdout.strip()
+    if not warned or bound(name):
+        raise Failed(f"{name}: Warning Event {warned!r}, pods bound {bound(name)}; expected an Event and none bound")
+    print(f"without Kueue: {condition['message'][:200]}", flush=True)
+    kubectl("delete", "dtr", name, "-n", NS, "--wait=true", "--timeout=120s")
+
+
 def scenario_kueue_quota(figures: Figures) -> None:
     """Two jobs for a quota of one: the second is Queued, none of its pods bound, until the first ends."""
+    if not kueue_served():
+        not_honored_while_kueue_is_missing()
     with_kueue()
     first, second = "e2e-kq-first", "e2e-kq-second"
     apply(queued_job(first))
@@ -159,7 +181,8 @@ def final_weights(name: str) -> dict[str, Any]:
 
 
 QUEUE_SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
-    ("kueue-quota", ("Kueue: a ClusterQueue with room for one 2-GPU gang, two jobs: the second Queued, none of its "
+    ("kueue-quota", ("Kueue: before it runs, a job naming a queue says QueueNotHonored and none of its pods is bound; "
+                     "a ClusterQueue with room for one 2-GPU gang, two jobs: the second Queued, none of its "
                      "pods bound, until the first ends; then it trains to Succeeded"), scenario_kueue_quota),
     ("kueue-preemption", ("Kueue: a higher-priority job preempts a running one, which checkpoints on SIGTERM, waits "
                           "Queued (no restart counted) and resumes exactly from that checkpoint"),

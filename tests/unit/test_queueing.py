@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dtrain_operator.controller.status.compute import compute_status
+from dtrain_operator.controller.status.events import status_events
 from dtrain_operator.controller.status.observe import observe_pod, observe_queue
 from dtrain_operator.core import queueing, render
 from dtrain_operator.core.child_plan import plan_children
@@ -29,13 +30,34 @@ def test_every_worker_carries_the_queue_the_group_and_its_size() -> None:
     assert queueing.QUEUE_LABEL not in plain["labels"] and "annotations" not in plain
 
 
+def test_a_queued_jobs_workers_are_created_behind_kueues_gate() -> None:
+    """Where Kueue does not take them in, they wait instead of running unqueued."""
+    assert render.render_worker_pod(JOB, 0)["spec"]["schedulingGates"] == [{"name": queueing.ADMISSION_GATE}]
+    assert "schedulingGates" not in render.render_worker_pod(a_cpu_job().as_model(), 0)["spec"]
+
+
+def test_a_queue_kueue_does_not_honor_is_said_with_a_warning() -> None:
+    gated = tuple(replace(p, queued=True) for p in a_gang("Pending", "Pending", "Pending"))
+    status = compute_status(JOB, Observed(workers=gated), accepted_status(JOB, "Pending"), NOW)
+    ignored = next(c for c in status.conditions if c.type == queueing.NOT_HONORED_CONDITION)
+    assert (status.phase, ignored.status, ignored.reason) == ("Queued", "True", queueing.REASON_NOT_MANAGED)
+    assert "Kueue did not take its pods in" in ignored.message and "namespace ml" in ignored.message
+    warnings = [e for e in status_events(accepted_status(JOB, "Pending"), status) if e.type == "Warning"]
+    assert [e.reason for e in warnings] == [queueing.NOT_HONORED_CONDITION]
+    taken = tuple(replace(p, kueue_managed=True) for p in gated)
+    later = compute_status(JOB, Observed(workers=taken), status, NOW)
+    assert next(c for c in later.conditions if c.type == queueing.NOT_HONORED_CONDITION).status == "False"
+
+
 def test_a_gated_pod_is_queued_and_a_pod_kueue_stopped_is_lost_to_an_eviction() -> None:
     raw = {
         "metadata": {"name": "mnist-0", "uid": "u", "labels": {"dtrain.dev/role": "worker", "dtrain.dev/node-rank": "0"}},
         "spec": {"schedulingGates": [{"name": queueing.ADMISSION_GATE}]},
         "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]},
     }
-    assert observe_pod(raw).queued
+    assert observe_pod(raw).queued and not observe_pod(raw).kueue_managed
+    raw["metadata"]["labels"][queueing.MANAGED_LABEL] = "true"
+    assert observe_pod(raw).kueue_managed
     raw["spec"] = {"nodeName": "node-1"}
     raw["status"] = {
         "phase": "Failed",
@@ -49,7 +71,7 @@ def test_a_gated_pod_is_queued_and_a_pod_kueue_stopped_is_lost_to_an_eviction() 
 
 
 def test_a_gang_kueue_holds_is_queued_naming_the_queues_and_kueues_reason() -> None:
-    held = tuple(replace(p, queued=True) for p in a_gang("Pending", "Pending", "Pending"))
+    held = tuple(replace(p, queued=True, kueue_managed=True) for p in a_gang("Pending", "Pending", "Pending"))
     queue = QueueObservation("team-a", "cluster-gpus", message="couldn't assign flavors to pod set main: insufficient quota")
     status = compute_status(JOB, Observed(workers=held, queue=queue), accepted_status(JOB, "Pending"), NOW)
     queued = next(c for c in status.conditions if c.type == queueing.CONDITION)

@@ -53,6 +53,8 @@ class PodObservation:
     scheduled_at: datetime | None = None
     queued: bool = False
     """Held by Kueue's admission gate: its group is not admitted yet."""
+    kueue_managed: bool = False
+    """Taken in by Kueue's pod webhook (its managed label): Kueue will admit or evict it."""
     node: str = ""
     """The Kubernetes node it is bound to (spec.nodeName)."""
     supervisor: SupervisorState | None = None

@@ -20,6 +20,8 @@ PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 POD_GROUP_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
+MANAGED_LABEL = "kueue.x-k8s.io/managed"
+"""The label Kueue's pod webhook sets on a pod it takes in (value "true")."""
 WORKLOAD_API = "kueue.x-k8s.io/v1beta2"
 STOP_CONDITION = "TerminationTarget"
 """The pod condition Kueue sets before it deletes a pod of an evicted group; its reason is the stop's."""
@@ -30,6 +32,9 @@ CONDITION = "Queued"
 REASON_WAITING = "WaitingForAdmission"
 REASON_ADMITTED = "Admitted"
 REASON_EVICTED = "EvictedByKueue"
+NOT_HONORED_CONDITION = "QueueNotHonored"
+REASON_NOT_MANAGED = "NotManagedByKueue"
+REASON_MANAGED = "ManagedByKueue"
 
 
 def queue_name(job: DistributedTraining) -> str | None:
@@ -56,6 +61,22 @@ def worker_labels(job: DistributedTraining) -> dict[str, str]:
 
 def worker_annotations(job: DistributedTraining) -> dict[str, str]:
     return {POD_GROUP_TOTAL_ANNOTATION: str(job.spec.nodes)} if queue_name(job) is not None else {}
+
+
+def worker_scheduling_gates(job: DistributedTraining) -> list[dict[str, str]]:
+    """A queued job's workers are created behind Kueue's own admission gate, as its webhook would put them: where
+    Kueue does not take them in (not installed, or their namespace not managed), they wait, gated, instead of
+    running unqueued, and the job says why (not_honored_message)."""
+    return [{"name": ADMISSION_GATE}] if queue_name(job) is not None else []
+
+
+def not_honored_message(local_queue: str, namespace: str) -> str:
+    return (
+        f"the job asks for Kueue's LocalQueue {local_queue}, but Kueue did not take its pods in (no {MANAGED_LABEL} "
+        f"label): Kueue is not installed, or its pod integration does not manage namespace {namespace} "
+        "(managedJobsNamespaceSelector). The pods stay gated and nothing runs: have an administrator let Kueue manage "
+        f"the namespace, or delete the job and create it without the {QUEUE_LABEL} label"
+    )
 
 
 @dataclass(frozen=True)

@@ -435,6 +435,9 @@ def render_worker_pod(
     }
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [ref.to_wire() for ref in spec.image_pull_secrets]
+    gates = queueing.worker_scheduling_gates(job)
+    if gates:
+        pod_spec["schedulingGates"] = gates
     if spec.scheduling.gang_provider == "kubernetes":
         # The workers' gang only: the engine Job's pod comes after it and is scheduled alone.
         pod_spec["schedulingGroup"] = {"podGroupName": pod_group_name(job)}

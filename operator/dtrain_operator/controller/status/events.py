@@ -90,7 +90,7 @@ class JobEvent:
 # Conditions that need the user: a Warning Event each time one turns True or says something new.
 WARNING_CONDITIONS = (
     SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL, gpu_memory.CONDITION, POD_LOCAL_STORAGE,
-    storage_conditions.CONDITION,
+    storage_conditions.CONDITION, queueing.NOT_HONORED_CONDITION,
 )
 
 

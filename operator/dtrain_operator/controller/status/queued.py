@@ -17,6 +17,11 @@ def report_queue(c: StatusComputation) -> None:
     if local_queue is None:
         return
     queue = c.observed.queue
+    if any(p.queued and not p.kueue_managed for p in c.gang.values()):
+        c.conditions.set(queueing.NOT_HONORED_CONDITION, True, queueing.REASON_NOT_MANAGED,
+                         queueing.not_honored_message(local_queue, c.running_job.namespace))
+    elif c.gang and c.conditions.is_true(queueing.NOT_HONORED_CONDITION):
+        c.conditions.clear(queueing.NOT_HONORED_CONDITION, queueing.REASON_MANAGED, "Kueue took the gang's pods in")
     if any(p.queued for p in c.gang.values()):
         c.status.phase = "Queued"
         c.conditions.set(queueing.CONDITION, True, queueing.REASON_WAITING, queueing.waiting_message(queue, local_queue))

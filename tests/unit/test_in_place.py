@@ -178,3 +178,13 @@ def test_the_record_keeps_what_decides_the_pods():
     assert (decoded.restarts_in_place, decoded.in_place_generation) == (1, 1)
     previous = trusted.trusted_previous(DistributedTrainingStatus(in_place_generation=5), decoded)
     assert previous.in_place_generation == 1
+
+
+@pytest.mark.parametrize("reason", ["WorkloadEvicted", "WorkloadEvictedDueToPreempted", "Deleted", "Evicted", "NodeLost"])
+def test_a_supervisor_cannot_report_a_reason_only_the_operator_observes(reason):
+    """A worker's code runs in its pod: a report naming an eviction or a lost pod would buy a restart that counts
+    against nothing. Such a report is refused; the reasons a supervisor can know are its own."""
+    with pytest.raises(ValueError, match="reason"):
+        LaunchReport.model_validate({"generation": 0, "state": "exited", "exitCode": 1, "reason": reason})
+    for own in ("Error", "OOMKilled", REASON_STOPPED):
+        assert LaunchReport.model_validate({"generation": 0, "state": "exited", "exitCode": 1, "reason": own}).reason == own

@@ -39,8 +39,10 @@ POLL_SECONDS = 15.0
 REPORT_FRESH_SECONDS = POLL_SECONDS + 10.0
 # The reason of an exit the supervisor made itself, on the operator's order.
 REASON_STOPPED = "Stopped"
+# What a supervisor can know of its torchrun's exit; nothing else. Why a pod ended beyond that (an eviction, a
+# deletion, a lost node, Kueue's stop) the operator reads from the API, never from a worker's word.
+ExitReason = Literal["Error", "OOMKilled", "Stopped"]
 MAX_MESSAGE_CHARS = 2048
-MAX_REASON_CHARS = 128
 
 
 class LaunchReport(ApiModel):
@@ -52,8 +54,10 @@ class LaunchReport(ApiModel):
     """running: torchrun runs. exited: it ended (by itself, or stopped on an order)."""
     exit_code: Annotated[StrictInt, Field(ge=0, le=255)] | None = None
     """torchrun's exit code as a container reports one (128 + n for signal n); with state exited."""
-    reason: Annotated[str, Field(max_length=MAX_REASON_CHARS)] | None = None
-    """Why it exited as Kubernetes would say it: Error, OOMKilled (the container's cgroup killed it), Stopped (on an order)."""
+    reason: ExitReason | None = None
+    """Why it exited as Kubernetes would say it: Error, OOMKilled (the container's cgroup killed it), Stopped (on an
+    order). Any other word is refused: a worker's code runs in the pod, and a reason it chose must not pass for
+    the operator's observation (a Kueue eviction or a lost node restart a gang without counting it)."""
     message: Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)] | None = None
     """The end of what the trainer wrote to its termination log, or of its output, as a pod's termination message."""
     sequence: Annotated[StrictInt, Field(ge=0)] = 0

@@ -24,9 +24,12 @@ launches.POLL_SECONDS while the order is what the supervisor already does. What 
 (torchrun exited, and how) counts as the same exit of its container would: it can restart the gang
 in place, never make the operator create anything a container's exit could not.
 
-TokenReviews are cached for TOKEN_CACHE_SECONDS per token (one review a minute per job, not one per
+TokenReviews are cached for TOKEN_CACHE_SECONDS per accepted token (one review a minute per job, not one per
 record): a token revoked by deleting its pod is refused within that time, as the pod is gone from
-the watch at once.
+the watch at once. A refused token is not cached, so that made-up tokens never push out good ones.
+
+What a job's own code can do to the endpoint is bounded (report_limits.py): connections in all and per pod,
+handshake and idle time, requests per pod before any TokenReview, TokenReviews in flight.
 """
 
 from __future__ import annotations
@@ -56,6 +59,16 @@ from dtrain_operator.api.launches import (
 )
 from dtrain_operator.api.records import status_patch
 from dtrain_operator.controller.kube import ApiError, KubeClient
+from dtrain_operator.controller.report_limits import (
+    MAX_PENDING_REVIEWS,
+    AdmittedProtocol,
+    ConnectionLimits,
+    PeerRateLimiter,
+    ServingLimits,
+    peer_of,
+)
+
+DEFAULT_LIMITS = ServingLimits()
 from dtrain_operator.controller.report_tls import ReportTLS
 from dtrain_operator.core.observation import PodObservation
 
@@ -110,21 +123,28 @@ class TokenReviewer:
 
     def __init__(self, client: KubeClient) -> None:
         self._client = client
-        self._cache: OrderedDict[str, tuple[float, BoundPod | str]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[float, BoundPod]] = OrderedDict()
+        self._pending = 0
 
     async def review(self, token: str) -> BoundPod:
-        """The pod the token is bound to; raises Refused(401) for a token the API server does not accept."""
+        """The pod the token is bound to; raises Refused(401) for a token the API server does not accept, and
+        Refused(503) while MAX_PENDING_REVIEWS are in flight already."""
         key = hashlib.sha256(token.encode()).hexdigest()
         cached = self._cache.get(key)
         if cached is not None and cached[0] > time.monotonic():
-            answer = cached[1]
-        else:
+            return cached[1]
+        if self._pending >= MAX_PENDING_REVIEWS:
+            raise Refused(503, "too many token reviews in flight; try again")
+        self._pending += 1
+        try:
             answer = await self._ask(token)
-            self._cache[key] = (time.monotonic() + TOKEN_CACHE_SECONDS, answer)
-            while len(self._cache) > TOKEN_CACHE_SIZE:
-                self._cache.popitem(last=False)
+        finally:
+            self._pending -= 1
         if isinstance(answer, str):
             raise Refused(401, answer)
+        self._cache[key] = (time.monotonic() + TOKEN_CACHE_SECONDS, answer)
+        while len(self._cache) > TOKEN_CACHE_SIZE:
+            self._cache.popitem(last=False)
         return answer
 
     async def _ask(self, token: str) -> BoundPod | str:
@@ -171,7 +191,8 @@ class ReportServer:
     """The HTTPS endpoint; `jobs` None makes it a standby's, answering 503 to every report."""
 
     def __init__(
-        self, tls: ReportTLS, port: int, jobs: Jobs | None = None, reviewer: Reviewer | None = None, host: str = "0.0.0.0"
+        self, tls: ReportTLS, port: int, jobs: Jobs | None = None, reviewer: Reviewer | None = None, host: str = "0.0.0.0",
+        limits: ServingLimits = DEFAULT_LIMITS,
     ) -> None:
         self._tls = tls
         self._port = port
@@ -179,6 +200,10 @@ class ReportServer:
         self._jobs = jobs
         self._reviewer = reviewer
         self._runner: aiohttp.web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._limits = limits
+        self.connections = ConnectionLimits(limits.connections, limits.connections_per_peer)
+        self._rate = PeerRateLimiter(limits.peer_rate, limits.peer_burst)
         self._stopping = asyncio.Event()  # held launch requests are answered at once
         self.taken = 0
         # Refusals by HTTP status: counts, so that a standby answering 503 for months holds a few numbers.
@@ -188,13 +213,20 @@ class ReportServer:
         app = aiohttp.web.Application(client_max_size=contract.MAX_REPORT_BYTES)
         app.router.add_post(ROUTE, self._post)
         app.router.add_post(LAUNCH_ROUTE, self._post_launch)
-        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        self._runner = aiohttp.web.AppRunner(app, access_log=None, keepalive_timeout=self._limits.idle_seconds)
         await self._runner.setup()
-        site = aiohttp.web.TCPSite(self._runner, self._host, self._port, ssl_context=self._tls.server_context())
-        await site.start()
+        handlers = self._runner.server
+        assert handlers is not None
+        # Served by hand rather than by a TCPSite: the handshake's time and the connections are bounded.
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: AdmittedProtocol(handlers(), self.connections), self._host, self._port,
+            ssl=self._tls.server_context(), ssl_handshake_timeout=self._limits.handshake_seconds, reuse_address=True,
+        )
 
     async def stop(self) -> None:
         self._stopping.set()
+        if self._server is not None:
+            self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -214,6 +246,8 @@ class ReportServer:
         """The worker pod of the job that the request's token is bound to (steps 1 to 3 of the module's docstring)."""
         if self._jobs is None or self._reviewer is None:
             raise Refused(503, "this operator replica is a standby; the leader takes reports")
+        if not self._rate.allow(peer_of(request)):
+            raise Refused(429, f"more than {self._limits.peer_rate:g} requests a second from {peer_of(request)}; slow down")
         authorization = request.headers.get("Authorization", "")
         if not authorization.startswith("Bearer ") or not authorization[7:].strip():
             raise Refused(401, "no bearer token (a worker sends its pod's projected token for the operator)")

@@ -1,0 +1,179 @@
+"""The report endpoint against a job's own code (controller/report_limits.py), from a worker's point of view: an
+idle-connection flood, a report every millisecond, a TokenReview flood of made-up tokens, a forged eviction
+reason. The endpoint runs in this process over real HTTPS on loopback addresses (one per "pod"); the API
+server's TokenReview and the operator's watch stand in, as in tests/trainer/test_operator_sink.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from dtrain_operator.api import contract
+from dtrain_operator.controller.report_limits import ServingLimits
+from dtrain_operator.controller.report_server import BoundPod, Refused, ReportServer, TokenReviewer
+from dtrain_operator.controller.report_tls import issue
+from dtrain_operator.core.observation import PodObservation
+
+from ..ports import free_port
+
+NS, JOB, JOB_UID = "team-a", "resnet", "job-uid"
+TLS = issue(["dtrain-operator.dtrain-system.svc"])
+ATTACKER, HONEST = "127.0.0.3", "127.0.0.4"
+LIMITS = ServingLimits(connections=64, connections_per_peer=4, handshake_seconds=1.0, idle_seconds=1.0,
+                       peer_rate=10.0, peer_burst=10.0)
+
+
+@dataclass
+class Jobs:
+    pods: list[PodObservation] = field(default_factory=lambda: [
+        PodObservation(name=f"{JOB}-0", uid="rank-0", resource_version="1", role=contract.ROLE_WORKER, rank=0,
+                       generation=0, phase="Running", owner_uid=JOB_UID)])
+    patches: list[dict[str, Any]] = field(default_factory=list)
+    launches: list[Any] = field(default_factory=list)
+
+    def job_uid(self, namespace: str, name: str) -> str | None:
+        return JOB_UID
+
+    def pod_of(self, namespace: str, name: str, pod_uid: str) -> PodObservation | None:
+        return next((p for p in self.pods if p.uid == pod_uid), None)
+
+    async def write_reports(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        self.patches.append(dict(patch))
+
+    def launch_reported(self, namespace: str, name: str, pod: PodObservation, report: Any) -> None:
+        self.launches.append(report)
+
+    def launch_order(self, namespace: str, name: str, pod: PodObservation) -> None:
+        return None
+
+    async def launch_decided(self, namespace: str, name: str, timeout: float) -> None:
+        await asyncio.sleep(min(timeout, 0.05))
+
+
+class Reviewer:
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def review(self, token: str) -> BoundPod:
+        self.asked += 1
+        if token != "rank-0-token":
+            raise Refused(401, "the token is not valid for dtrain.dev/operator")
+        return BoundPod(NS, f"{JOB}-0", "rank-0")
+
+
+@dataclass
+class Endpoint:
+    server: ReportServer
+    port: int
+    jobs: Jobs
+    reviewer: Reviewer
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cadata=TLS.ca_pem)
+        context.check_hostname = False
+        return context
+
+    async def connect(self, peer: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection("127.0.0.1", self.port, ssl=self.context(), local_addr=(peer, 0))
+
+    async def post(self, peer: str, path: str, body: Mapping[str, Any], token: str = "rank-0-token") -> int:
+        reader, writer = await self.connect(peer)
+        data = json.dumps(body).encode()
+        writer.write((f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+                     + data)
+        status_line = await asyncio.wait_for(reader.readline(), 10)
+        writer.close()
+        return int(status_line.split()[1])
+
+
+@pytest.fixture
+async def endpoint() -> AsyncIterator[Endpoint]:
+    port, jobs, reviewer = free_port(), Jobs(), Reviewer()
+    server = ReportServer(TLS, port, jobs, reviewer, host="127.0.0.1", limits=LIMITS)
+    await server.start()
+    yield Endpoint(server, port, jobs, reviewer)
+    await server.stop()
+
+
+PROGRESS = {"records": [{"event": "progress", "time": "2026-01-01T00:00:00Z", "step": 1}]}
+
+
+async def test_one_pods_idle_connections_are_capped_and_another_pod_is_served(endpoint: Endpoint):
+    held = [await endpoint.connect(ATTACKER) for _ in range(LIMITS.connections_per_peer)]
+    reader, _ = await endpoint.connect(ATTACKER)  # one over its share: closed at once
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert endpoint.server.connections.refused >= 1
+    assert await endpoint.post(HONEST, contract.report_path(NS, JOB), PROGRESS) == 204
+    # Idle connections do not stay: each is closed after its idle time, and its place is free again.
+    for reader, _ in held:
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+    for _ in range(100):  # the server's side of the last close may follow the client's by a moment
+        if not endpoint.server.connections.open:
+            break
+        await asyncio.sleep(0.05)
+    assert not endpoint.server.connections.open
+
+
+async def test_a_silent_handshake_is_dropped():
+    """A TCP connection that never starts TLS holds nothing past the handshake's time."""
+    port = free_port()
+    server = ReportServer(TLS, port, Jobs(), Reviewer(), host="127.0.0.1", limits=LIMITS)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(ATTACKER, 0))
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_a_report_every_millisecond_is_slowed_and_costs_no_token_reviews(endpoint: Endpoint):
+    started = asyncio.get_running_loop().time()
+    answers = [await endpoint.post(ATTACKER, contract.report_path(NS, JOB), PROGRESS, token=f"made-up-{i}")
+               for i in range(40)]
+    # The bucket refills while the requests are made (each a new TLS connection): what it can have let through.
+    let_through = LIMITS.peer_burst + LIMITS.peer_rate * (asyncio.get_running_loop().time() - started) + 1
+    assert 429 in answers and len(answers) - answers.count(429) <= let_through
+    assert endpoint.reviewer.asked <= let_through
+    assert await endpoint.post(HONEST, contract.report_path(NS, JOB), PROGRESS) == 204
+
+
+async def test_a_forged_eviction_reason_is_refused(endpoint: Endpoint):
+    forged = {"generation": 0, "state": "exited", "exitCode": 143, "reason": "WorkloadEvicted", "sequence": 1}
+    assert await endpoint.post(HONEST, contract.launch_path(NS, JOB), forged) == 400
+    assert endpoint.jobs.launches == []
+
+
+class FakeApi:
+    """The API server's TokenReview: one token is good."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def review_token(self, token: str, audience: str) -> dict[str, Any]:
+        self.asked += 1
+        if token != "good":
+            return {"status": {"authenticated": False, "error": "invalid bearer token"}}
+        return {"status": {"authenticated": True, "audiences": [audience], "user": {
+            "username": f"system:serviceaccount:{NS}:dtrain-trainer",
+            "extra": {"authentication.kubernetes.io/pod-name": [f"{JOB}-0"],
+                      "authentication.kubernetes.io/pod-uid": ["rank-0"]}}}}
+
+
+async def test_made_up_tokens_never_push_a_good_one_out_of_the_cache():
+    api = FakeApi()
+    reviewer = TokenReviewer(api)  # type: ignore[arg-type]
+    assert await reviewer.review("good") == BoundPod(NS, f"{JOB}-0", "rank-0")
+    for i in range(5000):
+        with pytest.raises(Refused):
+            await reviewer.review(f"made-up-{i}")
+    asked = api.asked
+    assert await reviewer.review("good") == BoundPod(NS, f"{JOB}-0", "rank-0")
+    assert api.asked == asked, "the good token's review is still cached"

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from dtrain_operator.api import contract
+from dtrain_operator.api.record_patches import replacing_maps
 from dtrain_operator.controller.report_limits import ServingLimits
-from dtrain_operator.controller.report_server import BoundPod, Refused, ReportServer, TokenReviewer
+from dtrain_operator.controller.report_server import BoundPod, Refused, ReportServer, TokenReviewer, merged_patch
 from dtrain_operator.controller.report_tls import issue
+from dtrain_operator.controller.report_writes import CoalescedWrites
 from dtrain_operator.core.observation import PodObservation
 
 from ..ports import free_port
@@ -177,3 +179,55 @@ async def test_made_up_tokens_never_push_a_good_one_out_of_the_cache():
     asked = api.asked
     assert await reviewer.review("good") == BoundPod(NS, f"{JOB}-0", "rank-0")
     assert api.asked == asked, "the good token's review is still cached"
+
+
+@pytest.mark.parametrize(("record", "answer", "named"), [
+    ({"event": "progress", "metrics": {f"metric_{i}": 1.0 for i in range(100)}}, 413, "metrics"),
+    ({"event": "progress", "stage": "x" * 100_000}, 413, "stage"),
+    ({"event": "preflight", "versions": {f"lib{i}": "1.0" for i in range(100)}}, 413, "versions"),
+    ({"event": "progress", "metrics": {"\x1b]0;pwned\x07val_loss": 1.0}}, 400, "metrics"),
+    ({"event": "progress", "validation": "val_loss=\x1b[2J0.4"}, 400, "validation"),
+], ids=["too many metrics", "a huge stage", "too many versions", "an escape in a metric name", "an escape in VAL"])
+def test_a_record_over_its_bounds_is_refused_naming_the_field(record, answer, named):
+    with pytest.raises(Refused) as refused:
+        merged_patch([{"time": "2026-01-01T00:00:00Z", **record}], 0)
+    assert refused.value.status == answer and f"records[0].{named}" in str(refused.value)
+
+
+def test_a_status_field_stays_within_its_bound_however_the_records_add_up():
+    many = [{"event": "preflight", "ranks": [{"rank": r, "pod": "p" * 200, "node": "n" * 200} for r in range(80)]}]
+    with pytest.raises(Refused) as refused:
+        merged_patch(many, 0)
+    assert refused.value.status == 413 and "status.preflight would be" in str(refused.value)
+
+
+def test_metrics_are_replaced_not_merged():
+    """A metric logged once does not stay in the status for ever: the keys a new record lacks are nulled."""
+    status = {"progress": {"step": 3, "metrics": {"val_loss": 0.5, "debug_once": 1.0}},
+              "preflight": {"versions": {"torch": "2.14", "nccl": None}}}
+    patch = merged_patch([{"event": "progress", "step": 4, "metrics": {"val_loss": 0.4}}], 0)
+    assert replacing_maps(patch, status)["progress"]["metrics"] == {"debug_once": None, "val_loss": 0.4}
+    assert replacing_maps({"progress": {"step": 5}}, status) == {"progress": {"step": 5}}  # no metrics sent: kept
+
+
+async def test_a_jobs_reports_are_coalesced_into_few_writes():
+    """A report every millisecond costs one status write per interval, with every record's content in it."""
+    written: list[tuple[Any, dict[str, Any]]] = []
+
+    async def write(key: Any, patch: Mapping[str, Any]) -> None:
+        written.append((key, dict(patch)))
+
+    writes = CoalescedWrites(write, interval=0.3)
+    started = asyncio.get_running_loop().time()
+    for step in range(200):
+        writes.add(("team-a", "resnet"), {"progress": {"step": step, "metrics": {f"m{step % 3}": 1.0}}})
+        writes.add(("team-b", "other"), {"progress": {"step": step}})
+        await asyncio.sleep(0.001)
+    while writes._flushing:
+        await asyncio.sleep(0.05)
+    elapsed = asyncio.get_running_loop().time() - started
+    mine = [patch for key, patch in written if key == ("team-a", "resnet")]
+    assert len(mine) <= 2 + elapsed / 0.3
+    assert mine[-1]["progress"]["step"] == 199
+    assert mine[-1]["progress"]["metrics"] == {"m1": 1.0}  # the latest record's map, not a merge of all of them
+    assert [patch for key, patch in written if key == ("team-b", "other")][-1] == {"progress": {"step": 199}}

@@ -8,6 +8,7 @@ import pytest
 
 from dtrain_operator.api import DistributedTrainingStatus, contract
 from dtrain_operator.api.job import spec_hash
+from dtrain_operator.api.record_patches import MAX_TRAINER_FIELD_BYTES
 from dtrain_operator.controller import trusted
 
 SPEC = {"image": "registry.example/trainer:1", "nodes": 2}
@@ -101,17 +102,24 @@ def test_without_a_record_a_job_starts_afresh_from_its_pods_generation():
 
 
 def test_an_unreadable_field_is_named_and_the_rest_is_read():
-    read = trusted.read_status(body(status={"phase": "Running", "restarts": 1, "progress": {"epoch": "three"}}))
-    assert read.status.phase == "Running" and read.status.progress is None
-    assert len(read.problems) == 1 and read.problems[0].startswith("status.progress.epoch:")
+    read = trusted.read_status(body(status={"phase": "Running", "restarts": 1, "nodes": {"total": "three"}}))
+    assert read.status.phase == "Running" and read.status.nodes is None
+    assert len(read.problems) == 1 and read.problems[0].startswith("status.nodes.total:")
     assert '"three"' in read.problems[0]
 
 
-def test_the_trainers_fields_are_size_capped():
-    huge = {"stage": "x" * (trusted.MAX_TRAINER_FIELD_BYTES + 1)}
-    read = trusted.read_status(body(status={"progress": huge}))
-    assert read.status.progress is None
-    assert "more than the 4096 read" in read.problems[0]
+@pytest.mark.parametrize(("field", "unreadable"), [
+    ("progress", {"step": "three"}), ("preflight", {"worldSize": "three"}), ("lastCheckpoint", {"step": "three"}),
+    ("hangStacks", {"step": "three"}),
+])
+def test_the_trainers_fields_over_their_bound_or_unreadable_are_read_as_absent(field, unreadable):
+    """What a worker reported never freezes the job: the operator decides on without it."""
+    huge = {"stage": "x" * (MAX_TRAINER_FIELD_BYTES + 1)}
+    for value in (huge, unreadable):
+        read = trusted.read_status(body(status={"phase": "Running", field: value}))
+        assert read.problems == () and getattr(read.status, {"lastCheckpoint": "last_checkpoint",
+                                                             "hangStacks": "hang_stacks"}.get(field, field)) is None
+        assert read.status.phase == "Running"
 
 
 def test_a_status_that_is_not_an_object_is_a_problem():

@@ -146,6 +146,26 @@ _READING = {READING: True}
 RecordT = TypeVar("RecordT", bound=WireRecord)
 
 
+# Every field a worker sends has a bound: what rank 0 reports is the job's own code's word (the report endpoint
+# refuses a record over one with 413), and the status the operator writes from it must stay small.
+MAX_TEXT = 2048
+MAX_PATH = 4096
+MAX_NAME = 253
+MAX_WORD = 64
+MAX_METRICS = 64
+MAX_VERSIONS = 32
+MAX_RANKS = 1024
+MAX_STACK_GROUPS = 64
+# A name a person reads in `dtrain get` and in Prometheus: printable, no control characters.
+PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+PathText = Annotated[str, Field(max_length=MAX_PATH)]
+Name = Annotated[str, Field(max_length=MAX_NAME)]
+Word = Annotated[str, Field(max_length=MAX_WORD, pattern=PRINTABLE_PATTERN)]
+MetricName = Annotated[str, Field(min_length=1, max_length=128, pattern=PRINTABLE_PATTERN)]
+
+
 def _numbers_only(value: Any) -> Any:
     """Reported metrics are numbers; an entry that is not one is left out (a reader never fails on it)."""
     if not isinstance(value, Mapping):
@@ -154,7 +174,7 @@ def _numbers_only(value: Any) -> Any:
             if isinstance(number, (int, float)) and not isinstance(number, bool)}
 
 
-Metrics = Annotated[dict[str, float], BeforeValidator(_numbers_only)]
+Metrics = Annotated[dict[MetricName, float], BeforeValidator(_numbers_only), Field(max_length=MAX_METRICS)]
 
 
 class TrainerRecord(WireRecord):
@@ -162,7 +182,7 @@ class TrainerRecord(WireRecord):
 
     EVENT: ClassVar[Event]
 
-    time: str | None = None
+    time: Word | None = None
     """RFC 3339 UTC; the trainer always sets it."""
 
     def to_wire(self) -> dict[str, Any]:
@@ -172,35 +192,35 @@ class TrainerRecord(WireRecord):
 class StartRecord(TrainerRecord):
     EVENT = Event.START
 
-    job_name: str | None = None
+    job_name: Name | None = None
     world_size: int | None = None
     nodes: int | None = None
     devices_per_node: int | None = None
-    accelerator: str | None = None
-    precision: str | None = None
-    cluster_environment: str | None = None
+    accelerator: Word | None = None
+    precision: Word | None = None
+    cluster_environment: Word | None = None
     max_steps: int | None = None
     max_epochs: int | None = None
-    resume_from: str | None = None
-    lightning: str | None = None
+    resume_from: PathText | None = None
+    lightning: Word | None = None
 
 
 class WarningRecord(TrainerRecord):
     EVENT = Event.WARNING
 
-    message: str | None = None
+    message: Text | None = None
 
 
 class ErrorRecord(TrainerRecord):
     EVENT = Event.ERROR
 
-    message: str | None = None
+    message: Text | None = None
 
 
 class ResumedRecord(TrainerRecord):
     EVENT = Event.RESUMED
 
-    path: str | None = None
+    path: PathText | None = None
     step: int | None = None
     epoch: int | None = None
     survivor: SurvivorMark | None = None
@@ -211,10 +231,10 @@ class CheckpointRecord(TrainerRecord):
     EVENT = Event.CHECKPOINT
 
     step: int | None = None
-    path: str | None = None
+    path: PathText | None = None
     ok: bool | None = None
     """False: the checkpoint could not be written (object storage, after retries); training went on."""
-    error: str | None = None
+    error: Text | None = None
     bytes: int | None = None
     upload_seconds: float | None = None
     """On object storage: how long the streamed upload took, retries included."""
@@ -227,12 +247,12 @@ class ExportRecord(TrainerRecord):
     EVENT = Event.EXPORT
 
     ok: bool | None = None
-    onnx: str | None = None
-    sha256: str | None = None
+    onnx: PathText | None = None
+    sha256: Word | None = None
     parity_error: float | None = None
     tolerance: float | None = None
-    artifacts: str | None = None
-    error: str | None = None
+    artifacts: PathText | None = None
+    error: Text | None = None
 
 
 class TrainingState(TrainerRecord):
@@ -243,7 +263,7 @@ class TrainingState(TrainerRecord):
     loss: float | None = None
     images_per_second: float | None = None
     metrics: Metrics | None = None
-    validation: str | None = None
+    validation: Annotated[str, Field(max_length=256, pattern=PRINTABLE_PATTERN)] | None = None
 
 
 class ProgressRecord(TrainingState):
@@ -251,9 +271,9 @@ class ProgressRecord(TrainingState):
 
     total_steps: int | None = None
     epoch_end: bool | None = None
-    stage: str | None = None
+    stage: Word | None = None
     batches: int | None = None
-    batch_time: str | None = None
+    batch_time: Word | None = None
     step_times: StepTimes | None = None
 
 
@@ -261,14 +281,14 @@ class FinishedRecord(TrainingState):
     EVENT = Event.FINISHED
 
     ok: bool | None = None
-    export_error: str | None = None
+    export_error: Text | None = None
 
 
 class StoppedRecord(TrainingState):
     EVENT = Event.STOPPED
 
-    signal: str | None = None
-    checkpoint: str | None = None
+    signal: Word | None = None
+    checkpoint: PathText | None = None
 
 
 class PreflightRecord(TrainerRecord):
@@ -276,7 +296,7 @@ class PreflightRecord(TrainerRecord):
 
     EVENT = Event.PREFLIGHT
 
-    backend: str | None = None
+    backend: Word | None = None
     world_size: int | None = None
     seconds: float | None = None
     join_seconds: float | None = None
@@ -284,8 +304,8 @@ class PreflightRecord(TrainerRecord):
     all_reduce_ms: float | None = None
     latency_ms: float | None = None
     bus_bandwidth_g_bps: Annotated[float | None, Field(alias="busBandwidthGBps")] = None
-    versions: dict[str, str | None] | None = None
-    ranks: list[PreflightRank] | None = None
+    versions: Annotated[dict[Word, Annotated[str, Field(max_length=MAX_NAME)] | None], Field(max_length=MAX_VERSIONS)] | None = None
+    ranks: Annotated[list[PreflightRank], Field(max_length=MAX_RANKS)] | None = None
 
 
 class HangRecord(TrainerRecord):
@@ -298,9 +318,9 @@ class HangRecord(TrainerRecord):
     batches: int | None = None
     stalled_seconds: float | None = None
     world_size: int | None = None
-    groups: list[StackGroup] | None = None
-    silent: str | None = None
-    dumps: str | None = None
+    groups: Annotated[list[StackGroup], Field(max_length=MAX_STACK_GROUPS)] | None = None
+    silent: Text | None = None
+    dumps: PathText | None = None
 
 
 AnyTrainerRecord = (
@@ -325,6 +345,19 @@ def read_record(data: Any) -> AnyTrainerRecord | None:
     except ValueError:
         return None
     return record_type.read(data)  # type: ignore[return-value]
+
+
+def checked_record(data: Any) -> AnyTrainerRecord | None:
+    """A record as the report endpoint takes it from a worker: fields it does not know are ignored, but a field of
+    the wrong type or over its bound raises pydantic's ValidationError; None for no record (no object, an unknown
+    event)."""
+    if not isinstance(data, Mapping):
+        return None
+    try:
+        record_type = RECORD_TYPES[Event(data.get("event"))]
+    except ValueError:
+        return None
+    return record_type.model_validate(data, context=_READING)  # type: ignore[return-value]
 
 
 def status_patch(data: Mapping[str, Any]) -> dict[str, Any] | None:

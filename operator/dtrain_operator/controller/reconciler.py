@@ -38,6 +38,7 @@ from dtrain_operator.api import (
 )
 from dtrain_operator.api.job_defaults import JobDefaults
 from dtrain_operator.api.launches import LaunchOrder, LaunchReport
+from dtrain_operator.api.record_patches import replacing_maps
 from dtrain_operator.controller import refusals, trusted
 from dtrain_operator.controller.children import ChildConflict, ChildWriter
 from dtrain_operator.controller.event_recorder import EventRecorder
@@ -53,6 +54,7 @@ from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElecto
 from dtrain_operator.controller.metrics import OperatorMetrics
 from dtrain_operator.controller.report_server import ReportServer, TokenReviewer
 from dtrain_operator.controller.report_tls import ReportTLS
+from dtrain_operator.controller.report_writes import CoalescedWrites
 from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
 from dtrain_operator.controller.status.invalid import invalid_status, unreadable_status
@@ -125,6 +127,7 @@ class Controller:
         self._report_port = report_port
         self._reports: ReportServer | None = None
         self._report_client: KubeClient | None = None
+        self._report_writes: CoalescedWrites | None = None
         self._elector: LeaderElector | None = None
         self._keeping: asyncio.Task[None] | None = None
         self._lease_client: KubeClient | None = None
@@ -162,6 +165,7 @@ class Controller:
         if self._report_tls is not None:
             # TokenReviews on a client of their own: a report never waits behind the reconciles' rate limit.
             self._report_client = KubeClient(await load_configuration(), RateLimiter(20.0, 20), self._metrics)
+            self._report_writes = CoalescedWrites(self._write_records)
             self._reports = ReportServer(self._report_tls, self._report_port, self, TokenReviewer(self._report_client))
             await self._reports.start()
 
@@ -184,6 +188,8 @@ class Controller:
     async def stop(self) -> None:
         if self._reports is not None:
             await self._reports.stop()
+        if self._report_writes is not None:
+            await self._report_writes.stop()
         if self._report_client is not None:
             await self._report_client.close()
         await self._queue.stop()
@@ -209,9 +215,17 @@ class Controller:
         return next((pod for pod in pods if pod.uid == pod_uid), None)
 
     async def write_reports(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """Rank 0's records into the status (the watch event that follows reconciles the job)."""
-        assert self._client is not None
-        await self._client.patch_status(namespace, name, patch)
+        """Rank 0's records into the status, coalesced per job (report_writes.py); the watch event that follows
+        reconciles the job."""
+        assert self._report_writes is not None
+        self._report_writes.add((namespace, name), patch)
+
+    async def _write_records(self, key: JobKey, patch: Mapping[str, Any]) -> None:
+        """One coalesced write of a job's records, on the report endpoint's client: the maps a record replaces lose
+        the keys it no longer sends (api.records.replacing_maps)."""
+        assert self._report_client is not None
+        status = (self._jobs.get(key) or {}).get("status") or {}
+        await self._report_client.patch_status(*key, replacing_maps(patch, status))
 
     def launch_reported(self, namespace: str, name: str, pod: PodObservation, report: LaunchReport) -> None:
         """A supervisor's report (supervisors.py); one that says something new reconciles the job."""
@@ -272,6 +286,8 @@ class Controller:
         self._expectations.pop(key, None)
         self._supervisors.forget(key)
         self._queue.forget(key)
+        if self._report_writes is not None:
+            self._report_writes.forget(key)
         self._metrics.job_status(key, None)
 
     # --- Observation -------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ from dtrain_operator.api.launches import (
     LaunchOrder,
     LaunchReport,
 )
-from dtrain_operator.api.records import status_patch
+from dtrain_operator.api.record_patches import MAX_TRAINER_FIELD_BYTES, merge_patches
+from dtrain_operator.api.records import checked_record, status_patch
 from dtrain_operator.controller.kube import ApiError, KubeClient
 from dtrain_operator.controller.report_limits import (
     MAX_PENDING_REVIEWS,
@@ -69,6 +70,8 @@ from dtrain_operator.controller.report_limits import (
 )
 
 DEFAULT_LIMITS = ServingLimits()
+# pydantic's errors of a value over its bound: the record is too large (413), not malformed (400).
+SIZE_ERRORS = frozenset({"too_long", "string_too_long"})
 from dtrain_operator.controller.report_tls import ReportTLS
 from dtrain_operator.core.observation import PodObservation
 
@@ -169,21 +172,32 @@ class TokenReviewer:
 
 
 def merged_patch(records: Any, generation: int | None) -> dict[str, Any]:
-    """The status merge patch of records taken in order: as if each had been applied in turn."""
+    """The status merge patch of records taken in order: as if each had been applied in turn. A record over one of
+    its bounds (api.records) is refused with 413, one of the wrong shape with 400, naming the field."""
     if not isinstance(records, list) or not records:
         raise Refused(400, 'the body must be {"records": [...]} with at least one record')
     patch: dict[str, Any] = {}
     for index, record in enumerate(records):
-        part = status_patch(record) if isinstance(record, Mapping) else None
+        try:
+            checked = checked_record(record)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"])
+            status = 413 if any(e["type"] in SIZE_ERRORS for e in exc.errors()) else 400
+            raise Refused(status, f"records[{index}].{where}: {error['msg']}") from exc
+        part = status_patch(record) if checked is not None else None
         if part is None:
             raise Refused(
                 400, f"records[{index}] is not a record that changes the status (progress, preflight, checkpoint, hang)"
             )
-        for field, value in part.items():
-            if field in ("progress", "hangStacks") and generation is not None:
-                value = {**value, "gangGeneration": generation}
-            earlier = patch.get(field)
-            patch[field] = {**earlier, **value} if isinstance(earlier, dict) and isinstance(value, dict) else value
+        if generation is not None:
+            part = {field: {**value, "gangGeneration": generation} if field in ("progress", "hangStacks") else value
+                    for field, value in part.items()}
+        patch = merge_patches(patch, part)
+    for field, value in patch.items():
+        size = len(json.dumps(value).encode())
+        if size > MAX_TRAINER_FIELD_BYTES:
+            raise Refused(413, f"status.{field} would be {size} bytes; at most {MAX_TRAINER_FIELD_BYTES}")
     return patch
 
 

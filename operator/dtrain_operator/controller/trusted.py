@@ -20,9 +20,10 @@ version's, truncated) is not trusted: the operator then leaves the job's pods al
 shows the same fields (`acceptedSpec`, `restarts`, ...) for people and tools; it is never read
 back for a decision.
 
-`read_status` reads the status field by field, so that a field it cannot read (`progress.epoch:
-"three"`, a status written by a newer operator) is named instead of silently replaced; the
-trainer's fields (`progress`, `lastCheckpoint`) are size-capped as well.
+`read_status` reads the status field by field, so that a field of the operator's own it cannot read
+(`restarts: "three"`, a status written by a newer operator) is named instead of silently replaced. The
+trainer's fields (api.records.TRAINER_FIELDS: `progress`, `preflight`, ...) are what a worker reported: one
+over its size bound or of the wrong shape is read as absent, never as a reason to stop deciding.
 """
 
 from __future__ import annotations
@@ -37,13 +38,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from dtrain_operator.api import DistributedTrainingStatus, ElasticStatus, contract
+from dtrain_operator.api.record_patches import MAX_TRAINER_FIELD_BYTES, TRAINER_FIELDS
 
 ANNOTATION = contract.ANNOTATION_STATE
 # 2: signed with the operator's key (version 1 carried only a hash, which anyone could compute).
 VERSION = 2
-# The trainer's own status fields are untrusted input: beyond this size they are not read.
-MAX_TRAINER_FIELD_BYTES = 4096
-TRAINER_FIELDS = ("progress", "lastCheckpoint", "preflight")
 MAX_PROBLEM_CHARS = 200
 
 
@@ -293,15 +292,14 @@ def read_status(body: Mapping[str, Any]) -> ReadStatus:
     good: dict[str, Any] = {}
     problems: list[str] = []
     for key, value in raw.items():
-        if key in TRAINER_FIELDS and value is not None:
-            size = len(json.dumps(value, default=str).encode())
-            if size > MAX_TRAINER_FIELD_BYTES:
-                problems.append(f"status.{key}: {size} bytes, more than the {MAX_TRAINER_FIELD_BYTES} read")
-                continue
+        trainers = key in TRAINER_FIELDS
+        if trainers and value is not None and len(json.dumps(value, default=str).encode()) > MAX_TRAINER_FIELD_BYTES:
+            continue  # the trainer's word, over its bound: read as absent, never a reason to stop deciding
         try:
             DistributedTrainingStatus.model_validate({key: value})
         except ValidationError as exc:
-            problems.extend(_describe(exc, "status"))
+            if not trainers:
+                problems.extend(_describe(exc, "status"))
             continue
         good[key] = value
     return ReadStatus(DistributedTrainingStatus.model_validate(good), tuple(problems))

@@ -1,0 +1,68 @@
+"""Rank 0's records into the status, coalesced per job: at most one status write per job every WRITE_SECONDS,
+on a client of their own, so that no job's reporting, however often, delays another job's reconcile or floods
+etcd. Records that arrive meanwhile are merged into the pending patch (api.records.merge_patches), as if each
+had been written in turn; the maps a record replaces lose, at the write, the keys it no longer sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from dtrain_operator.api.record_patches import merge_patches
+from dtrain_operator.controller.kube import ApiError
+from dtrain_operator.core.observation import JobKey
+
+logger = logging.getLogger(__name__)
+
+WRITE_SECONDS = 2.0
+
+Write = Callable[[JobKey, Mapping[str, Any]], Awaitable[None]]
+
+
+class CoalescedWrites:
+    """The pending status patch of each job, written at most every `interval` seconds."""
+
+    def __init__(self, write: Write, interval: float = WRITE_SECONDS) -> None:
+        self._write = write
+        self._interval = interval
+        self._pending: dict[JobKey, dict[str, Any]] = {}
+        self._written_at: dict[JobKey, float] = {}
+        self._flushing: dict[JobKey, asyncio.Task[None]] = {}
+
+    def add(self, key: JobKey, patch: Mapping[str, Any]) -> None:
+        self._pending[key] = merge_patches(self._pending.get(key) or {}, patch)
+        if key not in self._flushing:
+            self._flushing[key] = asyncio.create_task(self._flush(key), name=f"report-write-{key[0]}/{key[1]}")
+
+    def forget(self, key: JobKey) -> None:
+        """The job is gone: nothing of it is written any more."""
+        self._pending.pop(key, None)
+        self._written_at.pop(key, None)
+        task = self._flushing.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    async def stop(self) -> None:
+        tasks = list(self._flushing.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _flush(self, key: JobKey) -> None:
+        try:
+            while key in self._pending:
+                wait = self._written_at.get(key, float("-inf")) + self._interval - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                patch = self._pending.pop(key)
+                self._written_at[key] = time.monotonic()
+                try:
+                    await self._write(key, patch)
+                except ApiError as exc:
+                    logger.warning("%s/%s: rank 0's records were not written (%s %s)", *key, exc.status, exc.reason)
+        finally:
+            self._flushing.pop(key, None)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
 from dtrain_operator.api import StepTimes, StragglerSettings
-from dtrain_operator.core.stragglers import straggler_message
+from dtrain_operator.core.stragglers import place_in_gang, straggler_message
 from dtrain_trainer.stragglers import LINK, LINK_SLOW_FLOOR_SECONDS, STEP, compare, link_seconds, reported, ring_pairs
+from tests.builders import a_worker
 
 NAN = float("nan")
 
@@ -28,17 +30,25 @@ def test_the_slowest_rank_against_the_median_in_a_row() -> None:
     assert not compare([0.1, 0.12, 0.1, 0.1], 1.5, third, 3)["straggler"]
 
 
+GANG = {rank: replace(a_worker(rank), node=f"node-{'ab'[rank]}") for rank in range(2)}
+PLACE = place_in_gang(GANG, devices_per_node=2)
+
+
 def test_the_message_names_pod_and_node_and_stays_the_same_while_the_rank_is_slow() -> None:
+    """The pod and node are the operator's view of the rank (its node rank's pod), whatever rank 0 reported."""
     settings = StragglerSettings(factor=1.5, window=3)
-    times = StepTimes(step=150, slowest_rank=1, slowest_pod="job-1", slowest_node="node-b", ratio=3.1, straggler=True)
-    message = straggler_message(times, settings)
+    times = StepTimes(step=150, slowest_rank=3, slowest_pod="victim", slowest_node="node-z", ratio=3.1, straggler=True)
+    message = straggler_message(times, settings, PLACE)
     assert message is not None
-    assert message.startswith("rank 1 (pod job-1 on node node-b) is a straggler")
+    assert message.startswith(f"rank 3 (pod {GANG[1].name} on node node-b) is a straggler")
+    assert "victim" not in message and "node-z" not in message
     assert "1.5 x the median" in message and "3 comparisons" in message
     later = times.model_copy(update={"step": 200, "ratio": 2.9})
-    assert straggler_message(later, settings) == message
-    assert straggler_message(times.model_copy(update={"straggler": False}), settings) is None
-    assert straggler_message(None, settings) is None
+    assert straggler_message(later, settings, PLACE) == message
+    assert straggler_message(times.model_copy(update={"straggler": False}), settings, PLACE) is None
+    assert straggler_message(None, settings, PLACE) is None
+    beyond = straggler_message(times.model_copy(update={"slowest_rank": 99}), settings, PLACE)
+    assert beyond is not None and beyond.startswith("rank 99 (no pod of the current gang)")
 
 
 def test_a_slow_time_under_the_floor_is_not_slow() -> None:
@@ -89,6 +99,6 @@ def test_the_report_is_the_comparison_that_names_a_straggler() -> None:
 def test_a_link_straggler_message_says_it_is_the_link() -> None:
     settings = StragglerSettings(factor=1.5, window=3)
     times = StepTimes(step=12, measure="link", slowest_rank=1, slowest_pod="job-1", slowest_node="node-b", straggler=True)
-    message = straggler_message(times, settings)
-    assert message is not None and message.startswith("rank 1 (pod job-1 on node node-b) is a straggler: its link time")
+    message = straggler_message(times, settings, PLACE)
+    assert message is not None and message.startswith(f"rank 1 (pod {GANG[0].name} on node node-a) is a straggler: its link time")
     assert "8 MiB" in message and "network interface" in message

@@ -8,19 +8,24 @@ Straggler condition and a Warning Event, `dtrain run` into a warning; neither re
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from dtrain_operator.api import StepTimes, StragglerSettings, contract
+from dtrain_operator.core.observation import PodObservation
 
 CONDITION = "Straggler"
 REASON_DETECTED = "StragglerDetected"
 REASON_NONE = "NoStraggler"
 
 
-def straggler_message(times: StepTimes | None, settings: StragglerSettings) -> str | None:
+def straggler_message(times: StepTimes | None, settings: StragglerSettings, place: Callable[[int], str]) -> str | None:
     """What to say about the reported straggler (None: there is none). Stable while the same rank stays slow,
-    so that one Event is posted per straggler, not one per report."""
+    so that one Event is posted per straggler, not one per report. `place(rank)` names where that rank runs, from
+    the caller's own view of the gang (the operator's pods and their nodes): never the pod and node rank 0 named,
+    which a job's own code could choose (someone may drain the node named)."""
     if times is None or not times.straggler or times.slowest_rank is None:
         return None
-    where = f"pod {times.slowest_pod or '?'}" + (f" on node {times.slowest_node}" if times.slowest_node else "")
+    where = place(times.slowest_rank)
     measured = (
         f"its link time (its ring neighbours' fetch of {contract.LINK_PROBE_BYTES >> 20} MiB from it; check its network "
         "interface and link)"
@@ -31,3 +36,15 @@ def straggler_message(times: StepTimes | None, settings: StragglerSettings) -> s
         f"median of all ranks in {settings.window} comparisons in a row; every rank waits for it. "
         "See status.progress.stepTimes; nothing is restarted"
     )
+
+
+def place_in_gang(gang: Mapping[int, PodObservation], devices_per_node: int) -> Callable[[int], str]:
+    """Where a global rank runs, as the operator sees its gang: its node rank's pod and that pod's node."""
+
+    def place(rank: int) -> str:
+        pod = gang.get(rank // devices_per_node) if rank >= 0 else None
+        if pod is None:
+            return "no pod of the current gang"
+        return f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
+
+    return place

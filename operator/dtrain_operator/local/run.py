@@ -349,7 +349,9 @@ class LocalRun:
 
     def _note_straggler(self, times: StepTimes | None) -> None:
         """Warn once per straggler, as the operator posts one Warning Event."""
-        message = stragglers.straggler_message(times, self.job.spec.stragglers)
+        per_node = self.job.spec.devices_per_node
+        message = stragglers.straggler_message(times, self.job.spec.stragglers,
+                                               lambda rank: f"local node {rank // per_node}")
         if message is not None and message != self._straggler_warned:
             self.display.warn(message)
         self._straggler_warned = message

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 def report_stragglers(c: StatusComputation) -> None:
     progress = c.status.progress
-    straggler = stragglers.straggler_message(progress.step_times if progress else None, c.spec.stragglers)
+    straggler = stragglers.straggler_message(progress.step_times if progress else None, c.spec.stragglers,
+                                             stragglers.place_in_gang(c.gang, c.spec.devices_per_node))
     if straggler is not None:
         c.conditions.set(stragglers.CONDITION, True, stragglers.REASON_DETECTED, straggler)
     elif c.conditions.is_true(stragglers.CONDITION):

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from dtrain_operator.api import DistributedTraining, crd, memory_estimate
-from dtrain_operator.cli.cluster import GET_COLUMNS, age
+from dtrain_operator.cli.cluster import GET_COLUMNS, age, last_hang_lines, table
 from dtrain_operator.controller.status import gpu_memory
 from tests.builders import a_cpu_job
 
@@ -157,6 +157,16 @@ async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster
     assert [line.split()[0] for line in only.out.splitlines()[1:]] == ["gamma"]
     missing = await dtrain(cluster, "get", "nope")
     assert missing.code == 1 and "DistributedTraining nope not found in namespace default" in missing.err
+
+
+def test_what_a_job_reported_cannot_drive_the_terminal():
+    """A status written from a job's reports (or by anyone who may write it) reaches `dtrain get -A` escaped: no
+    escape sequence reaches the administrator's terminal."""
+    rows = table([["NAME", "VAL"], ["evil", "val_loss=\x1b]0;owned\x07\x1b[2J0.4"]])
+    assert "\x1b" not in rows and "\\x1b]0;owned" in rows
+    job = DistributedTraining.model_validate({"metadata": {"name": "evil"}, "spec": {}, "status": {"lastHang": {
+        "step": 1, "message": "rank 1\n\x1b[31mforged line"}}})
+    assert "\x1b" not in last_hang_lines(job) and last_hang_lines(job).count("\n") == 2
 
 
 def test_age_as_kubectl_prints_it():

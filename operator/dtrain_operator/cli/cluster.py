@@ -25,6 +25,7 @@ from dtrain_operator import api
 from dtrain_operator.api import records
 from dtrain_operator.api.crd import PRINTER_COLUMNS
 from dtrain_operator.api.results import EngineResults, TrainerResults
+from dtrain_operator.api.safe_yaml import printable
 from dtrain_operator.api.validation import EXIT_INVALID_JOB
 from dtrain_operator.client import Client, DtrainError, InvalidJob, ProgressUpdate
 
@@ -133,7 +134,9 @@ def get_row(job: api.DistributedTraining, now: datetime) -> list[str]:
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
-    """Columns as kubectl prints them: left-aligned, three spaces apart."""
+    """Columns as kubectl prints them: left-aligned, three spaces apart. Every cell as `printable` writes it: the
+    status quotes what a job's own code reported, and an administrator's `dtrain get -A` must not run its escapes."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows) + "\n"
 
@@ -286,7 +289,7 @@ def last_hang_lines(job: api.DistributedTraining) -> str:
     hang = job.status.last_hang if job.status else None
     if hang is None or not hang.message:
         return ""
-    return f"\nLast hang ({hang.time}, step {hang.step}): {hang.message}\n"
+    return "\n" + printable(f"Last hang ({hang.time}, step {hang.step}): {hang.message}") + "\n"
 
 
 def watch(args: argparse.Namespace) -> int:

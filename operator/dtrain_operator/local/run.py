@@ -338,20 +338,18 @@ class LocalRun:
     def _where_it_hangs(self, hang: policy.FailureDecision) -> policy.FailureDecision:
         """The deadline's decision with where the hang sits, named as the operator names it."""
         stacks = hang_diagnosis.current_stacks(self._hang_stacks, self._progress, None)
-        per_node = self.job.spec.devices_per_node
-        diagnosis = hang_diagnosis.diagnose(
-            stacks,
-            self.state.nodes * per_node,
-            lambda rank: f"pod {render.worker_pod_name(self.job, rank // per_node)}, local node {rank // per_node}",
-        )
+        diagnosis = hang_diagnosis.diagnose(stacks, self.state.nodes * self.job.spec.devices_per_node, self._place)
         self.state.last_hang = diagnosis.message
         return hang_diagnosis.explained(hang, diagnosis)
 
+    def _place(self, rank: int) -> str:
+        """Where a global rank runs on this machine: its node's pod name (as on a cluster) and local node."""
+        node = rank // self.job.spec.devices_per_node
+        return f"pod {render.worker_pod_name(self.job, node)}, local node {node}"
+
     def _note_straggler(self, times: StepTimes | None) -> None:
         """Warn once per straggler, as the operator posts one Warning Event."""
-        per_node = self.job.spec.devices_per_node
-        message = stragglers.straggler_message(times, self.job.spec.stragglers,
-                                               lambda rank: f"local node {rank // per_node}")
+        message = stragglers.straggler_message(times, self.job.spec.stragglers, self._place)
         if message is not None and message != self._straggler_warned:
             self.display.warn(message)
         self._straggler_warned = message

@@ -136,7 +136,7 @@ async def test_training_success_builds_the_engine_and_reports_artifacts(operated
     await operated.run_all(NS, "resnet", 2)
     await operated.phase(NS, "resnet", "Running")
 
-    trainer_results = {"onnx": "/workspace/artifacts/model.onnx", "onnxParityMaxRelError": 2.1e-6, "epoch": 1}
+    trainer_results = {"onnx": "/workspace/artifacts/model.onnx", "parityError": 2.1e-6, "epoch": 1}
     await operated.exit(NS, "resnet-1", 0)
     await operated.exit(NS, "resnet-0", 0, json.dumps(trainer_results))
     await operated.phase(NS, "resnet", "BuildingEngine")
@@ -155,7 +155,7 @@ async def test_training_success_builds_the_engine_and_reports_artifacts(operated
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     assert engine_job["spec"]["backoffLimit"] == 1
 
-    engine_results = {"engine": "/workspace/artifacts/model.plan", "latencyMsP50": 1.7}
+    engine_results = {"kind": "engine", "engine": "/workspace/artifacts/model.plan", "precision": "fp16"}
     await operated.finish_engine_job(NS, "resnet", succeeded=True, message=json.dumps(engine_results))
     status = await operated.phase(NS, "resnet", "Succeeded")
     assert status["artifacts"] == {**trainer_results, **engine_results}

@@ -128,8 +128,10 @@ def test_observe_pod_reads_when_the_container_finished():
 
 
 def test_training_success_copies_the_trainer_results():
-    results = {"onnx": "/workspace/artifacts/model.onnx", "onnxParityMaxRelError": 1e-6}
-    done = a_worker(0, "Succeeded", exit_code=0, message=json.dumps(results))
+    """Only the fields TrainerResults knows: status.artifacts has a fixed schema, whatever the job's code wrote."""
+    results = {"onnx": "/workspace/artifacts/model.onnx", "parityError": 1e-6}
+    written = {**results, "pwned": "x" * 1000, "engine": "https://evil.example/model.plan"}
+    done = a_worker(0, "Succeeded", exit_code=0, message=json.dumps(written))
     status = compute(JOB, Observed(workers=(done, a_worker(1), a_worker(2))), accepted_status(JOB))
     assert status.phase == "Succeeded"
     assert status.artifacts == results
@@ -149,8 +151,8 @@ TRAINED = accepted_status(ENGINE_JOB, "BuildingEngine", conditions=[{"type": "Tr
         ("engine Job running", Observed(engine_job=an_engine_job()), NOW, "BuildingEngine", {"onnx": "model.onnx"},
          None),
         ("engine built", Observed(engine_job=an_engine_job(succeeded=True),
-                                  engine_pods=(an_engine_pod("Succeeded", '{"engine": "model.plan"}'),)),
-         NOW, "Succeeded", {"onnx": "model.onnx", "engine": "model.plan"}, None),
+                                  engine_pods=(an_engine_pod("Succeeded", '{"kind": "engine", "engine": "model.plan"}'),)),
+         NOW, "Succeeded", {"onnx": "model.onnx", "kind": "engine", "engine": "model.plan"}, None),
         ("Job seen done before its pod", Observed(engine_job=an_engine_job(succeeded=True)), NOW + timedelta(seconds=5),
          "BuildingEngine", {"onnx": "model.onnx"}, None),
         ("the pod never seen", Observed(engine_job=an_engine_job(succeeded=True)), NOW + timedelta(minutes=5),

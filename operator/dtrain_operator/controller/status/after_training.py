@@ -12,6 +12,7 @@ from dtrain_operator.api import (
     DistributedTrainingStatus,
     contract,
 )
+from dtrain_operator.api.results import EngineResults, TrainerResults
 from dtrain_operator.controller.status.conditions import (
     ENGINE_BUILT,
     EXPORT_FAILED,
@@ -39,10 +40,17 @@ def _engine_message(observed: Observed) -> str:
 def _engine_results(observed: Observed) -> dict[str, Any] | None:
     for pod in sorted(observed.engine_pods, key=lambda p: p.created_at or datetime.min.replace(tzinfo=timezone.utc)):
         if pod.phase == "Succeeded":
-            results = termination_results(pod.message)
+            results = EngineResults.read(termination_results(pod.message))
             if results is not None:
-                return results
+                return results.to_wire()
     return None
+
+
+def _trainer_results(gang: Mapping[int, PodObservation]) -> dict[str, Any] | None:
+    """Rank 0's results, the fields TrainerResults knows and no other: status.artifacts has a fixed schema, whatever
+    the job's code wrote into its termination message."""
+    results = TrainerResults.read(termination_results(gang[0].message)) if 0 in gang else None
+    return results.to_wire() if results is not None else None
 
 
 def after_training(
@@ -57,7 +65,7 @@ def after_training(
     """Training succeeded (rank 0 exited 0): the engine Job, or success."""
     spec = job.spec
     if not conditions.is_true(TRAINING_SUCCEEDED):
-        results = termination_results(gang[0].message) if 0 in gang else None
+        results = _trainer_results(gang)
         if results:
             status.artifacts = {**(status.artifacts or {}), **results}
         name = gang[0].name if 0 in gang else worker_pod_name(job, 0)

@@ -84,6 +84,7 @@ def test_defaults_install_a_cluster_wide_operator() -> None:
         "Service",
         "Deployment",
         "ConfigMap",
+        "NetworkPolicy",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     }
@@ -401,3 +402,17 @@ def test_two_replicas_elect_a_leader_and_one_without_election_recreates() -> Non
     assert deployment(single)["spec"]["strategy"] == {"type": "Recreate"}
     assert "--no-leader-elect" in operator_container(single)["args"]
     assert [r["metadata"]["name"] for r in of_kind(single, "Role")] == ["dtrain-operator-state-key"]
+
+
+def test_only_jobs_worker_pods_reach_the_report_port_and_no_job_reaches_metrics() -> None:
+    policy = one(helm_template(), "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == deployment(helm_template())["spec"]["selector"]["matchLabels"]
+    by_port = {rule["ports"][0]["port"]: rule.get("from") for rule in policy["spec"]["ingress"]}
+    assert by_port["reports"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        contract.LABEL_ROLE: contract.ROLE_WORKER}}}]
+    assert by_port["metrics"] == [{"namespaceSelector": {}, "podSelector": {"matchExpressions": [
+        {"key": contract.LABEL_ROLE, "operator": "DoesNotExist"}]}}]
+    assert by_port["health"] is None  # the kubelet's probes, from anywhere
+    ports = {p["name"] for p in operator_container(helm_template())["ports"]}
+    assert set(by_port) <= ports
+    assert not of_kind(helm_template({"report": {"networkPolicy": {"enabled": False}}}), "NetworkPolicy")

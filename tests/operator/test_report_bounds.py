@@ -147,6 +147,15 @@ async def test_a_report_every_millisecond_is_slowed_and_costs_no_token_reviews(e
     assert await endpoint.post(HONEST, contract.report_path(NS, JOB), PROGRESS) == 204
 
 
+async def test_a_deeply_nested_body_is_a_bad_request(endpoint: Endpoint):
+    reader, writer = await endpoint.connect(HONEST)
+    body = b"{\"records\": " + b"[" * 10000 + b"]" * 10000 + b"}"
+    writer.write((f"POST {contract.report_path(NS, JOB)} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer rank-0-token\r\n"
+                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body)
+    assert int((await asyncio.wait_for(reader.readline(), 10)).split()[1]) == 400
+    writer.close()
+
+
 async def test_a_forged_eviction_reason_is_refused(endpoint: Endpoint):
     forged = {"generation": 0, "state": "exited", "exitCode": 143, "reason": "WorkloadEvicted", "sequence": 1}
     assert await endpoint.post(HONEST, contract.launch_path(NS, JOB), forged) == 400

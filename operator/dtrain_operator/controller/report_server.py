@@ -38,6 +38,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import ssl
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Mapping
@@ -72,7 +73,7 @@ from dtrain_operator.controller.report_limits import (
 DEFAULT_LIMITS = ServingLimits()
 # pydantic's errors of a value over its bound: the record is too large (413), not malformed (400).
 SIZE_ERRORS = frozenset({"too_long", "string_too_long"})
-from dtrain_operator.controller.report_tls import ReportTLS
+from dtrain_operator.controller.report_tls import RENEW_SECONDS, ReportTLS
 from dtrain_operator.core.observation import PodObservation
 
 logger = logging.getLogger(__name__)
@@ -215,6 +216,7 @@ class ReportServer:
         self._reviewer = reviewer
         self._runner: aiohttp.web.AppRunner | None = None
         self._server: asyncio.Server | None = None
+        self._renewing: asyncio.Task[None] | None = None
         self._limits = limits
         self.connections = ConnectionLimits(limits.connections, limits.connections_per_peer)
         self._rate = PeerRateLimiter(limits.peer_rate, limits.peer_burst)
@@ -231,14 +233,26 @@ class ReportServer:
         await self._runner.setup()
         handlers = self._runner.server
         assert handlers is not None
+        context = self._tls.server_context()
         # Served by hand rather than by a TCPSite: the handshake's time and the connections are bounded.
         self._server = await asyncio.get_running_loop().create_server(
             lambda: AdmittedProtocol(handlers(), self.connections), self._host, self._port,
-            ssl=self._tls.server_context(), ssl_handshake_timeout=self._limits.handshake_seconds, reuse_address=True,
+            ssl=context, ssl_handshake_timeout=self._limits.handshake_seconds, reuse_address=True,
         )
+        self._renewing = asyncio.create_task(self._renew(context), name="report-certificate")
+
+    async def _renew(self, context: ssl.SSLContext) -> None:
+        """A new serving certificate before the one served expires (report_tls.py), for as long as this serves."""
+        wait = RENEW_SECONDS
+        while True:
+            await asyncio.sleep(wait)
+            wait = self._tls.renew(context)
+            logger.info("report endpoint: serving a renewed certificate")
 
     async def stop(self) -> None:
         self._stopping.set()
+        if self._renewing is not None:
+            self._renewing.cancel()
         if self._server is not None:
             self._server.close()
         if self._runner is not None:
@@ -345,3 +359,5 @@ async def _json_body(request: aiohttp.web.Request) -> Any:
         return json.loads(body)
     except ValueError as exc:
         raise Refused(400, f"the body is not JSON ({exc})") from exc
+    except RecursionError as exc:  # nested deeper than the parser goes: no record is
+        raise Refused(400, "the body is nested too deeply to be a report") from exc

@@ -8,7 +8,9 @@ Whatever a pod does, the operator's memory and its other jobs' reports stay unaf
   TokenReview, so that a flood of made-up tokens costs the API server no more than the bucket allows;
 - TokenReviews in flight: at most MAX_PENDING_REVIEWS; more answer 503 at once instead of queueing.
 An honest job holds one long-poll connection per worker pod (its supervisor) and one more on rank 0 (its
-records), and reports every few seconds.
+records), and reports every few seconds. An idle TLS connection costs about 280 KiB (asyncio's read buffer is 256
+KiB of it), so MAX_CONNECTIONS keeps them near 210 MiB at worst, under the chart's 512 MiB limit
+(bench/report_flood.py measures it).
 """
 
 from __future__ import annotations

@@ -831,6 +831,78 @@ def report_from(pod: dict[str, Any], job: str, ca: Path, token: str | None) -> i
     return int(result.stdout.split()[-1])
 
 
+# Run in an attacking pod's network namespace: idle TLS connections to the report endpoint, held, and reports as
+# fast as it can send them (oversized ones with its own rank 0's token, empty ones with made-up tokens) for a while.
+ATTACK = r"""
+import collections, http.client, json, socket, ssl, sys, time
+host, port, path, ca, token, seconds = sys.argv[1:7]
+addresses = sorted({i[4][0] for i in socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)})
+context = ssl.create_default_context(cafile=ca)
+held, closed = [], 0
+for n in range(300):
+    try:
+        held.append(context.wrap_socket(socket.create_connection((addresses[n % len(addresses)], int(port)), 5),
+                                        server_hostname=host))
+    except OSError:
+        closed += 1
+huge = json.dumps({"records": [{"event": "progress", "step": 1, "metrics": {f"m{i}": 1.0 for i in range(500)}}]})
+answers = collections.Counter()
+deadline = time.monotonic() + float(seconds)
+while time.monotonic() < deadline:
+    for body, bearer in ((huge, token), ('{"records": []}', "made-up-token")):
+        try:
+            connection = http.client.HTTPSConnection(host, int(port), context=context, timeout=5)
+            connection.request("POST", path, body, {"Authorization": f"Bearer {bearer}"})
+            answers[str(connection.getresponse().status)] += 1
+            connection.close()
+        except (OSError, http.client.HTTPException):
+            answers["no answer"] += 1
+print(json.dumps({"connections": len(held), "closed": closed, "answers": answers}))
+"""
+
+
+def scenario_report_flood(figures: Figures) -> None:
+    """One job's pod attacks the report endpoint (held idle connections, reports as fast as it can, oversized and
+    with made-up tokens) while another job trains: that job's progress keeps reaching its status, it restarts
+    nothing and Succeeds, and the operator's container is not restarted."""
+    honest, attacker = "e2e-honest", "e2e-attacker"
+    long = {**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 400}
+    apply(small_job(honest))
+    apply(small_job(attacker, nodes=1, trainer=long))
+    eventually(lambda: progress_step(honest) > 0, f"{honest}: training", 300)
+    victim = eventually(lambda: (p := pod(f"{attacker}-0"))["status"].get("phase") == "Running" and p,
+                        f"{attacker}: its pod Running", 300)
+    restarts = operator_pods()[0]["status"]["containerStatuses"][0]["restartCount"]
+    ca = layout.STATE / "e2e-operator-ca.crt"
+    config_map = next(v["configMap"]["name"] for v in victim["spec"]["volumes"] if v["name"] == contract.CONFIG_VOLUME)
+    ca.write_text(get("configmap", config_map, NS)["data"][contract.OPERATOR_CA_FILE_NAME])
+    token = kubectl("create", "token", "dtrain-trainer", "-n", NS, "--bound-object-kind=Pod",
+                    f"--bound-object-name={attacker}-0", f"--audience={contract.OPERATOR_TOKEN_AUDIENCE}").stdout.strip()
+    before = progress_step(honest)
+    attack = subprocess.run(
+        ["ip", "netns", "exec", pod_netns(victim), sys.executable, "-c", ATTACK, REPORT_SERVICE,
+         str(contract.DEFAULT_REPORT_PORT), contract.report_path(NS, attacker), str(ca), token, "30"],
+        check=False, capture_output=True, text=True, timeout=180)
+    if attack.returncode != 0:
+        raise Failed(f"the attack did not run: {attack.stderr[-800:]}")
+    outcome = json.loads(attack.stdout.strip().splitlines()[-1])
+    print(f"the attacker's pod: {outcome}", flush=True)
+    if outcome["answers"].get("204") or not (outcome["answers"].get("429") or outcome["answers"].get("413")):
+        raise Failed(f"the endpoint took the attack's reports: {outcome['answers']}")
+    if progress_step(honest) <= before and status(honest).get("phase") != "Succeeded":
+        raise Failed(f"{honest}: no progress in its status during the attack (step {before})")
+    final = finished(honest)
+    if final["restarts"] != 0:
+        raise Failed(f"{honest}: {final['restarts']} restarts during another job's attack")
+    if operator_pods()[0]["status"]["containerStatuses"][0]["restartCount"] != restarts:
+        raise Failed("the operator's container restarted during the attack")
+    metrics = (status(attacker).get("progress") or {}).get("metrics") or {}
+    if len(metrics) > 64:
+        raise Failed(f"{attacker}'s status took {len(metrics)} metrics")
+    delete(honest)
+    delete(attacker)
+
+
 def scenario_tokens(figures: Figures) -> None:
     """Workers hold no API permission: progress reaches the status through the operator alone, which
     takes it only with a token for its audience bound to the job's rank-0 pod (the API server's
@@ -1407,6 +1479,9 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("engine-backoff", "engine Job failing → retried up to its backoffLimit → job Failed", scenario_engine_backoff),
     ("tokens", ("workers hold no API permission: progress through the operator, tokens as the API server and the "
                 "operator's TokenReview judge them"), scenario_tokens),
+    ("report-flood", ("one job's pod floods the report endpoint (idle connections, oversized reports, made-up tokens) "
+                      "while another trains: its progress still reaches its status, no restart, the operator stands"),
+     scenario_report_flood),
     ("user-image", "a user's image FROM the trainer image (examples/Containerfile) trains to Succeeded", scenario_user_image),
     ("image-missing", "an image in no store → ErrImagePull, ImagePullBackOff, the operator's condition", scenario_image_missing),
     ("leader-failover", "two operator replicas: the leader's pod lost → the standby leads", scenario_leader_failover),

@@ -35,6 +35,7 @@ from dtrain_operator.core import progress_deadline
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.observation import Observed, PodObservation
 from dtrain_operator.core.render import POD_COMMAND
+from dtrain_trainer.supervisor import Supervisor, step
 from tests.builders import a_cpu_job, accepted_status
 
 from ..ports import free_port
@@ -260,3 +261,77 @@ def test_without_the_operator_it_is_the_launcher(tmp_path: Path) -> None:
     supervisor = supervise(tmp_path, None, "exit:3")
     output, _ = supervisor.communicate(timeout=120)
     assert supervisor.returncode == 3 and "dtrain supervisor" not in output
+
+
+class LaunchThatEnds:
+    """A torchrun whose exit the test decides (no process): `code` None while it runs."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def wait(self) -> int:
+        assert self.code is not None
+        return self.code
+
+    def stop(self, grace_seconds: float) -> int:
+        raise AssertionError("nothing runs: nothing to stop")
+
+    def exit_report(self, code: int) -> tuple[str, str]:
+        return "Error", f"exited {code}"
+
+
+class NoOperator:
+    """The supervisor's link when the test plays the operator's answers itself."""
+
+    def post(self, path: str, body: bytes, timeout: float) -> str:
+        return "unreachable"
+
+
+def supervisor_with(launch: LaunchThatEnds, tmp_path: Path) -> Supervisor:
+    supervisor = Supervisor(["--nnodes=1"], NoOperator(), "/launches", launch.generation, tmp_path / "log")  # type: ignore[arg-type]
+    supervisor.launch = launch  # type: ignore[assignment]
+    return supervisor
+
+
+@pytest.mark.parametrize(("launched", "order", "expected"), [
+    (0, LaunchOrder(action="run", generation=0), "nothing"),
+    (None, LaunchOrder(action="run", generation=0), "replace"),
+    (0, LaunchOrder(action="run", generation=1), "replace"),
+    (0, LaunchOrder(action="stop", generation=0), "stop"),
+    (0, LaunchOrder(action="exit", generation=0), "exit"),
+    (0, LaunchOrder(action="wait", generation=0), "nothing"),
+])
+def test_one_place_decides_what_an_order_comes_to(launched, order, expected) -> None:
+    assert step(launched, order) == expected
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_a_run_order_after_torchrun_ended_never_starts_that_generation_again(tmp_path: Path, code: int) -> None:
+    """The race of a finished gang started again: the loop looks (torchrun runs), torchrun exits, then the
+    operator's `run` for the same generation (its answer to "running") is obeyed. Interleaved by hand."""
+    launch = LaunchThatEnds(generation=0)
+    supervisor = supervisor_with(launch, tmp_path)
+    assert supervisor.launch_ended() is None  # the loop's look: it runs
+    launch.code = code  # it ends now, between the look and the order
+    assert supervisor.obey(LaunchOrder(action="run", generation=0)) is None
+    assert supervisor.launch is launch, "a new torchrun was started for a generation that had ended"
+    if code == 0:
+        assert supervisor.launch_ended() == 0  # the rank finished: the pod ends with 0
+    else:
+        assert supervisor.launch_ended() is None and supervisor.report.state == "exited"  # reported, not rerun
+        assert supervisor.report.exit_code == 1 and supervisor.report.generation == 0
+
+
+@pytest.mark.parametrize("action", ["stop", "exit"])
+def test_a_stop_or_exit_order_racing_a_clean_exit_ends_with_0(tmp_path: Path, action: str) -> None:
+    launch = LaunchThatEnds(generation=0)
+    supervisor = supervisor_with(launch, tmp_path)
+    assert supervisor.launch_ended() is None
+    launch.code = 0
+    done = supervisor.obey(LaunchOrder(action=action, generation=0))
+    assert supervisor.launch is launch
+    assert (done if action == "exit" else supervisor.launch_ended()) == 0

@@ -186,6 +186,27 @@ class Launch:
         return reason, message[-MAX_MESSAGE_CHARS:]
 
 
+# What an order comes to, given the launch the supervisor has (`step`).
+STEP_NOTHING, STEP_REPLACE, STEP_STOP, STEP_EXIT = "nothing", "replace", "stop", "exit"
+
+
+def step(launch_generation: int | None, order: LaunchOrder) -> str:
+    """The one place an order meets the launch: what to do now.
+
+    `run` for the generation of the latest launch is never a new launch of it, whether that launch runs or has
+    ended: a launch that ended by itself (0: this rank finished; otherwise a failure) is the loop's to report
+    (`launch_ended`), even when it ended between the loop's look at it and this order (the operator answers a
+    supervisor that reports its launch running with `run` for it). A generation is started once per pod; an
+    in-place restart is always a newer generation."""
+    if order.action == ACTION_RUN:
+        return STEP_NOTHING if launch_generation == order.generation else STEP_REPLACE
+    if order.action == ACTION_STOP:
+        return STEP_STOP
+    if order.action == ACTION_EXIT:
+        return STEP_EXIT
+    return STEP_NOTHING
+
+
 class Supervisor:
     """The loop: torchrun's exits and the operator's orders, one at a time, on the main thread."""
 
@@ -305,19 +326,20 @@ class Supervisor:
         return None
 
     def obey(self, order: LaunchOrder) -> int | None:
-        """Carry out one order; an exit code ends the supervisor."""
-        running = self.launch is not None and self.launch.poll() is None
-        if order.action == ACTION_RUN:
-            if running and self.launch is not None and self.launch.generation == order.generation:
-                return None
+        """Carry out one order (`step` decides what it comes to); an exit code ends the supervisor."""
+        action = step(self.launch.generation if self.launch is not None else None, order)
+        if action == STEP_REPLACE:
             self.stop(order.grace_seconds, f"gang generation {order.generation} replaces it")
             self.start(order.generation)
-        elif order.action == ACTION_STOP:
+        elif action == STEP_STOP:
             self.stop(order.grace_seconds, order.why or "the operator's order")
-        elif order.action == ACTION_EXIT:
+        elif action == STEP_EXIT:
+            # torchrun may have ended by itself since the loop looked, unreported yet: its own code, 0 included.
+            unreported = self.launch.poll() if self.launch is not None and self.report.state == STATE_RUNNING else None
             self.stop(order.grace_seconds, order.why or "the operator's order")
-            say(f"exiting with torchrun's code {self.last_code} ({order.why})")
-            return self.last_code or SIGNAL_EXIT_BASE + signal.SIGTERM
+            code = unreported if unreported is not None else self.last_code or SIGNAL_EXIT_BASE + signal.SIGTERM
+            say(f"exiting with torchrun's code {code} ({order.why})")
+            return code
         return None
 
     def on_sigterm(self) -> int:

@@ -288,12 +288,21 @@ def test_crd_schema_is_structural_and_documented():
             assert node.get("description"), f"{path} has no description (kubectl explain)"
 
 
+def test_the_crd_stores_no_defaults():
+    """A field a job leaves unset stays unset in the stored object, so that the cluster's job defaults can fill it
+    (api.job_defaults); the API reference still shows each default."""
+    stored = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert [path for path, node in _walk(stored, "spec") if "default" in node] == ["spec.runPolicy"]
+    assert crd.openapi_schema()["properties"]["spec"]["properties"]["image"]["default"] == contract.DEFAULT_TRAINER_IMAGE
+
+
 def test_crd_carries_constraints_and_cel_rules():
     spec = crd.openapi_schema()["properties"]["spec"]
     assert spec["properties"]["nodes"]["minimum"] == 1
     assert "bf16-mixed" in spec["properties"]["trainer"]["properties"]["precision"]["enum"]
     engine_rules = [r["rule"] for r in spec["properties"]["engine"]["x-kubernetes-validations"]]
-    assert any("self.minBatch <= self.maxBatch" in r for r in engine_rules)
+    assert any("(has(self.minBatch) ? self.minBatch : 1) <= (has(self.maxBatch) ? self.maxBatch : 32)" in r
+               for r in engine_rules)
     spec_rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
     assert any("self.nodes == oldSelf.nodes" in r for r in spec_rules), "nodes is immutable"
     # runPolicy is not compared whole (suspend and ttlSecondsAfterFinished may change); the scheduling

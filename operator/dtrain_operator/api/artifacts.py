@@ -114,7 +114,8 @@ class EngineSettings(ApiModel):
     `dtrain build-engine`'s options too, declared here once (api.engine_options)."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        {"rule": 'self.minBatch <= self.maxBatch && (!has(self.optBatch) || (self.minBatch <= self.optBatch && self.optBatch <= self.maxBatch))', "message": 'need minBatch <= optBatch <= maxBatch'},
+        # The CRD stores no defaults (api.crd): an absent bound is its default here.
+        {"rule": f'(has(self.minBatch) ? self.minBatch : {DEFAULT_MIN_BATCH}) <= (has(self.maxBatch) ? self.maxBatch : {DEFAULT_MAX_BATCH}) && (!has(self.optBatch) || ((has(self.minBatch) ? self.minBatch : {DEFAULT_MIN_BATCH}) <= self.optBatch && self.optBatch <= (has(self.maxBatch) ? self.maxBatch : {DEFAULT_MAX_BATCH})))', "message": 'need minBatch <= optBatch <= maxBatch'},
     ]})
 
     enabled: bool = True

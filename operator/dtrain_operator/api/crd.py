@@ -3,7 +3,11 @@
 The model is the single source of truth: this turns its JSON schema into a
 structural OpenAPI v3 schema (refs inlined, nullable unions collapsed, no
 `additionalProperties: false`), adds the CEL rules the API server enforces
-at `kubectl apply`, and wraps it in an `apiextensions.k8s.io/v1` CRD.
+at `kubectl apply`, and wraps it in an `apiextensions.k8s.io/v1` CRD. The CRD
+sets no defaults (the API reference shows them): a field a job leaves unset is
+filled by the operator, from the cluster's job defaults first (api.job_defaults),
+then the model's; a default stored by the API server would pass for the job's
+own word and hide them.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ _KEPT_KEYWORDS = (
     "x-kubernetes-int-or-string",
     "x-kubernetes-validations",
 )
-_SCALAR_TYPES = (str, int, float, bool)
 # The columns of `kubectl get dtr` after NAME; `dtrain get` prints the same ones, then LOSS and ETA.
 PRINTER_COLUMNS: tuple[dict[str, str], ...] = (
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -99,8 +102,8 @@ def _finish(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out["minimum"] = node["exclusiveMinimum"]
             out["exclusiveMinimum"] = True
     default = node.get("default")
-    if isinstance(default, _SCALAR_TYPES):
-        out["default"] = default
+    if isinstance(default, (str, int, float, bool)):
+        out["default"] = default  # for the API reference; the CRD stores none (without_defaults)
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
@@ -190,6 +193,17 @@ def _immutability_rules(spec_schema: dict[str, Any]) -> list[dict[str, str]]:
     return rules
 
 
+def without_defaults(schema: Any) -> Any:
+    """`schema` without the fields' scalar defaults: the operator fills what a job leaves unset (the cluster's job
+    defaults first), and a default the API server stored would pass for the job's own word."""
+    if isinstance(schema, dict):
+        return {key: without_defaults(value) for key, value in schema.items()
+                if not (key == "default" and not isinstance(value, dict))}
+    if isinstance(schema, list):
+        return [without_defaults(item) for item in schema]
+    return schema
+
+
 def openapi_schema() -> dict[str, Any]:
     """The CRD's `openAPIV3Schema`."""
     raw = api.DistributedTraining.model_json_schema(by_alias=True, mode="validation")
@@ -248,7 +262,7 @@ def crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [dict(column) for column in PRINTER_COLUMNS],
-                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "schema": {"openAPIV3Schema": without_defaults(openapi_schema())},
                 }
             ],
         },

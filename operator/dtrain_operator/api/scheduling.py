@@ -49,7 +49,7 @@ class SchedulingSettings(ApiModel):
     """Where and how the worker pods are scheduled."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        {"rule": "!has(self.gang) || !self.gang.enabled || has(self.schedulerName) || (has(self.gang.provider) && self.gang.provider == 'kubernetes')", "message": GANG_NEEDS_SCHEDULER},
+        {"rule": "!has(self.gang) || !has(self.gang.enabled) || !self.gang.enabled || has(self.schedulerName) || (has(self.gang.provider) && self.gang.provider == 'kubernetes')", "message": GANG_NEEDS_SCHEDULER},
     ]})
 
     scheduler_name: DnsSubdomain | None = None

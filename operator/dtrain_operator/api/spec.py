@@ -255,11 +255,12 @@ class DistributedTrainingSpec(ApiModel):
     """What to train, on how many nodes, and what to build from it."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        {"rule": '!has(self.scheduling) || !has(self.scheduling.gang) || !has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= self.nodes', "message": 'scheduling.gang.minAvailable cannot exceed nodes'},
-        {"rule": '(has(self.engine) && !self.engine.enabled) || !has(self.export) || !has(self.export.onnx) || self.export.onnx.enabled', "message": 'engine.enabled needs export.onnx.enabled: the engine is built from model.onnx'},
-        {"rule": '!has(self.elastic) || self.elastic.minNodes <= self.nodes', "message": 'elastic.minNodes cannot exceed nodes'},
+        # The CRD stores no defaults (api.crd): every rule reads an absent field as its default.
+        {"rule": '!has(self.scheduling) || !has(self.scheduling.gang) || !has(self.scheduling.gang.minAvailable) || self.scheduling.gang.minAvailable <= (has(self.nodes) ? self.nodes : 1)', "message": 'scheduling.gang.minAvailable cannot exceed nodes'},
+        {"rule": '(has(self.engine) && has(self.engine.enabled) && !self.engine.enabled) || !has(self.export) || !has(self.export.onnx) || !has(self.export.onnx.enabled) || self.export.onnx.enabled', "message": 'engine.enabled needs export.onnx.enabled: the engine is built from model.onnx'},
+        {"rule": '!has(self.elastic) || self.elastic.minNodes <= (has(self.nodes) ? self.nodes : 1)', "message": 'elastic.minNodes cannot exceed nodes'},
         {"rule": '!has(self.elastic) || !has(self.trainer) || !has(self.trainer.limitTrainBatches)', "message": ELASTIC_LIMIT_MESSAGE},
-        {"rule": '!has(self.elastic) || !has(self.scheduling) || !has(self.scheduling.gang) || !self.scheduling.gang.enabled', "message": ELASTIC_GANG_MESSAGE},
+        {"rule": '!has(self.elastic) || !has(self.scheduling) || !has(self.scheduling.gang) || !has(self.scheduling.gang.enabled) || !self.scheduling.gang.enabled', "message": ELASTIC_GANG_MESSAGE},
     ]})
 
     image: ImageReference = contract.DEFAULT_TRAINER_IMAGE

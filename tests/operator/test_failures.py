@@ -109,7 +109,8 @@ async def test_failure_rules_decide_and_the_status_and_events_name_the_rule(oper
     restarting = operated.condition(NS, "ruled", "Restarting")
     assert restarting["message"].startswith(
         "failureRules[1] (RestartGangIgnoringBackoff on exit code 3 and termination message "
-        "/CUDA error: an illegal memory access/) decided: worker 1 exited with code 3: Traceback"
+        "/CUDA error: an illegal memory access/) decided: worker 1 exited with code 3: RuntimeError: CUDA error: an "
+        "illegal memory access was encountered"
     )
     await operated.eventually(lambda: generations(operated.pods(NS, "ruled")) == {"1"}
                               and len(operated.pods(NS, "ruled")) == 2, "the new gang, generation 1")

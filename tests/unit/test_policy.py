@@ -18,6 +18,7 @@ from dtrain_operator.core.policy import (
     ending_after_training,
     engine_ending,
     is_retryable,
+    message_tail,
     trainer_error,
 )
 
@@ -162,3 +163,29 @@ def test_the_engine_builds_end_and_the_deadline_are_the_jobs_end():
     assert (ended.phase, ended.reason) == ("Failed", "DeadlineExceeded") and "(60 s)" in ended.message
     failed = decide_on_failure(RunPolicy(restart_policy="Never"), [exited(1)], restarts=0)
     assert failed.ending == Ending("Failed", failed.reason, failed.message)
+
+
+TRACEBACK = """[rank0]: Traceback (most recent call last):
+  File "/opt/dtrain/trainer_image/dtrain_trainer/runner.py", line 88, in main
+    model = build_model(config)
+            ^^^^^^^^^^^^^^^^^^^
+  File "/opt/dtrain/trainer_image/dtrain_trainer/models.py", line 40, in build_model
+    raise ValueError("initArgs.arch: unknown architecture 'resnet19'")
+ValueError: initArgs.arch: unknown architecture 'resnet19'
+E1206 02:00:00.000000 1 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1) local_rank: 0
+Traceback (most recent call last):
+  File "/usr/local/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+dtrain_trainer FAILED
+------------------------------------------------------------
+"""
+
+
+def test_a_failure_quotes_the_exceptions_own_line_not_a_traceback_tail() -> None:
+    failure = WorkerFailure(0, 1, "Error", TRACEBACK + "  " + "^" * 300 + "\n")
+    assert failure.describe() == "worker 0 exited with code 1: ValueError: initArgs.arch: unknown architecture 'resnet19'"
+    assert message_tail("no traceback here, just a line") == "no traceback here, just a line"
+    assert message_tail("x" * 1000).startswith("...") and len(message_tail("x" * 1000)) == 400
+    assert message_tail("RuntimeError: " + "y" * 1000).endswith("...")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -89,7 +90,22 @@ class WorkerFailure:
         return f"{what}: {message}" if message else what
 
 
+# A Python exception's own line, as a traceback ends: its type (dotted or not) and its message.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)(?::\s.*)?$")
+# Exceptions that only wrap a worker's own (torchrun's, around the rank that failed): the worker's line says more.
+_WRAPPING_EXCEPTIONS = frozenset({"ChildFailedError"})
+
+
 def message_tail(text: str, limit: int = MAX_FAILURE_MESSAGE_CHARS) -> str:
+    """What a failure's condition and Event quote of a termination message or log: the exception's own line
+    (type and message) where the text holds a Python traceback, the worker's rather than torchrun's wrapper; else
+    the text's end."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    own = [line for line in raised if line.split(":", 1)[0].rsplit(".", 1)[-1] not in _WRAPPING_EXCEPTIONS]
+    if raised:
+        line = (own or raised)[-1]
+        return line if len(line) <= limit else line[: limit - 3] + "..."
     text = text.strip()
     return text if len(text) <= limit else "..." + text[-(limit - 3) :]
 

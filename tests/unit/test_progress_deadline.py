@@ -88,11 +88,36 @@ def test_checkpointing_exporting_and_finishing_hold_the_clock(stage: str):
     for t in range(50, 1000, 30):  # a checkpoint that takes 15 minutes to write
         watch = observe(watch, 0, True, progress(5, stage), at(t))
         assert decide(policy, watch, at(t + 29), restarts=0) is None
-    assert wake_after(policy, watch, at(1000)) is None
+    assert wake_after(policy, watch, at(1000)) == pytest.approx(policy.stage_deadline_seconds - 950 + 0.1)
     # Back to training: the clock starts from the end of the save, not from the last batch.
     watch = observe(watch, 0, True, progress(5), at(1000))
     assert decide(policy, watch, at(1059), restarts=0) is None
     assert decide(policy, watch, at(1061), restarts=0) is not None
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [contract.PROGRESS_STAGE_CHECKPOINTING, contract.PROGRESS_STAGE_EXPORTING, contract.PROGRESS_STAGE_FINISHING],
+)
+def test_no_stage_holds_the_clock_for_ever(stage: str):
+    """A rank 0 that stays exporting (a finished gang whose ranks never end, a stuck write) is handled as a hang
+    once runPolicy.stageDeadlineSeconds passed from when it entered the stage, however often it reports it."""
+    policy = RunPolicy(progress_deadline_seconds=60, stage_deadline_seconds=900)
+    watch = started(5, at(0))
+    for t in range(50, 950, 15):
+        watch = observe(watch, 0, True, progress(5, stage), at(t))
+        assert decide(policy, watch, at(t), restarts=0) is None
+    assert wake_after(policy, watch, at(935)) == pytest.approx(15.1)
+    decision = decide(policy, watch, at(951), restarts=0)
+    assert decision is not None and decision.restart and decision.reason == REASON_PROGRESS_DEADLINE
+    assert decision.message.startswith(f"rank 0 has been {stage} for 901 s (at step 10)")
+    assert "runPolicy.stageDeadlineSeconds is 900" in decision.message
+    unbounded = RunPolicy(progress_deadline_seconds=60, stage_deadline_seconds=0)
+    assert decide(unbounded, watch, at(10_000), restarts=0) is None and wake_after(unbounded, watch, at(10_000)) is None
+    # Another stage starts its own clock.
+    other = contract.PROGRESS_STAGE_FINISHING if stage != contract.PROGRESS_STAGE_FINISHING else contract.PROGRESS_STAGE_EXPORTING
+    watch = observe(watch, 0, True, progress(5, other), at(960))
+    assert decide(policy, watch, at(1800), restarts=0) is None
 
 
 def test_validation_batches_are_progress():

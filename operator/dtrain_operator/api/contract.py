@@ -66,6 +66,8 @@ PROGRESS_STAGE_FINISHING = "finishing"
 # runPolicy.progressDeadlineSeconds when the spec does not say: ten minutes without a training or
 # validation batch, a third of the default collective timeout (nccl.timeoutSeconds, 1800).
 DEFAULT_PROGRESS_DEADLINE_SECONDS = 600
+# How long one stage that holds the progress deadline (checkpointing, exporting, finishing) may last.
+DEFAULT_STAGE_DEADLINE_SECONDS = 1800
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 15.0
 
 # The trainer's exit code for an error that no restart can cure: a classPath that does not import,

@@ -8,7 +8,8 @@ with their own clocks (no clock skew between a node and the operator counts):
 
 - `observe` keeps a `ProgressWatch`: when the counter last moved, or the gang was last seen not
   all running, or rank 0 last said it was checkpointing, exporting or finishing (those stages hold the
-  clock).
+  clock, each for at most runPolicy.stageDeadlineSeconds from when rank 0 entered it: no stage holds a
+  job for ever).
   The clock starts at the first report of each gang: until its first batch a start (imports, data,
   the model, a checkpoint to load) may take as long as it takes; a rank that never joins is the
   pre-flight check's and torchrun's rendezvous timeout's to catch;
@@ -70,6 +71,8 @@ class ProgressWatch:
     stage: str | None = None
     started: bool = False
     """The gang has reported progress of its own (the clock runs only then)."""
+    stage_since: datetime | None = None
+    """When rank 0 entered the holding stage it reports (None outside one)."""
 
 
 def mark_of(progress: Progress | None) -> Mark:
@@ -111,14 +114,17 @@ def observe(
     # A report the operator stamped with this gang's generation is this gang's own; an unstamped one
     # (`dtrain run`, an older operator) counts once the mark moves.
     own = progress is not None and progress.gang_generation == generation
+    holding_since = now if stage in HOLDING_STAGES else None
     if watch is None or watch.generation != generation:
         # A new gang, or a new leader after a failover: its clock starts now. A failover that
         # finds this gang's own report watches at once (the deadline counts from the takeover:
         # never early, never never); a new gang's last report may be the old gang's.
-        return ProgressWatch(generation, mark, now, step, stage, started=own)
+        return ProgressWatch(generation, mark, now, step, stage, started=own, stage_since=holding_since)
+    if stage in HOLDING_STAGES and stage == watch.stage and mark == watch.mark and watch.stage_since is not None:
+        holding_since = watch.stage_since  # still in the same stage: its own clock runs on
     if mark != watch.mark or stage in HOLDING_STAGES or stage != watch.stage or not watch.started:
         started = watch.started or own or mark != watch.mark
-        return ProgressWatch(generation, mark, now, step, stage, started=started)
+        return ProgressWatch(generation, mark, now, step, stage, started=started, stage_since=holding_since)
     return watch
 
 
@@ -135,16 +141,26 @@ def decide(policy: RunPolicy, watch: ProgressWatch | None, now: datetime, restar
     restartPolicy is not Never; else fail the job.
     """
     deadline = policy.progress_deadline_seconds
-    if not deadline or watch is None or not watch.started or watch.stage in HOLDING_STAGES:
-        return None
-    idle = seconds_without_progress(watch, now)
-    if idle <= deadline:
+    if not deadline or watch is None or not watch.started:
         return None
     where = f"at step {watch.step}" if watch.step is not None else "before the first step"
-    message = (
-        f"no training or validation batch completed for {idle:.0f} s ({where}) while every worker ran: "
-        f"runPolicy.progressDeadlineSeconds is {deadline} (a rank stuck in a collective or a data loader?)"
-    )
+    if watch.stage in HOLDING_STAGES:
+        held = _seconds_in_stage(policy, watch, now)
+        if held is None or held <= policy.stage_deadline_seconds:
+            return None
+        message = (
+            f"rank 0 has been {watch.stage} for {held:.0f} s ({where}) while every worker ran: "
+            f"runPolicy.stageDeadlineSeconds is {policy.stage_deadline_seconds} (a stuck checkpoint write, export "
+            "or exit?)"
+        )
+    else:
+        idle = seconds_without_progress(watch, now)
+        if idle <= deadline:
+            return None
+        message = (
+            f"no training or validation batch completed for {idle:.0f} s ({where}) while every worker ran: "
+            f"runPolicy.progressDeadlineSeconds is {deadline} (a rank stuck in a collective or a data loader?)"
+        )
     if policy.restart_policy == "Never":
         return FailureDecision(False, REASON_PROGRESS_DEADLINE, f"{message} (restartPolicy is Never)")
     if restarts >= policy.backoff_limit:
@@ -160,9 +176,19 @@ def decide(policy: RunPolicy, watch: ProgressWatch | None, now: datetime, restar
     )
 
 
+def _seconds_in_stage(policy: RunPolicy, watch: ProgressWatch, now: datetime) -> float | None:
+    """How long rank 0 has been in its holding stage, where that stage is bounded (None: it is not)."""
+    if not policy.stage_deadline_seconds or watch.stage_since is None:
+        return None
+    return max((now - watch.stage_since).total_seconds(), 0.0)
+
+
 def wake_after(policy: RunPolicy, watch: ProgressWatch | None, now: datetime) -> float | None:
     """Seconds until `decide` could change its answer with nothing else happening (None: never)."""
     deadline = policy.progress_deadline_seconds
-    if not deadline or watch is None or not watch.started or watch.stage in HOLDING_STAGES:
+    if not deadline or watch is None or not watch.started:
         return None
+    if watch.stage in HOLDING_STAGES:
+        held = _seconds_in_stage(policy, watch, now)
+        return None if held is None else max(policy.stage_deadline_seconds - held, 0.0) + 0.1
     return max(deadline - seconds_without_progress(watch, now), 0.0) + 0.1

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from localcluster import layout
 
-from .kube import Failed, apply, eventually, kubectl, localcluster, status, worker_pods
+from .kube import Failed, apply, eventually, get, kubectl, localcluster, status, worker_pods
 from .scenarios import CLAIM, NS, Figures, checkpoint_step, delete, finished, small_job
 
 LOCAL_QUEUE = "e2e"
@@ -132,6 +132,28 @@ def scenario_kueue_quota(figures: Figures) -> None:
     delete(second)
 
 
+def scenario_kueue_failed_frees_the_queue(figures: Figures) -> None:
+    """A queued job that fails at start lets go of its queue: Kueue finishes its Workload, and the next job of the
+    queue is admitted within a minute and Succeeds."""
+    with_kueue()
+    failing, second = "e2e-kf-failing", "e2e-kf-second"
+    apply(queued_job(failing, model={"classPath": "e2e_no_such_module.Model"}))
+    final = eventually(lambda: status(failing).get("phase") in ("Failed", "Succeeded") and status(failing),
+                       f"{failing} to fail", 300)
+    if final["phase"] != "Failed":
+        raise Failed(f"{failing} should fail at start (no such model class): {final['phase']}")
+    failed_at = time.monotonic()
+    apply(queued_job(second))
+    eventually(lambda: status(second).get("phase") == "Running", f"{second} admitted once {failing} failed", 60)
+    figures["Kueue: a queued job failed → the next one Running (s)"] = time.monotonic() - failed_at
+    workload = get("workloads.kueue.x-k8s.io", failing, NS) or {}
+    if not any(c["type"] == "Finished" and c["status"] == "True" for c in workload.get("status", {}).get("conditions", [])):
+        raise Failed(f"{failing}'s Workload is not Finished: {workload.get('status', {}).get('conditions')}")
+    finished(second)
+    delete(failing)
+    delete(second)
+
+
 def scenario_kueue_preemption(figures: Figures) -> None:
     """A higher-priority job preempts a running one: its workers checkpoint on SIGTERM, it waits Queued (an
     eviction, not a restart), and resumes exactly from that checkpoint once admitted again."""
@@ -184,6 +206,8 @@ QUEUE_SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("kueue-quota", ("Kueue: before it runs, a job naming a queue says QueueNotHonored and none of its pods is bound; "
                      "a ClusterQueue with room for one 2-GPU gang, two jobs: the second Queued, none of its "
                      "pods bound, until the first ends; then it trains to Succeeded"), scenario_kueue_quota),
+    ("kueue-failed", ("Kueue: a queued job that fails at start lets go of its queue: its Workload Finished, the "
+                      "next job admitted within a minute and Succeeded"), scenario_kueue_failed_frees_the_queue),
     ("kueue-preemption", ("Kueue: a higher-priority job preempts a running one, which checkpoints on SIGTERM, waits "
                           "Queued (no restart counted) and resumes exactly from that checkpoint"),
      scenario_kueue_preemption),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import status_events
 from dtrain_operator.controller.status.observe import observe_pod, observe_queue
@@ -134,3 +136,23 @@ def test_the_new_gang_waits_until_kueue_no_longer_counts_the_old_one() -> None:
     ended = tuple(replace(p, phase="Failed") for p in ending)
     assert plan_children(JOB, status, Observed(workers=ended), NOW).create_ranks == (0, 1, 2)
     assert queueing.is_queue_stop("WorkloadEvictedDueToPreempted") and not queueing.is_queue_stop("Evicted")
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
+def test_a_queued_job_that_ended_lets_go_of_its_queue(phase: str) -> None:
+    """Each worker pod is marked the last of its group, so that Kueue finishes the Workload (the next job is
+    admitted) and lifts its finalizers; a pod marked already is left alone, and a job in no queue marks none."""
+    ended = accepted_status(JOB, phase)
+    pods = a_gang("Failed", "Failed", "Running")
+    marked = (replace(pods[0], last_in_group=True), *pods[1:])
+    plan = plan_children(JOB, ended, Observed(workers=marked), NOW)
+    assert {p.name for p in plan.let_go_pods} == {pods[1].name, pods[2].name}
+    assert queueing.last_in_group_patch("uid-1") == {
+        "metadata": {"uid": "uid-1", "annotations": {queueing.RETRIABLE_ANNOTATION: "false"}}}
+    plain = a_cpu_job().in_namespace("ml").with_nodes(3).with_uid().at_generation(1).as_model()
+    assert plan_children(plain, accepted_status(plain, phase), Observed(workers=pods), NOW).let_go_pods == ()
+    running = plan_children(JOB, accepted_status(JOB, "Running"), Observed(workers=pods), NOW)
+    assert running.let_go_pods == ()
+    raw = {"metadata": {"name": "mnist-0", "uid": "u", "labels": {"dtrain.dev/role": "worker"},
+                        "annotations": {queueing.RETRIABLE_ANNOTATION: "false"}}, "spec": {}, "status": {}}
+    assert observe_pod(raw).last_in_group

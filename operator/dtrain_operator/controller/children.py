@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, cast
 
 import kopf
@@ -20,7 +20,7 @@ from dtrain_operator.controller import refusals
 from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
 from dtrain_operator.controller.kube import ApiError, KubeClient
 from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
-from dtrain_operator.core import in_place, render
+from dtrain_operator.core import in_place, queueing, render
 from dtrain_operator.core.child_plan import Plan
 from dtrain_operator.core.observation import JobKey, PodObservation
 
@@ -54,18 +54,11 @@ class ChildWriter:
         await gather(
             *(self._delete_pod(namespace, pod, expectations, plan.delete_grace_seconds) for pod in plan.delete_pods)
         )
-        now = time.monotonic()
-        # Each stuck pod is force-deleted once per expectation TTL, not at every reconcile.
-        forced = [
-            p for p in plan.force_delete_pods if now - expectations.forced_pods.get(p.uid, -EXPECTATION_TTL_SECONDS) >= EXPECTATION_TTL_SECONDS
-        ]
-        for pod in forced:
-            logger.warning("%s/%s: %s is stuck terminating and its node stopped reporting; force-deleting it",
-                           namespace, name, pod.name)
-            expectations.forced_pods[pod.uid] = now
-        await gather(*(self._delete_pod(namespace, pod, expectations, grace_seconds=0) for pod in forced))
+        await self._force_delete(key, plan.force_delete_pods, expectations)
+        await gather(*(self._patch_pod(namespace, pod, queueing.last_in_group_patch(pod.uid)) for pod in plan.let_go_pods))
         if plan.relabel_pods:
-            await gather(*(self._relabel_pod(namespace, pod, generation) for pod in plan.relabel_pods))
+            await gather(*(self._patch_pod(namespace, pod, in_place.relabel_patch(generation, pod.uid))
+                           for pod in plan.relabel_pods))
             logger.info("%s/%s: every supervisor stopped torchrun; %d pod(s) restart in place as gang generation %d",
                         namespace, name, len(plan.relabel_pods), generation)
         if plan.delete_engine_job is not None:
@@ -138,15 +131,27 @@ class ChildWriter:
             )
         return existing, created
 
+    async def _force_delete(self, key: JobKey, stuck: Sequence[PodObservation], expectations: Expectations) -> None:
+        """Each stuck pod force-deleted once per expectation TTL, not at every reconcile."""
+        now = time.monotonic()
+        forced = [p for p in stuck
+                  if now - expectations.forced_pods.get(p.uid, -EXPECTATION_TTL_SECONDS) >= EXPECTATION_TTL_SECONDS]
+        for pod in forced:
+            logger.warning("%s/%s: %s is stuck terminating and its node stopped reporting; force-deleting it",
+                           *key, pod.name)
+            expectations.forced_pods[pod.uid] = now
+        await gather(*(self._delete_pod(key[0], pod, expectations, grace_seconds=0) for pod in forced))
+
     async def _create_pod(self, pod: dict[str, Any], expectations: Expectations) -> None:
         # A 409 then a 404 (the pod went between the two) fails this reconcile: it is retried.
         existing, _ = await self._create_owned(pod, expectations.uid)
         observation = observe_pod(existing)
         expectations.created_pods[observation.uid] = (time.monotonic(), observation)
 
-    async def _relabel_pod(self, namespace: str, pod: PodObservation, generation: int) -> None:
+    async def _patch_pod(self, namespace: str, pod: PodObservation, patch: Mapping[str, Any]) -> None:
+        """A merge patch of a pod's metadata, its uid a precondition: one gone or replaced since is left alone."""
         try:
-            await self._client.patch("v1", "Pod", namespace, pod.name, in_place.relabel_patch(generation, pod.uid))
+            await self._client.patch("v1", "Pod", namespace, pod.name, patch)
         except ApiError as exc:
             if not (exc.not_found or exc.conflict):
                 raise

@@ -54,6 +54,8 @@ class Plan:
     """The gang's size that the created worker pods' launch environment names (an elastic gang's now)."""
     create_standby_ranks: tuple[int, ...] = ()
     """Standby pods to create: one for each node a smaller elastic gang lacks (core.elastic)."""
+    let_go_pods: tuple[PodObservation, ...] = ()
+    """A queued job that ended: its pods, to be marked the last of their Kueue group (core.queueing.pods_to_let_go)."""
 
 
 # Requeue a hair past a deadline, so that the next look sees it passed.
@@ -117,6 +119,7 @@ def _finished_plan(
         delete_engine_job=engine_deletion,
         delete_job=expired,
         requeue_after=None if expiry is None or expired else _seconds_until(expiry, now),
+        let_go_pods=queueing.pods_to_let_go(job, True, workers),
     )
 
 

@@ -55,6 +55,8 @@ class PodObservation:
     """Held by Kueue's admission gate: its group is not admitted yet."""
     kueue_managed: bool = False
     """Taken in by Kueue's pod webhook (its managed label): Kueue will admit or evict it."""
+    last_in_group: bool = False
+    """Marked the last of its Kueue pod group (a job that ended: core.queueing.pods_to_let_go)."""
     node: str = ""
     """The Kubernetes node it is bound to (spec.nodeName)."""
     supervisor: SupervisorState | None = None

@@ -11,15 +11,22 @@ that restart is Kueue's, not a failure, and counts against no backoffLimit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dtrain_operator.api import DistributedTraining
+
+if TYPE_CHECKING:  # observation.py holds this module's QueueObservation
+    from dtrain_operator.core.observation import PodObservation
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 POD_GROUP_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
+RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
+"""On a pod of a group, "false": the group gets no replacement pods, and Kueue finishes its Workload once none runs."""
 MANAGED_LABEL = "kueue.x-k8s.io/managed"
 """The label Kueue's pod webhook sets on a pod it takes in (value "true")."""
 WORKLOAD_API = "kueue.x-k8s.io/v1beta2"
@@ -68,6 +75,21 @@ def worker_scheduling_gates(job: DistributedTraining) -> list[dict[str, str]]:
     Kueue does not take them in (not installed, or their namespace not managed), they wait, gated, instead of
     running unqueued, and the job says why (not_honored_message)."""
     return [{"name": ADMISSION_GATE}] if queue_name(job) is not None else []
+
+
+def pods_to_let_go(job: DistributedTraining, finished: bool, workers: Sequence[PodObservation]) -> tuple[PodObservation, ...]:
+    """A queued job that ended (Succeeded or Failed) lets go of its queue: each of its worker pods is marked as the
+    last of its group (RETRIABLE_ANNOTATION), so that Kueue finishes the Workload once no pod of it runs, frees
+    the ClusterQueue's quota for the next job and lifts its finalizers (a namespace with ended jobs deletes).
+    Without the mark Kueue waits for a failed pod's replacement, for ever."""
+    if not finished or queue_name(job) is None:
+        return ()
+    return tuple(p for p in workers if not p.last_in_group)
+
+
+def last_in_group_patch(pod_uid: str) -> dict[str, object]:
+    """The merge patch that marks a pod the last of its group (the uid a precondition, as for a relabel)."""
+    return {"metadata": {"uid": pod_uid, "annotations": {RETRIABLE_ANNOTATION: "false"}}}
 
 
 def not_honored_message(local_queue: str, namespace: str) -> str:

@@ -125,6 +125,7 @@ def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         queued=any(g.get("name") == queueing.ADMISSION_GATE for g in (raw.get("spec") or {}).get("schedulingGates") or []),
         kueue_managed=(meta.get("labels") or {}).get(queueing.MANAGED_LABEL) == "true",
+        last_in_group=(meta.get("annotations") or {}).get(queueing.RETRIABLE_ANNOTATION) == "false",
         node=str((raw.get("spec") or {}).get("nodeName") or ""),
     )
 

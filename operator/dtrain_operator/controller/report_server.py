@@ -69,14 +69,14 @@ from dtrain_operator.controller.report_limits import (
     ServingLimits,
     peer_of,
 )
-
-DEFAULT_LIMITS = ServingLimits()
-# pydantic's errors of a value over its bound: the record is too large (413), not malformed (400).
-SIZE_ERRORS = frozenset({"too_long", "string_too_long"})
 from dtrain_operator.controller.report_tls import RENEW_SECONDS, ReportTLS
 from dtrain_operator.core.observation import PodObservation
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_LIMITS = ServingLimits()
+# pydantic's errors of a value over its bound: the record is too large (413), not malformed (400).
+SIZE_ERRORS = frozenset({"too_long", "string_too_long"})
 
 TOKEN_CACHE_SECONDS = 60.0
 TOKEN_CACHE_SIZE = 4096

@@ -336,28 +336,28 @@ def build_record(event: Event, **fields: Any) -> TrainerRecord:
     return RECORD_TYPES[event](**fields)
 
 
-def read_record(data: Any) -> AnyTrainerRecord | None:
-    """One JSON object of the trainer's as its record; None when it is none (no object, an unknown event)."""
+def _record_type(data: Any) -> type[TrainerRecord] | None:
+    """The record type of a JSON object of the trainer's; None when it is none (no object, an unknown event)."""
     if not isinstance(data, Mapping):
         return None
     try:
-        record_type = RECORD_TYPES[Event(data.get("event"))]
+        return RECORD_TYPES[Event(data.get("event"))]
     except ValueError:
         return None
-    return record_type.read(data)  # type: ignore[return-value]
+
+
+def read_record(data: Any) -> AnyTrainerRecord | None:
+    """One JSON object of the trainer's as its record; None when it is none (no object, an unknown event)."""
+    record_type = _record_type(data)
+    return None if record_type is None else record_type.read(data)  # type: ignore[return-value]
 
 
 def checked_record(data: Any) -> AnyTrainerRecord | None:
     """A record as the report endpoint takes it from a worker: fields it does not know are ignored, but a field of
     the wrong type or over its bound raises pydantic's ValidationError; None for no record (no object, an unknown
     event)."""
-    if not isinstance(data, Mapping):
-        return None
-    try:
-        record_type = RECORD_TYPES[Event(data.get("event"))]
-    except ValueError:
-        return None
-    return record_type.model_validate(data, context=_READING)  # type: ignore[return-value]
+    record_type = _record_type(data)
+    return None if record_type is None else record_type.model_validate(data, context=_READING)  # type: ignore[return-value]
 
 
 def status_patch(data: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -119,7 +119,7 @@ def _finished_plan(
         delete_engine_job=engine_deletion,
         delete_job=expired,
         requeue_after=None if expiry is None or expired else _seconds_until(expiry, now),
-        let_go_pods=queueing.pods_to_let_go(job, True, workers),
+        let_go_pods=queueing.pods_to_let_go(job, workers),
     )
 
 

@@ -77,12 +77,12 @@ def worker_scheduling_gates(job: DistributedTraining) -> list[dict[str, str]]:
     return [{"name": ADMISSION_GATE}] if queue_name(job) is not None else []
 
 
-def pods_to_let_go(job: DistributedTraining, finished: bool, workers: Sequence[PodObservation]) -> tuple[PodObservation, ...]:
+def pods_to_let_go(job: DistributedTraining, workers: Sequence[PodObservation]) -> tuple[PodObservation, ...]:
     """A queued job that ended (Succeeded or Failed) lets go of its queue: each of its worker pods is marked as the
     last of its group (RETRIABLE_ANNOTATION), so that Kueue finishes the Workload once no pod of it runs, frees
     the ClusterQueue's quota for the next job and lifts its finalizers (a namespace with ended jobs deletes).
     Without the mark Kueue waits for a failed pod's replacement, for ever."""
-    if not finished or queue_name(job) is None:
+    if queue_name(job) is None:
         return ()
     return tuple(p for p in workers if not p.last_in_group)
 

@@ -617,10 +617,12 @@ def stop_and_start(component: str, seconds: float) -> None:
 
 def scenario_control_plane_outage(figures: Figures) -> None:
     """kube-apiserver, then etcd, stopped for 20 s each during training and started again: training goes
-    on, the operator and the kubelets resynchronise, no restart is spent, nothing is lost."""
+    on, the operator and the kubelets resynchronise, no restart is spent, nothing is lost, and the operator rides
+    the outages out (it stands down and leads again: its container is not restarted)."""
     name = "e2e-outage"
     apply(small_job(name, trainer={**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 80}))
     eventually(lambda: progress_step(name) >= 4, f"{name}: training", 300)
+    operator_restarts = operator_pods()[0]["status"]["containerStatuses"][0]["restartCount"]
     for component in ("kube-apiserver", "etcd"):
         before = progress_step(name)
         stopped = time.monotonic()
@@ -632,6 +634,9 @@ def scenario_control_plane_outage(figures: Figures) -> None:
     after = status(name)
     if after.get("phase") != "Running" or after.get("restarts"):
         raise Failed(f"after the outages: phase {after.get('phase')}, {after.get('restarts')} restarts spent")
+    restarted = operator_pods()[0]["status"]["containerStatuses"][0]["restartCount"] - operator_restarts
+    if restarted:
+        raise Failed(f"the operator's container was restarted {restarted} time(s) during the outages")
     delete(name)
 
 

@@ -9,9 +9,12 @@ timing is client-go's, with its flags' names and defaults:
 - renew deadline (10 s): how long the leader keeps trying to renew before it gives up;
 - retry period (2 s): how often candidates try to acquire and the leader renews.
 
-A leader that cannot renew within the renew deadline, or that finds the Lease held by another,
-exits at once (as kube-controller-manager does): it must not act next to a new leader, and its
-Deployment starts it again as a standby. On a clean stop it releases the Lease, so that a
+A leader that cannot renew within the renew deadline stands down: it acts no more, and keeps trying.
+It must not act next to a new leader, which may take the Lease a lease duration after its last
+renewal; but a short API server outage (which no other candidate can use either) does not end it: once
+it renews the Lease it held all along, it acts again, with no restart. A leader that finds the Lease
+held by another, or finds that another held it meanwhile, exits at once (as kube-controller-manager
+does), and its Deployment starts it again as a standby. On a clean stop it releases the Lease, so that a
 standby takes over within a retry period instead of a lease duration.
 
 The Lease is written with merge patches that carry its resourceVersion (the API server refuses
@@ -163,15 +166,29 @@ class LeaderElector:
                 logger.info("leader election: %s/%s is held by %s; standing by", cfg.namespace, cfg.name, reported)
             await asyncio.sleep(cfg.retry_period * random.uniform(1.0, JITTER))
 
-    async def keep(self, on_lost: Callable[[str], None]) -> None:
-        """Renew the Lease every retry period; call `on_lost` (once) when leadership is lost."""
+    async def keep(
+        self, on_lost: Callable[[str], None], on_paused: Callable[[str], None], on_resumed: Callable[[], None]
+    ) -> None:
+        """Renew the Lease every retry period. Past the renew deadline without a renewal (the API server out of
+        reach) the leader stands down: `on_paused`, it acts no more (`leading` is False) and keeps trying. Once it
+        renews the Lease it held all along (no other candidate acquired it meanwhile: the same acquire time), it
+        leads again: `on_resumed`. A Lease another holds, or took meanwhile, ends its leadership: `on_lost`, once."""
         cfg = self.config
         renewed = time.monotonic()
+        acquired: object = None
         while True:
             await asyncio.sleep(cfg.retry_period)
             try:
                 if await self.try_acquire_or_renew():
                     renewed = time.monotonic()
+                    now_acquired = (self._observed or {}).get("acquireTime")
+                    if not self.leading:
+                        if now_acquired != acquired:
+                            on_lost("the lease was another candidate's while the API server was out of reach")
+                            return
+                        self.leading = True
+                        on_resumed()
+                    acquired = now_acquired
                     continue
                 why = f"the lease is held by {self.holder or 'another candidate'}"
                 self.leading = False
@@ -179,10 +196,9 @@ class LeaderElector:
                 return
             except ApiError as exc:
                 logger.warning("leader election: renewing the lease failed: %s", exc)
-            if time.monotonic() - renewed > cfg.renew_deadline:
+            if self.leading and time.monotonic() - renewed > cfg.renew_deadline:
                 self.leading = False
-                on_lost(f"the lease could not be renewed within {cfg.renew_deadline:g} s")
-                return
+                on_paused(f"the lease could not be renewed within {cfg.renew_deadline:g} s")
 
     async def release(self) -> None:
         """Give the Lease up (a clean stop), so that a standby takes over at its next retry."""

@@ -175,7 +175,17 @@ class Controller:
         self._lease_client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), self._metrics)
         self._elector = LeaderElector(election, self._lease_client)
         self._elector.leading = True
-        await self._elector.keep(self._lost_lease)
+        await self._elector.keep(self._lost_lease, self._stand_down, self._lead_again)
+
+    @staticmethod
+    def _stand_down(why: str) -> None:
+        logger.error("leader election: %s; acting no more until it is renewed", why)
+
+    def _lead_again(self) -> None:
+        """The Lease renewed after an outage: every job is looked at again (events missed meanwhile included)."""
+        logger.warning("leader election: the lease is renewed; leading again")
+        for key in list(self._jobs):
+            self._queue.add(key)
 
     @staticmethod
     def _lost_lease(why: str) -> None:
@@ -341,8 +351,8 @@ class Controller:
     async def reconcile(self, key: JobKey) -> float | None:
         """Bring one job's status and children in line with what is observed. Returns a requeue delay."""
         body = self._jobs.get(key)
-        if body is None or self._client is None:
-            return None
+        if body is None or self._client is None or (self._elector is not None and not self._elector.leading):
+            return None  # a leader standing down acts on nothing (leader.py); it looks again once it leads
         meta = body.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             return None  # the garbage collector removes the children through their owner references

@@ -640,6 +640,36 @@ def scenario_control_plane_outage(figures: Figures) -> None:
     delete(name)
 
 
+BACK_TO_BACK_JOBS = 12
+BACK_TO_BACK_SECONDS = 240.0
+
+
+def scenario_back_to_back(figures: Figures) -> None:
+    """A dozen short 2-node jobs, two at a time: each reaches Succeeded within a bound, none restarts, and no
+    supervisor starts torchrun again after its rank finished (read from every pod's log): a finished gang is
+    never started again (dtrain_trainer.supervisor.step)."""
+    trainer = {**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 1, "maxSteps": 4}
+    names = [f"e2e-b2b-{i}" for i in range(BACK_TO_BACK_JOBS)]
+    slowest = 0.0
+    for pair in zip(names[::2], names[1::2]):
+        started = time.monotonic()
+        for name in pair:
+            apply(small_job(name, trainer=trainer))
+        for name in pair:
+            final = finished(name, BACK_TO_BACK_SECONDS)
+            if final.get("restarts"):
+                raise Failed(f"{name}: {final['restarts']} restart(s)")
+            for worker in worker_pods(name):
+                log = kubectl("logs", worker["metadata"]["name"], "-n", NS, check=False).stdout
+                starts = log.count("dtrain supervisor: starting torchrun")
+                if starts > 1:
+                    raise Failed(f"{worker['metadata']['name']}: torchrun started {starts} times:\n{log[-1500:]}")
+        slowest = max(slowest, time.monotonic() - started)
+        for name in pair:
+            delete(name)
+    figures["back to back: slowest pair of 2-node jobs, create → Succeeded (s)"] = slowest
+
+
 def pods_from_images() -> bool:
     return json.loads(layout.CONFIG.read_text()).get("podsFrom") == "images"
 
@@ -1489,6 +1519,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
      scenario_report_flood),
     ("user-image", "a user's image FROM the trainer image (examples/Containerfile) trains to Succeeded", scenario_user_image),
     ("image-missing", "an image in no store → ErrImagePull, ImagePullBackOff, the operator's condition", scenario_image_missing),
+    ("back-to-back", ("a dozen short 2-node jobs, two at a time: each Succeeded within a bound, no restart, no "
+                      "torchrun started again after its rank finished"), scenario_back_to_back),
     ("leader-failover", "two operator replicas: the leader's pod lost → the standby leads", scenario_leader_failover),
     ("control-plane-outage", "kube-apiserver, then etcd, stopped for 20 s during training", scenario_control_plane_outage),
     # Last: gang needs the 2 nodes the cluster starts with and leaves a third joined, elastic needs 3 and leaves them,

@@ -81,6 +81,12 @@ from pydantic.alias_generators import to_camel
 from typing_extensions import Self
 
 from dtrain_operator.api import PreflightRank, StackGroup, StepTimes, SurvivorMark
+from dtrain_operator.api.status import (
+    MAX_REPORTED_METRICS,
+    MAX_REPORTED_RANKS,
+    MAX_REPORTED_STACK_GROUPS,
+    MAX_REPORTED_VERSIONS,
+)
 
 
 class Event(str, Enum):
@@ -152,10 +158,6 @@ MAX_TEXT = 2048
 MAX_PATH = 4096
 MAX_NAME = 253
 MAX_WORD = 64
-MAX_METRICS = 64
-MAX_VERSIONS = 32
-MAX_RANKS = 1024
-MAX_STACK_GROUPS = 64
 # A name a person reads in `dtrain get` and in Prometheus: printable, no control characters.
 PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
 
@@ -174,7 +176,7 @@ def _numbers_only(value: Any) -> Any:
             if isinstance(number, (int, float)) and not isinstance(number, bool)}
 
 
-Metrics = Annotated[dict[MetricName, float], BeforeValidator(_numbers_only), Field(max_length=MAX_METRICS)]
+Metrics = Annotated[dict[MetricName, float], BeforeValidator(_numbers_only), Field(max_length=MAX_REPORTED_METRICS)]
 
 
 class TrainerRecord(WireRecord):
@@ -304,8 +306,8 @@ class PreflightRecord(TrainerRecord):
     all_reduce_ms: float | None = None
     latency_ms: float | None = None
     bus_bandwidth_g_bps: Annotated[float | None, Field(alias="busBandwidthGBps")] = None
-    versions: Annotated[dict[Word, Annotated[str, Field(max_length=MAX_NAME)] | None], Field(max_length=MAX_VERSIONS)] | None = None
-    ranks: Annotated[list[PreflightRank], Field(max_length=MAX_RANKS)] | None = None
+    versions: Annotated[dict[Word, Annotated[str, Field(max_length=MAX_NAME)] | None], Field(max_length=MAX_REPORTED_VERSIONS)] | None = None
+    ranks: Annotated[list[PreflightRank], Field(max_length=MAX_REPORTED_RANKS)] | None = None
 
 
 class HangRecord(TrainerRecord):
@@ -318,7 +320,7 @@ class HangRecord(TrainerRecord):
     batches: int | None = None
     stalled_seconds: float | None = None
     world_size: int | None = None
-    groups: Annotated[list[StackGroup], Field(max_length=MAX_STACK_GROUPS)] | None = None
+    groups: Annotated[list[StackGroup], Field(max_length=MAX_REPORTED_STACK_GROUPS)] | None = None
     silent: Text | None = None
     dumps: PathText | None = None
 

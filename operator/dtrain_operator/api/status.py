@@ -9,6 +9,12 @@ from pydantic import ConfigDict, Field
 from dtrain_operator.api.common import ApiModel, InitArgs, Phase
 from dtrain_operator.api.failure_rules import RestartStrategy
 
+# What rank 0 reports is bounded (api.records: the report endpoint refuses more); the CRD says the same of the status.
+MAX_REPORTED_METRICS = 64
+MAX_REPORTED_VERSIONS = 32
+MAX_REPORTED_RANKS = 1024
+MAX_REPORTED_STACK_GROUPS = 64
+
 
 class StatusModel(ApiModel):
     """Status types tolerate fields they do not know: kopf and newer operators write there too."""
@@ -90,8 +96,8 @@ class Progress(StatusModel):
     """Every rank's step time at the latest comparison (spec.stragglers), and the slowest rank."""
     stage: str | None = None
     """What rank 0 is doing: training, validating, checkpointing (writing a checkpoint), exporting (the model is being exported to ONNX), or finishing (training is over; the processes are ending)."""
-    metrics: dict[str, float] | None = None
-    """The latest value of val_loss, val_acc, each metric logged with prog_bar=True and each of spec.logging.metrics."""
+    metrics: Annotated[dict[str, float], Field(max_length=MAX_REPORTED_METRICS)] | None = None
+    """The latest value of val_loss, val_acc, each metric logged with prog_bar=True and each of spec.logging.metrics (at most 64)."""
     validation: str | None = None
     """The first validation metric as name=value, e.g. val_loss=0.412 (the VAL column)."""
     batches: int | None = None
@@ -130,9 +136,9 @@ class Preflight(StatusModel):
     """Median time of a one-element all-reduce, in milliseconds."""
     bus_bandwidth_g_bps: Annotated[float | None, Field(alias="busBandwidthGBps")] = None
     """Bus bandwidth of the all-reduce in GB/s, as nccl-tests reports it (2(n-1)/n times size / time)."""
-    versions: dict[str, str | None] | None = None
+    versions: Annotated[dict[str, str | None], Field(max_length=MAX_REPORTED_VERSIONS)] | None = None
     """torch, CUDA and NCCL versions, the same on every rank."""
-    ranks: list[PreflightRank] | None = None
+    ranks: Annotated[list[PreflightRank], Field(max_length=MAX_REPORTED_RANKS)] | None = None
     """Each rank's pod and node."""
     time: str | None = None
     """When the check ran (RFC 3339)."""
@@ -205,7 +211,7 @@ class HangStacks(StatusModel):
     """How long rank 0 had been without a completed batch."""
     world_size: int | None = None
     """Ranks in the gang."""
-    groups: list[StackGroup] | None = None
+    groups: Annotated[list[StackGroup], Field(max_length=MAX_REPORTED_STACK_GROUPS)] | None = None
     """The ranks that answered, grouped by the frames of their training thread."""
     silent: str | None = None
     """Ranks that gave no stack within seconds: stopped (SIGSTOP), cut off from rank 0, or stuck in native code that holds Python's interpreter lock."""

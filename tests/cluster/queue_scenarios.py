@@ -153,6 +153,8 @@ def scenario_kueue_failed_frees_the_queue(figures: Figures) -> None:
     finished(second)
     delete(failing)
     delete(second)
+    # Kueue lifted its finalizers: the pods go with their jobs (a namespace of ended jobs deletes, none hangs).
+    eventually(lambda: not worker_pods(failing) and not worker_pods(second), "the ended jobs' pods gone", 60)
 
 
 def scenario_kueue_preemption(figures: Figures) -> None:

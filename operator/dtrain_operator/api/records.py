@@ -81,12 +81,8 @@ from pydantic.alias_generators import to_camel
 from typing_extensions import Self
 
 from dtrain_operator.api import PreflightRank, StackGroup, StepTimes, SurvivorMark
-from dtrain_operator.api.status import (
-    MAX_REPORTED_METRICS,
-    MAX_REPORTED_RANKS,
-    MAX_REPORTED_STACK_GROUPS,
-    MAX_REPORTED_VERSIONS,
-)
+from dtrain_operator.api.status import MAX_REPORTED_METRICS as MAX_METRICS
+from dtrain_operator.api.status import MAX_REPORTED_RANKS, MAX_REPORTED_STACK_GROUPS, MAX_REPORTED_VERSIONS
 
 
 class Event(str, Enum):
@@ -176,7 +172,7 @@ def _numbers_only(value: Any) -> Any:
             if isinstance(number, (int, float)) and not isinstance(number, bool)}
 
 
-Metrics = Annotated[dict[MetricName, float], BeforeValidator(_numbers_only), Field(max_length=MAX_REPORTED_METRICS)]
+Metrics = Annotated[dict[MetricName, float], BeforeValidator(_numbers_only), Field(max_length=MAX_METRICS)]
 
 
 class TrainerRecord(WireRecord):

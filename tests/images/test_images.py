@@ -85,7 +85,7 @@ def test_the_operator_image_has_no_torch():
 
 async def test_the_operator_image_serves_a_job(tmp_path: Path):
     from tests.builders import a_cpu_job
-    from tests.operator.cluster import OperatorProcess, running_cluster
+    from tests.operator.cluster import OPERATOR_NAMESPACE, OperatorProcess, running_cluster
 
     class ImageOperator(OperatorProcess):
         """`dtrain operator` as the image's entrypoint, root filesystem read-only, /tmp its only
@@ -96,7 +96,9 @@ async def test_the_operator_image_serves_a_job(tmp_path: Path):
                     "--watch-timeout=20", "--log-level=DEBUG"]
             argv = in_image("operator", image("operator")["entrypoint"] + args, read_only=True,
                             binds={self.kubeconfig.parent: "/kube"},
-                            env={"KUBECONFIG": f"/kube/{self.kubeconfig.name}", "POD_ID": "dtrain-operator-image"})
+                            env={"KUBECONFIG": f"/kube/{self.kubeconfig.name}", "POD_ID": "dtrain-operator-image",
+                                     # as the chart's Deployment: jobs in its own namespace are refused
+                                     "POD_NAMESPACE": OPERATOR_NAMESPACE})
             log = self.log.open("ab")
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
             log.close()

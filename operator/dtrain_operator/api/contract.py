@@ -19,6 +19,25 @@ PLURAL = "distributedtrainings"
 SINGULAR = "distributedtraining"
 SHORT_NAME = "dtr"
 
+# Where each kind dtrain touches lives in the API: (path prefix, plural).
+RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
+    ("v1", "Pod"): ("/api/v1", "pods"),
+    ("v1", "Service"): ("/api/v1", "services"),
+    ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
+    ("v1", "Secret"): ("/api/v1", "secrets"),
+    ("v1", "Event"): ("/api/v1", "events"),
+    ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
+    ("scheduling.k8s.io/v1alpha2", "PodGroup"): ("/apis/scheduling.k8s.io/v1alpha2", "podgroups"),
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): ("/apis/scheduling.volcano.sh/v1beta1", "podgroups"),
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("/apis/scheduling.x-k8s.io/v1alpha1", "podgroups"),
+    (API_VERSION, KIND): (f"/apis/{API_VERSION}", PLURAL),
+    # Read only, for a job in a Kueue LocalQueue: its gang's Workload and the queue's ClusterQueue.
+    ("kueue.x-k8s.io/v1beta2", "Workload"): ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
+    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("/apis/kueue.x-k8s.io/v1beta2", "localqueues"),
+}
+
 # --- torchrun's own variables: torchrun reads PET_<FLAG> as the default of --<flag> ---
 ENV_NNODES = "PET_NNODES"
 ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"

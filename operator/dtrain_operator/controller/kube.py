@@ -42,26 +42,6 @@ REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_RETRY_AFTER_ATTEMPTS = 10
 MAX_RETRY_AFTER_SECONDS = 30.0
 
-# Where each kind the operator touches lives in the API: (path prefix, plural).
-RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
-    ("v1", "Pod"): ("/api/v1", "pods"),
-    ("v1", "Service"): ("/api/v1", "services"),
-    ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
-    ("v1", "Secret"): ("/api/v1", "secrets"),
-    ("v1", "Event"): ("/api/v1", "events"),
-    ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
-    ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
-    ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
-    ("scheduling.k8s.io/v1alpha2", "PodGroup"): ("/apis/scheduling.k8s.io/v1alpha2", "podgroups"),
-    ("scheduling.volcano.sh/v1beta1", "PodGroup"): ("/apis/scheduling.volcano.sh/v1beta1", "podgroups"),
-    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): ("/apis/scheduling.x-k8s.io/v1alpha1", "podgroups"),
-    (contract.API_VERSION, contract.KIND): (f"/apis/{contract.API_VERSION}", contract.PLURAL),
-    # Read only, for a job in a Kueue LocalQueue: its gang's Workload and the queue's ClusterQueue.
-    ("kueue.x-k8s.io/v1beta2", "Workload"): ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
-    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("/apis/kueue.x-k8s.io/v1beta2", "localqueues"),
-}
-
-
 class ApiError(Exception):
     """An API request that did not succeed: the HTTP status (0: no answer), reason and message,
     and the seconds the server asked the client to wait before retrying (Retry-After), if it did."""
@@ -162,7 +142,7 @@ def _retry_after(status: int, header: str | None) -> float | None:
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str = "", subresource: str = "") -> str:
-    prefix, plural = RESOURCES[(api_version, kind)]
+    prefix, plural = contract.RESOURCES[(api_version, kind)]
     path = f"{prefix}/namespaces/{namespace}/{plural}"
     if name:
         path += f"/{name}"
@@ -255,11 +235,11 @@ class KubeClient:
     async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
-        return await self._request("POST", path, "create", RESOURCES[(obj["apiVersion"], obj["kind"])][1], obj)
+        return await self._request("POST", path, "create", contract.RESOURCES[(obj["apiVersion"], obj["kind"])][1], obj)
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any]:
         path = object_path(api_version, kind, namespace, name)
-        return await self._request("GET", path, "get", RESOURCES[(api_version, kind)][1])
+        return await self._request("GET", path, "get", contract.RESOURCES[(api_version, kind)][1])
 
     async def review_token(self, token: str, audience: str) -> dict[str, Any]:
         """A TokenReview of `token` for `audience` (cluster-scoped: a path of its own)."""
@@ -302,7 +282,7 @@ class KubeClient:
         if propagation:
             options["propagationPolicy"] = propagation
         path = object_path(api_version, kind, namespace, name)
-        await self._request("DELETE", path, "delete", RESOURCES[(api_version, kind)][1], options)
+        await self._request("DELETE", path, "delete", contract.RESOURCES[(api_version, kind)][1], options)
 
     async def patch_status(self, namespace: str, name: str, status_patch: Mapping[str, Any]) -> dict[str, Any]:
         """Merge-patch a DistributedTraining's status (custom resources take no strategic merge)."""
@@ -322,7 +302,7 @@ class KubeClient:
         """Merge-patch an object (the operator's own annotation on a DistributedTraining)."""
         path = object_path(api_version, kind, namespace, name)
         return await self._request(
-            "PATCH", path, "patch", RESOURCES[(api_version, kind)][1], dict(patch),
+            "PATCH", path, "patch", contract.RESOURCES[(api_version, kind)][1], dict(patch),
             content_type="application/merge-patch+json",
         )
 

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from .kmock_adapter import KubernetesError
+from .kmock_adapter import KubernetesError, is_dry_run
 
 
 @dataclasses.dataclass
@@ -23,6 +23,7 @@ class Refusal:
     reason: str
     message: Callable[[dict[str, Any]], str]
     times: int | None = None
+    on_dry_run: bool = True  # False: dry runs pass (as through a webhook that does not take part in them)
 
 
 class Refusals:
@@ -82,13 +83,15 @@ class Refusals:
         return self._add(Refusal(self._kind_is("pods"), 403, "Forbidden", message))
 
     def invalid(self, plural: str = "pods", field: str = "spec.containers[0].resources.requests",
-                detail: str = 'Invalid value: "64": must be less than or equal to cpu limit of 8') -> Refusal:
-        """Validation of a built-in kind: 422 Invalid."""
+                detail: str = 'Invalid value: "64": must be less than or equal to cpu limit of 8',
+                on_dry_run: bool = True) -> Refusal:
+        """Validation of a built-in kind: 422 Invalid (`on_dry_run` False: only the real create is refused)."""
         kinds = {"pods": "Pod", "services": "Service", "configmaps": "ConfigMap", "jobs": "Job.batch",
                  "podgroups": "PodGroup.scheduling.volcano.sh"}
         return self._add(Refusal(
             self._kind_is(plural), 422, "Invalid",
             lambda obj: f'{kinds.get(plural, plural)} "{obj["metadata"]["name"]}" is invalid: {field}: {detail}',
+            on_dry_run=on_dry_run,
         ))
 
     def not_served(self, api_version: str, plural: str) -> Refusal:
@@ -114,7 +117,9 @@ class Refusals:
             if refusal.times == 0:
                 self.refusals.remove(refusal)
                 continue
-            if refusal.matches(request, new):
+            if refusal.matches(request, new) and (refusal.on_dry_run or not is_dry_run(request)):
+                if is_dry_run(request):  # refused as the create would be, but a dry run uses up none of `times`
+                    raise KubernetesError(refusal.status, refusal.reason, refusal.message(new))
                 if refusal.times is not None:
                     refusal.times -= 1
                 self.refused += 1

@@ -52,7 +52,7 @@ import kmock
 
 from dtrain_operator.api import contract
 
-from .kmock_adapter import KubernetesError, Payload, Request, raw_request
+from .kmock_adapter import KubernetesError, Payload, Request, is_dry_run, raw_request
 
 EVENT_LOG_SIZE = 50_000
 _ONE_NAMESPACE = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)$")
@@ -440,6 +440,8 @@ class ApiServer(kmock.KubernetesEmulator):
         async with self._lock:
             if self._current(key) is not None:
                 raise KubernetesError(409, "AlreadyExists", f'{request.resource.plural} "{name}" already exists')
+            if is_dry_run(request):
+                return raw  # admitted and answered, never stored nor watched
             meta.update(
                 name=name,
                 uid=str(uuid.uuid4()),

@@ -58,3 +58,8 @@ def _require_internals() -> None:
 
 
 _require_internals()
+
+
+def is_dry_run(request: Request) -> bool:
+    """A server-side dry run (`?dryRun=All`): admission runs, nothing is stored."""
+    return request.params.get("dryRun") == "All"

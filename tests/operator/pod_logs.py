@@ -153,6 +153,7 @@ async def running_cluster_with_logs(tmp: Any) -> AsyncIterator[Cluster]:
     async with LogServingApiServer() as api, kmock.Server(api):
         api.declare_resources()
         cluster = Cluster(api, tmp)
+        api.admission.append(cluster.refusals.hook)
         try:
             yield cluster
         finally:

@@ -8,7 +8,7 @@ import asyncio
 from dtrain_operator.controller import refusals
 from tests.builders import a_cpu_job
 
-from .cluster import Cluster
+from .cluster import OPERATOR_AGENTS, Cluster
 
 NS = "default"
 
@@ -74,9 +74,29 @@ async def test_a_missing_service_account(operated: Cluster):
             in condition["message"])
 
 
-async def test_an_invalid_object_fails_the_job_with_its_own_reason(operated: Cluster):
+async def test_a_child_the_api_server_refuses_fails_the_job_before_anything_runs(operated: Cluster):
+    """The dry run of the job's children when it is accepted (core.server_check): the server's own words, the
+    child named, nothing created, no restart spent, and the verdict asked once, not at every reconcile."""
     operated.refusals.invalid("pods", "spec.containers[0].resources.requests",
                               'Invalid value: "64": must be less than or equal to cpu limit of 8')
+    await operated.apply(a_cpu_job("toobig").with_nodes(2).as_dict())
+    await operated.phase(NS, "toobig", "Failed")
+    failed = operated.condition(NS, "toobig", "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "the API server refuses the job's Pod toobig-0 (the worker pod of node 0)" in failed["message"]
+    assert 'Pod "toobig-0" is invalid: spec.containers[0].resources.requests: Invalid value: "64"' in failed["message"]
+    assert operated.pod_creations(NS, "toobig-0") == operated.pod_creations(NS, "toobig-1") == 0
+    assert operated.status(NS, "toobig").get("restarts", 0) == 0
+    dry_runs = operated.api.count_calls(OPERATOR_AGENTS, verb="create", resource="pods")
+    await operated.patch_job(NS, "toobig", {"metadata": {"labels": {"touched": "yes"}}})  # another reconcile
+    await asyncio.sleep(1)
+    assert operated.api.count_calls(OPERATOR_AGENTS, verb="create", resource="pods") == dry_runs
+
+
+async def test_an_invalid_object_only_its_create_meets_fails_the_job_with_its_own_reason(operated: Cluster):
+    """A refusal the dry run did not meet (a webhook that takes no part in dry runs): the create's 422."""
+    operated.refusals.invalid("pods", "spec.containers[0].resources.requests",
+                              'Invalid value: "64": must be less than or equal to cpu limit of 8', on_dry_run=False)
     await operated.apply(a_cpu_job("toobig").with_nodes(2).as_dict())
     await operated.phase(NS, "toobig", "Failed")
     failed = operated.condition(NS, "toobig", "Failed")
@@ -95,7 +115,8 @@ async def test_a_refused_service_is_reported_too(operated: Cluster):
     operated.refusals.invalid("services", "spec.ports[0].port", "Invalid value: 0: must be between 1 and 65535")
     await operated.apply(a_cpu_job("svc").with_nodes(1).as_dict())
     await operated.phase(NS, "svc", "Failed")
-    assert operated.condition(NS, "svc", "Failed")["reason"] == "InvalidService"
+    failed = operated.condition(NS, "svc", "Failed")
+    assert failed["reason"] == "InvalidSpec" and "refuses the job's Service svc" in failed["message"]
     assert operated.pods(NS, "svc") == []
 
 

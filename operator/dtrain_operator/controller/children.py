@@ -2,7 +2,8 @@
 
 Each child gets its owner reference here (`adopt`), and a child whose name is taken by an object this
 job does not own is never adopted: it is a ChildConflict. What was written is remembered in the job's
-Expectations until the watch shows it.
+Expectations until the watch shows it. Before a job is accepted, its children go to the API server as a
+dry run (core.server_check), so that one it refuses fails the job before anything runs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import kopf
 
@@ -20,11 +21,12 @@ from dtrain_operator.controller import refusals
 from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
 from dtrain_operator.controller.kube import ApiError, KubeClient
 from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
-from dtrain_operator.core import in_place, queueing, render
+from dtrain_operator.core import in_place, queueing, render, server_check
 from dtrain_operator.core.child_plan import Plan
 from dtrain_operator.core.observation import JobKey, PodObservation
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ChildConflict(Exception):
@@ -92,6 +94,23 @@ class ChildWriter:
         if plan.delete_job:
             logger.info("%s/%s: ttlSecondsAfterFinished has passed; deleting the job", namespace, name)
             await self._delete(contract.API_VERSION, contract.KIND, namespace, name, expectations.uid, "Background")
+
+    async def server_refusals(self, body: Mapping[str, Any], job: DistributedTraining) -> list[str]:
+        """The API server's refusals of the children the job would get (server_check.py), asked for once,
+        before the job is accepted: nothing is created. A 5xx or a lost connection fails the reconcile (retried)."""
+        children = server_check.children_to_check(job, self._report, self._network_policy)
+        adopt(children, body)
+
+        async def verdict(child: dict[str, Any]) -> str | None:
+            try:
+                await self._client.create(child, dry_run=True)
+            except ApiError as exc:
+                if exc.status == 0 or exc.status >= 500:
+                    raise
+                return server_check.dry_run_refusal(child, exc.status, exc.message)
+            return None
+
+        return [refusal for refusal in await gather(*(verdict(child) for child in children)) if refusal]
 
     async def _ensure_shared_children(
         self, body: Mapping[str, Any], job: DistributedTraining, generation: int, expectations: Expectations
@@ -191,9 +210,10 @@ def adopt(children: list[dict[str, Any]], body: Mapping[str, Any]) -> None:
     kopf.append_owner_reference(children, owner=kopf.Body(cast(kopf.RawBody, body)))
 
 
-async def gather(*calls: Awaitable[Any]) -> None:
-    """Run calls at once; when some fail, raise the first failure after all have finished."""
+async def gather(*calls: Awaitable[T]) -> list[T]:
+    """Run calls at once and return their results; when some fail, raise the first failure after all have finished."""
     results = await asyncio.gather(*calls, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
+    return cast(list[T], results)

@@ -36,6 +36,9 @@ class Expectations:
     # status: a status write per progress report would double the API writes of every job; an
     # operator that restarts watches afresh, so a hang is caught one deadline later at worst.
     progress_watch: progress_deadline.ProgressWatch | None = None
+    # The API server's refusals of the children of the job's spec at this metadata.generation (its dry run,
+    # core.server_check): asked once per spec, not at every reconcile of a job it refused.
+    server_verdict: tuple[int | None, tuple[str, ...]] | None = None
 
 
 def observe_with_expectations(

@@ -232,9 +232,10 @@ class KubeClient:
             )
         return decoded if isinstance(decoded, dict) else {}
 
-    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+    async def create(self, obj: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Create `obj`; with `dry_run`, only the API server's verdict (admitted and validated, never stored)."""
         meta = obj["metadata"]
-        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"]) + ("?dryRun=All" if dry_run else "")
         return await self._request("POST", path, "create", contract.RESOURCES[(obj["apiVersion"], obj["kind"])][1], obj)
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any]:

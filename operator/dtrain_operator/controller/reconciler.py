@@ -375,7 +375,7 @@ class Controller:
         previous = trusted.trusted_previous(
             read.status, state, [p.generation for p in observed.workers if p.generation is not None]
         )
-        parsed = await self._parse(body, previous)
+        parsed = await self._parse(body, previous, expectations)
 
         if parsed.job is None:
             new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
@@ -414,16 +414,31 @@ class Controller:
         delays = [d for d in (requeue, plan.requeue_after, hang_check) if d is not None]
         return min(delays) if delays else None
 
-    async def _parse(self, body: Mapping[str, Any], previous: DistributedTrainingStatus) -> ParsedJob:
+    async def _parse(
+        self, body: Mapping[str, Any], previous: DistributedTrainingStatus, expectations: Expectations
+    ) -> ParsedJob:
         """The job with the spec it runs (core.accepted); before it is accepted, refused when it would run as
-        more than its namespace allows (tenancy.py) or asks for host access its namespace does not allow."""
+        more than its namespace allows (tenancy.py), asks for host access its namespace does not allow, or
+        the API server refuses a child it would get (a dry run: core.server_check)."""
         parsed = parse_job(body, previous, self._job_defaults.for_namespace(_key(body)[0]))
         if parsed.job is None or previous.accepted_spec is not None:
             return parsed
         refused = tenancy_refusals(parsed.job.spec, parsed.job.namespace, self._tenancy)
         if not refused and self._refuse_host_access:
             refused = await self._host_access_refusals(parsed.job)
+        if not refused:
+            refused = await self._server_refusals(body, parsed.job, expectations)
         return ParsedJob(None, tuple(refused)) if refused else parsed
+
+    async def _server_refusals(
+        self, body: Mapping[str, Any], job: DistributedTraining, expectations: Expectations
+    ) -> list[str]:
+        """The API server's refusals of the job's children (ChildWriter.server_refusals), asked once per spec."""
+        generation = (body.get("metadata") or {}).get("generation")
+        if expectations.server_verdict is None or expectations.server_verdict[0] != generation:
+            assert self._children is not None
+            expectations.server_verdict = (generation, tuple(await self._children.server_refusals(body, job)))
+        return list(expectations.server_verdict[1])
 
     async def _host_access_refusals(self, job: DistributedTraining) -> list[str]:
         """Why the job may not reach the node (host_access.py decides); checked once, before it is accepted."""

@@ -1,0 +1,73 @@
+"""The API server's verdict on a job's children before any is created: which children to send as a
+server-side dry run (`dryRun=All`: admitted and validated as a create, never stored), and what an answer
+says about the job.
+
+The API server is the judge of what Kubernetes accepts (its validation, its defaulting, the cluster's
+admission policies): a child it refuses would fail the job at its first pod, or, for the engine Job, only
+after all of its training. One of each kind of child is sent: the Service, the ConfigMap, the PodGroup,
+the NetworkPolicy, rank 0's pod and the last rank's (ranks differ only in their index), a standby pod for
+an elastic gang, and the engine Job. The operator sends them when it accepts a job; `dtrain validate
+--server` and `dtrain submit` with the user's own credentials.
+
+Only a refusal of the object itself is a verdict on the job: 422 (invalid) and 400 (malformed). A 403
+(Pod Security, a ResourceQuota, RBAC), a 404 (a PodGroup API not served) or a 409 (a name taken) is about
+the cluster now: the real create meets it and says so (refusals.py). A webhook that cannot take a dry run
+answers 400 too; that is no verdict either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.core import render
+
+# The longest piece of the server's message quoted into the job's status (the whole of a Pod's refusal
+# names each invalid field; the status message itself is bounded by the condition).
+MAX_QUOTED_CHARS = 2048
+# What the API server says when an admission webhook has side effects and cannot be called on a dry run.
+_NO_DRY_RUN = "does not support dry run"
+
+
+def children_to_check(
+    job: DistributedTraining, report: render.ReportEndpoint | None = None, network_policy: bool = False
+) -> list[dict[str, Any]]:
+    """One of each child the job can get, rendered as the operator creates it (without owner references)."""
+    last = job.spec.nodes - 1
+    children = [render.render_service(job), render.render_config_map(job, report)]
+    pod_group = render.render_pod_group(job)
+    if pod_group is not None:
+        children.append(pod_group)
+    if network_policy:
+        children.append(render.render_network_policy(job))
+    children.append(render.render_worker_pod(job, 0, 0, report))
+    if last > 0:
+        children.append(render.render_worker_pod(job, last, 0, report))
+    if job.spec.elastic is not None:
+        children.append(render.render_standby_pod(job, last))
+    if job.spec.engine.enabled:
+        children.append(render.render_engine_job(job))
+    return children
+
+
+def describe(child: dict[str, Any]) -> str:
+    """How a refusal names the child: its kind and name, and for a worker pod its rank."""
+    meta = child["metadata"]
+    rank = (meta.get("labels") or {}).get(contract.LABEL_NODE_RANK)
+    role = (meta.get("labels") or {}).get(contract.LABEL_ROLE)
+    what = f"{child['kind']} {meta['name']}"
+    if child["kind"] == "Pod" and rank is not None:
+        what += f" (the {'standby' if role == contract.ROLE_STANDBY else 'worker'} pod of node {rank})"
+    elif child["kind"] == "Job":
+        what += " (the engine Job)"
+    return what
+
+
+def dry_run_refusal(child: dict[str, Any], status: int, message: str) -> str | None:
+    """The line that fails the job for the server's answer `status`/`message` to `child`'s dry run, or
+    None when the answer is no verdict on the job."""
+    if status not in (400, 422) or _NO_DRY_RUN in message:
+        return None
+    quoted = message if len(message) <= MAX_QUOTED_CHARS else message[: MAX_QUOTED_CHARS - 3] + "..."
+    return (f"spec: the API server refuses the job's {describe(child)}, so the job could never run: {quoted}; "
+            "fix the field of the spec it comes from (dtrain validate --server checks a file before it is applied)")

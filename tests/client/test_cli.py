@@ -71,6 +71,24 @@ async def test_submit_validates_then_creates(cluster: Cluster):
     assert json.loads(other.out)["metadata"]["namespace"] == "team-a"
 
 
+async def test_validate_server_and_submit_ask_the_api_server_about_every_child(cluster: Cluster):
+    """A pod the API server refuses (a field only it checks): `dtrain validate --server` says so in the
+    server's words, `dtrain submit` creates nothing; both send every child as a dry run, so nothing is stored."""
+    cluster.refusals.invalid("pods", "spec.volumes[3].emptyDir.sizeLimit", "Invalid value: \"-1Gi\": must be greater than or equal to 0")
+    offline = await dtrain(cluster, "validate", str(QUICKSTART))
+    assert offline.code == 0, offline.err
+    checked = await dtrain(cluster, "validate", "--server", str(QUICKSTART))
+    assert checked.code == 2
+    assert "the API server refuses the job's Pod quickstart-0 (the worker pod of node 0)" in checked.err
+    assert 'Pod "quickstart-0" is invalid: spec.volumes[3].emptyDir.sizeLimit: Invalid value: "-1Gi"' in checked.err
+    submitted = await dtrain(cluster, "submit", str(QUICKSTART))
+    assert submitted.code == 2 and "the API server refuses the job's Pod quickstart-1" in submitted.err
+    assert cluster.job(NS, "quickstart") is None and cluster.pods(NS, "quickstart") == []
+    cluster.refusals.clear()
+    assert (await dtrain(cluster, "validate", "--server", str(QUICKSTART))).code == 0
+    assert cluster.objects("v1/services", NS) == [] and cluster.objects("v1/configmaps", NS) == []
+
+
 def gpu_quickstart(cluster: Cluster, name: str, gpu_memory: str, batch_size: int) -> Path:
     job = yaml.safe_load(QUICKSTART.read_text())
     job["metadata"]["name"] = name

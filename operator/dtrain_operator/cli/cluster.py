@@ -232,6 +232,7 @@ def submit(args: argparse.Namespace) -> int:
         client = _client(args)
         spec = job.spec
         batch = spec.trainer.batch_size * spec.world_size * spec.trainer.accumulate_grad_batches
+        _children_on_server(client, job, args.namespace)
         annotations, memory_line, to_stderr = ({}, "", False) if args.no_estimate else memory_estimate(job)
         created = client.submit(args.file, annotations=annotations)
     except DtrainError as error:
@@ -250,6 +251,20 @@ def submit(args: argparse.Namespace) -> int:
     if not args.output:
         print(f"follow it with: dtrain watch {created.name} -n {created.namespace}")
     return EXIT_OK
+
+
+def _children_on_server(client: Client, job: api.DistributedTraining, namespace: str | None) -> None:
+    """Before the job is created: InvalidJob when the API server refuses a child the operator would create for
+    it (a dry run of each, cli.server_verdict); its warnings printed."""
+    from dtrain_operator.cli.server_verdict import in_namespace, server_verdict
+
+    job, _ = in_namespace(job, {}, namespace or client.namespace)
+    verdict = server_verdict(client, job)
+    for line in [*verdict.warnings, verdict.note(job.namespace)]:
+        if line:
+            print(f"warning: {line}", file=sys.stderr)
+    if verdict.refusals:
+        raise InvalidJob(verdict.refusals)
 
 
 def get(args: argparse.Namespace) -> int:

@@ -41,8 +41,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             return EXIT_INVALID_JOB
     failed = False
     estimate_code = 0
+    client = None
+    if args.server:
+        from dtrain_operator.cli.server_verdict import client_for, refusals_on_server
+
+        client = client_for(args)
     for path in args.files:
-        result = validate_file(path, defaults=defaults, namespace=args.namespace)
+        namespace = args.namespace or (client.namespace if client is not None else "default")
+        result = validate_file(path, defaults=defaults, namespace=namespace)
+        if client is not None and result.job is not None and not result.errors:
+            result.errors.extend(refusals_on_server(client, result, namespace))
         if result.errors:
             failed = True
             for error in result.errors:
@@ -146,9 +154,18 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "field a job leaves unset is taken from them first, as the operator does",
     )
     p.add_argument(
-        "-n", "--namespace", metavar="NS", default="default",
-        help="with --defaults: the namespace a file without one is applied to (kubectl apply -n NS; default: default)",
+        "-n", "--namespace", metavar="NS",
+        help="the namespace a file without one is applied to (kubectl apply -n NS), for --defaults and --server "
+        "(default: default; with --server, the kubeconfig context's)",
     )
+    p.add_argument(
+        "--server",
+        action="store_true",
+        help="also ask the API server (a server-side dry run, nothing is created): the DistributedTraining and "
+        "one of each object the operator would create for it (pods, Service, ConfigMap, engine Job, ...)",
+    )
+    p.add_argument("--context", metavar="NAME", help="with --server: kubeconfig context (default: the current one)")
+    p.add_argument("--kubeconfig", metavar="PATH", help="with --server: kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     p.add_argument(
         "--estimate",
         action="store_true",

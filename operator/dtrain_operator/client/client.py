@@ -256,6 +256,21 @@ class Client:
         created = self._json("POST", self._jobs_path(target), f"DistributedTraining {model.name}", body=raw)
         return self._model(created)
 
+    def dry_run(self, obj: Mapping[str, Any]) -> tuple[int, str]:
+        """The API server's answer to creating `obj` (in its metadata.namespace) as a server-side dry run:
+        admitted and validated, never stored. Returns the HTTP status and the server's message."""
+        meta = obj["metadata"]
+        prefix, plural = contract.RESOURCES[(obj["apiVersion"], obj["kind"])]
+        response = self._send("POST", f"{prefix}/namespaces/{meta['namespace']}/{plural}", query={"dryRun": "All"},
+                              body=dict(obj))
+        data = response.read()
+        try:
+            decoded = json.loads(data) if data else {}
+        except ValueError:
+            decoded = {}
+        message = decoded.get("message") if isinstance(decoded, dict) else None
+        return response.status, str(message or (data or b"")[:300].decode(errors="replace")).strip()
+
     def get(self, name: str, namespace: str | None = None) -> api.DistributedTraining:
         ns = namespace or self.namespace
         return self._model(self._json("GET", self._jobs_path(ns, name), f"DistributedTraining {name}"))

@@ -45,6 +45,7 @@ from .kube import (
     user_kubeconfig,
     worker_pods,
 )
+from .wrong_jobs import scenario_wrong_jobs
 
 NS = layout.JOB_NAMESPACE
 SMALL_JOB = REPO / "tests" / "cluster" / "small-job.yaml"
@@ -1494,6 +1495,8 @@ def two_gangs_do_not_deadlock(figures: Figures) -> None:
 SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
     ("crd-refusals", "what the CRD refuses at kubectl apply and on an edit, with the API server's own message",
      scenario_crd_refusals),
+    ("wrong-jobs", ("the wrong-jobs corpus and a few hundred working variants through the API server and the operator: "
+                    "each refused before anything runs, or every child created"), scenario_wrong_jobs),
     ("forged-record", "the operator's record: refused at the API with a user's own credentials", scenario_forged_record),
     ("tenancy", ("a user's own credentials: no job as the operator, with its Secrets, an API token or an account no "
                  "administrator allowed, nor in the operator's namespace; an allowed account runs"), scenario_tenancy),

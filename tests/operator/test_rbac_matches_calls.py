@@ -14,6 +14,7 @@ from dtrain_operator.core import queueing
 from tests.builders import a_cpu_job
 
 from .cluster import OPERATOR_AGENTS, Cluster
+from .kmock_adapter import is_dry_run
 
 NS = "default"
 CHILD_KINDS = {"services", "configmaps", "pods", "jobs", "podgroups"}
@@ -36,6 +37,7 @@ class FirstCreateOfEachKind:
         if not (
             request.headers.get("User-Agent", "").startswith(OPERATOR_AGENTS)
             and request.action == kmock.action.CREATE
+            and not is_dry_run(request)
             and request.resource.plural in CHILD_KINDS
         ):
             return False

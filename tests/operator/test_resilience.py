@@ -13,6 +13,7 @@ from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
 from .cluster import OPERATOR_AGENTS, Cluster
+from .kmock_adapter import is_dry_run
 
 NS = "default"
 
@@ -22,7 +23,8 @@ def from_operator(request) -> bool:
 
 
 def pod_creates(request) -> bool:
-    return request.action == kmock.action.CREATE and request.resource.plural == "pods" and from_operator(request)
+    return (request.action == kmock.action.CREATE and not is_dry_run(request) and request.resource.plural == "pods"
+            and from_operator(request))
 
 
 def pod_deletes(request) -> bool:

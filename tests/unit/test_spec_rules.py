@@ -1,0 +1,111 @@
+"""Issue 42: what a careless user writes in spec.volumes, spec.volumeMounts and spec.storage beside what the operator
+adds to the pods, and paths and names the storage rules would misjudge: each refused by `dtrain validate` with the
+field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dtrain_operator.api import contract
+from dtrain_operator.api.validation import validate_object
+from dtrain_operator.core import render
+from tests.unit.test_job_files import errors_of, job_text
+
+DATA = "  volumes:\n    - name: data\n      persistentVolumeClaim: {claimName: imagenet}\n"
+CLAIM = "  storage: {claimName: shared}\n"
+
+# --- Collisions with what the operator adds -------------------------------------------------------------
+
+# (what is wrong, spec YAML, the start of the one line it gets)
+COLLISIONS = [
+    ("mount at the claim's own mountPath", DATA + "  storage: {claimName: shared, mountPath: /data}\n"
+     "  volumeMounts:\n    - {name: data, mountPath: /data//}\n",
+     ("spec.volumeMounts[0].mountPath: '/data//' is where dtrain mounts the job's storage (spec.storage.mountPath); "
+      "mount elsewhere")),
+    ("volume named as the gs:// credentials", "  volumes:\n    - name: dtrain-gcs-credentials\n      emptyDir: {}\n",
+     "spec.volumes[0].name: 'dtrain-gcs-credentials' is the name of a volume the operator adds"),
+    ("volume named as the token", "  volumes:\n    - name: dtrain-operator-token\n      emptyDir: {}\n",
+     "spec.volumes[0].name: 'dtrain-operator-token' is the name of a volume the operator adds"),
+    ("mount inside the gs:// credentials", DATA + "  volumeMounts:\n    - {name: data, mountPath: /var/run/secrets/dtrain/gcs/x}\n",
+     "spec.volumeMounts[0].mountPath: '/var/run/secrets/dtrain/gcs/x' would cover /var/run/secrets/dtrain/gcs"),
+    ("mount at the config, spelt oddly", DATA + "  volumeMounts:\n    - {name: data, mountPath: /etc//dtrain/.}\n",
+     "spec.volumeMounts[0].mountPath: '/etc//dtrain/.' would cover /etc/dtrain, where the operator mounts the trainer's config"),
+    ("storage mounted over the config", "  storage: {claimName: shared, mountPath: /etc/dtrain}\n",
+     ("spec.storage.mountPath: '/etc/dtrain' would cover /etc/dtrain, where dtrain mounts the trainer's config; "
+      "mount the claim elsewhere")),
+    ("storage mounted inside the token's directory", "  storage: {claimName: shared, mountPath: /var/run/secrets/dtrain.dev/operator/x}\n",
+     "spec.storage.mountPath: '/var/run/secrets/dtrain.dev/operator/x' would cover /var/run/secrets/dtrain.dev/operator"),
+    ("storage mounted over shared memory", "  storage: {claimName: shared, mountPath: /dev/shm}\n",
+     "spec.storage.mountPath: '/dev/shm' would cover /dev/shm"),
+    ("storage with only a mountPath", "  storage: {mountPath: /data}\n",
+     "spec.storage.mountPath: is where the claim of claimName is mounted, and no claim is named"),
+    ("storage url with a mountPath", "  storage: {url: s3://bucket/jobs, mountPath: /data}\n",
+     "spec.storage.mountPath: is where the claim of claimName is mounted"),
+    ("mount of a storage volume object storage has not", "  volumeMounts:\n    - {name: dtrain-storage, mountPath: /data}\n",
+     "spec.volumeMounts[0].name: 'dtrain-storage' names no volume of spec.volumes"),
+    ("two mounts at one path, spelt differently", DATA + "  volumeMounts:\n    - {name: data, mountPath: /data}\n"
+     "    - {name: data, mountPath: /x/../data}\n",
+     "spec.volumeMounts[1].mountPath: '/x/../data' is already the mountPath of spec.volumeMounts[0]; give each mount"),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", COLLISIONS, ids=[case[0] for case in COLLISIONS])
+def test_a_collision_with_the_operators_volumes_is_refused_in_one_line(case, spec, expected):
+    lines = errors_of(job_text(spec))
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+ACCEPTED = [
+    # Object storage mounts nothing at /workspace: the place is free.
+    ("a mount at /workspace beside object storage", DATA + "  volumeMounts:\n    - {name: data, mountPath: /workspace}\n"),
+    ("the claim at its default mountPath, written out", "  storage: {claimName: shared, mountPath: /workspace}\n"),
+    ("a mount beside the operator's directories", DATA + "  volumeMounts:\n    - {name: data, mountPath: /etc/dtrain-data}\n"),
+]
+
+
+@pytest.mark.parametrize("case,spec", ACCEPTED, ids=[case[0] for case in ACCEPTED])
+def test_what_leaves_the_operators_volumes_alone_is_accepted(case, spec):
+    assert errors_of(job_text(spec)) == []
+
+
+def _mount_paths(pod_spec: dict) -> list[str]:
+    return [mount["mountPath"] for mount in pod_spec["containers"][0]["volumeMounts"]]
+
+
+def test_a_volume_of_the_jobs_own_at_workspace_takes_the_place_of_the_pod_local_one():
+    """Without a claim, the operator's emptyDir at /workspace makes way: two mounts there and no pod is created."""
+    text = job_text("  storage: {}\n  nodes: 2\n" + DATA + "  volumeMounts:\n    - {name: data, mountPath: /workspace/}\n")
+    result = validate_object(yaml.safe_load(text))
+    assert result.errors == [] and result.job is not None
+    worker = render.render_worker_pod(result.job, 0)["spec"]
+    engine = render.render_engine_job(result.job)["spec"]["template"]["spec"]
+    for pod_spec in (worker, engine):
+        assert "/workspace" not in _mount_paths(pod_spec) and _mount_paths(pod_spec).count("/workspace/") == 1
+        assert contract.STORAGE_VOLUME not in [volume["name"] for volume in pod_spec["volumes"]]
+
+
+# --- Paths judged as the trainer will use them -----------------------------------------------------------
+
+PATHS = [
+    ("checkpoints leaving the claim", CLAIM + "  checkpoint: {dir: /workspace/../tmp/x}\n",
+     "spec.checkpoint.dir: holds a '..' component, which leaves the directory it names; write the directory itself"),
+    ("artifacts leaving their prefix", "  artifacts: {dir: s3://bucket/a/../b}\n", "spec.artifacts.dir: holds a '..' component"),
+    ("a claim mounted through '..'", "  storage: {claimName: shared, mountPath: /mnt/../workspace}\n",
+     "spec.storage.mountPath: holds a '..' component"),
+    ("a claim name no claim can have", "  storage: {claimName: ../../etc}\n",
+     "spec.storage.claimName: must be a DNS-1123 subdomain"),
+    ("a Secret name no Secret can have", "  storage: {url: s3://bucket/jobs, credentialsSecret: Team_Keys}\n",
+     "spec.storage.credentialsSecret: must be a DNS-1123 subdomain"),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", PATHS, ids=[case[0] for case in PATHS])
+def test_a_path_or_name_that_is_not_what_it_reads_as_is_refused(case, spec, expected):
+    lines = errors_of(job_text(spec))
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+@pytest.mark.parametrize("directory", ["//workspace/ckpt", "/workspace/./ckpt", "/workspace//ckpt/"])
+def test_a_directory_on_the_claim_is_shared_however_it_is_spelt(directory):
+    assert errors_of(job_text(CLAIM + f"  nodes: 2\n  checkpoint: {{dir: '{directory}'}}\n")) == []

@@ -1,6 +1,6 @@
 """Issue 42: what a careless user writes in spec.volumes, spec.volumeMounts and spec.storage beside what the operator
-adds to the pods, and paths and names the storage rules would misjudge: each refused by `dtrain validate` with the
-field and the fix."""
+adds to the pods, paths and names the storage rules would misjudge, and annotation keys the API server lower-cases:
+each refused by `dtrain validate` with the field and the fix, and what the API server takes accepted."""
 
 from __future__ import annotations
 
@@ -109,3 +109,19 @@ def test_a_path_or_name_that_is_not_what_it_reads_as_is_refused(case, spec, expe
 @pytest.mark.parametrize("directory", ["//workspace/ckpt", "/workspace/./ckpt", "/workspace//ckpt/"])
 def test_a_directory_on_the_claim_is_shared_however_it_is_spelt(directory):
     assert errors_of(job_text(CLAIM + f"  nodes: 2\n  checkpoint: {{dir: '{directory}'}}\n")) == []
+
+
+# --- Annotation keys in a fieldRef, as the API server reads them --------------------------------------------
+
+
+def _field_ref(path: str) -> str:
+    return f"  env:\n    - name: TEAM\n      valueFrom: {{fieldRef: {{fieldPath: \"{path}\"}}}}\n"
+
+
+def test_an_annotation_key_in_a_field_ref_is_checked_lower_cased():
+    assert errors_of(job_text(_field_ref("metadata.annotations['Example.COM/Team']"))) == []
+
+
+def test_a_label_key_in_a_field_ref_is_checked_as_written():
+    lines = errors_of(job_text(_field_ref("metadata.labels['Example.COM/Team']")))
+    assert len(lines) == 1 and lines[0].startswith("spec.env[0].valueFrom.fieldRef.fieldPath: "), lines

@@ -310,7 +310,9 @@ def _field_ref_problem(field_ref: dict[str, Any]) -> Problem | None:
     path = field_ref["fieldPath"]
     keyed = _ENV_FIELD_KEYED.fullmatch(path)
     if keyed:
-        error = kubernetes.qualified_name_error(keyed.group(2))
+        # As the API server (validateObjectFieldSelector): an annotation's key is checked lower-cased, a label's as is.
+        kind, key = keyed.groups()
+        error = kubernetes.qualified_name_error(key.lower() if kind == "annotations" else key)
         return (".fieldRef.fieldPath", f"{echo(path)}: the key {error}") if error else None
     if path not in _ENV_FIELD_PATHS:
         supported = ", ".join((*_ENV_FIELD_PATHS, "metadata.labels['KEY']", "metadata.annotations['KEY']"))

@@ -1,13 +1,14 @@
 """Issue 42: what a careless user writes in spec.volumes, spec.volumeMounts and spec.storage beside what the operator
-adds to the pods, paths and names the storage rules would misjudge, and annotation keys the API server lower-cases:
-each refused by `dtrain validate` with the field and the fix, and what the API server takes accepted."""
+adds to the pods, paths the storage rules would misjudge, annotation keys the API server lower-cases, sizes in
+bytes: each refused by `dtrain validate` with the field and the fix, and what the API server takes accepted."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from dtrain_operator.api import contract
+from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.api.record_room import KUBECTL_LAST_APPLIED, MAX_SPEC_AND_ANNOTATIONS_BYTES, spec_bytes
 from dtrain_operator.api.validation import validate_object
 from dtrain_operator.core import render
 from tests.unit.test_job_files import errors_of, job_text
@@ -125,3 +126,44 @@ def test_an_annotation_key_in_a_field_ref_is_checked_lower_cased():
 def test_a_label_key_in_a_field_ref_is_checked_as_written():
     lines = errors_of(job_text(_field_ref("metadata.labels['Example.COM/Team']")))
     assert len(lines) == 1 and lines[0].startswith("spec.env[0].valueFrom.fieldRef.fieldPath: "), lines
+
+
+# --- Sizes in bytes, with room for the operator's record -----------------------------------------------------
+
+
+def _with_env_values(count: int, value: str) -> str:
+    return "  env:\n" + "".join(f"    - {{name: VAR_{i}, value: '{value}'}}\n" for i in range(count))
+
+
+def test_annotations_are_counted_in_bytes_as_the_api_server_counts_them():
+    """70,000 characters of four bytes each: 280,000 bytes, over the API server's 262,144."""
+    lines = errors_of(job_text(metadata="  annotations: {note: '" + "\U0001f642" * 70_000 + "'}\n"))
+    assert lines == ["metadata.annotations: hold 280004 bytes; the API server takes at most 262144"], lines
+
+
+def test_a_spec_over_its_bytes_is_refused_with_the_size_the_limit_and_what_to_shrink():
+    """30 values of 1,000 emoji: 30,000 characters, 120,000 bytes."""
+    lines = errors_of(job_text(_with_env_values(30, "\U0001f642" * 1000)))
+    assert len(lines) == 1 and lines[0].startswith("spec: is 12"), lines
+    assert f"over the {MAX_SPEC_AND_ANNOTATIONS_BYTES:,} a job's spec may be" in lines[0]
+    assert "shrink what is largest (initArgs, env, volumes)" in lines[0]
+
+
+def test_annotations_that_leave_no_room_for_the_record_are_refused():
+    lines = errors_of(job_text(metadata="  annotations: {note: '" + "x" * 120_000 + "'}\n"))
+    assert len(lines) == 1 and lines[0].startswith("metadata.annotations: hold 120,004 bytes; beside this spec ("), lines
+    assert "keep room for the operator's record of the job" in lines[0]
+
+
+def test_the_operators_record_and_kubectls_copy_are_not_counted_as_the_users():
+    """A stored job carries both; they are what the room is kept for."""
+    document = yaml.safe_load(job_text(metadata="  annotations: {note: small}\n"))
+    document["metadata"]["annotations"].update({contract.ANNOTATION_STATE: "r" * 100_000,
+                                                 KUBECTL_LAST_APPLIED: "k" * 100_000})
+    assert validate_object(document).errors == []
+
+
+def test_the_spec_is_measured_as_utf8_json():
+    job = DistributedTraining.model_validate(yaml.safe_load(job_text(_with_env_values(1, "\u00e9" * 100))))
+    plain = DistributedTraining.model_validate(yaml.safe_load(job_text(_with_env_values(1, "e" * 100))))
+    assert spec_bytes(job.spec) - spec_bytes(plain.spec) == 100

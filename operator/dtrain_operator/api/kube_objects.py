@@ -341,7 +341,7 @@ def metadata_problem(metadata: dict[str, Any]) -> Problem | None:
         error = kubernetes.qualified_name_error(key.lower())
         if error:
             return ".annotations" + key_step(key), f"the key {error}"
-    size = sum(len(key) + len(value or "") for key, value in annotations.items())
+    size = kubernetes.annotations_bytes(annotations)
     if size > kubernetes.MAX_ANNOTATIONS_BYTES:
         return ".annotations", f"hold {size} bytes; the API server takes at most {kubernetes.MAX_ANNOTATIONS_BYTES}"
     return None

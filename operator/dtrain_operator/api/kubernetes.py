@@ -11,6 +11,7 @@ are; those of names spell a dot `[.]`, which reads the same in a CEL rule on map
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from decimal import Decimal, DecimalException
 
 DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -92,6 +93,11 @@ def label_value_error(value: str) -> str | None:
     if not _fullmatch(LABEL_VALUE_PATTERN, value):
         return "must be empty or letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
     return None
+
+
+def annotations_bytes(annotations: Mapping[str, str | None]) -> int:
+    """The size of annotations as the API server counts it against MAX_ANNOTATIONS_BYTES: keys and values in UTF-8."""
+    return sum(len(key.encode()) + len((value or "").encode()) for key, value in annotations.items())
 
 
 def image_error(image: str) -> str | None:

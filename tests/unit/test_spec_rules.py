@@ -1,6 +1,7 @@
 """Issue 42: what a careless user writes in spec.volumes, spec.volumeMounts and spec.storage beside what the operator
 adds to the pods, paths the storage rules would misjudge, annotation keys the API server lower-cases, sizes in
-bytes: each refused by `dtrain validate` with the field and the fix, and what the API server takes accepted."""
+bytes, and initArgs the built-in classes do not take: each refused by `dtrain validate` with the field and the
+fix, and what the API server takes accepted."""
 
 from __future__ import annotations
 
@@ -167,3 +168,34 @@ def test_the_spec_is_measured_as_utf8_json():
     job = DistributedTraining.model_validate(yaml.safe_load(job_text(_with_env_values(1, "\u00e9" * 100))))
     plain = DistributedTraining.model_validate(yaml.safe_load(job_text(_with_env_values(1, "e" * 100))))
     assert spec_bytes(job.spec) - spec_bytes(plain.spec) == 100
+
+
+# --- The built-in classes' arguments ---------------------------------------------------------------------------
+
+INIT_ARGS = [
+    ("an argument the synthetic data does not take",
+     "  data: {classPath: dtrain_trainer.data.SyntheticImageDataModule, initArgs: {no_such_argument: 1}}\n",
+     ("spec.data.initArgs.no_such_argument: SyntheticImageDataModule takes no argument 'no_such_argument'; it takes: "
+      "image_size, channels, num_classes, num_samples, pool_size, seed, pin_memory")),
+    ("a misspelt argument of the model by its bare name",
+     "  model: {classPath: ImageClassifier, initArgs: {archh: resnet18}}\n",
+     "spec.model.initArgs.archh: ImageClassifier takes no argument 'archh'; did you mean 'arch'?"),
+    ("the digits with an argument of the synthetic data",
+     "  data: {classPath: dtrain_trainer.digits.DigitsDataModule, initArgs: {num_samples: 64}}\n",
+     "spec.data.initArgs.num_samples: DigitsDataModule takes no argument 'num_samples'"),
+    ("an image folder without its directory", "  data: {classPath: ImageFolderDataModule, initArgs: {val_dir: /data}}\n",
+     "spec.data.initArgs: ImageFolderDataModule needs 'train_dir'"),
+    ("the batch size in a user's data module", "  data: {classPath: mypkg.Data, initArgs: {batch_size: 8}}\n",
+     "spec.data.initArgs.batch_size: set trainer.batchSize instead; the trainer passes it to the class"),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", INIT_ARGS, ids=[case[0] for case in INIT_ARGS])
+def test_init_args_a_class_would_refuse_in_the_pod_are_refused(case, spec, expected):
+    lines = errors_of(job_text(spec))
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+def test_a_users_class_takes_any_init_args():
+    spec = "  model: {classPath: mypkg.Model, initArgs: {anything: 1}}\n  data: {classPath: mypkg.Data, initArgs: {x: 2}}\n"
+    assert errors_of(job_text(spec)) == []

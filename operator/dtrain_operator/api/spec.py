@@ -8,6 +8,12 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from dtrain_operator.api import contract
 from dtrain_operator.api.artifacts import ArtifactSettings, EngineSettings, ExportSettings
+from dtrain_operator.api.builtin_classes import (
+    BUILTIN_MODEL,
+    BUILTIN_SYNTHETIC_DATA,
+    TRAINER_DATA_ARGUMENTS,
+    init_args_problem,
+)
 from dtrain_operator.api.common import (
     CLASS_PATH_PATTERN,
     INT32_MAX,
@@ -58,11 +64,6 @@ class ClassSpec(ApiModel):
                 "can read: pass it with spec.env[].valueFrom.secretKeyRef and read the variable in your class"
             )
         return init_args
-
-
-BUILTIN_MODEL = "dtrain_trainer.models.ImageClassifier"
-BUILTIN_SYNTHETIC_DATA = "dtrain_trainer.data.SyntheticImageDataModule"
-BUILTIN_IMAGE_FOLDER_DATA = "dtrain_trainer.data.ImageFolderDataModule"
 
 
 class TrainerSettings(ApiModel):
@@ -362,6 +363,14 @@ class DistributedTrainingSpec(ApiModel):
         problem = pod_volumes_problem(self)
         if problem is not None:
             raise refusal(*problem)
+        return self
+
+    @model_validator(mode="after")
+    def _init_args_the_classes_take(self) -> DistributedTrainingSpec:
+        for field, named, passed in ((".model", self.model, {}), (".data", self.data, TRAINER_DATA_ARGUMENTS)):
+            problem = init_args_problem(named.class_path, named.init_args, passed)
+            if problem is not None:
+                raise refusal(field + problem[0], problem[1])
         return self
 
     @property

@@ -1,7 +1,7 @@
 """Issue 42: what a careless user writes in spec.volumes, spec.volumeMounts and spec.storage beside what the operator
 adds to the pods, paths the storage rules would misjudge, annotation keys the API server lower-cases, sizes in
-bytes, and initArgs the built-in classes do not take: each refused by `dtrain validate` with the field and the
-fix, and what the API server takes accepted."""
+bytes, initArgs the built-in classes do not take, and image digests the kubelet cannot check: each refused by
+`dtrain validate` with the field and the fix."""
 
 from __future__ import annotations
 
@@ -199,3 +199,23 @@ def test_init_args_a_class_would_refuse_in_the_pod_are_refused(case, spec, expec
 def test_a_users_class_takes_any_init_args():
     spec = "  model: {classPath: mypkg.Model, initArgs: {anything: 1}}\n  data: {classPath: mypkg.Data, initArgs: {x: 2}}\n"
     assert errors_of(job_text(spec)) == []
+
+
+# --- Image digests the kubelet can check -------------------------------------------------------------------
+
+DIGESTS = [
+    ("localhost/trainer@sha256:" + "3f" * 20, False),
+    ("localhost/trainer:1@sha256:" + "AB" * 32, False),
+    ("localhost/trainer@md5:" + "0" * 32, False),
+    ("localhost/trainer:1@sha256:" + "ab" * 32, True),
+    ("localhost/trainer@sha512:" + "0" * 128, True),
+]
+
+
+@pytest.mark.parametrize("image,pulls", DIGESTS, ids=[image.split("@")[1][:12] for image, _ in DIGESTS])
+def test_an_image_digest_is_one_the_kubelet_can_check(image, pulls):
+    lines = errors_of(job_text(f"  image: {image}\n"))
+    if pulls:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith("spec.image: has a digest the kubelet refuses (InvalidImageName)"), lines

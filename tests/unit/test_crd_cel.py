@@ -150,6 +150,8 @@ CEL_REJECTS = {
     "profile ranks differ": "spec.engine.profiles[0].inputs[x]: Invalid value: \"object\": min, opt and max need the same rank",
     "profile input name with a comma": "spec.engine.profiles[0].inputs: Invalid value: \"object\": every key must match",
     "name with capitals": "<nil>: Invalid value: \"object\": metadata.name must be a DNS-1035 label",
+    "checkpoint dir leaving its directory": "spec.checkpoint.dir: Invalid value: \"string\": holds a '..' component",
+    "storage mountPath without a claim": "spec.storage: Invalid value: \"object\": mountPath is where the claim",
     # CEL has no "is a regex": matching '' compiles the pattern, and RE2's error refuses the object.
     "failure rule pattern RE2 cannot compile": "spec.runPolicy.failureRules[2].onTerminationMessage: Invalid value: "
     "\"string\": INVALID_ARGUMENT: invalid regular expression: missing ): NCCL (error evaluating rule: "

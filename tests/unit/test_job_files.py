@@ -208,7 +208,7 @@ REFUSED = [
     ("mount without a path", VOLUME + "  volumeMounts:\n    - name: data\n", "spec.volumeMounts[0].mountPath: required field is missing"),
     ("mount over shared memory", VOLUME + "  volumeMounts:\n    - name: data\n      mountPath: /dev/shm/\n", "spec.volumeMounts[0].mountPath: '/dev/shm/' would cover /dev/shm"),
     ("mount inside the config", VOLUME + "  volumeMounts:\n    - name: data\n      mountPath: /etc/dtrain/extra\n", "spec.volumeMounts[0].mountPath: '/etc/dtrain/extra' would cover /etc/dtrain"),
-    ("mount at the storage path", VOLUME + "  storage: {claimName: shared}\n  volumeMounts:\n    - name: data\n      mountPath: /workspace\n", "spec.volumeMounts[0].mountPath: '/workspace' is already the mountPath of spec.storage"),
+    ("mount at the storage path", VOLUME + "  storage: {claimName: shared}\n  volumeMounts:\n    - name: data\n      mountPath: /workspace\n", "spec.volumeMounts[0].mountPath: '/workspace' is where dtrain mounts the job's storage (spec.storage.mountPath); mount elsewhere"),
     ("two mounts at one path", VOLUME + "  volumeMounts:\n    - {name: data, mountPath: /data}\n    - {name: data, mountPath: /data/}\n", "spec.volumeMounts[1].mountPath: '/data/' is already the mountPath of spec.volumeMounts[0]"),
     ("mount subPath out of the volume", VOLUME + "  volumeMounts:\n    - {name: data, mountPath: /data, subPath: ../etc}\n", "spec.volumeMounts[0].subPath: '../etc' must be a relative path"),
     ("toleration not an object", "  scheduling:\n    tolerations: [gpu]\n", "spec.scheduling.tolerations[0]: Input should be a valid dictionary"),

@@ -16,22 +16,17 @@ from typing import Any
 
 from dtrain_common.config import ConfigError
 from dtrain_operator import api
-
-# Bare names accepted for the built-ins, e.g. `classPath: ImageClassifier`.
-BUILTIN_CLASS_PATHS = {
-    path.rsplit(".", 1)[1]: path
-    for path in (api.BUILTIN_MODEL, api.BUILTIN_SYNTHETIC_DATA, api.BUILTIN_IMAGE_FOLDER_DATA)
-}
+from dtrain_operator.api.builtin_classes import BUILTIN_ALIASES
 
 
 def import_class(class_path: str, field: str) -> type:
     """The class named by `class_path` (a bare built-in name or `package.module.Class`)."""
-    class_path = BUILTIN_CLASS_PATHS.get(class_path, class_path)
+    class_path = BUILTIN_ALIASES.get(class_path, class_path)
     if "." not in class_path:
-        hint = difflib.get_close_matches(class_path, list(BUILTIN_CLASS_PATHS), n=1)
+        hint = difflib.get_close_matches(class_path, list(BUILTIN_ALIASES), n=1)
         suggestion = f"; did you mean {hint[0]}?" if hint else ""
         raise ConfigError(
-            f"{field}.classPath: {class_path!r} is neither a built-in ({', '.join(BUILTIN_CLASS_PATHS)}) "
+            f"{field}.classPath: {class_path!r} is neither a built-in ({', '.join(BUILTIN_ALIASES)}) "
             f"nor a dotted path like mypackage.MyModule{suggestion}"
         )
     module_name, class_name = class_path.rsplit(".", 1)

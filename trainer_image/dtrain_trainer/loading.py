@@ -10,6 +10,7 @@ from typing import Any
 
 from dtrain_common.loading import import_class, instantiate
 from dtrain_operator import api
+from dtrain_operator.api.builtin_classes import TRAINER_DATA_ARGUMENTS
 from dtrain_trainer import flavor
 
 
@@ -24,10 +25,6 @@ def instantiate_data(
     spec: api.ClassSpec, pl: flavor.Flavor, cls: type, batch_size: int, num_workers: int
 ) -> Any:
     """The data module, given the batch size and loader workers the trainer passes it."""
-    return instantiate(
-        spec,
-        "data",
-        pl.LightningDataModule,
-        cls=cls,
-        supplied={"batch_size": (batch_size, "trainer.batchSize"), "num_workers": (num_workers, "trainer.numWorkers")},
-    )
+    values = {"batch_size": batch_size, "num_workers": num_workers}
+    supplied = {name: (values[name], source) for name, source in TRAINER_DATA_ARGUMENTS.items()}
+    return instantiate(spec, "data", pl.LightningDataModule, cls=cls, supplied=supplied)

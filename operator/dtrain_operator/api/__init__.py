@@ -25,6 +25,7 @@ from dtrain_operator.api.artifacts import (
     PrecisionConstraints,
     ShapeList,
 )
+from dtrain_operator.api.builtin_classes import BUILTIN_IMAGE_FOLDER_DATA, BUILTIN_MODEL, BUILTIN_SYNTHETIC_DATA
 from dtrain_operator.api.common import (
     CLASS_PATH_PATTERN,
     DNS1035_PATTERN,
@@ -67,9 +68,6 @@ from dtrain_operator.api.job import (
 from dtrain_operator.api.kubernetes import QUANTITY_PATTERN
 from dtrain_operator.api.scheduling import GangProvider, GangScheduling, SchedulingSettings, TopologySettings
 from dtrain_operator.api.spec import (
-    BUILTIN_IMAGE_FOLDER_DATA,
-    BUILTIN_MODEL,
-    BUILTIN_SYNTHETIC_DATA,
     CheckpointSettings,
     ClassSpec,
     DistributedTrainingSpec,

@@ -20,13 +20,13 @@ from dtrain_operator.api.common import (
 )
 from dtrain_operator.api.kube_objects import refusal
 from dtrain_operator.api.safe_yaml import key_step
-from dtrain_operator.api.storage import DIR_PATTERN
+from dtrain_operator.api.storage import StorageDir
 
 
 class ArtifactSettings(ApiModel):
     """Where the exported model and the engine go."""
 
-    dir: Annotated[str, Field(pattern=DIR_PATTERN, max_length=MAX_PATH_LENGTH)] | None = None
+    dir: StorageDir | None = None
     """Directory for model.onnx, artifacts.json, the TensorRT engine and its report: an absolute path on a volume the engine Job mounts too, or s3://bucket/prefix or gs://bucket/prefix (default: <spec.storage.url or mountPath>/<namespace>/<name>/artifacts)."""
 
 

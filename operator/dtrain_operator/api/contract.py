@@ -135,13 +135,23 @@ def launch_path(namespace: str, name: str) -> str:
     """The URL path at which each worker pod's supervisor reports its launch and asks what to do (api.launches)."""
     return f"/v1/namespaces/{namespace}/{PLURAL}/{name}/launches"
 
-# The volumes the operator adds to the pods (the config, /dev/shm, spec.storage's claim): a job's
-# own volumes may not take their names, nor its mounts their places.
+# The volumes the operator adds to the pods (the config, /dev/shm, spec.storage's claim or the pod-local
+# /workspace, the gs:// credentials, rank 0's token): a job's own volumes may not take their names, nor its
+# mounts their places.
 CONFIG_VOLUME = "dtrain-config"
 SHM_VOLUME = "dshm"
 STORAGE_VOLUME = "dtrain-storage"
+GCS_CREDENTIALS_VOLUME = "dtrain-gcs-credentials"
 SHM_MOUNT_PATH = "/dev/shm"
-OPERATOR_VOLUMES = (CONFIG_VOLUME, SHM_VOLUME, STORAGE_VOLUME, OPERATOR_TOKEN_VOLUME)
+GCS_CREDENTIALS_DIR = "/var/run/secrets/dtrain/gcs"
+OPERATOR_VOLUMES = (CONFIG_VOLUME, SHM_VOLUME, STORAGE_VOLUME, GCS_CREDENTIALS_VOLUME, OPERATOR_TOKEN_VOLUME)
+# Where the operator mounts each volume but the storage (whose place is spec.storage's), and what it holds.
+OPERATOR_MOUNT_PATHS = {
+    CONFIG_MOUNT_DIR: "the trainer's config",
+    SHM_MOUNT_PATH: "shared memory",
+    GCS_CREDENTIALS_DIR: "the gs:// credentials of spec.storage.credentialsSecret",
+    OPERATOR_TOKEN_DIR: "rank 0's token for the operator",
+}
 
 # Names a user's `env` may not set: torchrun's contract, what torchrun itself
 # sets in each process, and dtrain's own variables.

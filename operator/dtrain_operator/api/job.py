@@ -11,11 +11,10 @@ from pydantic import Field, model_validator
 
 from dtrain_operator.api import contract, storage
 from dtrain_operator.api.artifacts import ArtifactSettings, ExportSettings
+from dtrain_operator.api.builtin_classes import BUILTIN_MODEL, BUILTIN_SYNTHETIC_DATA
 from dtrain_operator.api.common import DNS1035_PATTERN, MAX_NAME_LENGTH, ApiModel, EnvVar
 from dtrain_operator.api.kube_objects import metadata_problem, refusal
 from dtrain_operator.api.spec import (
-    BUILTIN_MODEL,
-    BUILTIN_SYNTHETIC_DATA,
     CheckpointSettings,
     ClassSpec,
     CollectiveTimeouts,

@@ -310,7 +310,9 @@ def _field_ref_problem(field_ref: dict[str, Any]) -> Problem | None:
     path = field_ref["fieldPath"]
     keyed = _ENV_FIELD_KEYED.fullmatch(path)
     if keyed:
-        error = kubernetes.qualified_name_error(keyed.group(2))
+        # As the API server (validateObjectFieldSelector): an annotation's key is checked lower-cased, a label's as is.
+        kind, key = keyed.groups()
+        error = kubernetes.qualified_name_error(key.lower() if kind == "annotations" else key)
         return (".fieldRef.fieldPath", f"{echo(path)}: the key {error}") if error else None
     if path not in _ENV_FIELD_PATHS:
         supported = ", ".join((*_ENV_FIELD_PATHS, "metadata.labels['KEY']", "metadata.annotations['KEY']"))
@@ -339,7 +341,7 @@ def metadata_problem(metadata: dict[str, Any]) -> Problem | None:
         error = kubernetes.qualified_name_error(key.lower())
         if error:
             return ".annotations" + key_step(key), f"the key {error}"
-    size = sum(len(key) + len(value or "") for key, value in annotations.items())
+    size = kubernetes.annotations_bytes(annotations)
     if size > kubernetes.MAX_ANNOTATIONS_BYTES:
         return ".annotations", f"hold {size} bytes; the API server takes at most {kubernetes.MAX_ANNOTATIONS_BYTES}"
     return None

@@ -11,6 +11,7 @@ are; those of names spell a dot `[.]`, which reads the same in a CEL rule on map
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from decimal import Decimal, DecimalException
 
 DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -34,6 +35,9 @@ _DIGEST = r"[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 IMAGE_PATTERN = rf"^({_DOMAIN}/)?{_PATH_COMPONENT}(/{_PATH_COMPONENT})*(:{_TAG})?(@{_DIGEST})?$"
 # The repository name without tag and digest (distribution/reference's NameTotalLengthMax).
 MAX_IMAGE_NAME_LENGTH = 255
+# The digests the kubelet can check (go-digest's algorithms), and the lowercase hex length of each: the grammar
+# above takes any algorithm and length, the parse that follows it only these.
+DIGEST_HEX_LENGTHS = {"sha256": 64, "sha384": 96, "sha512": 128}
 
 # A quantity: a signed decimal number and a suffix (binary Ki..Ei, decimal n..E, or an exponent).
 QUANTITY_PATTERN = (
@@ -94,13 +98,29 @@ def label_value_error(value: str) -> str | None:
     return None
 
 
+def annotations_bytes(annotations: Mapping[str, str | None]) -> int:
+    """The size of annotations as the API server counts it against MAX_ANNOTATIONS_BYTES: keys and values in UTF-8."""
+    return sum(len(key.encode()) + len((value or "").encode()) for key, value in annotations.items())
+
+
+def _is_checkable_digest(digest: str) -> bool:
+    algorithm, _, encoded = digest.partition(":")
+    length = DIGEST_HEX_LENGTHS.get(algorithm)
+    return length is not None and _fullmatch(f"[a-f0-9]{{{length}}}", encoded)
+
+
 def image_error(image: str) -> str | None:
     """Why the kubelet could not pull `image` (InvalidImageName), or None."""
     if image != image.strip():
         return "must not have leading or trailing whitespace"
     if not _fullmatch(IMAGE_PATTERN, image):
         return "is not an image reference: [registry[:port]/]repository[:tag][@digest], the repository in lowercase"
-    name = image.split("@", 1)[0]
+    name, _, digest = image.partition("@")
+    if digest and not _is_checkable_digest(digest):
+        return (
+            "has a digest the kubelet refuses (InvalidImageName): sha256 takes 64 lowercase hex digits, sha384 96 "
+            "and sha512 128"
+        )
     last = name.rsplit("/", 1)[-1]
     if ":" in last:
         name = name[: len(name) - len(last) + last.index(":")]

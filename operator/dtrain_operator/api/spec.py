@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from dtrain_operator.api import contract
 from dtrain_operator.api.artifacts import ArtifactSettings, EngineSettings, ExportSettings
+from dtrain_operator.api.builtin_classes import (
+    BUILTIN_MODEL,
+    BUILTIN_SYNTHETIC_DATA,
+    TRAINER_DATA_ARGUMENTS,
+    init_args_problem,
+)
 from dtrain_operator.api.common import (
     CLASS_PATH_PATTERN,
     INT32_MAX,
@@ -35,10 +40,10 @@ from dtrain_operator.api.elastic import ElasticPolicy, sizes_that_cannot, wanted
 from dtrain_operator.api.failure_rules import MAX_FAILURE_RULES, STRATEGY_IN_PLACE, FailureRule, RestartStrategy
 from dtrain_operator.api.free_form import credential_paths
 from dtrain_operator.api.kube_objects import Volume, VolumeMount, refusal
+from dtrain_operator.api.pod_volumes import pod_volumes_problem
 from dtrain_operator.api.redaction import holds_credential, is_credential_name
-from dtrain_operator.api.safe_yaml import echo
 from dtrain_operator.api.scheduling import SchedulingSettings
-from dtrain_operator.api.storage import DIR_PATTERN, Storage
+from dtrain_operator.api.storage import Storage, StorageDir
 
 
 class ClassSpec(ApiModel):
@@ -59,11 +64,6 @@ class ClassSpec(ApiModel):
                 "can read: pass it with spec.env[].valueFrom.secretKeyRef and read the variable in your class"
             )
         return init_args
-
-
-BUILTIN_MODEL = "dtrain_trainer.models.ImageClassifier"
-BUILTIN_SYNTHETIC_DATA = "dtrain_trainer.data.SyntheticImageDataModule"
-BUILTIN_IMAGE_FOLDER_DATA = "dtrain_trainer.data.ImageFolderDataModule"
 
 
 class TrainerSettings(ApiModel):
@@ -204,7 +204,7 @@ class StragglerSettings(ApiModel):
 class CheckpointSettings(ApiModel):
     """Where and how often checkpoints are written. A gang restart resumes from the last one."""
 
-    dir: Annotated[str, Field(pattern=DIR_PATTERN, max_length=MAX_PATH_LENGTH)] | None = None
+    dir: StorageDir | None = None
     """Directory for checkpoints: an absolute path on a volume that outlives the pod (spec.storage's claim), or s3://bucket/prefix or gs://bucket/prefix (default: <spec.storage.url or mountPath>/<namespace>/<name>/checkpoints)."""
     every_n_steps: Annotated[int, Field(ge=1, le=INT32_MAX)] = 500
     """Save a checkpoint every this many optimizer steps (and always at the end)."""
@@ -360,36 +360,17 @@ class DistributedTrainingSpec(ApiModel):
 
     @model_validator(mode="after")
     def _volumes_fit_the_pods(self) -> DistributedTrainingSpec:
-        """Volume names and mount paths as the API server checks them in a pod, beside the operator's own."""
-        names: set[str] = set()
-        for index, volume in enumerate(self.volumes):
-            name = volume["name"]
-            if name in contract.OPERATOR_VOLUMES:
-                raise refusal(f".volumes[{index}].name", f"{echo(name)} is the name of a volume the operator adds "
-                              f"({', '.join(contract.OPERATOR_VOLUMES)}); choose another")
-            if name in names:
-                raise refusal(f".volumes[{index}].name", f"{echo(name)} names two volumes")
-            names.add(name)
-        mountable = names | ({contract.STORAGE_VOLUME} if self.storage else set())
-        operators = {
-            contract.CONFIG_MOUNT_DIR: "the trainer's config",
-            contract.SHM_MOUNT_PATH: "shared memory",
-            contract.OPERATOR_TOKEN_DIR: "rank 0's token for the operator",
-        }
-        taken = {posixpath.normpath(self.storage.mount_path): "spec.storage"} if self.storage else {}
-        for index, mount in enumerate(self.volume_mounts):
-            if mount["name"] not in mountable:
-                raise refusal(f".volumeMounts[{index}].name", f"{echo(mount['name'])} names no volume of spec.volumes"
-                              + (" or spec.storage" if self.storage else ""))
-            path = posixpath.normpath(mount["mountPath"])
-            inside = next((p for p in operators if path == p or path.startswith(f"{p}/")), None)
-            if inside is not None:
-                raise refusal(f".volumeMounts[{index}].mountPath", f"{echo(mount['mountPath'])} would cover "
-                              f"{inside}, where the operator mounts {operators[inside]}; mount it elsewhere")
-            if path in taken:
-                raise refusal(f".volumeMounts[{index}].mountPath",
-                              f"{echo(mount['mountPath'])} is already the mountPath of {taken[path]}")
-            taken[path] = f"spec.volumeMounts[{index}]"
+        problem = pod_volumes_problem(self)
+        if problem is not None:
+            raise refusal(*problem)
+        return self
+
+    @model_validator(mode="after")
+    def _init_args_the_classes_take(self) -> DistributedTrainingSpec:
+        for field, named, passed in ((".model", self.model, {}), (".data", self.data, TRAINER_DATA_ARGUMENTS)):
+            problem = init_args_problem(named.class_path, named.init_args, passed)
+            if problem is not None:
+                raise refusal(field + problem[0], problem[1])
         return self
 
     @property

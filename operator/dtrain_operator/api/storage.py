@@ -1,7 +1,7 @@
 """Where a job's checkpoints and artifacts live: a shared PVC, object storage, or the pod's own disk.
 
-`checkpoint.dir` and `artifacts.dir` are absolute paths or object-storage URLs (`s3://bucket/prefix`,
-`gs://bucket/prefix`). Left out, each is per job: `<root>/<namespace>/<name>/checkpoints` (and
+`checkpoint.dir` and `artifacts.dir` are absolute paths (without a `..` component) or object-storage URLs
+(`s3://bucket/prefix`, `gs://bucket/prefix`). Left out, each is per job: `<root>/<namespace>/<name>/checkpoints` (and
 `/artifacts`), where the root is `spec.storage.url`, the claim's `mountPath`, or, with no storage,
 `/workspace` on a pod-local emptyDir. Two jobs never share checkpoints by default.
 
@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
+import re
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
-from dtrain_operator.api.common import MAX_OBJECT_NAME, MAX_PATH_LENGTH, ApiModel
+from dtrain_operator.api import contract
+from dtrain_operator.api.common import MAX_PATH_LENGTH, ApiModel, DnsSubdomain
+from dtrain_operator.api.kube_objects import refusal
+from dtrain_operator.api.safe_yaml import echo
 
 if TYPE_CHECKING:
     from dtrain_operator.api.job import TrainerConfig
@@ -40,9 +45,50 @@ ARTIFACTS_LEAF: Final = "artifacts"
 S3_SECRET_KEYS: Final = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 GCS_SECRET_KEY: Final = "service-account.json"
 
+# A '..' component makes a path name another directory than the one it reads as under (/workspace/../tmp is the
+# pod's own disk): refused outright, so that the directory the storage rules judge is the one the trainer writes.
+PARENT_STEP_MESSAGE: Final = "holds a '..' component, which leaves the directory it names; write the directory itself"
+_PARENT_STEP_RULE: Final = {"rule": "!self.matches('(^|/)[.][.](/|$)')", "message": PARENT_STEP_MESSAGE}
+
+
+def _without_parent_steps(path: str) -> str:
+    if ".." in path.split("/"):
+        raise ValueError(PARENT_STEP_MESSAGE)
+    return path
+
+
+_NO_PARENT_STEPS: Final = AfterValidator(_without_parent_steps)
+# checkpoint.dir and artifacts.dir.
+StorageDir = Annotated[
+    str,
+    Field(pattern=DIR_PATTERN, max_length=MAX_PATH_LENGTH, json_schema_extra={"x-kubernetes-validations": [_PARENT_STEP_RULE]}),
+    _NO_PARENT_STEPS,
+]
+
 NO_SHARED_STORAGE_FIX: Final = (
     "set spec.storage.claimName (a ReadWriteMany PVC) or spec.storage.url (s3://bucket/prefix or gs://bucket/prefix)"
 )
+MOUNT_PATH_WITHOUT_CLAIM: Final = (
+    "is where the claim of claimName is mounted, and no claim is named: set claimName (a ReadWriteMany PVC) "
+    "or leave mountPath out"
+)
+
+
+def normal_path(path: str) -> str:
+    """A file system path as the kernel reads it: '/data/', '/data//', '/./data' and '/x/../data' are '/data'."""
+    return posixpath.normpath(re.sub("/+", "/", path))
+
+
+def is_under(path: str, root: str) -> bool:
+    """Whether the file system path `path` is `root` or inside it (both read as normal_path reads them)."""
+    path, root = normal_path(path), normal_path(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def covered_operator_mount(path: str) -> str | None:
+    """The place where the operator mounts a volume of its own (contract.OPERATOR_MOUNT_PATHS) that a mount at
+    `path` would cover, or None."""
+    return next((mine for mine in contract.OPERATOR_MOUNT_PATHS if is_under(path, mine)), None)
 
 
 def is_object_url(path: str | None) -> bool:
@@ -66,21 +112,36 @@ class S3Settings(ApiModel):
 class Storage(ApiModel):
     """Where checkpoints and artifacts are shared between every worker and the engine Job: a PVC or object storage."""
 
-    claim_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        # The CRD stores no defaults (api.crd): an absent mountPath is the default one.
+        {"rule": f"has(self.claimName) || !has(self.mountPath) || self.mountPath == '{POD_LOCAL_ROOT}'", "message": f"mountPath {MOUNT_PATH_WITHOUT_CLAIM}"},
+    ]})
+
+    claim_name: DnsSubdomain | None = None
     """Name of a ReadWriteMany PersistentVolumeClaim in the job's namespace, mounted at mountPath."""
-    mount_path: Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)] = "/workspace"
-    """Where the claim is mounted in the worker and engine containers."""
+    mount_path: Annotated[
+        str,
+        Field(pattern=r"^/", max_length=MAX_PATH_LENGTH, json_schema_extra={"x-kubernetes-validations": [_PARENT_STEP_RULE]}),
+        _NO_PARENT_STEPS,
+    ] = POD_LOCAL_ROOT
+    """Where the claim is mounted in the worker and engine containers (only with claimName)."""
     url: Annotated[str, Field(pattern=OBJECT_URL_PATTERN, max_length=MAX_PATH_LENGTH)] | None = None
     """Object storage instead of a claim: s3://bucket/prefix or gs://bucket/prefix. Checkpoints and artifacts go under <url>/<namespace>/<name>/ unless checkpoint.dir or artifacts.dir say otherwise."""
     s3: S3Settings | None = None
     """An S3-compatible endpoint and the region, for s3:// URLs."""
-    credentials_secret: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
+    credentials_secret: DnsSubdomain | None = None
     """A Secret in the job's namespace with the object store's credentials; without it the pods use their service account's (IRSA on EKS, Workload Identity on GKE). For s3:// its keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and (optional) AWS_SESSION_TOKEN become those variables; for gs:// its key service-account.json is mounted and named by GOOGLE_APPLICATION_CREDENTIALS."""
 
     @model_validator(mode="after")
     def _one_place(self) -> Storage:
         if self.claim_name is not None and self.url is not None:
             raise ValueError("set claimName or url, not both: checkpoints and artifacts go to one place")
+        if self.claim_name is None and self.mount_path != POD_LOCAL_ROOT:
+            raise refusal(".mountPath", MOUNT_PATH_WITHOUT_CLAIM)
+        covered = covered_operator_mount(self.mount_path)
+        if covered is not None:
+            raise refusal(".mountPath", f"{echo(self.mount_path)} would cover {covered}, where dtrain mounts "
+                          f"{contract.OPERATOR_MOUNT_PATHS[covered]}; mount the claim elsewhere")
         return self
 
 
@@ -107,6 +168,27 @@ def artifacts_dir(spec: DistributedTrainingSpec, namespace: str, name: str) -> s
     return spec.artifacts.dir or job_dir(storage_root(spec), namespace, name, ARTIFACTS_LEAF)
 
 
+def pod_local_workspace(spec: DistributedTrainingSpec) -> bool:
+    """No claim, no volume of the job's own mounted at /workspace, and checkpoint.dir or artifacts.dir under it (so
+    set, or by default without storage.url): the operator mounts an emptyDir there, which the non-root trainer can
+    write."""
+    if spec.storage is not None and spec.storage.claim_name is not None:
+        return False
+    if any(normal_path(str(mount.get("mountPath", ""))) == POD_LOCAL_ROOT for mount in spec.volume_mounts):
+        return False
+    # A per-job default directory is under storage_root: the object-storage URL or /workspace.
+    dirs = (spec.checkpoint.dir or storage_root(spec), spec.artifacts.dir or storage_root(spec))
+    return any(not is_object_url(d) and is_under(d, POD_LOCAL_ROOT) for d in dirs)
+
+
+def storage_mount_path(spec: DistributedTrainingSpec) -> str | None:
+    """Where the operator mounts its storage volume (contract.STORAGE_VOLUME) in the pods: the claim's mountPath,
+    /workspace for the pod-local emptyDir, or None when it adds none."""
+    if spec.storage is not None and spec.storage.claim_name is not None:
+        return spec.storage.mount_path
+    return POD_LOCAL_ROOT if pod_local_workspace(spec) else None
+
+
 def _is_shared(path: str, spec: DistributedTrainingSpec) -> bool:
     """A directory every pod of the job sees: object storage, the claim, or a volume the user mounted."""
     if is_object_url(path):
@@ -115,7 +197,7 @@ def _is_shared(path: str, spec: DistributedTrainingSpec) -> bool:
     storage = spec.storage
     if storage is not None and storage.claim_name is not None:
         mounts.append(storage.mount_path)
-    return any(m and (path == m or path.startswith(m.rstrip("/") + "/")) for m in mounts)
+    return any(m and is_under(path, m) for m in mounts)
 
 
 def missing_shared_storage(spec: DistributedTrainingSpec, namespace: str, name: str) -> str | None:

@@ -29,6 +29,7 @@ from dtrain_operator.api.safe_yaml import YamlRefused, echo, key_path, load_docu
 MAX_ERROR_LINES = 10
 # The exit code of `dtrain validate`, `submit` and `run` for an invalid job file (argparse's for bad usage).
 EXIT_INVALID_JOB = 2
+from dtrain_operator.api.record_room import room_problem
 from dtrain_operator.api.storage import missing_shared_storage
 
 
@@ -229,7 +230,10 @@ def validate_object(obj: Any, source: str = "", cluster: bool = True) -> Documen
         # Every echoed part is escaped already; this is the net for messages that embed a key or a value.
         result.errors.extend(printable(line) for line in format_validation_error(exc))
     if cluster and result.job is not None:
-        problem = missing_shared_storage(result.job.spec, result.job.namespace, result.job.name)
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        problem = room_problem(result.job.spec, annotations) or missing_shared_storage(
+            result.job.spec, result.job.namespace, result.job.name
+        )
         if problem:
             result.errors.append(problem)
             result.job = None

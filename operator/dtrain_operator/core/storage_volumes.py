@@ -14,8 +14,6 @@ from typing import Any
 from dtrain_operator.api import DistributedTraining, contract, storage
 
 STORAGE_VOLUME = contract.STORAGE_VOLUME
-GCS_CREDENTIALS_VOLUME = "dtrain-gcs-credentials"
-GCS_CREDENTIALS_DIR = "/var/run/secrets/dtrain/gcs"
 # botocore (boto3, s3fs) reads the S3 endpoint from this variable.
 S3_ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL_S3"
 
@@ -52,23 +50,13 @@ def credentials_env(job: DistributedTraining) -> list[dict[str, Any]]:
             optional = key == "AWS_SESSION_TOKEN"
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}})
     if "gs" in schemes:
-        env.append(_var("GOOGLE_APPLICATION_CREDENTIALS", f"{GCS_CREDENTIALS_DIR}/{storage.GCS_SECRET_KEY}"))
+        env.append(_var("GOOGLE_APPLICATION_CREDENTIALS", f"{contract.GCS_CREDENTIALS_DIR}/{storage.GCS_SECRET_KEY}"))
     return env
 
 
 def storage_env(job: DistributedTraining) -> list[dict[str, Any]]:
     """A container's object-storage variables: the plain ones, then the credentials."""
     return [*(_var(name, value) for name, value in object_store_env(job).items()), *credentials_env(job)]
-
-
-def _pod_local_workspace(job: DistributedTraining) -> bool:
-    """No claim, and a directory under /workspace: an emptyDir there, which the non-root trainer can write."""
-    spec = job.spec
-    if spec.storage is not None and spec.storage.claim_name is not None:
-        return False
-    dirs = storage.checkpoint_dir(spec, job.namespace, job.name), storage.artifacts_dir(spec, job.namespace, job.name)
-    root = storage.POD_LOCAL_ROOT
-    return any(d == root or d.startswith(root + "/") for d in dirs)
 
 
 def _gcs_credentials(job: DistributedTraining) -> str | None:
@@ -83,22 +71,20 @@ def storage_volumes(job: DistributedTraining) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = []
     if settings is not None and settings.claim_name is not None:
         volumes.append({"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": settings.claim_name}})
-    elif _pod_local_workspace(job):
+    elif storage.pod_local_workspace(job.spec):
         volumes.append({"name": STORAGE_VOLUME, "emptyDir": {}})
     secret = _gcs_credentials(job)
     if secret:
-        volumes.append({"name": GCS_CREDENTIALS_VOLUME, "secret": {"secretName": secret, "items": [
+        volumes.append({"name": contract.GCS_CREDENTIALS_VOLUME, "secret": {"secretName": secret, "items": [
             {"key": storage.GCS_SECRET_KEY, "path": storage.GCS_SECRET_KEY}]}})
     return volumes
 
 
 def storage_mounts(job: DistributedTraining) -> list[dict[str, Any]]:
-    settings = job.spec.storage
     mounts: list[dict[str, Any]] = []
-    if settings is not None and settings.claim_name is not None:
-        mounts.append({"name": STORAGE_VOLUME, "mountPath": settings.mount_path})
-    elif _pod_local_workspace(job):
-        mounts.append({"name": STORAGE_VOLUME, "mountPath": storage.POD_LOCAL_ROOT})
+    mount_path = storage.storage_mount_path(job.spec)
+    if mount_path is not None:
+        mounts.append({"name": STORAGE_VOLUME, "mountPath": mount_path})
     if _gcs_credentials(job):
-        mounts.append({"name": GCS_CREDENTIALS_VOLUME, "mountPath": GCS_CREDENTIALS_DIR, "readOnly": True})
+        mounts.append({"name": contract.GCS_CREDENTIALS_VOLUME, "mountPath": contract.GCS_CREDENTIALS_DIR, "readOnly": True})
     return mounts

@@ -10,6 +10,11 @@ import pytest
 from dtrain_operator.api import DistributedTrainingSpec
 from dtrain_operator.api.elastic import BatchLayout, layout_at, sizes_that_cannot, wanted_layout
 from dtrain_operator.core.elastic import REASON_CAPACITY_BACK, REASON_NODES_LOST, Resize, after_lost_nodes, grown_back
+from tests.work_bound import at_most_lines
+
+# A job the spec's limits allow whose sizes the divisor search once took tens of seconds over (in `dtrain validate`
+# and in every reconcile): global batch 12 x 87359 x 65521 x 4093, primes but for 12, on up to 4093 nodes.
+HUGE_BATCH_SIZE, HUGE_ACCUMULATE, HUGE_NODES = 12 * 87359, 65521, 4093
 
 
 @pytest.mark.parametrize(
@@ -60,6 +65,40 @@ def test_every_size_down_to_one_node_keeps_any_global_batch_a_node_count_divides
                 fewer = layout.accumulate_grad_batches - 1
                 share = settings.global_batch // (2 * nodes)
                 assert fewer == 0 or share % fewer or share // fewer > batch_size
+
+
+def fewest_micro_batches_by_search(share: int, batch_size: int) -> int:
+    """The rule as first written, one candidate at a time: the fewest micro-batches that split `share` evenly
+    into batches of at most `batch_size`."""
+    accumulate = -(-share // batch_size)
+    while share % accumulate:
+        accumulate += 1
+    return accumulate
+
+
+def test_the_layout_is_the_one_the_search_finds() -> None:
+    for batch_size in (1, 5, 7, 12, 30, 64):
+        for accumulate in (1, 2, 3, 5):
+            for devices in (1, 3):
+                settings = wanted_layout(batch_size, accumulate, devices, 6)
+                for nodes in range(1, 7):
+                    layout = layout_at(settings, devices, nodes)
+                    share, remainder = divmod(settings.global_batch, devices * nodes)
+                    assert (layout is None) == bool(remainder)
+                    if layout is not None:
+                        assert layout.accumulate_grad_batches == fewest_micro_batches_by_search(share, batch_size)
+
+
+def test_every_size_of_the_largest_gang_is_decided_in_bounded_work() -> None:
+    settings = wanted_layout(HUGE_BATCH_SIZE, HUGE_ACCUMULATE, 1, HUGE_NODES)
+    with at_most_lines(200_000):
+        cannot = sizes_that_cannot(settings, 1, min_nodes=1, nodes=HUGE_NODES)
+        layouts = [layout_at(settings, 1, nodes) for nodes in (1, 2, 3, 4, 6, 12, HUGE_NODES)]
+    assert len(cannot) == HUGE_NODES - 7
+    assert [layout.global_batch if layout else None for layout in layouts] == [settings.global_batch] * 7
+    # On 12 nodes each process trains 87359 x 65521 x 4093 samples a step: of its divisors, 87359 is the
+    # largest no larger than batchSize.
+    assert layouts[5] == BatchLayout(87359, 65521 * 4093, 12)
 
 
 def elastic_spec(**elastic: int) -> DistributedTrainingSpec:
@@ -114,3 +153,15 @@ def test_an_elastic_spec_whose_sizes_cannot_keep_the_batch_is_refused_by_field(
         DistributedTrainingSpec.model_validate({
             "nodes": 3, "accelerator": "cpu", "storage": {"claimName": "shared"}, "trainer": trainer, "elastic": elastic,
         })
+
+
+def test_the_refusal_of_the_largest_gang_names_its_first_sizes_and_counts_the_rest() -> None:
+    with at_most_lines(200_000), pytest.raises(ValueError) as refused:
+        DistributedTrainingSpec.model_validate({
+            "nodes": HUGE_NODES, "accelerator": "cpu", "storage": {"claimName": "shared"},
+            "trainer": {"batchSize": HUGE_BATCH_SIZE, "accumulateGradBatches": HUGE_ACCUMULATE}, "elastic": {"minNodes": 1},
+        })
+    message = str(refused.value)
+    assert ".elastic.minNodes: on 5, 7, 8, 9, 10 and 4,081 more node(s) the global batch" in message
+    assert "raise minNodes above 4092" in message
+    assert len(message) < 1000

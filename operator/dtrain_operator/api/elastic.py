@@ -8,12 +8,14 @@ each process trains global / processes samples per step, in as few accumulated m
 as keep each one no larger than batchSize (no process ever holds more in memory than the
 wanted size asks). A size whose process count does not divide the global batch cannot keep it.
 
-Pure functions of integers: the trainer (`dtrain_trainer.elastic_data`), the spec's validation
-and the operator's resize share them.
+Pure functions of integers, each bounded whatever the settings: the trainer
+(`dtrain_trainer.elastic_data`), the spec's validation (in every reconcile) and the operator's
+resize share them.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -57,22 +59,62 @@ def wanted_layout(batch_size: int, accumulate_grad_batches: int, devices_per_nod
     return BatchLayout(batch_size, accumulate_grad_batches, devices_per_node * nodes)
 
 
+def keeps_the_batch(wanted: BatchLayout, devices_per_node: int, nodes: int) -> bool:
+    """Whether `nodes` nodes can train `wanted`'s global batch: their processes divide it (then a layout always
+    exists, at worst one sample per micro-batch)."""
+    world = devices_per_node * nodes
+    return world >= 1 and wanted.global_batch % world == 0
+
+
 def layout_at(wanted: BatchLayout, devices_per_node: int, nodes: int) -> BatchLayout | None:
     """The layout that keeps `wanted`'s global batch on `nodes` nodes, or None when no layout can.
 
     The per-process batch stays `wanted.batch_size` where raising the accumulation is enough, and
     shrinks to the largest divisor of the process's share that fits where it is not.
     """
-    world = devices_per_node * nodes
-    if world < 1 or wanted.global_batch % world:
+    if not keeps_the_batch(wanted, devices_per_node, nodes):
         return None
+    world = devices_per_node * nodes
     share = wanted.global_batch // world
-    accumulate = -(-share // wanted.batch_size)  # the fewest micro-batches whose batch can fit
-    while share % accumulate:
-        accumulate += 1
-    return BatchLayout(share // accumulate, accumulate, world)
+    # The share's factors from the settings' own, each far smaller than the share: searching the share's
+    # divisors one by one took seconds for a share with no divisor near global / batchSize.
+    factors = (
+        _prime_factors(wanted.batch_size) + _prime_factors(wanted.accumulate_grad_batches)
+        + _prime_factors(wanted.world_size) - _prime_factors(world)
+    )
+    batch = _largest_divisor_at_most(factors, wanted.batch_size)
+    return BatchLayout(batch, share // batch, world)
+
+
+def _prime_factors(number: int) -> Counter[int]:
+    """`number`'s prime factors and their powers, by trial division: at most sqrt(number) steps (1,024 for the
+    largest batchSize)."""
+    factors: Counter[int] = Counter()
+    divisor = 2
+    while divisor * divisor <= number:
+        while number % divisor == 0:
+            factors[divisor] += 1
+            number //= divisor
+        divisor += 1
+    if number > 1:
+        factors[number] += 1
+    return factors
+
+
+def _largest_divisor_at_most(factors: Counter[int], bound: int) -> int:
+    """The largest divisor of the number `factors` factor that is at most `bound`: its divisors up to `bound`, one
+    prime at a time (a few thousand at most for a share the spec's limits allow)."""
+    divisors = [1]
+    for prime, power in factors.items():
+        divisors = [
+            divisor * prime**exponent
+            for divisor in divisors
+            for exponent in range(power + 1)
+            if divisor * prime**exponent <= bound
+        ]
+    return max(divisors)
 
 
 def sizes_that_cannot(wanted: BatchLayout, devices_per_node: int, min_nodes: int, nodes: int) -> list[int]:
     """The node counts from `min_nodes` to `nodes` on which the global batch cannot be kept."""
-    return [size for size in range(min_nodes, nodes + 1) if layout_at(wanted, devices_per_node, size) is None]
+    return [size for size in range(min_nodes, nodes + 1) if not keeps_the_batch(wanted, devices_per_node, size)]

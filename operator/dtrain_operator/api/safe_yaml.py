@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,8 @@ MAX_DEPTH = 64
 MAX_EXPANDED_NODES = 100_000
 # How much of a bad value an error message echoes.
 ECHO_LIMIT = 60
+# How many items of a list (node counts, keys) a message names before it counts the rest.
+LISTED_ITEMS = 5
 
 # The integers the API server stores exactly (JSON numbers decode to int64, or else to float64).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -91,7 +94,19 @@ def echo(value: Any, limit: int = ECHO_LIMIT) -> str:
         text = redact_text(printable(repr(value)))
     except ValueError:  # an integer past Python's 4,300-digit conversion limit
         text = f"an integer of {value.bit_length()} bits"
+    return shortened(text, limit)
+
+
+def shortened(text: str, limit: int = ECHO_LIMIT) -> str:
+    """`text`, or its first characters and its length where it is longer than `limit`."""
     return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} characters)"
+
+
+def first_few(items: Sequence[object], shown: int = LISTED_ITEMS) -> str:
+    """`a, b, c`, or past `shown` items `a, b, c, d, e and 2,995 more`, each item shortened: a list that a
+    message can hold whatever its length."""
+    named = ", ".join(shortened(str(item)) for item in items[:shown])
+    return named if len(items) <= shown else f"{named} and {len(items) - shown:,} more"
 
 
 # libyaml's parser where PyYAML was built with it: ten times faster on a 3 MiB file than the pure-Python one.

@@ -42,6 +42,7 @@ from dtrain_operator.api.free_form import credential_paths
 from dtrain_operator.api.kube_objects import Volume, VolumeMount, refusal
 from dtrain_operator.api.pod_volumes import pod_volumes_problem
 from dtrain_operator.api.redaction import holds_credential, is_credential_name
+from dtrain_operator.api.safe_yaml import first_few
 from dtrain_operator.api.scheduling import SchedulingSettings
 from dtrain_operator.api.storage import Storage, StorageDir
 
@@ -341,9 +342,9 @@ class DistributedTrainingSpec(ApiModel):
         cannot = sizes_that_cannot(wanted, self.devices_per_node, self.elastic.min_nodes, self.nodes)
         if cannot:
             raise refusal(".elastic.minNodes", (
-                f"on {' or '.join(map(str, cannot))} node(s) the global batch of {wanted.global_batch} (trainer.batchSize x "
+                f"on {first_few(cannot)} node(s) the global batch of {wanted.global_batch} (trainer.batchSize x "
                 "devicesPerNode x nodes x accumulateGradBatches) cannot be split evenly over the processes; raise "
-                "minNodes above them, or choose a batchSize or accumulateGradBatches that every count divides"
+                f"minNodes above {max(cannot)}, or choose a batchSize or accumulateGradBatches that every count divides"
             ))
         return self
 

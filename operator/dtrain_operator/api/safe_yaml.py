@@ -73,11 +73,11 @@ def printable(text: str) -> str:
 
 
 def key_step(key: Any) -> str:
-    """One key of a path as it is shown: `.key` for a plain name, `["key"]` (escaped) for any other,
-    so that a key such as `nodes[0]` or `a.b` reads as the one key it is."""
-    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+    """One key of a path as it is shown: `.key` for a plain name, `["key"]` (escaped, and shortened past
+    ECHO_LIMIT characters) for any other, so that a key such as `nodes[0]` or `a.b` reads as the one key it is."""
+    if isinstance(key, str) and len(key) <= ECHO_LIMIT and _PLAIN_KEY.fullmatch(key):
         return f".{key}"
-    quoted = printable(str(key).replace("\\", "\\\\").replace('"', '\\"'))
+    quoted = shortened(printable(str(key).replace("\\", "\\\\").replace('"', '\\"')))
     return f'["{quoted}"]'
 
 

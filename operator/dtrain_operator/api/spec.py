@@ -60,8 +60,9 @@ class ClassSpec(ApiModel):
     def _no_credentials(cls, init_args: dict[str, Any]) -> dict[str, Any]:
         found = credential_paths(init_args, is_credential_name, holds_credential)
         if found:
+            what = "looks like a credential" if len(found) == 1 else "look like credentials"
             raise ValueError(
-                f"{', '.join(found)} looks like a credential; initArgs are stored in a ConfigMap that namespace viewers "
+                f"{first_few(found)} {what}; initArgs are stored in a ConfigMap that namespace viewers "
                 "can read: pass it with spec.env[].valueFrom.secretKeyRef and read the variable in your class"
             )
         return init_args

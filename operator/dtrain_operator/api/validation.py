@@ -23,10 +23,24 @@ from dtrain_operator.api import contract
 from dtrain_operator.api.job_defaults import JobDefaults, JobDefaultsError
 from dtrain_operator.api.kube_objects import FIELD_ERROR
 from dtrain_operator.api.redaction import REDACTED, is_credential_name, redact_text
-from dtrain_operator.api.safe_yaml import YamlRefused, echo, key_path, load_documents, printable, read_job_file
+from dtrain_operator.api.safe_yaml import (
+    YamlRefused,
+    echo,
+    first_few,
+    key_path,
+    load_documents,
+    printable,
+    read_job_file,
+    shortened,
+)
 
 # Lines one file's errors print before the rest are counted: a screenful, whatever the file holds.
 MAX_ERROR_LINES = 10
+# One line's length: a path, what is wrong and the way out, each echoed part shortened already.
+MAX_LINE_CHARACTERS = 1000
+# All of one job's messages together, in UTF-8 (a line of non-ASCII characters is up to 4 bytes each): they
+# go into a condition, an Event and a terminal. Under 16 KiB with the line that counts what was left out.
+MAX_MESSAGES_BYTES = 15 * 1024
 # The exit code of `dtrain validate`, `submit` and `run` for an invalid job file (argparse's for bad usage).
 EXIT_INVALID_JOB = 2
 from dtrain_operator.api.record_room import room_problem
@@ -150,7 +164,11 @@ def format_error(
 def _known_fields_hint(loc: tuple[Any, ...], root: type[BaseModel], listed: set[str] | None) -> str:
     parent = _model_at(loc[:-1], root)
     known = _field_names(parent) if parent else []
-    hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    key = str(loc[-1])
+    # A key over 7/3 times as long as the longest name cannot reach difflib's cutoff (a ratio of 0.6): no need
+    # to read a 400 KB key to know it (3 times, to stay clear of the bound).
+    close = bool(known) and len(key) <= 3 * max(map(len, known))
+    hint = difflib.get_close_matches(key, known, n=1) if close else []
     if hint:
         return f"; did you mean '{hint[0]}'?"
     parent_path = _path(loc[:-1], root)
@@ -209,9 +227,31 @@ def _without_nulls(value: Any, annotation: Any) -> Any:
     return value
 
 
+def bounded_messages(lines: list[str]) -> list[str]:
+    """`lines`, each printable and at most MAX_LINE_CHARACTERS long, as many as MAX_MESSAGES_BYTES hold, then
+    how many more there were: whatever a job holds, its messages fit a condition and a screen."""
+    kept: list[str] = []
+    size = 0
+    for index, line in enumerate(lines):
+        line = shortened(printable(line), MAX_LINE_CHARACTERS)
+        size += len(line.encode("utf-8", "surrogatepass")) + 1
+        if size > MAX_MESSAGES_BYTES:
+            kept.append(f"... and {len(lines) - index:,} more errors (left out: one job's messages stop at "
+                        f"{MAX_MESSAGES_BYTES // 1024} KiB)")
+            break
+        kept.append(line)
+    return kept
+
+
 def validate_object(obj: Any, source: str = "", cluster: bool = True) -> DocumentResult:
     """Check one already-parsed object, as the operator reads a stored one; `cluster`: also what only a
     cluster needs (shared storage)."""
+    result = _checked_object(obj, source, cluster)
+    result.errors = bounded_messages(result.errors)
+    return result
+
+
+def _checked_object(obj: Any, source: str, cluster: bool) -> DocumentResult:
     result = DocumentResult(source=source, document=obj)
     if not isinstance(obj, dict):
         result.errors.append(f"expected a mapping (a Kubernetes object), got {type(obj).__name__}")
@@ -227,8 +267,7 @@ def validate_object(obj: Any, source: str = "", cluster: bool = True) -> Documen
         # Strict, as the API server is: "2" is not an integer, true is not 1, "no" is not false.
         result.job = api.DistributedTraining.model_validate(_without_nulls(obj, api.DistributedTraining), strict=True)
     except ValidationError as exc:
-        # Every echoed part is escaped already; this is the net for messages that embed a key or a value.
-        result.errors.extend(printable(line) for line in format_validation_error(exc))
+        result.errors.extend(format_validation_error(exc))
     if cluster and result.job is not None:
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         problem = room_problem(result.job.spec, annotations) or missing_shared_storage(
@@ -243,14 +282,17 @@ def validate_object(obj: Any, source: str = "", cluster: bool = True) -> Documen
 def validate_job_document(obj: Any, source: str = "", cluster: bool = True) -> DocumentResult:
     """Check an object a user gives to be created (a job file, a dict): validate_object's checks, and
     none of the annotations that only the operator writes (the record it keeps of an accepted job)."""
-    result = validate_object(obj, source, cluster)
+    result = _checked_object(obj, source, cluster)
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-    for key in annotations if isinstance(annotations, dict) else ():
-        if isinstance(key, str) and contract.is_operator_annotation(key):
-            result.job = None
-            where = key_path("metadata.annotations", key)
-            result.errors.append(f"{where}: set only by the dtrain operator; remove it from the job file")
+    keys = annotations if isinstance(annotations, dict) else {}
+    operators = [key for key in keys if isinstance(key, str) and contract.is_operator_annotation(key)]
+    if operators:
+        result.job = None
+        others = f", and the operator's too: {first_few(operators[1:])}" if operators[1:] else ""
+        result.errors.append(f"{key_path('metadata.annotations', operators[0])}: set only by the dtrain operator; "
+                             f"remove it from the job file{others}")
+    result.errors = bounded_messages(result.errors)
     return result
 
 

@@ -58,6 +58,50 @@ def test_a_date_in_a_string_field_is_accepted():
     assert errors_of(job_text("  logging:\n    mlflowExperimentName: 2024-02-30\n")) == []
 
 
+# Every spelling YAML 1.1 (and so kubectl's go-yaml v2) reads as a boolean.
+YAML11_TRUE = ["y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON"]
+YAML11_FALSE = ["n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF"]
+
+
+@pytest.mark.parametrize(("key", "meaning"), [(key, "true") for key in YAML11_TRUE] + [(key, "false") for key in YAML11_FALSE])
+def test_an_unquoted_key_kubectl_reads_as_a_boolean_is_refused_as_written(key, meaning):
+    """`initArgs: {n: 96}` reaches the class as the key "false" through kubectl: refused here, not in the pod."""
+    result = validate_text(job_text(f"  data:\n    classPath: my.Data\n    initArgs:\n      {key}: 96\n"), "job.yaml")
+    assert result.source == "job.yaml:11:7"
+    assert result.errors == [(
+        f"spec.data.initArgs: the key {key} (unquoted) is YAML 1.1's boolean {meaning} to kubectl, which sends it as "
+        f'the key "{meaning}"; quote it: "{key}"'
+    )]
+
+
+def test_a_boolean_key_anywhere_is_named_by_its_path():
+    text = job_text("  env: [{name: A, value: x}, {name: B, Off: 1}]\n")
+    assert errors_of(text) == [(
+        'spec.env[1]: the key Off (unquoted) is YAML 1.1\'s boolean false to kubectl, which sends it as the key "false"; '
+        'quote it: "Off"'
+    )]
+    assert errors_of("on: 1\n")[0].startswith("(document): the key on (unquoted)")
+
+
+@pytest.mark.parametrize("key", ['"n"', "'y'", '"yes"', "nn", "yes_no", "null_ok"])
+def test_a_quoted_key_or_another_word_is_the_string_written(key):
+    result = validate_text(job_text(f"  data:\n    classPath: my.Data\n    initArgs: {{{key}: 96}}\n"), "job.yaml")
+    assert result.job is not None and result.job.spec.data.init_args == {key.strip("'\""): 96}
+
+
+def test_the_operator_takes_the_key_kubectl_sent():
+    """What the API server stores is JSON: the key "false" of `n: 96` is a key like any other there."""
+    document = yaml.safe_load(job_text("  data:\n    classPath: my.Data\n    initArgs: {'false': 96}\n"))
+    result = validate_job_document(document, "job")
+    assert result.errors == [] and result.job is not None and result.job.spec.data.init_args == {"false": 96}
+
+
+@pytest.mark.parametrize(("value", "expected"), [("y", True), ("N", False), ("yes", True), ("off", False), ('"y"', "y")])
+def test_a_value_is_a_boolean_where_kubectl_reads_one(value, expected):
+    [document] = load_documents(f"a: {value}\n")
+    assert document == {"a": expected}
+
+
 # --- Item 2: bounded output (its linear time: bench/validate_scale.py) ---------------------------------------------------------------
 
 
@@ -227,7 +271,7 @@ REFUSED = [
     ("fractional device", "  engine:\n    resources:\n      limits: {nvidia.com/gpu: '1.5'}\n", 'spec.engine.resources.limits["nvidia.com/gpu"]: \'1.5\' must be an integer'),
     ("device request without limit", "  resources:\n    requests: {example.com/fpga: 1}\n", 'spec.resources.requests["example.com/fpga"]: example.com/fpga cannot be overcommitted'),
     ("unknown resource", "  resources:\n    limits: {gpu: 1}\n", "spec.resources.limits.gpu: 'gpu' is not a container resource"),
-    ("profiles naming other inputs", "  engine:\n    profiles:\n      - inputs: {x: {min: [1], opt: [2], max: [4]}}\n      - inputs: {y: {min: [1], opt: [2], max: [4]}}\n", "spec.engine.profiles[1].inputs: names ['y'], profile 0 ['x']"),
+    ("profiles naming other inputs", "  engine:\n    profiles:\n      - inputs: {x: {min: [1], opt: [2], max: [4]}}\n      - inputs: {z: {min: [1], opt: [2], max: [4]}}\n", "spec.engine.profiles[1].inputs: names ['z'], profile 0 ['x']"),
     ("profiles of other ranks", "  engine:\n    profiles:\n      - inputs: {x: {min: [1], opt: [2], max: [4]}}\n      - inputs: {x: {min: [1, 1], opt: [2, 2], max: [4, 4]}}\n", "spec.engine.profiles[1].inputs.x: has rank 2, 1 in profile 0"),
     ("profile min above max", "  engine:\n    profiles:\n      - inputs: {x: {min: [8, 3], opt: [4, 3], max: [2, 3]}}\n", "spec.engine.profiles[0].inputs.x: needs min <= opt <= max on every axis"),
     ("profile input name with a comma", "  engine:\n    profiles:\n      - inputs: {'a,b': {min: [1], opt: [1], max: [1]}}\n", 'spec.engine.profiles[0].inputs["a,b"]: '),

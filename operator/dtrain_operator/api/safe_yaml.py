@@ -10,9 +10,11 @@ size is counted with shared subtrees memoised, so a bomb costs no more than its 
 and constructs Python objects only when every limit holds.
 
 Values are read as kubectl reads them: an implicit timestamp (`2024-02-30`, `2024-01-01`) stays
-the string it is written as, and a value that cannot be what its tag says (`!!int abc`,
-`0x_`, an integer beyond 64 bits) is refused in one line instead of raising whatever
-exception the constructor happens to raise.
+the string it is written as, `y` and `n` are YAML 1.1's booleans as `yes` and `no` are, and a
+value that cannot be what its tag says (`!!int abc`, `0x_`, an integer beyond 64 bits) is
+refused in one line instead of raising whatever exception the constructor happens to raise.
+An unquoted key that YAML 1.1 reads as a boolean (`n: 96` in initArgs) is refused: kubectl
+sends it as the key "false", which no one meant.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -44,6 +46,7 @@ LISTED_ITEMS = 5
 # The integers the API server stores exactly (JSON numbers decode to int64, or else to float64).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
+_BOOL_TAG = "tag:yaml.org,2002:bool"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _INT_TAG = "tag:yaml.org,2002:int"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -140,6 +143,9 @@ class _JobFileLoader(_Parser):  # type: ignore[valid-type,misc]
             )
         return value
 
+    # kubectl's reader (go-yaml v2) takes every YAML 1.1 boolean, PyYAML all but these.
+    bool_values: ClassVar[dict[str, bool]] = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
+
     def construct_yaml_timestamp(self, node: ScalarNode) -> str:
         super().construct_yaml_timestamp(node)  # refuses a date that does not exist
         return str(node.value)
@@ -148,9 +154,14 @@ class _JobFileLoader(_Parser):  # type: ignore[valid-type,misc]
 _JobFileLoader.add_constructor(_INT_TAG, _JobFileLoader.construct_yaml_int)
 _JobFileLoader.add_constructor(_TIMESTAMP_TAG, _JobFileLoader.construct_yaml_timestamp)
 _JobFileLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT_TAG, _FLOAT_TAG, _TIMESTAMP_TAG)]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL_TAG, _INT_TAG, _FLOAT_TAG, _TIMESTAMP_TAG)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+_JobFileLoader.add_implicit_resolver(
+    _BOOL_TAG,
+    re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$"),
+    list("yYnNtTfFoO"),
+)
 _JobFileLoader.add_implicit_resolver(
     _INT_TAG,
     re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$", re.VERBOSE),
@@ -172,7 +183,7 @@ def _mark(node: Node) -> tuple[int, int]:
 
 
 def _check_graph(root: Node) -> None:
-    """Depth, alias-expanded size, duplicate keys and non-finite numbers, without recursion."""
+    """Depth, alias-expanded size, duplicate and boolean keys and non-finite numbers, without recursion."""
     expanded: dict[int, int] = {}
     # Iterative post-order walk: (node, depth, children_done).
     stack: list[tuple[Node, int, bool]] = [(root, 1, False)]
@@ -201,7 +212,7 @@ def _check_graph(root: Node) -> None:
         if depth > MAX_DEPTH:
             line, column = _mark(node)
             raise YamlRefused(f"nested deeper than {MAX_DEPTH} levels", line, column)
-        _check_node(node)
+        _check_node(node, root)
         on_path.add(key)
         stack.append((node, depth, True))
         stack.extend((child, depth + 1, False) for child in _children(node) if id(child) not in expanded)
@@ -215,12 +226,14 @@ def _children(node: Node) -> list[Node]:
     return []
 
 
-def _check_node(node: Node) -> None:
+def _check_node(node: Node, root: Node) -> None:
     if isinstance(node, MappingNode):
         seen: set[str] = set()
         for key_node, _ in node.value:
             if not isinstance(key_node, ScalarNode) or key_node.tag == _MERGE_TAG:
                 continue
+            if key_node.tag == _BOOL_TAG:
+                raise _boolean_key_refused(root, node, key_node)
             if key_node.value in seen:
                 line, column = _mark(key_node)
                 raise YamlRefused(
@@ -232,6 +245,37 @@ def _check_node(node: Node) -> None:
         raise YamlRefused(
             f"{node.value} is not a number the API server accepts (JSON has no infinity or NaN)", line, column
         )
+
+
+def _boolean_key_refused(root: Node, mapping: MappingNode, key: ScalarNode) -> YamlRefused:
+    """A key that YAML 1.1 reads as a boolean (`n`, `yes`, `on`, `True`, ...), named where it is and as written."""
+    meaning = str(_JobFileLoader.bool_values[key.value.lower()]).lower()
+    line, column = _mark(key)
+    return YamlRefused(
+        f"{_path_to(root, mapping) or '(document)'}: the key {key.value} (unquoted) is YAML 1.1's boolean {meaning} "
+        f'to kubectl, which sends it as the key "{meaning}"; quote it: "{key.value}"',
+        line,
+        column,
+    )
+
+
+def _path_to(root: Node, target: Node) -> str:
+    """Where `target` sits under `root`, as key_path writes it: looked for only when a message needs it."""
+    stack: list[tuple[Node, str]] = [(root, "")]
+    seen: set[int] = set()
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, MappingNode):
+            stack.extend((value, key_path(path, key.value if isinstance(key, ScalarNode) else "?"))
+                         for key, value in node.value)
+        elif isinstance(node, SequenceNode):
+            stack.extend((item, f"{path}[{index}]") for index, item in enumerate(node.value))
+    return ""
 
 
 def read_job_file(path: str | os.PathLike[str]) -> str:

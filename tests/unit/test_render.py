@@ -384,6 +384,31 @@ def test_engine_build_options_become_build_engine_flags():
     assert default[default.index("--report") + 2:] == ["--min-batch", "1", "--opt-batch", "32", "--max-batch", "32"]
 
 
+@pytest.mark.parametrize("pattern", ["fc*", "block:1/conv", "layer one", "a?b"])
+def test_a_layer_pattern_reaches_build_engine_as_written(pattern: str) -> None:
+    """The last ':' ends the name and spaces inside it stay: what the engine matches is what the spec says."""
+    import argparse
+
+    from dtrain_operator.api import engine_options
+
+    wanted = {pattern: "fp16", "head": "fp32"}
+    engine = MNIST.with_spec(engine={"precision": "fp32", "layerPrecisions": wanted}).as_model().spec.engine
+    parser = argparse.ArgumentParser()
+    engine_options.add_flags(parser)
+    flags = engine_options.to_flags(engine_options.from_spec(engine))
+    assert engine_options.from_flags(parser.parse_args(flags)).layer_precisions == wanted
+
+
+@pytest.mark.parametrize("pattern", ["fc1,fc2", " fc1", "fc1 ", ""])
+def test_a_layer_pattern_the_flag_cannot_carry_is_refused_with_the_way_out(pattern: str) -> None:
+    from dtrain_operator.api.validation import validate_object
+
+    job = MNIST.with_spec(engine={"precision": "fp32", "layerPrecisions": {pattern: "fp16"}}).as_dict()
+    [error] = validate_object(job, cluster=False).errors
+    assert error.startswith(f'spec.engine.layerPrecisions["{pattern}"]: cannot be passed to dtrain build-engine')
+    assert "match a ',' or a space at either end with '?'" in error
+
+
 def test_build_engine_help_documents_each_spec_engine_build_option():
     """The command's help is the field's description, so that the two cannot say different things."""
     from dtrain_operator.api import EngineSettings, artifacts

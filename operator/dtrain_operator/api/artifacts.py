@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from dtrain_operator.api import contract
 from dtrain_operator.api.common import (
@@ -70,9 +71,28 @@ PrecisionConstraints = Literal["none", "prefer", "obey"]
 MAX_AXIS_LENGTH = 2**24
 MAX_RANK = 8
 ShapeList = Annotated[list[Annotated[int, Field(ge=1, le=MAX_AXIS_LENGTH)]], Field(min_length=1, max_length=MAX_RANK)]
-# An input's name as `dtrain build-engine` reads it in NAME:DxD,NAME:DxD (trtexec's syntax: the
-# last ':' ends the name, so that ONNX names such as `input:0` pass): no ',', no space at either end.
-INPUT_NAME_PATTERN = r"^[^,\s]([^,]*[^,\s])?$"
+# A name as `dtrain build-engine` reads it in its NAME:VALUE lists (--min-shapes images:1x3x224x224,mask:1x224,
+# --layer-precisions fc1:fp16,fc*:fp32; trtexec's syntax): ',' separates the items, each loses its spaces at either
+# end, and the last ':' ends the name, so that ONNX names such as `input:0` pass. No ',', no space at either end.
+LISTED_NAME_PATTERN = r"^[^,\s]([^,]*[^,\s])?$"
+
+
+def _listable_layer_pattern(pattern: str) -> str:
+    if not re.fullmatch(LISTED_NAME_PATTERN, pattern):
+        raise ValueError(
+            "cannot be passed to dtrain build-engine, whose --layer-precisions list separates NAME:PRECISION pairs "
+            "with ',' and trims each: give a pattern that is not empty, and match a ',' or a space at either end "
+            "with '?' (e.g. fc1?fc2)"
+        )
+    return pattern
+
+
+# A layer name or * pattern of spec.engine.layerPrecisions: the CRD carries the pattern, the model says the way out.
+LayerPattern = Annotated[
+    str,
+    Field(max_length=MAX_OBJECT_NAME, json_schema_extra={"pattern": LISTED_NAME_PATTERN}),
+    AfterValidator(_listable_layer_pattern),
+]
 
 
 class InputShapeRange(ApiModel):
@@ -103,7 +123,7 @@ class EngineProfile(ApiModel):
     """One optimisation profile: a shape range for each input with a dynamic axis."""
 
     inputs: Annotated[
-        dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME, pattern=INPUT_NAME_PATTERN)], InputShapeRange],
+        dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME, pattern=LISTED_NAME_PATTERN)], InputShapeRange],
         Field(min_length=1, max_length=MAX_MAP_ENTRIES),
     ]
     """Shape ranges by input name (the ONNX model's input names; no ',' and no space at either end)."""
@@ -153,8 +173,8 @@ class EngineSettings(ApiModel):
     """Build a weight-stripped engine, refitted from model.onnx before use (trtexec --stripWeights)."""
     builder_optimization_level: Annotated[int, Field(ge=0, le=5), BuildFlag()] = 3
     """Builder optimisation level 0-5: higher builds longer for a faster engine (trtexec --builderOptimizationLevel, default 3)."""
-    layer_precisions: Annotated[Annotated[dict[Annotated[str, Field(max_length=MAX_OBJECT_NAME)], EngineLayerPrecision], Field(max_length=MAX_MAP_ENTRIES)] | None, BuildFlag()] = None
-    """Per-layer precision by layer name or * pattern (trtexec --layerPrecisions); weakly typed builds only."""
+    layer_precisions: Annotated[Annotated[dict[LayerPattern, EngineLayerPrecision], Field(max_length=MAX_MAP_ENTRIES)] | None, BuildFlag()] = None
+    """Per-layer precision by layer name or * pattern (trtexec --layerPrecisions); weakly typed builds only. A pattern cannot hold ',' nor begin or end with a space (the command's list cannot carry them): match those with '?'."""
     precision_constraints: Annotated[PrecisionConstraints, BuildFlag()] = "none"
     """How strictly layerPrecisions hold (trtexec --precisionConstraints, default none; prefer when layerPrecisions is set)."""
     plugin_libraries: Annotated[Annotated[list[Annotated[str, Field(pattern=r"^/", max_length=MAX_PATH_LENGTH)]], Field(max_length=16)] | None, BuildFlag("--plugin-library")] = None

@@ -22,6 +22,7 @@ from typing import Annotated
 from pydantic import Field
 
 from dtrain_operator.api.common import MAX_TIMEOUT_SECONDS, ApiModel
+from dtrain_operator.api.safe_yaml import first_few
 
 DEFAULT_WAIT_SECONDS = 120
 
@@ -118,3 +119,16 @@ def _largest_divisor_at_most(factors: Counter[int], bound: int) -> int:
 def sizes_that_cannot(wanted: BatchLayout, devices_per_node: int, min_nodes: int, nodes: int) -> list[int]:
     """The node counts from `min_nodes` to `nodes` on which the global batch cannot be kept."""
     return [size for size in range(min_nodes, nodes + 1) if not keeps_the_batch(wanted, devices_per_node, size)]
+
+
+def sizes_problem(wanted: BatchLayout, devices_per_node: int, min_nodes: int, nodes: int) -> str | None:
+    """Why the gang cannot shrink to every count from `min_nodes` to `nodes` (the first few named) and what to do,
+    or None when it can."""
+    cannot = sizes_that_cannot(wanted, devices_per_node, min_nodes, nodes)
+    if not cannot:
+        return None
+    return (
+        f"on {first_few(cannot)} node(s) the global batch of {wanted.global_batch} (trainer.batchSize x "
+        "devicesPerNode x nodes x accumulateGradBatches) cannot be split evenly over the processes; raise "
+        f"minNodes above {max(cannot)}, or choose a batchSize or accumulateGradBatches that every count divides"
+    )

@@ -36,7 +36,7 @@ from dtrain_operator.api.common import (
     Precision,
     Resources,
 )
-from dtrain_operator.api.elastic import ElasticPolicy, sizes_that_cannot, wanted_layout
+from dtrain_operator.api.elastic import ElasticPolicy, sizes_problem, wanted_layout
 from dtrain_operator.api.failure_rules import MAX_FAILURE_RULES, STRATEGY_IN_PLACE, FailureRule, RestartStrategy
 from dtrain_operator.api.free_form import credential_paths
 from dtrain_operator.api.kube_objects import Volume, VolumeMount, refusal
@@ -340,13 +340,9 @@ class DistributedTrainingSpec(ApiModel):
             raise refusal(".scheduling.gang.enabled", ELASTIC_GANG_MESSAGE)
         settings = self.trainer
         wanted = wanted_layout(settings.batch_size, settings.accumulate_grad_batches, self.devices_per_node, self.nodes)
-        cannot = sizes_that_cannot(wanted, self.devices_per_node, self.elastic.min_nodes, self.nodes)
-        if cannot:
-            raise refusal(".elastic.minNodes", (
-                f"on {first_few(cannot)} node(s) the global batch of {wanted.global_batch} (trainer.batchSize x "
-                "devicesPerNode x nodes x accumulateGradBatches) cannot be split evenly over the processes; raise "
-                f"minNodes above {max(cannot)}, or choose a batchSize or accumulateGradBatches that every count divides"
-            ))
+        problem = sizes_problem(wanted, self.devices_per_node, self.elastic.min_nodes, self.nodes)
+        if problem:
+            raise refusal(".elastic.minNodes", problem)
         return self
 
     @model_validator(mode="after")

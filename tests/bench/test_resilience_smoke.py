@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dtrain_operator.api import contract
 from tests.bench.smoke import run_smoke, table_header
 
 
@@ -18,7 +19,7 @@ def test_resilience_smoke(tmp_path: Path) -> None:
     results = run.results
     assert {"machine", "hang", "preflight", "straggler"} <= results.keys()
     hang = results["hang"]
-    assert hang["progress_deadline_seconds"] == 20
+    assert hang["progress_deadline_seconds"] == contract.MIN_PROGRESS_DEADLINE_SECONDS
     # The hung gang was restarted, then trained again, in that order.
     assert 0 < hang["restart_decided_seconds"] <= hang["gang_restarted_seconds"] <= hang["training_again_seconds"]
     # One pre-flight per gang start: the hang job's two gangs and the straggler job's one.

@@ -16,6 +16,8 @@ from typing import Any
 import psutil
 import yaml
 
+from dtrain_operator.api import contract
+
 USER_MODELS_DIR = Path(__file__).parent
 
 
@@ -46,10 +48,11 @@ def tiny_job(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-# The progress deadline of the tests that hang a rank or watch the deadline hold. 20 s: on a loaded machine (CI
-# builds beside the tests) a tiny job's first steps can be 10 s apart, and rank 0, which collects every rank's
-# stacks 13 s into a stall, is left 7 s to do it.
-HANG_DEADLINE = 20
+# The progress deadline of the tests that hang a rank or watch the deadline hold: the shortest a job may set
+# (twice a pod's report interval). On a loaded machine (CI builds beside the tests) a tiny job's first steps can be
+# 10 s apart, and rank 0, which reports every 2 s under `dtrain run` and so collects every rank's stacks 23 s into a
+# stall, is left 7 s to do it.
+HANG_DEADLINE = contract.MIN_PROGRESS_DEADLINE_SECONDS
 
 
 def hang_job(name: str, **spec: Any) -> dict[str, Any]:

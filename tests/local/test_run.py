@@ -206,7 +206,7 @@ def test_a_bad_file_prints_the_validation_errors_and_starts_nothing(
 
 
 def test_a_rank_that_hangs_is_restarted_by_the_progress_deadline_and_the_run_succeeds(tmp_path: Path) -> None:
-    # The clock starts at the first batch of each gang; rank 0 collects every rank's stacks 13 s into the stall.
+    # The clock starts at the first batch of each gang; rank 0 collects every rank's stacks 23 s into the stall.
     marker = tmp_path / "hung"
     job = write_job(
         tmp_path,

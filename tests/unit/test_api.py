@@ -159,6 +159,7 @@ BAD_SPECS = [
     ("profile min above max", with_spec("engine.profiles", [{"inputs": {"x": {"min": [8], "opt": [4], "max": [2]}}}]), "spec.engine.profiles[0].inputs.x"),
     ("profile ranks differ", with_spec("engine.profiles", [{"inputs": {"x": {"min": [1], "opt": [1, 3], "max": [1, 3]}}}]), "spec.engine.profiles[0].inputs.x"),
     ("profile input name with a comma", with_spec("engine.profiles", [{"inputs": {"a,b": {"min": [1], "opt": [1], "max": [1]}}}]), "spec.engine.profiles[0].inputs"),
+    ("progress deadline between two reports", with_spec("runPolicy.progressDeadlineSeconds", 10), "spec.runPolicy.progressDeadlineSeconds"),
     ("layer precision pattern with a comma", with_spec("engine.layerPrecisions", {"fc1,fc2": "fp16"}), 'spec.engine.layerPrecisions["fc1,fc2"]'),
     ("relative checkpoint dir", with_spec("checkpoint.dir", "ckpts"), "spec.checkpoint.dir"),
     ("checkpoint dir leaving its directory", with_spec("checkpoint.dir", "/workspace/../tmp/x"), "spec.checkpoint.dir"),

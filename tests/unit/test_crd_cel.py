@@ -149,6 +149,7 @@ CEL_REJECTS = {
     "profile min above max": "spec.engine.profiles[0].inputs[x]: Invalid value: \"object\": min, opt and max need the same rank",
     "profile ranks differ": "spec.engine.profiles[0].inputs[x]: Invalid value: \"object\": min, opt and max need the same rank",
     "profile input name with a comma": "spec.engine.profiles[0].inputs: Invalid value: \"object\": every key must match",
+    "progress deadline between two reports": "spec.runPolicy.progressDeadlineSeconds: Invalid value: \"integer\": 0 (off) or at least 30",
     "layer precision pattern with a comma": "spec.engine.layerPrecisions: Invalid value: \"object\": every key must match",
     "name with capitals": "<nil>: Invalid value: \"object\": metadata.name must be a DNS-1035 label",
     "checkpoint dir leaving its directory": "spec.checkpoint.dir: Invalid value: \"string\": holds a '..' component",

@@ -65,10 +65,21 @@ def test_no_batch_for_longer_than_the_deadline_restarts_the_gang():
 
 def test_counted_against_the_backoff_limit_and_final_under_never():
     watch = started(5, at(0))
-    limited = decide(RunPolicy(progress_deadline_seconds=10, backoff_limit=2), watch, at(11), restarts=2)
+    limited = decide(RunPolicy(progress_deadline_seconds=30, backoff_limit=2), watch, at(31), restarts=2)
     assert limited is not None and not limited.restart and limited.reason == "BackoffLimitExceeded"
-    never = decide(RunPolicy(progress_deadline_seconds=10, restart_policy="Never"), watch, at(11), restarts=0)
+    never = decide(RunPolicy(progress_deadline_seconds=30, restart_policy="Never"), watch, at(31), restarts=0)
     assert never is not None and not never.restart and never.reason == REASON_PROGRESS_DEADLINE
+
+
+@pytest.mark.parametrize("seconds", [1, 14, contract.MIN_PROGRESS_DEADLINE_SECONDS - 1])
+def test_a_deadline_that_runs_out_between_a_healthy_gangs_reports_is_refused(seconds: int):
+    """Rank 0 reports every 15 s: a shorter deadline would restart every healthy gang until BackoffLimitExceeded."""
+    with pytest.raises(ValueError, match=f"under {contract.MIN_PROGRESS_DEADLINE_SECONDS} s, twice how often rank 0"):
+        DistributedTrainingSpec.model_validate({"runPolicy": {"progressDeadlineSeconds": seconds}})
+    assert contract.MIN_PROGRESS_DEADLINE_SECONDS >= 2 * contract.DEFAULT_PROGRESS_INTERVAL_SECONDS
+    assert RunPolicy(progress_deadline_seconds=contract.MIN_PROGRESS_DEADLINE_SECONDS).progress_deadline_seconds == 30
+    described = str(RunPolicy.model_fields["progress_deadline_seconds"].description)
+    assert f"at least {contract.MIN_PROGRESS_DEADLINE_SECONDS} " in described
 
 
 def test_zero_turns_it_off():

@@ -99,6 +99,30 @@ ImageReference = Annotated[
     _format(kubernetes.image_error),
 ]
 
+
+
+def _meetable_progress_deadline(seconds: int) -> int:
+    if 0 < seconds < contract.MIN_PROGRESS_DEADLINE_SECONDS:
+        raise ValueError(
+            f"under {contract.MIN_PROGRESS_DEADLINE_SECONDS} s, twice how often rank 0 reports progress (every "
+            f"{contract.DEFAULT_PROGRESS_INTERVAL_SECONDS:g} s), the deadline runs out between the reports of a healthy "
+            f"gang and restarts it until BackoffLimitExceeded: set at least {contract.MIN_PROGRESS_DEADLINE_SECONDS}, "
+            "or 0 to turn it off"
+        )
+    return seconds
+
+
+# runPolicy.progressDeadlineSeconds: 0 (off) or at least contract.MIN_PROGRESS_DEADLINE_SECONDS, in the CRD as here.
+ProgressDeadlineSeconds = Annotated[
+    int,
+    Field(ge=0, le=MAX_TIMEOUT_SECONDS, json_schema_extra={"x-kubernetes-validations": [{
+        "rule": f"self == 0 || self >= {contract.MIN_PROGRESS_DEADLINE_SECONDS}",
+        "message": f"0 (off) or at least {contract.MIN_PROGRESS_DEADLINE_SECONDS}: twice how often rank 0 reports "
+        "progress, so that a healthy gang is not restarted between its reports",
+    }]}),
+    AfterValidator(_meetable_progress_deadline),
+]
+
 Precision = Literal["64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]
 EnginePrecision = Literal["fp32", "fp16", "bf16", "int8"]
 Phase = Literal[

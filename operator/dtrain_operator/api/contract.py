@@ -88,6 +88,11 @@ DEFAULT_PROGRESS_DEADLINE_SECONDS = 600
 # How long one stage that holds the progress deadline (checkpointing, exporting, finishing) may last.
 DEFAULT_STAGE_DEADLINE_SECONDS = 1800
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 15.0
+# The shortest runPolicy.progressDeadlineSeconds but 0 (off). Rank 0 sends a record at the first batch end at least
+# one report interval after the last, so a healthy gang's records reach the operator up to an interval, a step and
+# their delivery apart: twice the interval leaves one interval for the step and the delivery. A shorter deadline
+# restarts healthy gangs until BackoffLimitExceeded. (`dtrain run` reports more often; the same file runs on both.)
+MIN_PROGRESS_DEADLINE_SECONDS = 2 * int(DEFAULT_PROGRESS_INTERVAL_SECONDS)
 
 # The trainer's exit code for an error that no restart can cure: a classPath that does not import,
 # initArgs the class refuses, a checkpoint directory it cannot write, a model it cannot export,

@@ -139,10 +139,7 @@ def format_error(
     the known ones only the first time for each parent that `listed` records."""
     loc = tuple(error["loc"])
     kind = error["type"]
-    value = error.get("input")
     path = _path(loc, root)
-    if _may_hold_a_secret(loc):
-        value = REDACTED
     if kind == FIELD_ERROR:
         context = error.get("ctx", {})
         return f"{path if loc else ''}{context['path']}: {context['message']}"
@@ -150,6 +147,8 @@ def format_error(
         return f"{path}: unknown field{_known_fields_hint(loc, root, listed)}"
     if kind == "missing":
         return f"{path}: required field is missing"
+    # Only the lines below echo the value (and read every key of its path to know whether they may).
+    value = REDACTED if _may_hold_a_secret(loc) else error.get("input")
     if kind in ("literal_error", "enum"):
         expected = error.get("ctx", {}).get("expected", "")
         return f"{path}: {echo(value)} is not allowed; use one of {expected}"

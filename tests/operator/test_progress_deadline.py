@@ -27,15 +27,15 @@ async def report(cluster: Cluster, name: str, batches: int, stage: str = contrac
 
 
 async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: Cluster):
-    deadline = 3
+    deadline = contract.MIN_PROGRESS_DEADLINE_SECONDS  # the shortest a job may set
     await operated.apply(
         a_cpu_job("hang").with_nodes(2).with_backoff_limit(1).with_progress_deadline(deadline).as_dict()
     )
     first = await operated.run_all(NS, "hang", 2)
     await operated.phase(NS, "hang", "Running")
-    for batches in range(1, 5):  # healthy: a batch a second, for longer than the deadline
+    for batches in range(1, 5):  # healthy: a report every ~deadline/3, for longer than the deadline
         await report(operated, "hang", batches)
-        await asyncio.sleep(1)
+        await asyncio.sleep(deadline / 3)
     # A checkpoint write longer than the deadline holds the clock.
     await report(operated, "hang", 4, contract.PROGRESS_STAGE_CHECKPOINTING)
     await asyncio.sleep(deadline + 2)
@@ -44,12 +44,13 @@ async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: 
 
     # Now rank 1 blocks in a collective: rank 0 waits with it and reports nothing more.
     hung_at = asyncio.get_running_loop().time()
-    await operated.eventually(lambda: operated.status(NS, "hang").get("restarts") == 1, "restarts=1", timeout=30)
+    await operated.eventually(lambda: operated.status(NS, "hang").get("restarts") == 1, "restarts=1",
+                              timeout=deadline + 30)
     took = asyncio.get_running_loop().time() - hung_at
     assert deadline <= took < deadline + 10
     restarting = operated.condition(NS, "hang", "Restarting")
     assert (restarting["status"], restarting["reason"]) == ("True", REASON_PROGRESS_DEADLINE)
-    assert "progressDeadlineSeconds is 3" in restarting["message"] and "at step 5" in restarting["message"]
+    assert f"progressDeadlineSeconds is {deadline}" in restarting["message"] and "at step 5" in restarting["message"]
     # The hung pods cannot checkpoint: they go with a short grace, not terminationGracePeriodSeconds.
     names = [p["metadata"]["name"] for p in first]
     await operated.eventually(
@@ -65,7 +66,7 @@ async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: 
     assert operated.status(NS, "hang")["phase"] == "Running"
     await report(operated, "hang", 1)
     # The restarted gang hangs too: counted against backoffLimit (1), the job fails.
-    await operated.phase(NS, "hang", "Failed", timeout=30)
+    await operated.phase(NS, "hang", "Failed", timeout=deadline + 30)
     failed = operated.condition(NS, "hang", "Failed")
     assert failed["reason"] == "BackoffLimitExceeded"
     assert "no training or validation batch completed" in failed["message"]
@@ -77,7 +78,7 @@ def frame(module: str, function: str, line: int) -> dict:
 
 
 async def test_the_restart_names_where_the_hang_sits_from_rank_0s_stacks(operated: Cluster):
-    await operated.apply(a_cpu_job("where").with_nodes(2).with_backoff_limit(1).with_progress_deadline(3).as_dict())
+    await operated.apply(a_cpu_job("where").with_nodes(2).with_backoff_limit(1).with_progress_deadline(contract.MIN_PROGRESS_DEADLINE_SECONDS).as_dict())
     pods = await operated.run_all(NS, "where", 2)
     for pod, node in zip(pods, ("node-a", "node-b")):
         await operated.bind(NS, pod["metadata"]["name"], node)
@@ -93,7 +94,8 @@ async def test_the_restart_names_where_the_hang_sits_from_rank_0s_stacks(operate
              "code": [frame("my_models", "Net.training_step", 52)]},
         ],
     }})
-    await operated.eventually(lambda: operated.status(NS, "where").get("restarts") == 1, "restarts=1", timeout=30)
+    await operated.eventually(lambda: operated.status(NS, "where").get("restarts") == 1, "restarts=1",
+                              timeout=contract.MIN_PROGRESS_DEADLINE_SECONDS + 30)
     named = "rank 1 (pod where-1 on node node-b) is in its own code at my_models.py:52 in Net.training_step"
     restarting = operated.condition(NS, "where", "Restarting")
     assert restarting["reason"] == REASON_PROGRESS_DEADLINE and named in restarting["message"]

@@ -24,8 +24,8 @@ pods of a job exist, it marks them Running (pods/status, with the admin's creden
 
 Then it waits until the operator has been quiet for a while and counts the operator's
 requests per job by kind, against the minimum the design needs for this lifecycle:
-a Service, a ConfigMap, N pods, and one status patch and one patch of the operator's own
-record (the dtrain.dev/state annotation) per phase the job passes through (Pending, Running).
+a Service, a ConfigMap, N pods, and one status patch (the status is the operator's record of
+the job) per phase the job passes through (Pending, Running).
 Beside the server's count, the operator's own (its metrics endpoint's dtrain_api_requests: the
 requests of dtrain's client; kopf's own are not in it). Leader election's Lease renewals are the
 operator's, not a job's: they are not counted. Beside them, what the work queue buys: the watch
@@ -400,7 +400,6 @@ async def measure(
         "create configmaps": 1,
         "create pods": nodes,
         f"patch {contract.PLURAL}/status": 2,
-        f"patch {contract.PLURAL}": 2,
     }
     requests_per_job = sum(calls.values()) / len(jobs)
     minimum_per_job = sum(minimum.values())

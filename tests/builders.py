@@ -227,3 +227,13 @@ def accepted_status(
          "acceptedSpec": immutable_spec(job.spec), **fields}
     )
 
+
+
+def read_back(status: DistributedTrainingStatus) -> DistributedTrainingStatus:
+    """`status` as the operator writes it (its own fields) and the next reconcile starts from it."""
+    from dtrain_operator.controller.status.events import status_patch
+    from dtrain_operator.controller.status.read import read_status, starting_status
+
+    read = read_status({"status": status_patch(None, status) or {}})
+    assert not read.problems, read.problems
+    return starting_status(read.status)

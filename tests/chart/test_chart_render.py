@@ -21,6 +21,7 @@ from dtrain_operator.controller.main import operator_settings
 from tests.chart.helm import (
     CHART_DIR,
     MONITORING_API,
+    RBAC_LABEL,
     HelmError,
     granted,
     helm_lint,
@@ -99,16 +100,15 @@ def test_defaults_install_a_cluster_wide_operator() -> None:
     accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in of_kind(objects, "ServiceAccount")}
     # No trainer account in the operator's namespace: no job runs there.
     assert accounts == {(NAMESPACE, "dtrain-operator")}
-    # The only Roles: the Lease and the key of the operator's records, in the operator's own namespace.
+    # The only Roles: the Lease and the report endpoint's certificate, in the operator's own namespace.
     roles = {role["metadata"]["name"]: role for role in of_kind(objects, "Role")}
-    assert set(roles) == {"dtrain-operator-leader-election", "dtrain-operator-state-key"}
+    assert set(roles) == {"dtrain-operator-leader-election", "dtrain-operator-report-tls"}
     assert {role["metadata"]["namespace"] for role in roles.values()} == {NAMESPACE}
     assert {r["apiGroups"][0] for r in roles["dtrain-operator-leader-election"]["rules"]} == {"coordination.k8s.io"}
-    key_rules = roles["dtrain-operator-state-key"]["rules"]
+    key_rules = roles["dtrain-operator-report-tls"]["rules"]
     assert {(tuple(r["verbs"]), tuple(r.get("resourceNames", ()))) for r in key_rules} == {
-        (("create",), ()), (("get",), ("dtrain-operator-state-key", "dtrain-operator-report-tls"))
+        (("create",), ()), (("get",), ("dtrain-operator-report-tls",))
     }
-    assert "--state-key-secret=dtrain-operator-state-key" in operator_container(objects)["args"]
     bindings = {b["roleRef"]["name"]: b for b in of_kind(objects, "ClusterRoleBinding")}
     assert set(bindings) == {"dtrain-operator", "dtrain-operator-token-review"}
     for binding in bindings.values():
@@ -141,8 +141,8 @@ def test_crd_can_be_left_out() -> None:
 
 def test_namespaced_install_uses_roles_in_each_watched_namespace() -> None:
     objects = helm_template(VALUE_SETS["namespaced"][0])
-    # The Roles in the operator's own namespace (the Lease, the key of its records) are apart.
-    own = ("-leader-election", "-state-key")
+    # The Roles in the operator's own namespace (the Lease, the report endpoint's certificate) are apart.
+    own = ("-leader-election", "-report-tls")
     apart = [r for r in of_kind(objects, "Role") if r["metadata"]["name"].endswith(own)]
     assert [r["metadata"]["namespace"] for r in apart] == [NAMESPACE, NAMESPACE]
     roles = [r for r in of_kind(objects, "Role") if r not in apart]
@@ -156,11 +156,13 @@ def test_namespaced_install_uses_roles_in_each_watched_namespace() -> None:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "dtrain-operator", "namespace": NAMESPACE}]
     # Nothing cluster-wide for the operator but the TokenReview of the report endpoint, and the same
     # rules as a cluster-wide install.
-    assert [r["metadata"]["name"] for r in of_kind(objects, "ClusterRole")] == ["dtrain-operator-token-review"]
-    assert granted(of_kind(objects, "ClusterRole")[0]["rules"]) == {("authentication.k8s.io", "tokenreviews", "create")}
+    (review,) = [r for r in of_kind(objects, "ClusterRole") if r["metadata"]["labels"].get(RBAC_LABEL) == "operator"]
+    assert review["metadata"]["name"] == "dtrain-operator-token-review"
+    assert granted(review["rules"]) == {("authentication.k8s.io", "tokenreviews", "create")}
     assert [b["metadata"]["name"] for b in of_kind(objects, "ClusterRoleBinding")] == ["dtrain-operator-token-review"]
     cluster_wide = rbac_rules(
-        [r for r in of_kind(helm_template(), "ClusterRole") if not r["metadata"]["name"].endswith("-token-review")]
+        [r for r in of_kind(helm_template(), "ClusterRole")
+         if r["metadata"]["labels"].get(RBAC_LABEL) == "operator" and not r["metadata"]["name"].endswith("-token-review")]
     )
     for role in roles:
         assert role["rules"] == cluster_wide
@@ -226,6 +228,21 @@ def test_trainer_namespaces_when_watching_everything() -> None:
     objects = helm_template({"trainerServiceAccount": {"namespaces": ["research", NAMESPACE]}})
     accounts = [sa for sa in of_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "dtrain-trainer"]
     assert [sa["metadata"]["namespace"] for sa in accounts] == ["research"]  # never the operator's own
+
+
+def test_users_edit_jobs_and_only_read_their_status() -> None:
+    """The default admin/edit/view roles carry DistributedTrainings; no role users hold writes their status."""
+    roles = {r["metadata"]["name"]: r for r in of_kind(helm_template(), "ClusterRole")
+             if r["metadata"]["labels"].get("app.kubernetes.io/component") == "users"}
+    assert set(roles) == {"dtrain-operator-edit", "dtrain-operator-view"}
+    edit, view = granted(roles["dtrain-operator-edit"]["rules"]), granted(roles["dtrain-operator-view"]["rules"])
+    assert ("dtrain.dev", "distributedtrainings", "create") in edit
+    assert {verb for _, resource, verb in edit | view if resource == "distributedtrainings/status"} == {"get", "list", "watch"}
+    labels = roles["dtrain-operator-edit"]["metadata"]["labels"]
+    assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert roles["dtrain-operator-view"]["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert not [r for r in of_kind(helm_template({"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
+                if r["metadata"]["labels"].get("app.kubernetes.io/component") == "users"]
 
 
 def test_no_rbac_renders_no_roles_and_uses_the_given_service_account() -> None:
@@ -401,7 +418,7 @@ def test_two_replicas_elect_a_leader_and_one_without_election_recreates() -> Non
     single = helm_template({"operator": {"leaderElection": {"enabled": False}}})
     assert deployment(single)["spec"]["strategy"] == {"type": "Recreate"}
     assert "--no-leader-elect" in operator_container(single)["args"]
-    assert [r["metadata"]["name"] for r in of_kind(single, "Role")] == ["dtrain-operator-state-key"]
+    assert [r["metadata"]["name"] for r in of_kind(single, "Role")] == ["dtrain-operator-report-tls"]
 
 
 def test_only_jobs_worker_pods_reach_the_report_port_and_no_job_reaches_metrics() -> None:

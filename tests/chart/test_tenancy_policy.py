@@ -79,11 +79,11 @@ def test_an_api_token_only_under_an_allowed_account(audience):
 
 
 @pytest.mark.parametrize("spec", [
-    {"volumes": [{"name": "key", "secret": {"secretName": "dtrain-operator-state-key"}}]},
+    {"volumes": [{"name": "key", "secret": {"secretName": "dtrain-operator-report-tls"}}]},
     {"volumes": [{"name": "tls", "projected": {"sources": [{"secret": {"name": "dtrain-operator-report-tls"}}]}}]},
-    {"env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "dtrain-operator-state-key", "key": "key"}}}]},
+    {"env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "dtrain-operator-report-tls", "key": "key"}}}]},
     {"storage": {"url": "s3://b/p", "credentialsSecret": "dtrain-operator-report-tls"}},
-    {"imagePullSecrets": [{"name": "dtrain-operator-state-key"}]},
+    {"imagePullSecrets": [{"name": "dtrain-operator-report-tls"}]},
 ], ids=["volume", "projected", "env", "storage", "pull secret"])
 def test_no_reference_to_the_operators_secrets(spec):
     allowed, messages = admit(job(**spec))

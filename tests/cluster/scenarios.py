@@ -746,7 +746,7 @@ def dtr_editor() -> Path:
     return user_kubeconfig("alice@example.com")
 
 
-OPERATOR_SECRETS = ("dtrain-operator-state-key", "dtrain-operator-report-tls")
+OPERATOR_SECRETS = ("dtrain-operator-report-tls",)
 
 
 def secrets_named(pod: dict[str, Any]) -> set[str]:
@@ -809,31 +809,30 @@ def scenario_tenancy(figures: Figures) -> None:
     delete(name)
 
 
-def scenario_forged_record(figures: Figures) -> None:
-    """A user's own credentials: the operator's record cannot be written, set or removed at the API."""
+def scenario_status_record(figures: Figures) -> None:
+    """A user's own credentials: the status, the operator's record of each job, can be neither written nor set."""
     alice = dtr_editor()
-    job = small_job("e2e-forged")
-    accepted = {**job["spec"], "hostNetwork": True, "volumes": [{"name": "root", "hostPath": {"path": "/"}}]}
-    forged = copy.deepcopy(job)
-    forged["metadata"]["annotations"] = {contract.ANNOTATION_STATE: json.dumps(
-        {"version": 2, "signature": "0" * 64, "restarts": 0, "acceptedSpec": accepted})}
-    _refused(apply(forged, kubeconfig=alice, check=False), "dtrain.dev/ annotations are written only by the dtrain operator")
-    job["spec"]["runPolicy"]["suspend"] = True  # nothing to run: only its metadata matters here
-    job["metadata"]["annotations"] = {contract.ANNOTATION_MEMORY_ESTIMATE: '{"fits": true}'}
-    apply(job, kubeconfig=alice)  # the annotation users own passes
-    eventually(lambda: contract.ANNOTATION_STATE in (get("dtr", "e2e-forged", NS)["metadata"].get("annotations") or {}),
-               "the operator's own record on the job", 60)
-    record = get("dtr", "e2e-forged", NS)["metadata"]["annotations"][contract.ANNOTATION_STATE]
-    patch = json.dumps({"metadata": {"annotations": {contract.ANNOTATION_STATE: record.replace('"restarts":0', '"restarts":9')}}})
-    _refused(kubectl("patch", "dtr", "e2e-forged", "-n", NS, "--type=merge", "-p", patch, kubeconfig=alice, check=False),
-             "may not be set or changed")
-    removal = json.dumps({"metadata": {"annotations": {contract.ANNOTATION_STATE: None}}})
-    _refused(kubectl("patch", "dtr", "e2e-forged", "-n", NS, "--type=merge", "-p", removal, kubeconfig=alice, check=False),
-             "may not be removed")
-    if [p for p in worker_pods("e2e-forged") if p["spec"].get("hostNetwork")]:
-        raise Failed("a pod with host access exists")
-    kubectl("delete", "dtr", "e2e-forged", "-n", NS, "--wait=false", kubeconfig=alice)
-
+    job = small_job("e2e-status-record")
+    job["spec"]["runPolicy"]["suspend"] = True  # nothing to run: only its status matters here
+    forged = {**job, "status": {"phase": "Running", "restarts": 0,
+                                "acceptedSpec": {**job["spec"], "hostNetwork": True}}}
+    apply(forged, kubeconfig=alice)
+    status = eventually(lambda: (s := get("dtr", "e2e-status-record", NS).get("status") or {}).get("acceptedSpec") and s,
+                        "the operator's own status", 60)
+    if status["acceptedSpec"].get("hostNetwork"):
+        raise Failed("the status written at create was kept")
+    patch = json.dumps({"status": {"restarts": 9}})
+    _refused(kubectl("patch", "dtr", "e2e-status-record", "-n", NS, "--subresource=status", "--type=merge", "-p", patch,
+                     kubeconfig=alice, check=False), "forbidden")
+    # The chart's roles aggregated into Kubernetes' own: a namespace's editors edit jobs, never their status.
+    kubectl("create", "rolebinding", "bob-edit", "-n", NS, "--clusterrole=edit", "--user=bob@example.com", check=False)
+    for verb, extra, expected in (("create", (), "yes"), ("delete", (), "yes"), ("patch", ("--subresource=status",), "no"),
+                                  ("update", ("--subresource=status",), "no")):
+        answer = kubectl("auth", "can-i", verb, "distributedtrainings.dtrain.dev", "-n", NS, *extra,
+                         "--as=bob@example.com", check=False).stdout.strip()
+        if answer != expected:
+            raise Failed(f"the edit role may {verb} distributedtrainings {' '.join(extra)}: {answer}, expected {expected}")
+    kubectl("delete", "dtr", "e2e-status-record", "-n", NS, "--wait=false", kubeconfig=alice)
 
 REPORT_SERVICE = "dtrain-operator.dtrain-system.svc"
 # Run in a pod's network namespace (its hosts file is the cluster's DNS here): one report to the
@@ -999,14 +998,13 @@ def scenario_tokens(figures: Figures) -> None:
         (operator, "yes", "list", "distributedtrainings.dtrain.dev", ("--all-namespaces",)),
         (operator, "yes", "list", "pods", ("-n", NS)),
         (operator, "yes", "create", "pods", ("-n", NS)),
-        # Its own record, the dtrain.dev/state annotation, is on the object.
-        (operator, "yes", "patch", "distributedtrainings.dtrain.dev", ("-n", NS)),
+        # Its record of each job is the status; the object itself is the user's.
+        (operator, "no", "patch", "distributedtrainings.dtrain.dev", ("-n", NS)),
         (operator, "yes", "patch", "distributedtrainings.dtrain.dev", ("-n", NS, status_subresource)),
         (operator, "yes", "create", "tokenreviews.authentication.k8s.io", ()),
         (operator, "no", "get", "secrets", ("-n", NS)),
         (operator, "no", "get", "secrets", ("-n", "kube-system")),
         (operator, "no", "create", "clusterrolebindings", ("-n", NS)),
-        (operator, "yes", "get", "secrets/dtrain-operator-state-key", ("-n", "dtrain-system")),
         (operator, "yes", "get", "secrets/dtrain-operator-report-tls", ("-n", "dtrain-system")),
     ]
     for who, expected, verb, resource, where in checks:
@@ -1497,7 +1495,8 @@ SCENARIOS: list[tuple[str, str, Callable[[Figures], None]]] = [
      scenario_crd_refusals),
     ("wrong-jobs", ("the wrong-jobs corpus and a few hundred working variants through the API server and the operator: "
                     "each refused before anything runs, or every child created"), scenario_wrong_jobs),
-    ("forged-record", "the operator's record: refused at the API with a user's own credentials", scenario_forged_record),
+    ("status-record", "the status, the operator's record: neither set nor written with a user's own credentials",
+     scenario_status_record),
     ("tenancy", ("a user's own credentials: no job as the operator, with its Secrets, an API token or an account no "
                  "administrator allowed, nor in the operator's namespace; an allowed account runs"), scenario_tenancy),
     ("quickstart", "the quick start: kubectl apply → training → engine Job → kubectl delete; then dtrain run",

@@ -453,6 +453,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 meta["namespace"] = namespace
             if request.resource.plural == "pods":
                 raw.setdefault("status", {"phase": "Pending", "qosClass": "BestEffort"})
+            elif request.resource in self._status_resources:
+                raw.pop("status", None)  # a create never sets a status subresource's status
             self._store(key, raw)
             self._emit("ADDED", request.resource, raw)
         return raw

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 from dtrain_operator.api import contract
-from dtrain_operator.api.job import spec_hash
 from tests.builders import a_cpu_job
 
 from .cluster import Cluster
@@ -49,22 +45,21 @@ async def test_without_the_flag_host_access_is_the_clusters_business(operated: C
     assert pods[0]["spec"]["hostNetwork"] is True
 
 
-async def test_a_forged_record_never_gets_a_pod_with_host_access(cluster: Cluster):
-    """A user writes the operator's record on their own job, accepting a spec with host access
-    (the emulator does not run the chart's admission policy, so only the operator stands between)."""
+async def test_a_status_written_at_create_never_gets_a_pod_with_host_access(cluster: Cluster):
+    """A user creates their job with a status of their own, accepting a spec with host access: the API server
+    drops a status at create (the status subresource), so the operator accepts or refuses the spec itself."""
     await cluster.start_operator("--refuse-host-access")
     await _namespace(cluster, "team-a", {})
-    plain = a_cpu_job("forged").in_namespace("team-a").with_nodes(1).as_dict()
-    accepted = {**plain["spec"], "hostNetwork": True, "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+    forged = a_cpu_job("forged").in_namespace("team-a").with_nodes(1).as_dict()
+    accepted = {**forged["spec"], "hostNetwork": True, "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
                 "volumeMounts": [{"name": "root", "mountPath": "/host"}]}
-    forged = {"version": 2, "specHash": spec_hash(accepted), "signature": "0" * 64, "restarts": 0, "phase": "Running",
-              "startTime": None, "completionTime": None, "succeededRanks": [], "acceptedSpec": accepted}
-    plain["metadata"]["annotations"] = {contract.ANNOTATION_STATE: json.dumps(forged)}
-    await cluster.apply(plain)
+    forged["spec"]["hostNetwork"] = True
+    forged["status"] = {"phase": "Running", "restarts": 0, "acceptedSpec": accepted}
+    await cluster.apply(forged)
     condition = await cluster.eventually(
-        lambda: (c := cluster.condition("team-a", "forged", "StatusUnreadable")) and c["status"] == "True" and c,
-        "the StatusUnreadable condition",
+        lambda: (c := cluster.condition("team-a", "forged", "Failed")) and c["status"] == "True" and c,
+        "the Failed condition",
     )
-    assert "dtrain.dev/state: its signature does not verify" in condition["message"]
-    await asyncio.sleep(1.0)
+    assert "spec.hostNetwork" in condition["message"]
+    assert cluster.status("team-a", "forged").get("acceptedSpec") is None
     assert cluster.pods("team-a", "forged") == []

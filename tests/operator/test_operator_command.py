@@ -32,7 +32,7 @@ def test_help_documents_every_flag():
         "--watch-timeout", "--stuck-terminating-timeout", "--image-pull-timeout", "--no-leader-elect", "--leader-elect-lease-duration",
         "--leader-elect-renew-deadline", "--leader-elect-retry-period", "--leader-elect-resource-name",
         "--leader-elect-resource-namespace", "--log-level", "--log-format", "--network-policy", "--refuse-host-access",
-        "--state-key-secret", "--report-service", "--report-port", "--report-tls-secret", "--service-account",
+        "--report-service", "--report-port", "--report-tls-secret", "--service-account",
         "--trainer-service-account", "--allow-service-account", "--job-defaults",
     }
     text = run_dtrain("operator", "--help").stdout

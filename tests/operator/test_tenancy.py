@@ -31,11 +31,11 @@ async def test_jobs_never_run_as_the_operator_nor_in_its_namespace(cluster: Clus
     await _refused(cluster, "team-a", "as-operator", "spec.serviceAccountName: dtrain-operator is the dtrain operator's own account")
 
     stolen = a_cpu_job("stolen-key").in_namespace("team-a").with_nodes(1).with_spec(
-        volumes=[{"name": "key", "secret": {"secretName": "dtrain-operator-state-key"}}],
+        volumes=[{"name": "key", "secret": {"secretName": "dtrain-operator-report-tls"}}],
         volumeMounts=[{"name": "key", "mountPath": "/key"}],
     )
     await cluster.apply(stolen.as_dict())
-    await _refused(cluster, "team-a", "stolen-key", "spec.volumes[0].secret.secretName: dtrain-operator-state-key")
+    await _refused(cluster, "team-a", "stolen-key", "spec.volumes[0].secret.secretName: dtrain-operator-report-tls")
 
     token = [{"name": "api", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]
     mount = [{"name": "api", "mountPath": "/api"}]

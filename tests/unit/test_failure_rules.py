@@ -3,7 +3,6 @@ list that follows the user's (the same decisions as before rules existed), and t
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
@@ -11,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from dtrain_operator.api import DistributedTrainingStatus, FailureRule, RunPolicy, contract, restart_policy_rules
+from dtrain_operator.api import FailureRule, RunPolicy, contract, restart_policy_rules
 from dtrain_operator.api.validation import validate_object
-from dtrain_operator.controller import trusted
 from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import status_events, status_patch
 from dtrain_operator.controller.status.observe import observe_pod
@@ -32,7 +30,7 @@ from dtrain_operator.core.policy import (
     rule_matches,
     trainer_error,
 )
-from tests.builders import JOB_UID, NOW, a_cpu_job, a_gang, a_worker, accepted_status
+from tests.builders import NOW, a_cpu_job, a_gang, a_worker, accepted_status, read_back
 from tests.unit.test_api import with_spec
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -375,11 +373,11 @@ def test_the_operator_restarts_by_the_rule_and_names_it_in_the_condition_and_the
     [event] = [e for e in status_events(previous, status) if e.reason == "Restarting"]
     assert (event.type, event.message) == ("Warning", restarting.message)
     assert "restartsIgnoringBackoff" in (status_patch(previous, status) or {})
-    # The new gang is generation 1, and the operator's record carries the count that makes it so.
+    # The new gang is generation 1, and the status the next reconcile reads carries the count that makes it so.
     plan = plan_children(job, status, Observed(workers=(a_worker(0), failed, a_worker(2))), NOW)
     assert {p.name for p in plan.delete_pods} <= {"mnist-0", "mnist-1", "mnist-2"}
-    state = trusted.state_of(status)
-    assert state is not None and (state.restarts_ignoring_backoff, state.gang_generation) == (1, 1)
+    recorded = read_back(status)
+    assert (recorded.restarts_ignoring_backoff, recorded.gang_generation) == (1, 1)
     running = compute_status(job, Observed(workers=a_gang("Running", "Running", "Running", generation=1)), status, NOW)
     assert (running.phase, running.restarts_ignoring_backoff) == ("Running", 1)
 
@@ -422,21 +420,8 @@ def test_a_pod_the_scheduler_preempts_is_preempted_while_it_terminates():
     assert deleted.reason == "Deleted"
 
 
-KEY = bytes(range(32))
-IDENTITY = trusted.JobIdentity("ml", "mnist", JOB_UID)
-
-
-def test_the_operators_record_keeps_the_restarts_no_backoff_limit_counts():
-    state = trusted.TrustedState({"nodes": 3}, restarts=1, evictions=1, restarts_ignoring_backoff=2)
-    annotation = state.encode(KEY, IDENTITY)
-    body = {"metadata": {"namespace": "ml", "name": "mnist", "uid": JOB_UID,
-                         "annotations": {contract.ANNOTATION_STATE: annotation}}}
-    read = trusted.read_state(body, KEY)
-    assert read == state and read.gang_generation == 4
-    previous = trusted.trusted_previous(DistributedTrainingStatus(), read)
-    assert (previous.restarts_ignoring_backoff, previous.gang_generation) == (2, 4)
-    # A record an operator wrote before failure rules has no such count: none.
-    older = {k: v for k, v in json.loads(annotation).items() if k not in ("restartsIgnoringBackoff", "signature")}
-    older["signature"] = trusted._signature(KEY, IDENTITY, older)
-    body["metadata"]["annotations"][contract.ANNOTATION_STATE] = json.dumps(older)
-    assert trusted.read_state(body, KEY) == trusted.TrustedState({"nodes": 3}, restarts=1, evictions=1)
+def test_the_status_keeps_the_restarts_no_backoff_limit_counts():
+    status = accepted_status(MNIST.as_model(), "Running", restarts=1, evictions=1, restartsIgnoringBackoff=2)
+    previous = read_back(status)
+    assert (previous.restarts, previous.evictions, previous.restarts_ignoring_backoff) == (1, 1, 2)
+    assert previous.gang_generation == 4

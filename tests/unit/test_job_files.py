@@ -295,8 +295,6 @@ REFUSED_METADATA = [
     ("annotation key", "  annotations: {'-note': a}\n", 'metadata.annotations["-note"]: the key must be a qualified name'),
     ("annotation value a number", "  annotations: {note: 1}\n", "metadata.annotations.note: must be a string"),
     ("metadata misspelt", "  label: {a: b}\n", "metadata.label: unknown field; did you mean 'labels'?"),
-    ("operator's state annotation", "  annotations: {dtrain.dev/state: x}\n", 'metadata.annotations["dtrain.dev/state"]: set only by the dtrain operator; remove it from the job file'),
-    ("kopf's bookkeeping annotation", "  annotations: {dtrain.dev/last-handled-configuration: x}\n", 'metadata.annotations["dtrain.dev/last-handled-configuration"]: set only by the dtrain operator'),
 ]
 
 
@@ -333,15 +331,6 @@ def test_metadata_the_api_server_takes_is_accepted():
         f"  annotations: {{{contract.ANNOTATION_MEMORY_ESTIMATE}: '{{}}', Example.com/Note: any text}}\n"
     )
     assert errors_of(job_text(metadata=metadata)) == []
-
-
-def test_the_operator_reads_its_own_annotations_on_a_stored_job():
-    """Only a file (or a dict) given to be created is refused them; a stored job carries them."""
-    stored = yaml.safe_load(job_text(metadata=f"  annotations: {{{contract.ANNOTATION_STATE}: x}}\n"))
-    from dtrain_operator.api.validation import validate_object
-
-    assert validate_object(stored).errors == []
-    assert validate_job_document(stored).errors != []
 
 
 # --- Item 3: credentials ---------------------------------------------------------------------------------------

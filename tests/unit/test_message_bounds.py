@@ -17,7 +17,6 @@ from dtrain_operator.api.validation import (
     MAX_LINE_CHARACTERS,
     MAX_MESSAGES_BYTES,
     bounded_messages,
-    validate_job_document,
     validate_object,
     validate_text,
 )
@@ -71,17 +70,6 @@ def test_a_credential_like_init_arg_of_400_kb_is_named_short() -> None:
     errors = validate_object(quickstart(data={"classPath": "my.Data", "initArgs": {HUGE_KEY + "_token": "x"}})).errors
     assert errors[0].startswith(f"spec.data.initArgs: {'k' * 57}... (400006 characters) looks like a credential")
     assert len(message_of(errors)) < 1000
-
-
-def test_thousands_of_operator_annotations_are_one_line() -> None:
-    job = quickstart()
-    job["metadata"]["annotations"] = {f"dtrain.dev/state-{i}": "x" for i in range(3000)}
-    errors = validate_job_document(job, cluster=False).errors
-    assert errors == [(
-        'metadata.annotations["dtrain.dev/state-0"]: set only by the dtrain operator; remove it from the job file, '
-        "and the operator's too: dtrain.dev/state-1, dtrain.dev/state-2, dtrain.dev/state-3, dtrain.dev/state-4, "
-        "dtrain.dev/state-5 and 2,994 more"
-    )]
 
 
 def test_the_messages_of_a_job_stop_at_their_budget_and_count_the_rest() -> None:

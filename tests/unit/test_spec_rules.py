@@ -150,17 +150,16 @@ def test_a_spec_over_its_bytes_is_refused_with_the_size_the_limit_and_what_to_sh
     assert "shrink what is largest (initArgs, env, volumes)" in lines[0]
 
 
-def test_annotations_that_leave_no_room_for_the_record_are_refused():
+def test_annotations_that_leave_no_room_for_kubectls_copy_are_refused():
     lines = errors_of(job_text(metadata="  annotations: {note: '" + "x" * 120_000 + "'}\n"))
     assert len(lines) == 1 and lines[0].startswith("metadata.annotations: hold 120,004 bytes; beside this spec ("), lines
-    assert "keep room for the operator's record of the job" in lines[0]
+    assert "keep room for `kubectl apply`'s copy of them and of the spec" in lines[0]
 
 
-def test_the_operators_record_and_kubectls_copy_are_not_counted_as_the_users():
-    """A stored job carries both; they are what the room is kept for."""
+def test_kubectls_copy_is_not_counted_as_the_users():
+    """A stored job carries it; it is what the room is kept for."""
     document = yaml.safe_load(job_text(metadata="  annotations: {note: small}\n"))
-    document["metadata"]["annotations"].update({contract.ANNOTATION_STATE: "r" * 100_000,
-                                                 KUBECTL_LAST_APPLIED: "k" * 100_000})
+    document["metadata"]["annotations"].update({KUBECTL_LAST_APPLIED: "k" * 100_000})
     assert validate_object(document).errors == []
 
 

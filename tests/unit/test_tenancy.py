@@ -14,7 +14,7 @@ TENANCY = Tenancy(
     operator_service_account="dtrain-operator",
     trainer_service_account="dtrain-trainer",
     allowed_service_accounts=frozenset({"team-a/iam"}),
-    operator_secrets=frozenset({"dtrain-operator-state-key", "dtrain-operator-report-tls"}),
+    operator_secrets=frozenset({"dtrain-operator-report-tls"}),
     api_audiences=frozenset({"https://issuer.example.com"}),
 )
 
@@ -65,12 +65,12 @@ def test_an_api_token_only_under_an_allowed_account(audience):
 
 
 @pytest.mark.parametrize(("fields", "where"), [
-    ({"volumes": [{"name": "key", "secret": {"secretName": "dtrain-operator-state-key"}}]}, "spec.volumes[0].secret.secretName"),
+    ({"volumes": [{"name": "key", "secret": {"secretName": "dtrain-operator-report-tls"}}]}, "spec.volumes[0].secret.secretName"),
     ({"volumes": [{"name": "tls", "projected": {"sources": [{"secret": {"name": "dtrain-operator-report-tls"}}]}}]},
      "spec.volumes[0].projected.sources[0].secret.name"),
-    ({"env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "dtrain-operator-state-key", "key": "key"}}}]},
+    ({"env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "dtrain-operator-report-tls", "key": "key"}}}]},
      "spec.env[0].valueFrom.secretKeyRef.name"),
-    ({"storage": {"url": "s3://bucket/jobs", "credentialsSecret": "dtrain-operator-state-key"}}, "spec.storage.credentialsSecret"),
+    ({"storage": {"url": "s3://bucket/jobs", "credentialsSecret": "dtrain-operator-report-tls"}}, "spec.storage.credentialsSecret"),
     ({"imagePullSecrets": [{"name": "dtrain-operator-report-tls"}]}, "spec.imagePullSecrets[0].name"),
 ])
 def test_no_job_names_the_operators_secrets(fields, where):

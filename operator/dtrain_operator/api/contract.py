@@ -203,18 +203,9 @@ LABEL_NODE_RANK = f"{GROUP}/node-rank"
 # The gang generation a worker pod belongs to: bumped by every gang restart, so
 # that pods of an older generation are recognised and never mistaken for the new gang.
 LABEL_GANG_GENERATION = f"{GROUP}/gang-generation"
-# On the DistributedTraining: the operator's own record of the job (trusted.py), signed with
-# the operator's key; a status patch cannot reach it, and a user's edit is refused or not believed.
-ANNOTATION_STATE = f"{GROUP}/state"
 # On the DistributedTraining: `dtrain submit`'s per-GPU memory estimate of its spec (api/memory_estimate.py),
 # which the operator, having no torch to build the model, turns into the GPUMemoryExceeded condition.
 ANNOTATION_MEMORY_ESTIMATE = f"{GROUP}/memory-estimate"
-# The one dtrain.dev/ annotation a user writes (`dtrain submit`); every other is the operator's alone.
-USER_ANNOTATIONS: Final = (ANNOTATION_MEMORY_ESTIMATE,)
-
-
-def is_operator_annotation(key: str) -> bool:
-    return key.startswith(f"{GROUP}/") and key not in USER_ANNOTATIONS
 
 ROLE_WORKER = "worker"
 ROLE_ENGINE = "engine"

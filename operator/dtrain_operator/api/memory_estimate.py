@@ -73,7 +73,7 @@ def spec_gpu_memory(spec: DistributedTrainingSpec) -> int | None:
 
 
 def estimated_spec_hash(spec: DistributedTrainingSpec) -> str:
-    """The hash an estimate of `spec` carries: the operator's hash of the spec it accepts (its record, trusted.py)."""
+    """The hash an estimate of `spec` carries: the hash of the spec's immutable fields, as the operator accepts it."""
     return spec_hash(immutable_spec(spec))
 
 

@@ -267,7 +267,11 @@ class ElasticStatus(StatusModel):
 
 
 class DistributedTrainingStatus(StatusModel):
-    """Observed state, computed by the operator (progress and lastCheckpoint by rank 0)."""
+    """Observed state, computed by the operator (progress, preflight, lastCheckpoint and hangStacks reported by rank 0).
+
+    It is also the operator's record of the job: what it accepted, restarts, generations and times are read back from
+    here at every reconcile. Only the operator writes it (users get `distributedtrainings`, never
+    `distributedtrainings/status`)."""
 
     phase: Phase | None = None
     """Pending, Queued, Starting, Running, Restarting, Exporting, BuildingEngine, Succeeded, Failed or Suspended."""
@@ -295,6 +299,8 @@ class DistributedTrainingStatus(StatusModel):
     """When the job started (RFC 3339)."""
     completion_time: str | None = None
     """When the job finished (RFC 3339)."""
+    succeeded_ranks: list[Annotated[int, Field(ge=0)]] | None = None
+    """Ranks of the current gang generation that exited 0: finished, even once their pods are gone."""
     progress: Progress | None = None
     """Training progress."""
     last_checkpoint: CheckpointInfo | None = None

@@ -26,7 +26,6 @@ from dtrain_operator.api.redaction import REDACTED, is_credential_name, redact_t
 from dtrain_operator.api.safe_yaml import (
     YamlRefused,
     echo,
-    first_few,
     key_path,
     load_documents,
     printable,
@@ -279,18 +278,9 @@ def _checked_object(obj: Any, source: str, cluster: bool) -> DocumentResult:
 
 
 def validate_job_document(obj: Any, source: str = "", cluster: bool = True) -> DocumentResult:
-    """Check an object a user gives to be created (a job file, a dict): validate_object's checks, and
-    none of the annotations that only the operator writes (the record it keeps of an accepted job)."""
+    """Check an object a user gives to be created (a job file, a dict): validate_object's checks, their messages
+    bounded."""
     result = _checked_object(obj, source, cluster)
-    metadata = obj.get("metadata") if isinstance(obj, dict) else None
-    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-    keys = annotations if isinstance(annotations, dict) else {}
-    operators = [key for key in keys if isinstance(key, str) and contract.is_operator_annotation(key)]
-    if operators:
-        result.job = None
-        others = f", and the operator's too: {first_few(operators[1:])}" if operators[1:] else ""
-        result.errors.append(f"{key_path('metadata.annotations', operators[0])}: set only by the dtrain operator; "
-                             f"remove it from the job file{others}")
     result.errors = bounded_messages(result.errors)
     return result
 

@@ -117,13 +117,6 @@ def add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "(created at the first start when missing; default dtrain-operator-report-tls)",
     )
     p.add_argument(
-        "--state-key-secret",
-        metavar="NAME",
-        default="dtrain-operator-state-key",
-        help="the Secret, in the operator's own namespace, holding the key that signs its record of each job "
-        "(created at the first start when missing; default dtrain-operator-state-key)",
-    )
-    p.add_argument(
         "--job-defaults",
         metavar="FILE",
         help="YAML of the fields every job leaves unset takes ({spec: {...}, namespaces: {NS: {...}}}; the chart's "

@@ -25,7 +25,6 @@ from dtrain_operator.controller.kube import KubeClient, RateLimiter, load_config
 from dtrain_operator.controller.leader import LeaderElectionConfig, LeaderElector
 from dtrain_operator.controller.metrics import OperatorMetrics
 from dtrain_operator.controller.reconciler import Controller
-from dtrain_operator.controller.record_key import RecordKeyError, load_record_key
 from dtrain_operator.controller.report_server import ReportServer
 from dtrain_operator.controller.report_tls import ReportTLS, ReportTLSError, load_report_tls, service_names
 from dtrain_operator.core.observation import Limits
@@ -118,19 +117,18 @@ def tenancy(args: argparse.Namespace) -> Tenancy:
         operator_service_account=args.service_account,
         trainer_service_account=args.trainer_service_account,
         allowed_service_accounts=frozenset(args.allowed_service_accounts),
-        operator_secrets=frozenset({args.state_key_secret, args.report_tls_secret}),
+        operator_secrets=frozenset({args.report_tls_secret}),
         api_audiences=api_audiences(),
     )
 
 
-async def operator_secrets(args: argparse.Namespace, metrics: OperatorMetrics) -> tuple[bytes, ReportTLS | None]:
-    """The key of the operator's records and, with reports on, the report endpoint's certificate."""
+async def report_certificate(args: argparse.Namespace, metrics: OperatorMetrics) -> ReportTLS | None:
+    """With reports on, the report endpoint's certificate (report_tls.py); credentials are loaded either way."""
     client = KubeClient(await load_configuration(), RateLimiter(5.0, 5), metrics)
     try:
-        key = await load_record_key(client, operator_namespace(), args.state_key_secret)
         if not args.report_service:
-            return key, None
-        return key, await load_report_tls(client, operator_namespace(), args.report_tls_secret, args.report_service)
+            return None
+        return await load_report_tls(client, operator_namespace(), args.report_tls_secret, args.report_service)
     finally:
         await client.close()
 
@@ -237,9 +235,9 @@ def main(args: argparse.Namespace) -> int:
     metrics = OperatorMetrics()
     try:
         # Fail at once, with one line, without credentials (kopf would retry every minute) or without
-        # the key of the operator's records (it could neither trust nor write one).
-        key, tls = asyncio.run(operator_secrets(args, metrics))
-    except (kopf.LoginError, RecordKeyError, ReportTLSError) as exc:
+        # the report endpoint's certificate.
+        tls = asyncio.run(report_certificate(args, metrics))
+    except (kopf.LoginError, ReportTLSError) as exc:
         print(f"dtrain operator: {exc}", file=sys.stderr)
         return 1
     try:
@@ -265,7 +263,6 @@ def main(args: argparse.Namespace) -> int:
         burst=args.burst,
         network_policy=args.network_policy,
         refuse_host_access=args.refuse_host_access,
-        record_key=key,
         tenancy=tenancy(args),
         job_defaults=defaults,
         limits=Limits(stuck_terminating_seconds=args.stuck_terminating_timeout, image_pull_seconds=args.image_pull_timeout),

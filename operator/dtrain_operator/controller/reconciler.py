@@ -3,10 +3,9 @@
 kopf watches DistributedTrainings, worker/engine pods and engine Jobs (server-side label
 selectors) and keeps the latter two in its indexes; every event queues the owning job here.
 A queued job is reconciled by one worker at a time: its status is computed (status/compute.py) from the
-operator's own record of the job (trusted.py, never from what the status says) and patched when
-it differs, Events are posted, the record is updated, then the plan (core/child_plan.py) is carried out (children.py):
-deletions, then creations. A status or record that cannot be read is reported and nothing is
-carried out. No list call is made per reconcile; only the Lease holder reconciles (leader.py).
+status the operator wrote last (its record of the job: status/read.py) and patched when it differs, Events are
+posted, then the plan (core/child_plan.py) is carried out (children.py): deletions, then creations. A status that
+cannot be read is reported and nothing is carried out. No list call is made per reconcile; only the Lease holder reconciles (leader.py).
 
 The watch lags behind the operator's own writes, so the writes are remembered until the watch
 shows them (as Kubernetes controllers' "expectations"): a pod just created is not created
@@ -39,7 +38,7 @@ from dtrain_operator.api import (
 from dtrain_operator.api.job_defaults import JobDefaults
 from dtrain_operator.api.launches import LaunchOrder, LaunchReport
 from dtrain_operator.api.record_patches import replacing_maps
-from dtrain_operator.controller import refusals, trusted
+from dtrain_operator.controller import refusals
 from dtrain_operator.controller.children import ChildConflict, ChildWriter
 from dtrain_operator.controller.event_recorder import EventRecorder
 from dtrain_operator.controller.expectations import Expectations, observe_with_expectations
@@ -59,12 +58,13 @@ from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
 from dtrain_operator.controller.status.invalid import invalid_status, unreadable_status
 from dtrain_operator.controller.status.observe import observe_queue
+from dtrain_operator.controller.status.read import read_status, starting_status
 from dtrain_operator.controller.supervisors import Supervisors
 from dtrain_operator.controller.workqueue import WorkQueue
 from dtrain_operator.core import progress_deadline, queueing
 from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
 from dtrain_operator.core.child_plan import plan_children
-from dtrain_operator.core.gang_state import current_gang, succeeded_ranks
+from dtrain_operator.core.gang_state import current_gang
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
 from dtrain_operator.core.observation import EngineJobObservation, JobKey, Limits, Observed, PodObservation
 from dtrain_operator.core.render import ReportEndpoint
@@ -104,7 +104,6 @@ class Controller:
         metrics: OperatorMetrics,
         qps: float,
         burst: int,
-        record_key: bytes,
         tenancy: Tenancy,
         job_defaults: JobDefaults,
         network_policy: bool = False,
@@ -119,7 +118,6 @@ class Controller:
         self._refuse_host_access = refuse_host_access  # hostNetwork/hostPath only in opted-in namespaces
         self._tenancy = tenancy  # who a job's pods may be (tenancy.py)
         self._job_defaults = job_defaults  # what every job leaves unset (api/job_defaults.py)
-        self._record_key = record_key  # signs and checks the operator's record of each job (trusted.py)
         self._limits = limits
         self._election = election
         self._report = report  # rank 0's records come to report_server.py, which writes them through write_reports
@@ -358,30 +356,23 @@ class Controller:
             return None  # the garbage collector removes the children through their owner references
         expectations = self._expect(key, meta.get("uid", ""))
         now = datetime.now(timezone.utc)
-        read = trusted.read_status(body)
-        problems = list(read.problems)
-        try:
-            state = trusted.read_state(body, self._record_key)
-        except trusted.UntrustedState as exc:
-            state = None
-            problems.append(str(exc))
+        read = read_status(body)
         written = read.status if body.get("status") else None
-        if problems:
-            # Nothing is decided from a status or a record the operator cannot read: the pods stay.
-            logger.warning("%s/%s: cannot read %s; leaving the pods alone", *key, "; ".join(problems))
-            return await self._write_status(key, body, written, unreadable_status(read.status, problems, now), expectations)
+        if read.problems:
+            # Nothing is decided from a status the operator cannot read: the pods stay.
+            logger.warning("%s/%s: cannot read %s; leaving the pods alone", *key, "; ".join(read.problems))
+            return await self._write_status(
+                key, body, written, unreadable_status(read.status, list(read.problems), now), expectations
+            )
         observed, blocked = self._observe(key, expectations)
         observed = await self._observe_queue(key, body, observed)
-        previous = trusted.trusted_previous(
-            read.status, state, [p.generation for p in observed.workers if p.generation is not None]
-        )
+        previous = starting_status(read.status, [p.generation for p in observed.workers if p.generation is not None])
         parsed = await self._parse(body, previous, expectations)
 
         if parsed.job is None:
             new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
             running: DistributedTraining | None = None
         else:
-            finished = state.succeeded_ranks if state is not None else ()
             watch = expectations.progress_watch = progress_deadline.observe(
                 expectations.progress_watch,
                 previous.gang_generation,
@@ -389,11 +380,10 @@ class Controller:
                 previous.progress,
                 now,
             )
-            new = compute_status(parsed.job, observed, previous, now, parsed.errors, finished, self._limits, watch)
+            new = compute_status(parsed.job, observed, previous, now, parsed.errors, self._limits, watch)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
         requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
-        await self._write_state(key, body, state, new, observed)
         self._supervisors.decided(key, running, new)
         if running is None:
             return requeue
@@ -405,7 +395,7 @@ class Controller:
             await self._report_conflict(key, body, str(exc), expectations)
             raise
         except refusals.CreateRefused as exc:
-            return await self._report_refusal(key, body, new, exc.refusal, expectations, state, observed)
+            return await self._report_refusal(key, body, new, exc.refusal, expectations)
         expectations.conflict_reported = ""
         if refusals.is_refused(new):
             expectations.refusal_reported = ""
@@ -466,7 +456,7 @@ class Controller:
         """Patch the status when it changed (node counts alone: batched), then post the Events.
 
         `previous` is the status as written (what the patch must change); `decided_from` what
-        the new status was decided from (the operator's own record: phase changes and restarts).
+        the new status was decided from (phase changes and restarts).
         """
         assert self._client is not None
         patch = status_patch(previous, new)
@@ -502,31 +492,6 @@ class Controller:
             self._events.post(key, body, events)
         return None
 
-    async def _write_state(
-        self,
-        key: JobKey,
-        body: Mapping[str, Any],
-        state: trusted.TrustedState | None,
-        new: DistributedTrainingStatus,
-        observed: Observed,
-    ) -> None:
-        """Record what was decided in the operator's own annotation, before anything is carried out."""
-        assert self._client is not None
-        earlier = (state.succeeded_ranks, state.gang_generation) if state is not None else ((), None)
-        recorded = trusted.state_of(new, succeeded_ranks(new, observed, *earlier))
-        if recorded is None or recorded == state:
-            return
-        namespace, name = key
-        updated = await self._client.patch(
-            contract.API_VERSION,
-            contract.KIND,
-            namespace,
-            name,
-            trusted.state_patch(recorded, self._record_key, trusted.JobIdentity.of(body)),
-        )
-        if updated:
-            self._remember(key, updated)
-
     async def _report_conflict(
         self, key: JobKey, body: Mapping[str, Any], message: str, expectations: Expectations
     ) -> None:
@@ -543,8 +508,6 @@ class Controller:
         status: DistributedTrainingStatus,
         refusal: refusals.Refusal,
         expectations: Expectations,
-        state: trusted.TrustedState | None,
-        observed: Observed,
     ) -> float | None:
         """A refused create (refusals.py decides): the condition, a Warning Event with the API server's
         message (once per distinct message), and the retry, or the failed job."""
@@ -552,8 +515,6 @@ class Controller:
         now = datetime.now(timezone.utc)
         refused = refusals.refused_status(status, refusal, now)
         await self._write_status(key, body, status, refused, expectations)
-        # A refusal that fails the job is a decision: the operator's own record must say so too.
-        await self._write_state(key, body, state, refused, observed)
         if expectations.refusal_reported != refusal.message:
             expectations.refusal_reported = refusal.message
             logger.warning("%s/%s: %s", *key, refusal.message)

@@ -191,7 +191,7 @@ def pods_pending_too_long(
 def succeeded_ranks(
     status: DistributedTrainingStatus, observed: Observed, earlier: Collection[int] = (), earlier_generation: int | None = None
 ) -> frozenset[int]:
-    """Ranks of the current gang that exited 0, for the operator's record: those seen Succeeded
+    """Ranks of the current gang that exited 0 (status.succeededRanks): those seen Succeeded
     while the gang ran, and those recorded earlier for the same generation. A suspend forgets
     them (the resumed gang runs every rank again)."""
     if status.phase == "Suspended":

@@ -13,13 +13,13 @@ served resources once through discovery, which every authenticated client may re
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
-# kopf: the watch of DistributedTrainings. The operator: records what it accepted and decided
-# in its own annotation (dtrain.dev/state: a status patch cannot reach it), and deletes a
-# finished job after runPolicy.ttlSecondsAfterFinished.
+# kopf: the watch of DistributedTrainings. The operator: deletes a finished job after
+# runPolicy.ttlSecondsAfterFinished.
 - apiGroups: [dtrain.dev]
   resources: [distributedtrainings]
-  verbs: [list, watch, patch, delete]
-# The operator: phase, conditions, node counts, restarts, artifacts.
+  verbs: [list, watch, delete]
+# The operator: its record of each job, which it alone writes (what it accepted, phase, conditions,
+# node counts, restarts, artifacts).
 - apiGroups: [dtrain.dev]
   resources: [distributedtrainings/status]
   verbs: [patch]

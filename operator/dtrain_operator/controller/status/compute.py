@@ -52,6 +52,7 @@ from dtrain_operator.core.gang_state import (
     pulling_images,
     reported_stage,
     stuck_terminating,
+    succeeded_ranks,
     worker_failures,
 )
 from dtrain_operator.core.observation import Limits, Observed, PodObservation, format_time, parse_time
@@ -353,7 +354,6 @@ def compute_status(
     previous: DistributedTrainingStatus | None,
     now: datetime,
     spec_errors: Sequence[str] = (),
-    succeeded_ranks: Collection[int] = (),
     limits: Limits = Limits(),
     progress_watch: progress_deadline.ProgressWatch | None = None,
 ) -> DistributedTrainingStatus:
@@ -362,15 +362,23 @@ def compute_status(
     `job` is the object as it is now (its spec may carry rejected changes); the job runs the
     spec recorded in `acceptedSpec` at its first status. `spec_errors` are the validation
     errors of an edit that made an accepted job's spec invalid (`job` then carries the
-    accepted spec). `succeeded_ranks` are the ranks of the current gang known to have exited 0
-    (see `succeeded_ranks`). `progress_watch` is the caller's watch on training progress
+    accepted spec). `progress_watch` is the caller's watch on training progress
     (`progress_deadline.observe`): past runPolicy.progressDeadlineSeconds the gang restarts.
-    Finished jobs keep their status.
+    Finished jobs keep their status. `succeededRanks` carries the ranks of the current gang that
+    exited 0 from one status to the next (`succeeded_ranks`).
     """
     status = (previous or DistributedTrainingStatus()).model_copy(deep=True)
+    earlier = tuple(status.succeeded_ranks or ())
     computation = StatusComputation(
-        job, observed, now, spec_errors, succeeded_ranks, limits, progress_watch, status, Conditions(status.conditions, now)
+        job, observed, now, spec_errors, earlier, limits, progress_watch, status, Conditions(status.conditions, now)
     )
+    new = _run_steps(computation)
+    finished = succeeded_ranks(new, observed, earlier, previous.gang_generation if previous else None)
+    new.succeeded_ranks = sorted(finished) or None
+    return new
+
+
+def _run_steps(computation: StatusComputation) -> DistributedTrainingStatus:
     for step in STATUS_STEPS:
         finished = step(computation)
         if finished is not None:

@@ -12,6 +12,7 @@ from dtrain_operator.api import (
     DistributedTrainingStatus,
     ElasticStatus,
 )
+from dtrain_operator.api.record_patches import TRAINER_FIELDS
 from dtrain_operator.controller.status import gpu_memory, storage_conditions
 from dtrain_operator.controller.status.conditions import (
     ENGINE_BUILT,
@@ -29,25 +30,10 @@ from dtrain_operator.controller.status.conditions import (
 )
 from dtrain_operator.core import queueing, stragglers
 
-# The status fields the operator owns; progress, preflight, lastCheckpoint and hangStacks belong to the trainer.
-OWNED_FIELDS = (
-    "phase",
-    "conditions",
-    "nodes",
-    "nodesReady",
-    "restarts",
-    "evictions",
-    "restartsIgnoringBackoff",
-    "restartsInPlace",
-    "inPlaceGeneration",
-    "lastRestart",
-    "elastic",
-    "startTime",
-    "completionTime",
-    "artifacts",
-    "observedGeneration",
-    "acceptedSpec",
-    "lastHang",
+# The status fields the operator writes: every field but what rank 0 reports.
+OWNED_FIELDS = tuple(
+    field.alias or name for name, field in DistributedTrainingStatus.model_fields.items()
+    if (field.alias or name) not in TRAINER_FIELDS
 )
 
 

@@ -26,11 +26,10 @@ def unreadable_status(
     """The status as read, with a StatusUnreadable condition naming what the operator could not read.
 
     The operator does not act on a status it cannot read in full: it leaves the job's pods
-    alone, and its own record of the job (trusted.py) stays as it was.
+    alone, and what it decided (the status's readable fields) stays as it was.
     """
     status = read.model_copy(deep=True)
     conditions = Conditions(status.conditions, now)
-    # The status's problems are fixed with a status patch; the record's say their own fix.
     how = " (kubectl patch --subresource=status)" if any(p.startswith("status") for p in problems) else ""
     conditions.set(
         STATUS_UNREADABLE,

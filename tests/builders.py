@@ -231,8 +231,8 @@ def accepted_status(
 
 def read_back(status: DistributedTrainingStatus) -> DistributedTrainingStatus:
     """`status` as the operator writes it (its own fields) and the next reconcile starts from it."""
-    from dtrain_operator.controller.status.events import status_patch
-    from dtrain_operator.controller.status.read import read_status, starting_status
+    from dtrain_operator.core.status.events import status_patch
+    from dtrain_operator.core.status.read import read_status, starting_status
 
     read = read_status({"status": status_patch(None, status) or {}})
     assert not read.problems, read.problems

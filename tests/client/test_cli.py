@@ -14,7 +14,7 @@ import yaml
 
 from dtrain_operator.api import DistributedTraining, crd, memory_estimate
 from dtrain_operator.cli.cluster import GET_COLUMNS, age, last_hang_lines, table
-from dtrain_operator.controller.status import gpu_memory
+from dtrain_operator.core.status import gpu_memory
 from tests.builders import a_cpu_job
 
 from ..operator.cluster import Cluster

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dtrain_operator.api import DistributedTrainingSpec
 from dtrain_operator.api.memory_estimate import ANNOTATION, EstimateRecord, estimated_spec_hash
-from dtrain_operator.controller.status import gpu_memory
-from dtrain_operator.controller.status.gpu_memory import CONDITION
+from dtrain_operator.core.status import gpu_memory
+from dtrain_operator.core.status.gpu_memory import CONDITION
 from tests.builders import a_cpu_job
 
 from .cluster import Cluster

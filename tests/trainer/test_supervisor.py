@@ -29,12 +29,12 @@ from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, 
 from dtrain_operator.api.launches import LaunchOrder, LaunchReport
 from dtrain_operator.controller.report_server import BoundPod, Refused, ReportServer
 from dtrain_operator.controller.report_tls import issue
-from dtrain_operator.controller.status.compute import compute_status
 from dtrain_operator.controller.supervisors import Supervisors
 from dtrain_operator.core import progress_deadline
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.observation import Observed, PodObservation
 from dtrain_operator.core.render import POD_COMMAND
+from dtrain_operator.core.status.compute import compute_status
 from dtrain_trainer.supervisor import Supervisor, step
 from tests.builders import a_cpu_job, accepted_status
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 from datetime import timedelta
 
 from dtrain_operator.api import CheckpointInfo, DistributedTrainingStatus, contract
-from dtrain_operator.controller.status.compute import compute_status
-from dtrain_operator.controller.status.events import EVENT_GANG_GROWN, EVENT_GANG_SHRUNK, status_events
 from dtrain_operator.core import render
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.observation import Observed, PodObservation
+from dtrain_operator.core.status.compute import compute_status
+from dtrain_operator.core.status.events import EVENT_GANG_GROWN, EVENT_GANG_SHRUNK, status_events
 from tests.builders import NOW, a_cpu_job, a_gang, a_worker, accepted_status, read_back
 
 WAIT = 60

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from dtrain_operator.api import contract
-from dtrain_operator.controller.status.compute import compute_status
-from dtrain_operator.controller.status.conditions import EXPORT_FAILED
 from dtrain_operator.core.observation import Observed
+from dtrain_operator.core.status.compute import compute_status
+from dtrain_operator.core.status.conditions import EXPORT_FAILED
 from tests.builders import NOW, a_cpu_job, a_worker, accepted_status
 
 EXPORT_ERROR = "torch.onnx.export failed with inputs (input int64[7]) (RuntimeError: unsupported op)"

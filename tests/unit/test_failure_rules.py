@@ -12,9 +12,6 @@ import pytest
 
 from dtrain_operator.api import FailureRule, RunPolicy, contract, restart_policy_rules
 from dtrain_operator.api.validation import validate_object
-from dtrain_operator.controller.status.compute import compute_status
-from dtrain_operator.controller.status.events import status_events, status_patch
-from dtrain_operator.controller.status.observe import observe_pod
 from dtrain_operator.core import queueing
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.gang_state import worker_failures
@@ -30,6 +27,9 @@ from dtrain_operator.core.policy import (
     rule_matches,
     trainer_error,
 )
+from dtrain_operator.core.status.compute import compute_status
+from dtrain_operator.core.status.events import status_events, status_patch
+from dtrain_operator.core.status.observe import observe_pod
 from tests.builders import NOW, a_cpu_job, a_gang, a_worker, accepted_status, read_back
 from tests.unit.test_api import with_spec
 

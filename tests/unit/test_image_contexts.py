@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 API = {"dtrain_operator", "dtrain_operator.api"}
 IMAGES = {
-    "operator/Dockerfile": API | {"dtrain_operator.core", "dtrain_operator.controller", "dtrain_operator.controller.status", "dtrain_operator.cli"},
+    "operator/Dockerfile": API | {"dtrain_operator.core", "dtrain_operator.controller", "dtrain_operator.core.status", "dtrain_operator.cli"},
     "trainer_image/Dockerfile": API | {"dtrain_operator.cli", "dtrain_trainer", "dtrain_common"},
     "trainer_image/engine.Dockerfile": API | {"dtrain_operator.cli", "dtrain_engine", "dtrain_common", "dtrain_trainer"},
 }

@@ -11,11 +11,11 @@ import pytest
 
 from dtrain_operator.api import launches
 from dtrain_operator.api.launches import REASON_STOPPED, LaunchReport
-from dtrain_operator.controller.status.compute import compute_status
-from dtrain_operator.controller.status.events import status_events, status_patch
 from dtrain_operator.core import in_place, progress_deadline
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.observation import Observed, PodObservation, SupervisorState
+from dtrain_operator.core.status.compute import compute_status
+from dtrain_operator.core.status.events import status_events, status_patch
 from tests.builders import NOW, a_cpu_job, a_worker, accepted_status, read_back
 
 JOB_BUILDER = a_cpu_job().with_nodes(2).with_uid().with_progress_deadline(60)

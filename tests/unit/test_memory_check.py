@@ -1,5 +1,5 @@
 """The operator's memory pre-flight: the estimate `dtrain submit` records, read strictly and compared with
-the GPU memory the spec states (gpu_memory.py), and the condition and Event at creation (controller/status/compute.py)."""
+the GPU memory the spec states (gpu_memory.py), and the condition and Event at creation (core/status/compute.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from dtrain_operator.api.memory_estimate import (
     usable_bytes,
 )
 from dtrain_operator.api.validation import validate_object
-from dtrain_operator.controller.status import gpu_memory
-from dtrain_operator.controller.status.compute import compute_status
-from dtrain_operator.controller.status.events import status_events
-from dtrain_operator.controller.status.gpu_memory import CONDITION, verdict
 from dtrain_operator.core.observation import Observed
+from dtrain_operator.core.status import gpu_memory
+from dtrain_operator.core.status.compute import compute_status
+from dtrain_operator.core.status.events import status_events
+from dtrain_operator.core.status.gpu_memory import CONDITION, verdict
 from tests.builders import SHARED_STORAGE, a_job
 
 GiB = 2**30

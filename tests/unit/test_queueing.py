@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from dtrain_operator.controller.status.compute import compute_status
-from dtrain_operator.controller.status.events import status_events
-from dtrain_operator.controller.status.observe import observe_pod, observe_queue
 from dtrain_operator.core import queueing, render
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.gang_state import pods_pending_too_long
 from dtrain_operator.core.observation import Observed, QueueObservation
+from dtrain_operator.core.status.compute import compute_status
+from dtrain_operator.core.status.events import status_events
+from dtrain_operator.core.status.observe import observe_pod, observe_queue
 from tests.builders import NOW, a_cpu_job, a_gang, a_worker, accepted_status
 
 QUEUED = a_cpu_job().in_namespace("ml").with_nodes(3).with_uid().at_generation(1).in_queue("team-a")

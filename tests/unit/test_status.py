@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, contract, immutable_spec
-from dtrain_operator.controller.status.compute import compute_status
-from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
-from dtrain_operator.controller.status.invalid import invalid_status
-from dtrain_operator.controller.status.observe import observe_engine_job, observe_pod
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.gang_state import stuck_terminating
 from dtrain_operator.core.observation import Limits, Observed, PodObservation, format_time
+from dtrain_operator.core.status.compute import compute_status
+from dtrain_operator.core.status.events import only_counts_changed, status_events, status_patch
+from dtrain_operator.core.status.invalid import invalid_status
+from dtrain_operator.core.status.observe import observe_engine_job, observe_pod
 from tests.builders import (
     EARLIER,
     JOB_UID,

@@ -259,10 +259,10 @@ def test_the_operator_refuses_a_job_without_shared_storage_with_the_same_line() 
 
 
 def test_a_pod_local_job_gets_the_warning_condition_and_one_event_at_creation() -> None:
-    from dtrain_operator.controller.status.compute import compute_status
-    from dtrain_operator.controller.status.conditions import POD_LOCAL_STORAGE
-    from dtrain_operator.controller.status.events import status_events
     from dtrain_operator.core.observation import Observed
+    from dtrain_operator.core.status.compute import compute_status
+    from dtrain_operator.core.status.conditions import POD_LOCAL_STORAGE
+    from dtrain_operator.core.status.events import status_events
     from tests.builders import NOW
 
     job = a_job("solo").with_uid().at_generation(1).without_storage().without_engine().as_model()
@@ -292,10 +292,10 @@ def test_a_missed_checkpoint_is_said_beside_the_newest_written_one_and_cleared_b
 
 def test_a_missed_checkpoint_gets_the_warning_condition_until_one_is_written() -> None:
     from dtrain_operator.api import CheckpointInfo
-    from dtrain_operator.controller.status.compute import compute_status
-    from dtrain_operator.controller.status.events import status_events
-    from dtrain_operator.controller.status.storage_conditions import CONDITION
     from dtrain_operator.core.observation import Observed
+    from dtrain_operator.core.status.compute import compute_status
+    from dtrain_operator.core.status.events import status_events
+    from dtrain_operator.core.status.storage_conditions import CONDITION
     from tests.builders import NOW, a_gang, accepted_status
 
     job = a_job("mnist").with_uid().with_nodes(2).without_engine()

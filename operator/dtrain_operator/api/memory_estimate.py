@@ -3,7 +3,7 @@ and the arithmetic of memory sizes that the estimate (dtrain_trainer.memory) and
 
 The estimate needs torch and the job's model, which the operator image does not have: `dtrain submit`
 computes it where torch is installed, and the operator compares the recorded peak with what it knows
-of the GPU at creation (controller.status.gpu_memory). The annotation is user input (anyone who may
+of the GPU at creation (core.status.gpu_memory). The annotation is user input (anyone who may
 edit the object may write it), so it is read strictly: a bounded size, exact keys and types, and a
 spec hash that must match the spec being accepted, so that an estimate of another spec is not believed.
 """

@@ -20,10 +20,10 @@ from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.controller import refusals
 from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
 from dtrain_operator.controller.kube import ApiError, KubeClient
-from dtrain_operator.controller.status.observe import controller_uid, observe_engine_job, observe_pod
 from dtrain_operator.core import in_place, queueing, render, server_check
 from dtrain_operator.core.child_plan import Plan
 from dtrain_operator.core.observation import JobKey, PodObservation
+from dtrain_operator.core.status.observe import controller_uid, observe_engine_job, observe_pod
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dtrain_operator.controller.kube import ApiError, KubeClient
-from dtrain_operator.controller.status.events import JobEvent
 from dtrain_operator.core.observation import JobKey
+from dtrain_operator.core.status.events import JobEvent
 
 logger = logging.getLogger(__name__)
 

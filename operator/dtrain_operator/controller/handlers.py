@@ -15,8 +15,8 @@ import kopf
 
 from dtrain_operator.api import contract
 from dtrain_operator.controller.reconciler import ENGINE_JOB_INDEX, POD_INDEX, Controller
-from dtrain_operator.controller.status.observe import observe_engine_job, observe_pod
 from dtrain_operator.core.observation import EngineJobObservation, PodObservation
+from dtrain_operator.core.status.observe import observe_engine_job, observe_pod
 
 JOB_CHILD: Mapping[str, Any] = {contract.LABEL_JOB_NAME: kopf.PRESENT}
 ENGINE_JOB: Mapping[str, Any] = {contract.LABEL_JOB_NAME: kopf.PRESENT, contract.LABEL_ROLE: contract.ROLE_ENGINE}

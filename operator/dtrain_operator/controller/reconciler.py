@@ -54,11 +54,6 @@ from dtrain_operator.controller.metrics import OperatorMetrics
 from dtrain_operator.controller.report_server import ReportServer, TokenReviewer
 from dtrain_operator.controller.report_tls import ReportTLS
 from dtrain_operator.controller.report_writes import CoalescedWrites
-from dtrain_operator.controller.status.compute import compute_status
-from dtrain_operator.controller.status.events import only_counts_changed, status_events, status_patch
-from dtrain_operator.controller.status.invalid import invalid_status, unreadable_status
-from dtrain_operator.controller.status.observe import observe_queue
-from dtrain_operator.controller.status.read import read_status, starting_status
 from dtrain_operator.controller.supervisors import Supervisors
 from dtrain_operator.controller.workqueue import WorkQueue
 from dtrain_operator.core import progress_deadline, queueing
@@ -68,6 +63,11 @@ from dtrain_operator.core.gang_state import current_gang
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
 from dtrain_operator.core.observation import EngineJobObservation, JobKey, Limits, Observed, PodObservation
 from dtrain_operator.core.render import ReportEndpoint
+from dtrain_operator.core.status.compute import compute_status
+from dtrain_operator.core.status.events import only_counts_changed, status_events, status_patch
+from dtrain_operator.core.status.invalid import invalid_status, unreadable_status
+from dtrain_operator.core.status.observe import observe_queue
+from dtrain_operator.core.status.read import read_status, starting_status
 from dtrain_operator.core.tenancy import Tenancy, tenancy_refusals
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """What the operator observes of a job's children, as typed values: its pods, its engine Job, and the
-limits on how long it waits on the cluster. Made by controller.status.observe from the API server's objects.
+limits on how long it waits on the cluster. Made by core.status.observe from the API server's objects.
 """
 
 from __future__ import annotations

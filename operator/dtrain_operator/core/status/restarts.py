@@ -8,10 +8,10 @@ from datetime import datetime
 
 from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, LastRestart
 from dtrain_operator.api.failure_rules import STRATEGY_IN_PLACE, STRATEGY_RECREATE, RestartStrategy
-from dtrain_operator.controller.status.conditions import PODS_PENDING, RESTARTING, RUNNING, Conditions
 from dtrain_operator.core import in_place
 from dtrain_operator.core.observation import PodObservation, format_time
 from dtrain_operator.core.policy import FailureDecision
+from dtrain_operator.core.status.conditions import PODS_PENDING, RESTARTING, RUNNING, Conditions
 
 
 def _how(strategy: RestartStrategy, why: str) -> str:

@@ -22,9 +22,23 @@ from dtrain_operator.api import (
     contract,
     immutable_spec,
 )
-from dtrain_operator.controller.status import gpu_memory, hang, restarts, storage_conditions
-from dtrain_operator.controller.status.after_training import after_training
-from dtrain_operator.controller.status.conditions import (
+from dtrain_operator.core import elastic, in_place, policy, progress_deadline
+from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
+from dtrain_operator.core.gang_state import (
+    current_gang,
+    image_pull_deadline,
+    node_counts,
+    pulling_images,
+    reported_stage,
+    stuck_terminating,
+    succeeded_ranks,
+    worker_failures,
+)
+from dtrain_operator.core.observation import Limits, Observed, PodObservation, format_time, parse_time
+from dtrain_operator.core.policy import WorkerFailure
+from dtrain_operator.core.status import gpu_memory, hang, restarts, storage_conditions
+from dtrain_operator.core.status.after_training import after_training
+from dtrain_operator.core.status.conditions import (
     CREATED,
     IMAGE_PULL,
     POD_LOCAL_STORAGE,
@@ -40,23 +54,9 @@ from dtrain_operator.controller.status.conditions import (
     SUSPENDED,
     Conditions,
 )
-from dtrain_operator.controller.status.queued import report_queue
-from dtrain_operator.controller.status.reports import report_missed_checkpoints, report_pending_pods, report_stragglers
-from dtrain_operator.controller.status.resize import resize_elastic_gang
-from dtrain_operator.core import elastic, in_place, policy, progress_deadline
-from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
-from dtrain_operator.core.gang_state import (
-    current_gang,
-    image_pull_deadline,
-    node_counts,
-    pulling_images,
-    reported_stage,
-    stuck_terminating,
-    succeeded_ranks,
-    worker_failures,
-)
-from dtrain_operator.core.observation import Limits, Observed, PodObservation, format_time, parse_time
-from dtrain_operator.core.policy import WorkerFailure
+from dtrain_operator.core.status.queued import report_queue
+from dtrain_operator.core.status.reports import report_missed_checkpoints, report_pending_pods, report_stragglers
+from dtrain_operator.core.status.resize import resize_elastic_gang
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from dtrain_operator.core import queueing
 
 if TYPE_CHECKING:
-    from dtrain_operator.controller.status.compute import StatusComputation
+    from dtrain_operator.core.status.compute import StatusComputation
 
 
 def report_queue(c: StatusComputation) -> None:

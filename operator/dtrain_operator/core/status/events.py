@@ -13,8 +13,9 @@ from dtrain_operator.api import (
     ElasticStatus,
 )
 from dtrain_operator.api.record_patches import TRAINER_FIELDS
-from dtrain_operator.controller.status import gpu_memory, storage_conditions
-from dtrain_operator.controller.status.conditions import (
+from dtrain_operator.core import queueing, stragglers
+from dtrain_operator.core.status import gpu_memory, storage_conditions
+from dtrain_operator.core.status.conditions import (
     ENGINE_BUILT,
     FAILED,
     IMAGE_PULL,
@@ -28,7 +29,6 @@ from dtrain_operator.controller.status.conditions import (
     SUCCEEDED,
     SUSPENDED,
 )
-from dtrain_operator.core import queueing, stragglers
 
 # The status fields the operator writes: every field but what rank 0 reports.
 OWNED_FIELDS = tuple(

@@ -10,14 +10,14 @@ from datetime import datetime
 from dtrain_operator.api import (
     DistributedTrainingStatus,
 )
-from dtrain_operator.controller.status.conditions import (
+from dtrain_operator.core.observation import format_time
+from dtrain_operator.core.status.conditions import (
     FAILED,
     REASON_INVALID_SPEC,
     REASON_UNREADABLE_STATUS,
     STATUS_UNREADABLE,
     Conditions,
 )
-from dtrain_operator.core.observation import format_time
 
 
 def unreadable_status(

@@ -51,7 +51,8 @@ def controller_uid(meta: Mapping[str, Any]) -> str | None:
     """The uid of the object's controlling owner (its ownerReference with controller: true)."""
     for ref in meta.get("ownerReferences") or []:
         if ref.get("controller"):
-            return ref.get("uid")
+            uid = ref.get("uid")
+            return str(uid) if uid is not None else None
     return None
 
 

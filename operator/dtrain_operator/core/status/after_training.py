@@ -13,7 +13,11 @@ from dtrain_operator.api import (
     contract,
 )
 from dtrain_operator.api.results import EngineResults, TrainerResults
-from dtrain_operator.controller.status.conditions import (
+from dtrain_operator.core import policy
+from dtrain_operator.core.gang_state import engine_pod_awaited
+from dtrain_operator.core.observation import Observed, PodObservation
+from dtrain_operator.core.render import engine_job_name, worker_pod_name
+from dtrain_operator.core.status.conditions import (
     ENGINE_BUILT,
     EXPORT_FAILED,
     PODS_PENDING,
@@ -21,11 +25,7 @@ from dtrain_operator.controller.status.conditions import (
     TRAINING_SUCCEEDED,
     Conditions,
 )
-from dtrain_operator.controller.status.observe import termination_results
-from dtrain_operator.core import policy
-from dtrain_operator.core.gang_state import engine_pod_awaited
-from dtrain_operator.core.observation import Observed, PodObservation
-from dtrain_operator.core.render import engine_job_name, worker_pod_name
+from dtrain_operator.core.status.observe import termination_results
 
 
 def _engine_message(observed: Observed) -> str:

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from dtrain_operator import api
-from dtrain_operator.api import contract, storage
+from dtrain_operator.api import contract, job_dirs
 from dtrain_operator.core import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,7 +135,7 @@ def trained(tmp_path_factory) -> Path:
     doc["spec"]["nodes"] = 1
     doc["spec"]["trainer"]["maxEpochs"] = 1  # CI time: the quick start's model and data, one epoch
     job = api.DistributedTraining.model_validate(doc)
-    assert storage.artifacts_dir(job.spec, "default", job.metadata.name) == str(ARTIFACTS)
+    assert job_dirs.artifacts_dir(job.spec, "default", job.metadata.name) == str(ARTIFACTS)
     config_dir = work / "etc-dtrain"
     config_dir.mkdir()
     config_map = render.render_config_map(job)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_operator.api import TrainerConfig, storage
+from dtrain_operator.api import TrainerConfig, job_dirs
 from dtrain_operator.api.job_defaults import JobDefaults
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job, validate_object, validate_text
 from dtrain_operator.core import render
@@ -185,7 +185,7 @@ def test_a_job_without_storage_writes_to_a_pod_local_empty_dir() -> None:
     pod = render.render_worker_pod(job, 0)
     assert {"name": "dtrain-storage", "emptyDir": {}} in pod["spec"]["volumes"]
     assert {"name": "dtrain-storage", "mountPath": "/workspace"} in pod["spec"]["containers"][0]["volumeMounts"]
-    assert storage.is_pod_local(job.spec, job.namespace, job.name)
+    assert job_dirs.is_pod_local(job.spec, job.namespace, job.name)
 
 
 # --- Credentials in URLs never reach a message -------------------------------------------------------

@@ -24,8 +24,8 @@ import torch
 from dtrain_common import object_store
 from dtrain_common.config import ConfigError
 from dtrain_operator.api import CheckpointOwner, SurvivorMark, TrainerConfig, contract
+from dtrain_operator.api.job import training_hash
 from dtrain_operator.api.records import Event
-from dtrain_operator.api.storage import training_hash
 from dtrain_trainer.progress import ProgressReporter
 
 log = logging.getLogger("dtrain_trainer")

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from dtrain_operator.api import contract, storage
+from dtrain_operator.api import contract, job_dirs, storage
 from dtrain_operator.api.artifacts import ArtifactSettings, ExportSettings
 from dtrain_operator.api.builtin_classes import BUILTIN_MODEL, BUILTIN_SYNTHETIC_DATA
 from dtrain_operator.api.common import DNS1035_PATTERN, MAX_NAME_LENGTH, ApiModel, EnvVar
@@ -128,7 +128,7 @@ class TrainerConfig(ApiModel):
     def from_job(cls, job: DistributedTraining) -> TrainerConfig:
         spec = job.spec
         # The per-job default directories, resolved here: the trainer and the engine Job read the same ones.
-        dirs = storage.checkpoint_dir(spec, job.namespace, job.name), storage.artifacts_dir(spec, job.namespace, job.name)
+        dirs = job_dirs.checkpoint_dir(spec, job.namespace, job.name), job_dirs.artifacts_dir(spec, job.namespace, job.name)
         return cls(
             job_name=job.name,
             job_namespace=job.namespace,
@@ -182,3 +182,20 @@ def spec_hash(spec: Mapping[str, Any]) -> str:
     """The SHA-256 of a spec in canonical JSON (sorted keys, no spaces)."""
     canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# Trainer settings that say how long to train or how often to log, not what a step computes: a run resumed
+# with more epochs continues the same training.
+_NOT_SHAPING = ("maxEpochs", "maxSteps", "logEveryNSteps")
+# An elastic gang's per-process batch and accumulation change with its size (api.elastic): what shapes its
+# training is their global batch, which the trainer checks against the one each checkpoint records.
+_ELASTIC_LAYOUT = ("batchSize", "accumulateGradBatches")
+
+
+def training_hash(config: TrainerConfig) -> str:
+    """A hash of what shapes the training: the model, the data and the trainer settings (not its length)."""
+    not_shaping = _NOT_SHAPING + (_ELASTIC_LAYOUT if config.elastic_nodes is not None else ())
+    trainer = {k: v for k, v in config.trainer.to_wire().items() if k not in not_shaping}
+    shaping: dict[str, Any] = {"model": config.model.to_wire(), "data": config.data.to_wire(), "trainer": trainer}
+    canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]

@@ -7,20 +7,18 @@ created, or the trainer fails in it. So `dtrain validate` refuses them first, na
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dtrain_operator.api import contract
 from dtrain_operator.api.kube_objects import Problem
 from dtrain_operator.api.safe_yaml import echo
-from dtrain_operator.api.storage import covered_operator_mount, normal_path, storage_mount_path
-
-if TYPE_CHECKING:
-    from dtrain_operator.api.spec import DistributedTrainingSpec
+from dtrain_operator.api.storage import covered_operator_mount, normal_path
 
 
-def _volume_names_problem(spec: DistributedTrainingSpec) -> Problem | None:
+def _volume_names_problem(volumes: Sequence[Mapping[str, Any]]) -> Problem | None:
     names: set[str] = set()
-    for index, volume in enumerate(spec.volumes):
+    for index, volume in enumerate(volumes):
         name = volume["name"]
         if name in contract.OPERATOR_VOLUMES:
             return f".volumes[{index}].name", (f"{echo(name)} is the name of a volume the operator adds "
@@ -31,15 +29,17 @@ def _volume_names_problem(spec: DistributedTrainingSpec) -> Problem | None:
     return None
 
 
-def pod_volumes_problem(spec: DistributedTrainingSpec) -> Problem | None:
-    """The first of spec.volumes and spec.volumeMounts that collides with another or with the operator's own."""
-    problem = _volume_names_problem(spec)
+def pod_volumes_problem(
+    volumes: Sequence[Mapping[str, Any]], volume_mounts: Sequence[Mapping[str, Any]], storage_path: str | None
+) -> Problem | None:
+    """The first of spec.volumes and spec.volumeMounts that collides with another or with the operator's own;
+    `storage_path` is where the operator mounts the job's storage (api.storage.storage_mount_path)."""
+    problem = _volume_names_problem(volumes)
     if problem is not None:
         return problem
-    storage_path = storage_mount_path(spec)
-    mountable = {volume["name"] for volume in spec.volumes} | ({contract.STORAGE_VOLUME} if storage_path else set())
+    mountable = {volume["name"] for volume in volumes} | ({contract.STORAGE_VOLUME} if storage_path else set())
     taken: dict[str, str] = {}
-    for index, mount in enumerate(spec.volume_mounts):
+    for index, mount in enumerate(volume_mounts):
         at = f".volumeMounts[{index}]"
         if mount["name"] not in mountable:
             return f"{at}.name", (f"{echo(mount['name'])} names no volume of spec.volumes"

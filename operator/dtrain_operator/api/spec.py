@@ -45,7 +45,7 @@ from dtrain_operator.api.pod_volumes import pod_volumes_problem
 from dtrain_operator.api.redaction import holds_credential, is_credential_name
 from dtrain_operator.api.safe_yaml import first_few
 from dtrain_operator.api.scheduling import SchedulingSettings
-from dtrain_operator.api.storage import Storage, StorageDir
+from dtrain_operator.api.storage import Storage, StorageDir, storage_mount_path
 
 
 class ClassSpec(ApiModel):
@@ -359,7 +359,10 @@ class DistributedTrainingSpec(ApiModel):
 
     @model_validator(mode="after")
     def _volumes_fit_the_pods(self) -> DistributedTrainingSpec:
-        problem = pod_volumes_problem(self)
+        dirs = (self.checkpoint.dir, self.artifacts.dir)
+        problem = pod_volumes_problem(
+            self.volumes, self.volume_mounts, storage_mount_path(self.storage, self.volume_mounts, dirs)
+        )
         if problem is not None:
             raise refusal(*problem)
         return self

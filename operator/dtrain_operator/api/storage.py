@@ -5,20 +5,15 @@
 `/artifacts`), where the root is `spec.storage.url`, the claim's `mountPath`, or, with no storage,
 `/workspace` on a pod-local emptyDir. Two jobs never share checkpoints by default.
 
-On a cluster, a job whose gang must share its checkpoints (more than one node) or whose engine Job
-must read model.onnx needs shared storage: `missing_shared_storage` says so in one line, and
-`dtrain validate`, `dtrain submit` and the operator refuse such a job, after the cluster's job defaults
-(api.job_defaults) filled what it leaves unset: the CRD cannot, since the storage may come from them.
-`dtrain run` does not: its nodes share this machine's disk.
+Where a given job's directories are, from its whole spec: api.job_dirs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import posixpath
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
@@ -26,10 +21,6 @@ from dtrain_operator.api import contract
 from dtrain_operator.api.common import MAX_PATH_LENGTH, ApiModel, DnsSubdomain
 from dtrain_operator.api.kube_objects import refusal
 from dtrain_operator.api.safe_yaml import echo
-
-if TYPE_CHECKING:
-    from dtrain_operator.api.job import TrainerConfig
-    from dtrain_operator.api.spec import DistributedTrainingSpec
 
 OBJECT_STORAGE_SCHEMES: Final = ("s3", "gs")
 # A bucket name as S3 and GCS allow it (no user:password@ can hide in it), then an optional prefix.
@@ -150,79 +141,6 @@ def job_dir(root: str, namespace: str, name: str, leaf: str) -> str:
     return f"{root.rstrip('/')}/{namespace}/{name}/{leaf}"
 
 
-def storage_root(spec: DistributedTrainingSpec) -> str:
-    """What the per-job default directories are under: the object-storage URL, the claim's mount, or the pod's disk."""
-    storage = spec.storage
-    if storage is not None and storage.url is not None:
-        return storage.url
-    if storage is not None and storage.claim_name is not None:
-        return storage.mount_path
-    return POD_LOCAL_ROOT
-
-
-def checkpoint_dir(spec: DistributedTrainingSpec, namespace: str, name: str) -> str:
-    return spec.checkpoint.dir or job_dir(storage_root(spec), namespace, name, CHECKPOINTS_LEAF)
-
-
-def artifacts_dir(spec: DistributedTrainingSpec, namespace: str, name: str) -> str:
-    return spec.artifacts.dir or job_dir(storage_root(spec), namespace, name, ARTIFACTS_LEAF)
-
-
-def pod_local_workspace(spec: DistributedTrainingSpec) -> bool:
-    """No claim, no volume of the job's own mounted at /workspace, and checkpoint.dir or artifacts.dir under it (so
-    set, or by default without storage.url): the operator mounts an emptyDir there, which the non-root trainer can
-    write."""
-    if spec.storage is not None and spec.storage.claim_name is not None:
-        return False
-    if any(normal_path(str(mount.get("mountPath", ""))) == POD_LOCAL_ROOT for mount in spec.volume_mounts):
-        return False
-    # A per-job default directory is under storage_root: the object-storage URL or /workspace.
-    dirs = (spec.checkpoint.dir or storage_root(spec), spec.artifacts.dir or storage_root(spec))
-    return any(not is_object_url(d) and is_under(d, POD_LOCAL_ROOT) for d in dirs)
-
-
-def storage_mount_path(spec: DistributedTrainingSpec) -> str | None:
-    """Where the operator mounts its storage volume (contract.STORAGE_VOLUME) in the pods: the claim's mountPath,
-    /workspace for the pod-local emptyDir, or None when it adds none."""
-    if spec.storage is not None and spec.storage.claim_name is not None:
-        return spec.storage.mount_path
-    return POD_LOCAL_ROOT if pod_local_workspace(spec) else None
-
-
-def _is_shared(path: str, spec: DistributedTrainingSpec) -> bool:
-    """A directory every pod of the job sees: object storage, the claim, or a volume the user mounted."""
-    if is_object_url(path):
-        return True
-    mounts = [str(mount.get("mountPath", "")) for mount in spec.volume_mounts]
-    storage = spec.storage
-    if storage is not None and storage.claim_name is not None:
-        mounts.append(storage.mount_path)
-    return any(m and is_under(path, m) for m in mounts)
-
-
-def missing_shared_storage(spec: DistributedTrainingSpec, namespace: str, name: str) -> str | None:
-    """The one line that refuses a job whose checkpoints or artifacts must be shared but are pod-local, else None."""
-    needs = []
-    if spec.nodes > 1 and not _is_shared(checkpoint_dir(spec, namespace, name), spec):
-        needs.append(f"its {spec.nodes} nodes must share checkpoints")
-    if spec.engine.enabled and not _is_shared(artifacts_dir(spec, namespace, name), spec):
-        needs.append("the engine Job must read model.onnx")
-    if not needs:
-        return None
-    return f"spec.storage: the job has no shared storage but {' and '.join(needs)}; {NO_SHARED_STORAGE_FIX}"
-
-
-def is_pod_local(spec: DistributedTrainingSpec, namespace: str, name: str) -> bool:
-    """Whether the checkpoints live only as long as the pod (the pod-local emptyDir at /workspace)."""
-    return not _is_shared(checkpoint_dir(spec, namespace, name), spec)
-
-
-def uses_object_storage(spec: DistributedTrainingSpec, namespace: str, name: str) -> set[str]:
-    """The object-storage schemes the job's directories use (empty for none)."""
-    dirs = (checkpoint_dir(spec, namespace, name), artifacts_dir(spec, namespace, name))
-    return {scheme for scheme in map(url_scheme, dirs) if scheme}
-
-
 class CheckpointOwner(ApiModel):
     """The job a checkpoint belongs to, written into every checkpoint: the trainer resumes only from its own."""
 
@@ -255,18 +173,35 @@ class SurvivorMark(ApiModel):
     """The collective's error that told the survivor a peer was lost (the first line, shortened)."""
 
 
-# Trainer settings that say how long to train or how often to log, not what a step computes: a run resumed
-# with more epochs continues the same training.
-_NOT_SHAPING = ("maxEpochs", "maxSteps", "logEveryNSteps")
-# An elastic gang's per-process batch and accumulation change with its size (api.elastic): what shapes its
-# training is their global batch, which the trainer checks against the one each checkpoint records.
-_ELASTIC_LAYOUT = ("batchSize", "accumulateGradBatches")
+def storage_root(storage: Storage | None) -> str:
+    """What the per-job default directories are under: the object-storage URL, the claim's mount, or the pod's disk."""
+    if storage is not None and storage.url is not None:
+        return storage.url
+    if storage is not None and storage.claim_name is not None:
+        return storage.mount_path
+    return POD_LOCAL_ROOT
 
 
-def training_hash(config: TrainerConfig) -> str:
-    """A hash of what shapes the training: the model, the data and the trainer settings (not its length)."""
-    not_shaping = _NOT_SHAPING + (_ELASTIC_LAYOUT if config.elastic_nodes is not None else ())
-    trainer = {k: v for k, v in config.trainer.to_wire().items() if k not in not_shaping}
-    shaping: dict[str, Any] = {"model": config.model.to_wire(), "data": config.data.to_wire(), "trainer": trainer}
-    canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
+def pod_local_workspace(
+    storage: Storage | None, volume_mounts: Sequence[Mapping[str, Any]], dirs: tuple[str | None, str | None]
+) -> bool:
+    """No claim, no volume of the job's own mounted at /workspace, and checkpoint.dir or artifacts.dir (`dirs`) under
+    it (so set, or by default without storage.url): the operator mounts an emptyDir there, which the non-root trainer
+    can write."""
+    if storage is not None and storage.claim_name is not None:
+        return False
+    if any(normal_path(str(mount.get("mountPath", ""))) == POD_LOCAL_ROOT for mount in volume_mounts):
+        return False
+    # A per-job default directory is under storage_root: the object-storage URL or /workspace.
+    resolved = [given or storage_root(storage) for given in dirs]
+    return any(not is_object_url(d) and is_under(d, POD_LOCAL_ROOT) for d in resolved)
+
+
+def storage_mount_path(
+    storage: Storage | None, volume_mounts: Sequence[Mapping[str, Any]], dirs: tuple[str | None, str | None]
+) -> str | None:
+    """Where the operator mounts its storage volume (contract.STORAGE_VOLUME) in the pods: the claim's mountPath,
+    /workspace for the pod-local emptyDir, or None when it adds none."""
+    if storage is not None and storage.claim_name is not None:
+        return storage.mount_path
+    return POD_LOCAL_ROOT if pod_local_workspace(storage, volume_mounts, dirs) else None

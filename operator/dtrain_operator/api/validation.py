@@ -42,8 +42,8 @@ MAX_LINE_CHARACTERS = 1000
 MAX_MESSAGES_BYTES = 15 * 1024
 # The exit code of `dtrain validate`, `submit` and `run` for an invalid job file (argparse's for bad usage).
 EXIT_INVALID_JOB = 2
+from dtrain_operator.api.job_dirs import missing_shared_storage
 from dtrain_operator.api.record_room import room_problem
-from dtrain_operator.api.storage import missing_shared_storage
 
 
 @dataclass

@@ -8,10 +8,19 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from dtrain_operator.api.launches import LaunchReport
-from dtrain_operator.core.queueing import QueueObservation
 
 # A job by its namespace and name: how the operator keys its caches, its queue and its Events.
 JobKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class QueueObservation:
+    """Kueue's view of the job's pod group: its Workload and the queues it waits in."""
+
+    local_queue: str
+    cluster_queue: str = ""
+    message: str = ""
+    """Why the Workload is not admitted (its QuotaReserved condition's message), when it is not."""
 
 
 @dataclass(frozen=True)

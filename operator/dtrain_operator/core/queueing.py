@@ -12,13 +12,9 @@ that restart is Kueue's, not a failure, and counts against no backoffLimit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dtrain_operator.api import DistributedTraining
-
-if TYPE_CHECKING:  # observation.py holds this module's QueueObservation
-    from dtrain_operator.core.observation import PodObservation
+from dtrain_operator.core.observation import PodObservation, QueueObservation
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
@@ -99,16 +95,6 @@ def not_honored_message(local_queue: str, namespace: str) -> str:
         "(managedJobsNamespaceSelector). The pods stay gated and nothing runs: have an administrator let Kueue manage "
         f"the namespace, or delete the job and create it without the {QUEUE_LABEL} label"
     )
-
-
-@dataclass(frozen=True)
-class QueueObservation:
-    """Kueue's view of the job's pod group: its Workload and the queues it waits in."""
-
-    local_queue: str
-    cluster_queue: str = ""
-    message: str = ""
-    """Why the Workload is not admitted (its QuotaReserved condition's message), when it is not."""
 
 
 def waiting_message(queue: QueueObservation | None, local_queue: str) -> str:

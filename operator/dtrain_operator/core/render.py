@@ -21,6 +21,7 @@ from dtrain_operator.api import (
     TrainerConfig,
     contract,
     engine_options,
+    job_dirs,
     storage,
 )
 from dtrain_operator.core import queueing
@@ -207,7 +208,7 @@ def flight_recorder_env(job: DistributedTraining) -> dict[str, str]:
         contract.ENV_FLIGHT_RECORDER_BUFFER: str(contract.FLIGHT_RECORDER_ENTRIES),
         contract.ENV_NCCL_DUMP_ON_TIMEOUT: "1",
     }
-    artifacts = storage.artifacts_dir(job.spec, job.namespace, job.name)
+    artifacts = job_dirs.artifacts_dir(job.spec, job.namespace, job.name)
     if not storage.is_object_url(artifacts):
         hangs = f"{artifacts.rstrip('/')}/{contract.HANGS_DIR_NAME}"
         env[contract.ENV_FLIGHT_RECORDER_DUMP_FILE] = f"{hangs}/{contract.NCCL_TIMEOUT_DUMP_PREFIX}"
@@ -475,7 +476,7 @@ def render_standby_pod(job: DistributedTraining, rank: int) -> dict[str, Any]:
 
 def engine_command(job: DistributedTraining) -> list[str]:
     """`dtrain build-engine` on the artifacts training left in artifacts.dir."""
-    artifacts = storage.artifacts_dir(job.spec, job.namespace, job.name).rstrip("/")
+    artifacts = job_dirs.artifacts_dir(job.spec, job.namespace, job.name).rstrip("/")
     return [
         "dtrain",
         "build-engine",

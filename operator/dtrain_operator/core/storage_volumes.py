@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtrain_operator.api import DistributedTraining, contract, storage
+from dtrain_operator.api import DistributedTraining, contract, job_dirs, storage
 
 STORAGE_VOLUME = contract.STORAGE_VOLUME
 # botocore (boto3, s3fs) reads the S3 endpoint from this variable.
@@ -25,7 +25,7 @@ def _var(name: str, value: Any) -> dict[str, Any]:
 def object_store_env(job: DistributedTraining) -> dict[str, str]:
     """The object-storage SDK's plain variables (the endpoint and region), the same in a pod and in `dtrain run`."""
     settings = job.spec.storage
-    schemes = storage.uses_object_storage(job.spec, job.namespace, job.name)
+    schemes = job_dirs.uses_object_storage(job.spec, job.namespace, job.name)
     env: dict[str, str] = {}
     if settings is not None and "s3" in schemes and settings.s3 is not None:
         if settings.s3.endpoint:
@@ -43,7 +43,7 @@ def credentials_env(job: DistributedTraining) -> list[dict[str, Any]]:
     secret = settings.credentials_secret if settings is not None else None
     if not secret:
         return []
-    schemes = storage.uses_object_storage(job.spec, job.namespace, job.name)
+    schemes = job_dirs.uses_object_storage(job.spec, job.namespace, job.name)
     env: list[dict[str, Any]] = []
     if "s3" in schemes:
         for key in storage.S3_SECRET_KEYS:
@@ -63,7 +63,7 @@ def _gcs_credentials(job: DistributedTraining) -> str | None:
     settings = job.spec.storage
     if settings is None or not settings.credentials_secret:
         return None
-    return settings.credentials_secret if "gs" in storage.uses_object_storage(job.spec, job.namespace, job.name) else None
+    return settings.credentials_secret if "gs" in job_dirs.uses_object_storage(job.spec, job.namespace, job.name) else None
 
 
 def storage_volumes(job: DistributedTraining) -> list[dict[str, Any]]:
@@ -71,7 +71,7 @@ def storage_volumes(job: DistributedTraining) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = []
     if settings is not None and settings.claim_name is not None:
         volumes.append({"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": settings.claim_name}})
-    elif storage.pod_local_workspace(job.spec):
+    elif job_dirs.pod_local_workspace(job.spec):
         volumes.append({"name": STORAGE_VOLUME, "emptyDir": {}})
     secret = _gcs_credentials(job)
     if secret:
@@ -82,7 +82,7 @@ def storage_volumes(job: DistributedTraining) -> list[dict[str, Any]]:
 
 def storage_mounts(job: DistributedTraining) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = []
-    mount_path = storage.storage_mount_path(job.spec)
+    mount_path = job_dirs.storage_mount_path(job.spec)
     if mount_path is not None:
         mounts.append({"name": STORAGE_VOLUME, "mountPath": mount_path})
     if _gcs_credentials(job):

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtrain_operator.api import DistributedTraining, contract, storage
+from dtrain_operator.api import DistributedTraining, contract, job_dirs, storage
 from dtrain_operator.core import policy, render
 
 LOCAL_MASTER_ADDR = "127.0.0.1"
@@ -165,8 +165,8 @@ def localize(
             "the trainer reads that path on this machine as it is"
         )
     # Object storage stays where the spec puts it (the nodes reach the bucket from here too); a path moves into the workdir.
-    checkpoints = storage.checkpoint_dir(spec, job.namespace, job.name)
-    artifacts = storage.artifacts_dir(spec, job.namespace, job.name)
+    checkpoints = job_dirs.checkpoint_dir(spec, job.namespace, job.name)
+    artifacts = job_dirs.artifacts_dir(spec, job.namespace, job.name)
     new_spec = spec.model_copy(
         update={
             "nodes": nodes,

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from dtrain_operator.api import DistributedTraining, HangStacks, StepTimes, contract, records
+from dtrain_operator.api.job_dirs import missing_shared_storage
 from dtrain_operator.api.results import TrainerResults, read_termination_message
-from dtrain_operator.api.storage import missing_shared_storage
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job
 from dtrain_operator.core import elastic, hang_diagnosis, policy, progress_deadline, render, stragglers
 from dtrain_operator.core.storage_volumes import object_store_env

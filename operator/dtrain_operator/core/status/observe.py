@@ -12,7 +12,7 @@ from dtrain_operator.api import (
 )
 from dtrain_operator.api.results import read_termination_message
 from dtrain_operator.core import queueing
-from dtrain_operator.core.observation import EngineJobObservation, PodObservation, parse_time
+from dtrain_operator.core.observation import EngineJobObservation, PodObservation, QueueObservation, parse_time
 from dtrain_operator.core.render import ENGINE_CONTAINER, TRAINER_CONTAINER
 
 # Pod-level reasons of a pod that the node or the cluster took away (it did not exit by itself).
@@ -164,12 +164,12 @@ def observe_engine_job(raw: Mapping[str, Any]) -> EngineJobObservation:
     )
 
 
-def observe_queue(local_queue: str, workload: Mapping[str, Any], queue: Mapping[str, Any]) -> queueing.QueueObservation:
+def observe_queue(local_queue: str, workload: Mapping[str, Any], queue: Mapping[str, Any]) -> QueueObservation:
     """Kueue's Workload of the gang and its LocalQueue (empty when not found), reduced to a QueueObservation."""
     status = workload.get("status") or {}
     admission = status.get("admission") or {}
     reserved: Mapping[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "QuotaReserved"), {})
-    return queueing.QueueObservation(
+    return QueueObservation(
         local_queue=local_queue,
         cluster_queue=admission.get("clusterQueue") or (queue.get("spec") or {}).get("clusterQueue") or "",
         message="" if reserved.get("status") == "True" else str(reserved.get("message") or ""),

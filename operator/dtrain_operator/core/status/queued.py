@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dtrain_operator.core import queueing
-
-if TYPE_CHECKING:
-    from dtrain_operator.core.status.compute import StatusComputation
+from dtrain_operator.core.status.computation import StatusComputation
 
 
 def report_queue(c: StatusComputation) -> None:

@@ -3,15 +3,11 @@ checkpoints, pods pending past the schedule timeout."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dtrain_operator.core import stragglers
 from dtrain_operator.core.gang_state import pods_pending_too_long
 from dtrain_operator.core.status import storage_conditions
+from dtrain_operator.core.status.computation import StatusComputation
 from dtrain_operator.core.status.conditions import PODS_PENDING
-
-if TYPE_CHECKING:
-    from dtrain_operator.core.status.compute import StatusComputation
 
 
 def report_stragglers(c: StatusComputation) -> None:

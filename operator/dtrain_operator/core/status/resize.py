@@ -8,16 +8,12 @@ pods: their torchrun environment names the gang's size).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dtrain_operator.api import DistributedTrainingStatus, ElasticStatus, LastRestart
 from dtrain_operator.api.failure_rules import STRATEGY_RECREATE
 from dtrain_operator.core import elastic, queueing
 from dtrain_operator.core.observation import format_time
+from dtrain_operator.core.status.computation import StatusComputation
 from dtrain_operator.core.status.conditions import PODS_PENDING, RESTARTING, RUNNING
-
-if TYPE_CHECKING:
-    from dtrain_operator.core.status.compute import StatusComputation
 
 
 def resize_elastic_gang(c: StatusComputation) -> DistributedTrainingStatus | None:

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, storage
+from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, job_dirs, storage
 
 POD_LOCAL_REASON = "CheckpointsDieWithThePod"
 CONDITION = "CheckpointMissed"
@@ -18,7 +18,7 @@ REASON_WRITTEN = "CheckpointsWritten"
 
 def pod_local_message(job: DistributedTraining) -> str | None:
     """What PodLocalStorage says, or None when the checkpoints are on shared storage."""
-    if not storage.is_pod_local(job.spec, job.namespace, job.name):
+    if not job_dirs.is_pod_local(job.spec, job.namespace, job.name):
         return None
     return (
         f"checkpoints are on a pod-local emptyDir at {storage.POD_LOCAL_ROOT}: they do not outlive the pod, so a "

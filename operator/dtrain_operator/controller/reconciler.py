@@ -2,10 +2,12 @@
 
 kopf watches DistributedTrainings, worker/engine pods and engine Jobs (server-side label
 selectors) and keeps the latter two in its indexes; every event queues the owning job here.
-A queued job is reconciled by one worker at a time: its status is computed (status/compute.py) from the
-status the operator wrote last (its record of the job: status/read.py) and patched when it differs, Events are
-posted, then the plan (core/child_plan.py) is carried out (children.py): deletions, then creations. A status that
-cannot be read is reported and nothing is carried out. No list call is made per reconcile; only the Lease holder reconciles (leader.py).
+A queued job is reconciled by one worker at a time: its status is computed (core/status/compute.py) from the
+status the operator wrote last (its record of the job: core/status/read.py) and patched, at most once, when it
+differs; Events are posted, then the plan (core/child_plan.py) is carried out (children.py): deletions, then
+creations. What the carry-out met (a create refused, or every create through after a refusal) goes into the
+next reconcile's status, which follows at once. A status that cannot be read is reported and nothing is
+carried out. No list call is made per reconcile; only the Lease holder reconciles (leader.py).
 
 The watch lags behind the operator's own writes, so the writes are remembered until the watch
 shows them (as Kubernetes controllers' "expectations"): a pod just created is not created
@@ -136,6 +138,9 @@ class Controller:
         self._client: KubeClient | None = None
         self._jobs: dict[JobKey, Mapping[str, Any]] = {}
         self._expectations: dict[JobKey, Expectations] = {}
+        # What the last carry-out of a job's plan met, for its next status: a refused create, or None once every
+        # create went through after a refusal (refusals.py decides what the status says).
+        self._create_outcomes: dict[JobKey, refusals.Refusal | None] = {}
         self._supervisors = Supervisors()
         self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
         self._instance = os.environ.get("POD_ID") or socket.gethostname()
@@ -292,6 +297,7 @@ class Controller:
             self._events.forget(key)
         self._jobs.pop(key, None)
         self._expectations.pop(key, None)
+        self._create_outcomes.pop(key, None)
         self._supervisors.forget(key)
         self._queue.forget(key)
         if self._report_writes is not None:
@@ -369,8 +375,9 @@ class Controller:
         previous = starting_status(read.status, [p.generation for p in observed.workers if p.generation is not None])
         parsed = await self._parse(body, previous, expectations)
 
+        refused = self._create_outcomes.get(key)
         if parsed.job is None:
-            new = invalid_status(previous, parsed.errors, meta.get("generation"), now)
+            new = self._with_create_outcome(key, invalid_status(previous, parsed.errors, meta.get("generation"), now), now)
             running: DistributedTraining | None = None
         else:
             watch = expectations.progress_watch = progress_deadline.observe(
@@ -381,12 +388,15 @@ class Controller:
                 now,
             )
             new = compute_status(parsed.job, observed, previous, now, parsed.errors, self._limits, watch)
+            new = self._with_create_outcome(key, new, now)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
         requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
         self._supervisors.decided(key, running, new)
         if running is None:
             return requeue
+        if refused is not None:  # this status records a refused create: the next try waits its backoff
+            return None if refused.fails_job else refusals.retry_after(new, now)
         plan = plan_children(running, new, observed, now, self._limits)
         try:
             assert self._children is not None
@@ -395,11 +405,12 @@ class Controller:
             await self._report_conflict(key, body, str(exc), expectations)
             raise
         except refusals.CreateRefused as exc:
-            return await self._report_refusal(key, body, new, exc.refusal, expectations)
+            return await self._report_refusal(key, body, exc.refusal, expectations)
         expectations.conflict_reported = ""
         if refusals.is_refused(new):
             expectations.refusal_reported = ""
-            await self._write_status(key, body, new, refusals.cleared_status(new, now), expectations)
+            self._create_outcomes[key] = None
+            return 0.0  # the next status says every create went through
         hang_check = progress_deadline.wake_after(running.spec.run_policy, expectations.progress_watch, now)
         delays = [d for d in (requeue, plan.requeue_after, hang_check) if d is not None]
         return min(delays) if delays else None
@@ -502,24 +513,29 @@ class Controller:
         await self._events.warn(key, body, "ChildConflict", message)
 
     async def _report_refusal(
-        self,
-        key: JobKey,
-        body: Mapping[str, Any],
-        status: DistributedTrainingStatus,
-        refusal: refusals.Refusal,
-        expectations: Expectations,
-    ) -> float | None:
-        """A refused create (refusals.py decides): the condition, a Warning Event with the API server's
-        message (once per distinct message), and the retry, or the failed job."""
+        self, key: JobKey, body: Mapping[str, Any], refusal: refusals.Refusal, expectations: Expectations
+    ) -> float:
+        """A refused create (refusals.py decides): a Warning Event with the API server's message (once per distinct
+        message) now; the condition, and the retry or the failed job, with the next status, at once."""
         assert self._events is not None
-        now = datetime.now(timezone.utc)
-        refused = refusals.refused_status(status, refusal, now)
-        await self._write_status(key, body, status, refused, expectations)
+        self._create_outcomes[key] = refusal
         if expectations.refusal_reported != refusal.message:
             expectations.refusal_reported = refusal.message
             logger.warning("%s/%s: %s", *key, refusal.message)
             await self._events.warn(key, body, refusal.reason, refusal.message)
-        return None if refusal.fails_job else refusals.retry_after(refused, now)
+        return 0.0
+
+    def _with_create_outcome(
+        self, key: JobKey, status: DistributedTrainingStatus, now: datetime
+    ) -> DistributedTrainingStatus:
+        """`status` with what the last carry-out met: a refused create, or every create through after one."""
+        if key not in self._create_outcomes:
+            return status
+        refusal = self._create_outcomes.pop(key)
+        if refusal is not None:
+            return refusals.refused_status(status, refusal, now)
+        return refusals.cleared_status(status, now) if refusals.is_refused(status) else status
+
 
 def _all_running(status: DistributedTrainingStatus, observed: Observed, nodes: int) -> bool:
     """Every worker of the current gang generation is Running (the progress deadline's clock runs)."""

@@ -4,7 +4,7 @@ Both sides read the same trainer config, made from examples/quickstart.yaml (res
 batch 32 per process, Adam, gradient clipping 1.0) with its digits replaced by 64x64
 synthetic images, a constant learning rate and gradient accumulation 2 added, and run it as one torchrun with 2 processes (gloo on
 the CPU, or one process per GPU with --accelerator gpu). The launch environment is
-the one the operator renders for a worker pod (`render.launch_env`), at a site on this
+the one the operator renders for a worker pod (`core.launch_env`), at a site on this
 machine (rank 0 at 127.0.0.1). Runs alternate raw, dtrain, raw, dtrain, ... so that
 a change in the machine's load hits both alike.
 
@@ -38,7 +38,8 @@ import yaml
 
 from dtrain_operator.api import BUILTIN_SYNTHETIC_DATA, DistributedTraining, TrainerConfig, contract
 from dtrain_operator.api.validation import validate_file
-from dtrain_operator.core import render
+from dtrain_operator.core.launch_env import LaunchSite
+from dtrain_operator.core.launch_env import launch_env as worker_launch_env
 from tests.ports import free_port
 
 from .common import REPO_ROOT, machine, markdown_table, spread, write_results
@@ -133,13 +134,13 @@ def benchmark_job(workload: Workload, workdir: Path) -> DistributedTraining:
 
 def launch_env(job: DistributedTraining, config_path: Path, clock_dir: Path, progress_path: Path) -> dict[str, str]:
     """The worker pod's launch environment from the operator's renderer, for a local torchrun."""
-    site = render.LaunchSite(
+    site = LaunchSite(
         master_addr="127.0.0.1",
         master_port=free_port(),
         config_path=str(config_path),
         progress_sink=f"{contract.PROGRESS_SINK_JSONL_PREFIX}{progress_path}",
     )
-    env = {**os.environ, **render.launch_env(job, 0, site)}
+    env = {**os.environ, **worker_launch_env(job, 0, site)}
     env.update(
         {
             ENV_CLOCK_DIR: str(clock_dir),

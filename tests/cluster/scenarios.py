@@ -22,7 +22,7 @@ import yaml
 from localcluster import controlplane, layout, processes, schedulers
 
 from dtrain_operator.api import contract
-from dtrain_operator.core.render import COSCHEDULING_GROUP_LABEL
+from dtrain_operator.core.child_names import COSCHEDULING_GROUP_LABEL
 from tests.trainer.user_code.dtrain_test_user import trained_samples
 
 from .kube import (

@@ -11,7 +11,7 @@ import yaml
 from localcluster import schedulers
 
 from dtrain_operator.api import DistributedTraining, crd
-from dtrain_operator.core import render
+from dtrain_operator.core import pod_groups, render
 from tests.cluster.scenarios import (
     COSCHEDULING_GANG,
     E2E_GPUS_PER_NODE,
@@ -42,7 +42,7 @@ def test_each_worker_asks_for_one_gpu(scheduling):
 
 def test_the_gang_names_kubernetes_own_pod_group_of_every_worker():
     job = DistributedTraining.model_validate(gpu_job("e2e-gang", scheduling=GANG))
-    group = render.render_pod_group(job)
+    group = pod_groups.render_pod_group(job)
     assert group is not None and group["apiVersion"] == "scheduling.k8s.io/v1alpha2"
     assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": GANG_NODES}}}
     assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in render.render_workers(job)} == {
@@ -51,7 +51,7 @@ def test_the_gang_names_kubernetes_own_pod_group_of_every_worker():
 
 def test_without_a_gang_there_is_no_pod_group():
     job = DistributedTraining.model_validate(gpu_job("e2e-nogang", scheduling={"gang": {"scheduleTimeoutSeconds": 5}}))
-    assert render.render_pod_group(job) is None
+    assert pod_groups.render_pod_group(job) is None
     assert all("schedulingGroup" not in p["spec"] for p in render.render_workers(job))
 
 
@@ -64,7 +64,7 @@ def test_the_coscheduling_gang_names_scheduler_plugins_pod_group_of_every_worker
     stored = CrdAdmission(crd.crd()).check(gpu_job("e2e-cosched", scheduling=COSCHEDULING_GANG.scheduling))
     stored["spec"]["nodes"] = E2E_NODES + 2  # after the gang scenario's join: 4 workers on 3 nodes
     job = DistributedTraining.model_validate(stored)
-    group = render.render_pod_group(job)
+    group = pod_groups.render_pod_group(job)
     assert group is not None and group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
     assert group["spec"] == {"minMember": E2E_NODES + 2, "scheduleTimeoutSeconds": 5}
     pods = render.render_workers(job)

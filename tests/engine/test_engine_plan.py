@@ -219,7 +219,7 @@ def test_the_engine_jobs_command_parses_into_the_options_the_spec_asks_for() -> 
     """spec.engine -> the engine Job's command (render) -> build-engine's parser -> the options model: nothing lost."""
     from dtrain_operator.api import DistributedTraining, contract
     from dtrain_operator.cli import main as cli
-    from dtrain_operator.core import render
+    from dtrain_operator.core import engine_job
 
     spec = {"engine": {
         "precision": "fp32", "tf32": True, "hardwareCompatibilityLevel": "same-compute-capability", "versionCompatible": True,
@@ -230,7 +230,7 @@ def test_the_engine_jobs_command_parses_into_the_options_the_spec_asks_for() -> 
     job = DistributedTraining.model_validate(
         {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "j", "namespace": "n"}, "spec": spec}
     )
-    args = cli.build_parser().parse_args(render.engine_command(job)[1:])
+    args = cli.build_parser().parse_args(engine_job.engine_command(job)[1:])
     assert engine.build_options(args) == EngineBuildOptions(
         precision="fp32", profiles=[{"inputs": {"x": {"min": [1, 32], "opt": [4, 32], "max": [8, 32]}}}], tf32=True,
         hardware_compatibility_level="same-compute-capability", version_compatible=True, refit=True, strip_weights=True,

@@ -10,6 +10,7 @@ from dtrain_operator.api import CheckpointInfo, DistributedTrainingStatus, contr
 from dtrain_operator.core import render
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.observation import Observed, PodObservation
+from dtrain_operator.core.standby import STANDBY_COMMAND, render_standby_pod
 from dtrain_operator.core.status.compute import compute_status
 from dtrain_operator.core.status.events import EVENT_GANG_GROWN, EVENT_GANG_SHRUNK, status_events
 from tests.builders import NOW, a_cpu_job, a_gang, a_worker, accepted_status, read_back
@@ -127,11 +128,11 @@ def test_a_smaller_gang_grows_back_at_the_first_checkpoint_after_every_standby_p
 
 
 def test_a_standby_pod_is_placed_as_its_worker_would_be_and_runs_nothing() -> None:
-    worker, pod = render.render_worker_pod(JOB, 2), render.render_standby_pod(JOB, 2)
+    worker, pod = render.render_worker_pod(JOB, 2), render_standby_pod(JOB, 2)
     assert pod["metadata"]["name"] == "mnist-standby-2"
     assert pod["metadata"]["labels"][contract.LABEL_ROLE] == contract.ROLE_STANDBY
     container = pod["spec"]["containers"][0]
-    assert container["command"] == render.STANDBY_COMMAND and container["env"] == []
+    assert container["command"] == STANDBY_COMMAND and container["env"] == []
     assert "hostname" not in pod["spec"] and "subdomain" not in pod["spec"]
     for same in ("securityContext", "volumes", "serviceAccountName", "automountServiceAccountToken"):
         assert pod["spec"].get(same) == worker["spec"].get(same), same

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from dtrain_operator.core import queueing, render
+from dtrain_operator.core import engine_job, queueing, render
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.gang_state import pods_pending_too_long
 from dtrain_operator.core.observation import Observed, QueueObservation
@@ -26,7 +26,7 @@ def test_every_worker_carries_the_queue_the_group_and_its_size() -> None:
         assert meta["labels"][queueing.QUEUE_LABEL] == "team-a"
         assert meta["labels"][queueing.POD_GROUP_LABEL] == "mnist"
         assert meta["annotations"] == {queueing.POD_GROUP_TOTAL_ANNOTATION: "3"}
-    engine = render.render_engine_job(QUEUED.with_engine().as_model())
+    engine = engine_job.render_engine_job(QUEUED.with_engine().as_model())
     assert queueing.QUEUE_LABEL not in engine["spec"]["template"]["metadata"]["labels"]  # admitted with the gang only
     plain = render.render_worker_pod(a_cpu_job().as_model(), 0)["metadata"]
     assert queueing.QUEUE_LABEL not in plain["labels"] and "annotations" not in plain

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dtrain_operator.api import contract
-from dtrain_operator.core import render
+from dtrain_operator.core import engine_job, launch_env, network_policy, pod_groups, render
 from tests.builders import a_job
 
 MNIST = a_job("mnist").in_namespace("ml")
@@ -85,7 +85,7 @@ def test_worker_env_is_the_launch_environment_then_the_node_then_the_users(spec,
 
 def test_the_flight_recorder_is_on_for_gpu_jobs_dumping_under_artifacts_where_that_is_a_path():
     def recorder(**spec: Any) -> dict[str, str]:
-        env = render.launch_env(MNIST.with_spec(**spec).as_model(), 0, render.pod_site(MNIST.as_model()))
+        env = launch_env.launch_env(MNIST.with_spec(**spec).as_model(), 0, launch_env.pod_site(MNIST.as_model()))
         return {k: v for k, v in env.items() if k.startswith("TORCH_")}
 
     assert recorder() == {item["name"]: item["value"] for item in FLIGHT_RECORDER}
@@ -155,7 +155,7 @@ def test_worker_pod_labels_name_and_gang_generation():
 )
 def test_gang_scheduling_pod_group_and_membership(scheduler, kind_api, where):
     spec = {"nodes": 4, "scheduling": {"schedulerName": scheduler, "gang": {"enabled": True, "minAvailable": 3}}}
-    group = render.render_pod_group(MNIST.with_spec(**spec).as_model())
+    group = pod_groups.render_pod_group(MNIST.with_spec(**spec).as_model())
     assert (group["apiVersion"], group["kind"], group["metadata"]["name"]) == (kind_api, "PodGroup", "mnist")
     assert group["spec"]["minMember"] == 3
     pod = render.render_worker_pod(MNIST.with_spec(**spec).as_model(), rank=0)
@@ -173,7 +173,7 @@ def test_gang_scheduling_pod_group_and_membership(scheduler, kind_api, where):
 )
 def test_gang_provider_wins_over_the_scheduler_name(provider, scheduler, kind_api):
     scheduling = {"gang": {"enabled": True, "provider": provider}, **({"schedulerName": scheduler} if scheduler else {})}
-    group = render.render_pod_group(MNIST.with_spec(scheduling=scheduling).as_model())
+    group = pod_groups.render_pod_group(MNIST.with_spec(scheduling=scheduling).as_model())
     assert group["apiVersion"] == kind_api
 
 
@@ -182,7 +182,7 @@ def test_kubernetes_gang_scheduling_needs_no_scheduler():
     no scheduler name, no Volcano annotation, no coscheduling label."""
     gang = {"enabled": True, "provider": "kubernetes", "minAvailable": 3}
     job = MNIST.with_nodes(4).with_spec(scheduling={"gang": gang}).as_model()
-    assert render.render_pod_group(job) == {
+    assert pod_groups.render_pod_group(job) == {
         "apiVersion": "scheduling.k8s.io/v1alpha2",
         "kind": "PodGroup",
         "metadata": {"name": "mnist", "namespace": "ml", "labels": labels("worker")},
@@ -194,10 +194,10 @@ def test_kubernetes_gang_scheduling_needs_no_scheduler():
     assert pod["metadata"]["labels"] == labels(
         "worker", **{contract.LABEL_NODE_RANK: "2", contract.LABEL_GANG_GENERATION: "1"}
     )
-    every = render.render_pod_group(MNIST.with_nodes(4).with_native_gang_scheduling().as_model())
+    every = pod_groups.render_pod_group(MNIST.with_nodes(4).with_native_gang_scheduling().as_model())
     assert every["spec"]["schedulingPolicy"]["gang"]["minCount"] == 4
     # The engine Job's pod comes after the gang and is no member of it.
-    assert "schedulingGroup" not in render.render_engine_job(job)["spec"]["template"]["spec"]
+    assert "schedulingGroup" not in engine_job.render_engine_job(job)["spec"]["template"]["spec"]
 
 
 def test_topology_keeps_the_gang_in_one_domain():
@@ -217,7 +217,7 @@ def test_topology_keeps_the_gang_in_one_domain():
         {"labelSelector": {"matchLabels": {contract.LABEL_JOB_NAME: "mnist", contract.LABEL_GANG_GENERATION: "2"}},
          "topologyKey": "topology.kubernetes.io/zone"},
     ]
-    assert render.render_engine_job(job)["spec"]["template"]["spec"]["affinity"] == own_affinity
+    assert engine_job.render_engine_job(job)["spec"]["template"]["spec"]["affinity"] == own_affinity
     assert job.spec.scheduling.affinity == own_affinity  # the spec itself is untouched
     for child in render.render_children(job, gang_generation=2):
         kubernetes_validate.validate(child, "1.36", strict=True)
@@ -228,15 +228,15 @@ def test_topology_keeps_the_gang_in_one_domain():
 
 
 def test_no_pod_group_without_gang_scheduling():
-    assert render.render_pod_group(MNIST.as_model()) is None
+    assert pod_groups.render_pod_group(MNIST.as_model()) is None
     provider_alone = MNIST.with_spec(scheduling={"gang": {"provider": "kubernetes"}}).as_model()
-    assert render.render_pod_group(provider_alone) is None
+    assert pod_groups.render_pod_group(provider_alone) is None
     assert "schedulingGroup" not in render.render_worker_pod(provider_alone, 0)["spec"]
 
 
 def test_engine_job():
     batches = {"precision": "fp16", "maxBatch": 16, "optBatch": 8}
-    engine = render.render_engine_job(MNIST.with_spec(engine=batches).as_model())
+    engine = engine_job.render_engine_job(MNIST.with_spec(engine=batches).as_model())
     assert engine["metadata"] == {"name": "mnist-engine", "namespace": "ml", "labels": labels("engine")}
     assert engine["spec"]["backoffLimit"] == 1
     assert engine["spec"]["template"]["metadata"] == {"labels": labels("engine")}
@@ -252,7 +252,7 @@ def test_engine_job():
     ]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     custom_resources = {"resources": {"limits": {"nvidia.com/gpu": 2, "memory": "32Gi"}}}
-    custom = render.render_engine_job(MNIST.with_spec(engine=custom_resources).as_model())
+    custom = engine_job.render_engine_job(MNIST.with_spec(engine=custom_resources).as_model())
     assert custom["spec"]["template"]["spec"]["containers"][0]["resources"] == {
         "limits": {"nvidia.com/gpu": 2, "memory": "32Gi"}
     }
@@ -301,7 +301,7 @@ def test_kubernetes_gang_objects_are_valid_kubernetes_1_36():
         kubernetes_validate.validate(child, "1.36", strict=True)
 
 
-REPORT = render.ReportEndpoint("https://dtrain-operator.dtrain-system.svc:8443", "-----BEGIN CERTIFICATE-----\n...")
+REPORT = launch_env.ReportEndpoint("https://dtrain-operator.dtrain-system.svc:8443", "-----BEGIN CERTIFICATE-----\n...")
 
 
 def test_no_pod_holds_an_api_token_and_each_one_for_the_operator():
@@ -340,7 +340,7 @@ def test_worker_and_engine_pods_run_as_the_trainer_images_user():
     """Stated in the pod, so that the kubelet need not read the image's USER (a root-based image
     otherwise fails with CreateContainerConfigError after its pull)."""
     spec = MNIST.with_engine().on_cpu().as_model()
-    pods = [render.render_worker_pod(spec, 0, 0)["spec"], render.render_engine_job(spec)["spec"]["template"]["spec"]]
+    pods = [render.render_worker_pod(spec, 0, 0)["spec"], engine_job.render_engine_job(spec)["spec"]["template"]["spec"]]
     for pod in pods:
         context = pod["securityContext"]
         assert (context["runAsUser"], context["runAsGroup"]) == (contract.WORKLOAD_UID, contract.WORKLOAD_GID) == (10001, 0)
@@ -349,7 +349,7 @@ def test_worker_and_engine_pods_run_as_the_trainer_images_user():
 
 @pytest.mark.parametrize("version", ["1.33", "1.35"])
 def test_network_policy_is_valid_kubernetes_and_admits_only_the_jobs_pods(version):
-    policy = render.render_network_policy(a_job("fenced").in_namespace("ml").as_model())
+    policy = network_policy.render_network_policy(a_job("fenced").in_namespace("ml").as_model())
     kubernetes_validate.validate(policy, version, strict=True)
     own = {contract.LABEL_JOB_NAME: "fenced"}
     assert policy["spec"]["podSelector"] == {"matchLabels": own}
@@ -370,7 +370,7 @@ def test_engine_build_options_become_build_engine_flags():
             {"inputs": {"tokens": {"min": [16, 1], "opt": [16, 64], "max": [16, 512]}}},
         ],
     }
-    command = render.engine_command(MNIST.with_spec(engine=engine).as_model())
+    command = engine_job.engine_command(MNIST.with_spec(engine=engine).as_model())
     flags = command[command.index("--report") + 2:]
     assert flags == [
         "--precision", "fp32",
@@ -380,7 +380,7 @@ def test_engine_build_options_become_build_engine_flags():
         "--builder-optimization-level", "5", "--layer-precisions", "fc*:fp16", "--precision-constraints", "obey",
         "--plugin-library", "/opt/plugins/libroi.so", "--use-cuda-graph",
     ]
-    default = render.engine_command(MNIST.as_model())
+    default = engine_job.engine_command(MNIST.as_model())
     assert default[default.index("--report") + 2:] == ["--min-batch", "1", "--opt-batch", "32", "--max-batch", "32"]
 
 
@@ -425,8 +425,8 @@ def test_build_engine_help_documents_each_spec_engine_build_option():
 
 def test_the_engine_fallback_is_the_jobs_choice_rendered_as_the_flag():
     """A cluster without TensorRT: the job says what to do, and the command says it; nobody rewrites it."""
-    assert "--fallback" not in render.engine_command(MNIST.as_model())
-    command = render.engine_command(MNIST.with_spec(engine={"fallback": "onnxruntime"}).as_model())
+    assert "--fallback" not in engine_job.engine_command(MNIST.as_model())
+    command = engine_job.engine_command(MNIST.with_spec(engine={"fallback": "onnxruntime"}).as_model())
     assert command[-2:] == ["--fallback", "onnxruntime"]
-    assert render.render_engine_job(MNIST.with_spec(engine={"fallback": "onnxruntime"}).as_model())[
+    assert engine_job.render_engine_job(MNIST.with_spec(engine={"fallback": "onnxruntime"}).as_model())[
         "spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--fallback", "onnxruntime"]

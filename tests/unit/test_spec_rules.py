@@ -11,7 +11,7 @@ import yaml
 from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.api.record_room import KUBECTL_LAST_APPLIED, MAX_SPEC_AND_ANNOTATIONS_BYTES, spec_bytes
 from dtrain_operator.api.validation import validate_object
-from dtrain_operator.core import render
+from dtrain_operator.core import engine_job, render
 from tests.unit.test_job_files import errors_of, job_text
 
 DATA = "  volumes:\n    - name: data\n      persistentVolumeClaim: {claimName: imagenet}\n"
@@ -81,7 +81,7 @@ def test_a_volume_of_the_jobs_own_at_workspace_takes_the_place_of_the_pod_local_
     result = validate_object(yaml.safe_load(text))
     assert result.errors == [] and result.job is not None
     worker = render.render_worker_pod(result.job, 0)["spec"]
-    engine = render.render_engine_job(result.job)["spec"]["template"]["spec"]
+    engine = engine_job.render_engine_job(result.job)["spec"]["template"]["spec"]
     for pod_spec in (worker, engine):
         assert "/workspace" not in _mount_paths(pod_spec) and _mount_paths(pod_spec).count("/workspace/") == 1
         assert contract.STORAGE_VOLUME not in [volume["name"] for volume in pod_spec["volumes"]]

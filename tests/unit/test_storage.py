@@ -13,7 +13,7 @@ import pytest
 from dtrain_operator.api import TrainerConfig, job_dirs
 from dtrain_operator.api.job_defaults import JobDefaults
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job, validate_object, validate_text
-from dtrain_operator.core import render
+from dtrain_operator.core import engine_job, render
 from tests.builders import a_job
 from tests.unit.test_crd_cel import cel_messages
 
@@ -48,7 +48,7 @@ def test_default_directories_are_per_job(spec: dict, checkpoints: str, artifacts
 def test_two_jobs_on_one_claim_never_share_a_directory() -> None:
     first, second = (a_job(name).with_spec(storage={"claimName": "shared"}).as_model() for name in ("first", "second"))
     assert TrainerConfig.from_job(first).checkpoint.dir != TrainerConfig.from_job(second).checkpoint.dir
-    assert render.engine_command(first) != render.engine_command(second)
+    assert engine_job.engine_command(first) != engine_job.engine_command(second)
 
 
 @pytest.mark.parametrize(
@@ -151,7 +151,7 @@ def test_credentials_reach_the_pods_only_as_secret_references() -> None:
         "url": "s3://bucket/jobs", "s3": {"endpoint": "http://minio.storage:9000", "region": "eu-west-1"},
         "credentialsSecret": "s3-creds",
     }).as_model()
-    pod, engine = render.render_worker_pod(job, 0), render.render_engine_job(job)
+    pod, engine = render.render_worker_pod(job, 0), engine_job.render_engine_job(job)
     for container in (pod["spec"]["containers"][0], engine["spec"]["template"]["spec"]["containers"][0]):
         env = {var["name"]: var for var in container["env"]}
         assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio.storage:9000"
@@ -162,7 +162,7 @@ def test_credentials_reach_the_pods_only_as_secret_references() -> None:
     config = render.render_config_map(job)["data"]["config.yaml"]
     assert "s3-creds" not in config and "AWS_" not in config
     assert "dir: s3://bucket/jobs/default/mnist/checkpoints" in config
-    assert render.engine_command(job)[2:4] == ["--onnx", "s3://bucket/jobs/default/mnist/artifacts/model.onnx"]
+    assert engine_job.engine_command(job)[2:4] == ["--onnx", "s3://bucket/jobs/default/mnist/artifacts/model.onnx"]
 
 
 def test_without_a_secret_the_pods_use_their_service_account() -> None:

@@ -75,7 +75,7 @@ class TrainerConfig(ApiModel):
 
     The operator writes it into the job's ConfigMap and `dtrain run` into the workdir. The gang's
     shape is not in it: it reaches the trainer only through torchrun's environment
-    (render.launch_env), so that the two cannot disagree.
+    (core.launch_env), so that the two cannot disagree.
     """
 
     job_name: str

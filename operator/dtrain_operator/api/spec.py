@@ -140,7 +140,7 @@ NcclDebug = Literal["VERSION", "WARN", "INFO", "TRACE"]
 class CollectiveTimeouts(ApiModel):
     """The trainer's part of spec.nccl, which reaches it in its config: how long its collectives wait.
 
-    The rest of spec.nccl is NCCL's own and reaches NCCL as NCCL_* variables only (render.launch_env)."""
+    The rest of spec.nccl is NCCL's own and reaches NCCL as NCCL_* variables only (core.launch_env)."""
 
     timeout_seconds: Annotated[int, Field(ge=1, le=MAX_TIMEOUT_SECONDS)] = 1800
     """Collective timeout of the process group: a rank that waits longer fails, and the gang restarts."""

@@ -20,7 +20,18 @@ from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.controller import refusals
 from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
 from dtrain_operator.controller.kube import ApiError, KubeClient
-from dtrain_operator.core import in_place, queueing, render, server_check
+from dtrain_operator.core import (
+    child_names,
+    engine_job,
+    in_place,
+    launch_env,
+    network_policy,
+    pod_groups,
+    queueing,
+    render,
+    server_check,
+    standby,
+)
 from dtrain_operator.core.child_plan import Plan
 from dtrain_operator.core.observation import JobKey, PodObservation
 from dtrain_operator.core.status.observe import controller_uid, observe_engine_job, observe_pod
@@ -36,7 +47,7 @@ class ChildConflict(Exception):
 class ChildWriter:
     """Creates and deletes one operator's children through its client."""
 
-    def __init__(self, client: KubeClient, network_policy: bool, report: render.ReportEndpoint | None = None) -> None:
+    def __init__(self, client: KubeClient, network_policy: bool, report: launch_env.ReportEndpoint | None = None) -> None:
         self._client = client
         self._network_policy = network_policy  # a NetworkPolicy per job: ingress only from its own pods
         self._report = report  # where rank 0 reports (the operator's report Service); None: reports off
@@ -67,7 +78,7 @@ class ChildWriter:
             await self._delete(
                 "batch/v1", "Job", namespace, plan.delete_engine_job.name, plan.delete_engine_job.uid, "Background"
             )
-        ranks = [rank for rank in plan.create_ranks if render.worker_pod_name(job, rank, generation) not in blocked]
+        ranks = [rank for rank in plan.create_ranks if child_names.worker_pod_name(job, rank, generation) not in blocked]
         if ranks:
             pods = [render.render_worker_pod(job, rank, generation, self._report, plan.gang_nodes) for rank in ranks]
             adopt(pods, body)
@@ -75,7 +86,7 @@ class ChildWriter:
             await gather(*(self._create_pod(pod, expectations) for pod in pods))
             logger.info("%s/%s: created %d worker pod(s) of gang generation %d", namespace, name, len(pods), generation)
         if plan.create_standby_ranks:
-            standby = [render.render_standby_pod(job, rank) for rank in plan.create_standby_ranks]
+            standby = [standby.render_standby_pod(job, rank) for rank in plan.create_standby_ranks]
             adopt(standby, body)
             await gather(*(self._create_pod(pod, expectations) for pod in standby))
             logger.info("%s/%s: created %d standby pod(s) for the node(s) the elastic gang lacks", namespace, name,
@@ -86,11 +97,11 @@ class ChildWriter:
                 "name?); waiting for them to go"
             )
         if plan.create_engine_job:
-            engine_job = render.render_engine_job(job)
-            adopt([engine_job], body)
-            created, _ = await self._create_owned(engine_job, expectations.uid)
+            engine = engine_job.render_engine_job(job)
+            adopt([engine], body)
+            created, _ = await self._create_owned(engine, expectations.uid)
             expectations.engine_job = (time.monotonic(), observe_engine_job(created))
-            logger.info("%s/%s: created the engine Job %s", namespace, name, engine_job["metadata"]["name"])
+            logger.info("%s/%s: created the engine Job %s", namespace, name, engine["metadata"]["name"])
         if plan.delete_job:
             logger.info("%s/%s: ttlSecondsAfterFinished has passed; deleting the job", namespace, name)
             await self._delete(contract.API_VERSION, contract.KIND, namespace, name, expectations.uid, "Background")
@@ -121,11 +132,11 @@ class ChildWriter:
         if expectations.shared_children_for == generation:
             return
         children = [render.render_service(job), render.render_config_map(job, self._report)]
-        pod_group = render.render_pod_group(job)
+        pod_group = pod_groups.render_pod_group(job)
         if pod_group is not None:
             children.append(pod_group)
         if self._network_policy:
-            children.append(render.render_network_policy(job))
+            children.append(network_policy.render_network_policy(job))
         adopt(children, body)
         await gather(*(self._create_owned(child, expectations.uid) for child in children))
         expectations.shared_children_for = generation

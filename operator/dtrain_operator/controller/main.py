@@ -27,8 +27,8 @@ from dtrain_operator.controller.metrics import OperatorMetrics
 from dtrain_operator.controller.reconciler import Controller
 from dtrain_operator.controller.report_server import ReportServer
 from dtrain_operator.controller.report_tls import ReportTLS, ReportTLSError, load_report_tls, service_names
+from dtrain_operator.core.launch_env import ReportEndpoint
 from dtrain_operator.core.observation import Limits
-from dtrain_operator.core.render import ReportEndpoint
 from dtrain_operator.core.tenancy import Tenancy
 
 logger = logging.getLogger(__name__)

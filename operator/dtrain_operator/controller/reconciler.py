@@ -63,8 +63,8 @@ from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.gang_state import current_gang
 from dtrain_operator.core.host_access import host_access_fields, host_access_refusals
+from dtrain_operator.core.launch_env import ReportEndpoint
 from dtrain_operator.core.observation import EngineJobObservation, JobKey, Limits, Observed, PodObservation
-from dtrain_operator.core.render import ReportEndpoint
 from dtrain_operator.core.status.compute import compute_status
 from dtrain_operator.core.status.events import only_counts_changed, status_events, status_patch
 from dtrain_operator.core.status.invalid import invalid_status, unreadable_status

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from dtrain_operator.api import FINISHED_PHASES, DistributedTraining, DistributedTrainingStatus, contract
 from dtrain_operator.core import elastic, in_place, queueing
+from dtrain_operator.core.child_names import standby_pod_name, worker_pod_name
 from dtrain_operator.core.gang_state import (
     current_gang,
     engine_pod_awaited,
@@ -22,7 +23,6 @@ from dtrain_operator.core.gang_state import (
     stuck_terminating,
 )
 from dtrain_operator.core.observation import EngineJobObservation, Limits, Observed, PodObservation, parse_time
-from dtrain_operator.core.render import standby_pod_name, worker_pod_name
 
 # Phases in which the current gang's missing pods are created.
 CREATING_PHASES = ("Pending", "Starting", "Restarting")

@@ -16,9 +16,9 @@ from dtrain_operator.api import (
     launches,
 )
 from dtrain_operator.core import queueing
+from dtrain_operator.core.child_names import worker_pod_name
 from dtrain_operator.core.observation import Limits, Observed, PodObservation, parse_time
 from dtrain_operator.core.policy import WorkerFailure
-from dtrain_operator.core.render import worker_pod_name
 
 # The kubelet's waiting reasons of a container whose image cannot be pulled (they alternate
 # while it backs off: ErrImagePull, ImagePullBackOff, ErrImagePull, ...).

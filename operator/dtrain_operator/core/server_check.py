@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from dtrain_operator.api import DistributedTraining, contract
-from dtrain_operator.core import render
+from dtrain_operator.core import engine_job, pod_groups, render, standby
+from dtrain_operator.core.launch_env import ReportEndpoint
+from dtrain_operator.core.network_policy import render_network_policy
 
 # The longest piece of the server's message quoted into the job's status (the whole of a Pod's refusal
 # names each invalid field; the status message itself is bounded by the condition).
@@ -30,23 +32,23 @@ _NO_DRY_RUN = "does not support dry run"
 
 
 def children_to_check(
-    job: DistributedTraining, report: render.ReportEndpoint | None = None, network_policy: bool = False
+    job: DistributedTraining, report: ReportEndpoint | None = None, network_policy: bool = False
 ) -> list[dict[str, Any]]:
     """One of each child the job can get, rendered as the operator creates it (without owner references)."""
     last = job.spec.nodes - 1
     children = [render.render_service(job), render.render_config_map(job, report)]
-    pod_group = render.render_pod_group(job)
+    pod_group = pod_groups.render_pod_group(job)
     if pod_group is not None:
         children.append(pod_group)
     if network_policy:
-        children.append(render.render_network_policy(job))
+        children.append(render_network_policy(job))
     children.append(render.render_worker_pod(job, 0, 0, report))
     if last > 0:
         children.append(render.render_worker_pod(job, last, 0, report))
     if job.spec.elastic is not None:
-        children.append(render.render_standby_pod(job, last))
+        children.append(standby.render_standby_pod(job, last))
     if job.spec.engine.enabled:
-        children.append(render.render_engine_job(job))
+        children.append(engine_job.render_engine_job(job))
     return children
 
 

@@ -2,7 +2,7 @@
 
 Each worker pod the operator would create becomes one local "node": the trainer
 container's command run from this interpreter, with the launch environment the
-operator renders into the pod (`render.launch_env`) for this machine's site, the
+operator renders into the pod (`launch_env.launch_env`) for this machine's site, the
 user's spec.env resolved here (the downward API answered for one machine, Secrets
 and ConfigMaps skipped with a warning), and the pod's paths (checkpoints,
 artifacts, config) moved into the workdir. Nothing here starts a process or
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtrain_operator.api import DistributedTraining, contract, job_dirs, storage
-from dtrain_operator.core import policy, render
+from dtrain_operator.core import child_names, engine_job, launch_env, policy, render
 
 LOCAL_MASTER_ADDR = "127.0.0.1"
 # A person watches the bar: report more often than the operator's status patches need.
@@ -35,7 +35,7 @@ _LOCAL_PROGRAMS = {
 LOCAL_NODE_NAME = socket.gethostname()
 _LOCAL_FIELD_REFS = {
     "metadata.namespace": lambda job, rank: job.namespace,
-    "metadata.name": lambda job, rank: render.worker_pod_name(job, rank),
+    "metadata.name": lambda job, rank: child_names.worker_pod_name(job, rank),
     "spec.serviceAccountName": lambda job, rank: job.spec.service_account_name,
     "spec.nodeName": lambda job, rank: LOCAL_NODE_NAME,
     "status.podIP": lambda job, rank: LOCAL_MASTER_ADDR,
@@ -232,9 +232,9 @@ class NodeLaunch:
     env: dict[str, str]
 
 
-def local_site(workdir: Workdir, master_port: int, rank: int) -> render.LaunchSite:
+def local_site(workdir: Workdir, master_port: int, rank: int) -> launch_env.LaunchSite:
     """Where node `rank` of a local run finds rank 0, its config and its progress file: all on this machine."""
-    return render.LaunchSite(
+    return launch_env.LaunchSite(
         master_addr=LOCAL_MASTER_ADDR,
         master_port=master_port,
         config_path=str(workdir.config),
@@ -269,7 +269,7 @@ def node_launches(
         env = {
             "OMP_NUM_THREADS": str(omp_threads(cores, processes)),
             **inherited,
-            **render.launch_env(job, rank, local_site(workdir, master_port, rank), gang_nodes=nodes),
+            **launch_env.launch_env(job, rank, local_site(workdir, master_port, rank), gang_nodes=nodes),
             **values,
             # Logs reach the node's log file as they are written, so a failure's last lines are there.
             "PYTHONUNBUFFERED": "1",
@@ -286,7 +286,7 @@ def engine_argv(job: DistributedTraining, workdir: Workdir) -> list[str]:
     The PyTorch model behind the eager baseline is named outright: the final checkpoint
     and the trainer config that the run wrote.
     """
-    command = local_command(render.engine_command(job))
+    command = local_command(engine_job.engine_command(job))
     fallback = [] if "--fallback" in command else ["--fallback", "onnxruntime"]
     # On object storage, artifacts.json names the checkpoint the model was exported from.
     checkpoint = (

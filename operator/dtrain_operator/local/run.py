@@ -33,7 +33,7 @@ from dtrain_operator.api import DistributedTraining, HangStacks, StepTimes, cont
 from dtrain_operator.api.job_dirs import missing_shared_storage
 from dtrain_operator.api.results import TrainerResults, read_termination_message
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job
-from dtrain_operator.core import elastic, hang_diagnosis, policy, progress_deadline, render, stragglers
+from dtrain_operator.core import child_names, elastic, hang_diagnosis, policy, progress_deadline, render, stragglers
 from dtrain_operator.core.storage_volumes import object_store_env
 from dtrain_operator.local.display import Display
 from dtrain_operator.local.launch_plan import (
@@ -345,7 +345,7 @@ class LocalRun:
     def _place(self, rank: int) -> str:
         """Where a global rank runs on this machine: its node's pod name (as on a cluster) and local node."""
         node = rank // self.job.spec.devices_per_node
-        return f"pod {render.worker_pod_name(self.job, node)}, local node {node}"
+        return f"pod {child_names.worker_pod_name(self.job, node)}, local node {node}"
 
     def _note_straggler(self, times: StepTimes | None) -> None:
         """Warn once per straggler, as the operator posts one Warning Event."""

@@ -14,9 +14,9 @@ from dtrain_operator.api import (
 )
 from dtrain_operator.api.results import EngineResults, TrainerResults
 from dtrain_operator.core import policy
+from dtrain_operator.core.child_names import engine_job_name, worker_pod_name
 from dtrain_operator.core.gang_state import engine_pod_awaited
 from dtrain_operator.core.observation import Observed, PodObservation
-from dtrain_operator.core.render import engine_job_name, worker_pod_name
 from dtrain_operator.core.status.conditions import (
     ENGINE_BUILT,
     EXPORT_FAILED,

@@ -12,8 +12,9 @@ from dtrain_operator.api import (
 )
 from dtrain_operator.api.results import read_termination_message
 from dtrain_operator.core import queueing
+from dtrain_operator.core.engine_job import ENGINE_CONTAINER
 from dtrain_operator.core.observation import EngineJobObservation, PodObservation, QueueObservation, parse_time
-from dtrain_operator.core.render import ENGINE_CONTAINER, TRAINER_CONTAINER
+from dtrain_operator.core.render import TRAINER_CONTAINER
 
 # Pod-level reasons of a pod that the node or the cluster took away (it did not exit by itself).
 _LOST_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Shutdown", "NodeShutdown", "Terminated"})

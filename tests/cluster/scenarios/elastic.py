@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
+from typing import Any
 
 import yaml
 from localcluster import layout
@@ -52,22 +54,9 @@ def elastic_size(name: str) -> tuple[int | None, str | None, str | None]:
     return (found.get("elastic") or {}).get("nodes"), found.get("phase"), found.get("nodesReady")
 
 
-def scenario_elastic(figures: Figures) -> None:
-    """An elastic job (spec.elastic, minNodes 2) of 3 GPU workers on 3 nodes of one nvidia.com/gpu each. A node
-    is lost (python -m localcluster lose: its kubelet stopped, its Node deleted; the pod garbage collector deletes
-    its pod about 40 s later): the gang restarts (counted once when a surviving rank's collective error is seen
-    before the lost pod is gone), the pod replacing the lost one cannot be placed, and after
-    waitSeconds the job trains on 2 nodes (NODES 2/2 of 3, a GangShrunk Event saying how the global batch is
-    kept). The node returns (rejoin): a standby pod is placed on it and the gang grows back to 3 at its next
-    checkpoint (GangGrown). It ends Succeeded, the resizes not counted, and the sample ids the ranks recorded show
-    every sample trained exactly once in each epoch, across the resizes."""
-    nodes = gpu_nodes_or_skip()
-    if nodes is None:
-        return
-    for _ in range(ELASTIC_NODES - nodes):
-        if localcluster("join") != 0:
-            raise Failed("python -m localcluster join failed (above)")
-    name = "e2e-elastic"
+def apply_elastic_job(name: str) -> tuple[dict[str, Any], Path]:
+    """The elastic job, applied: the tests' own model and data module on the shared claim, logging the sample ids
+    each rank trains; returns its trainer section and the stem of the sample logs."""
     claim = layout.VOLUMES / NS / CLAIM
     code, samples = claim / f"{name}-code", claim / f"{name}-samples"
     for old in claim.glob(f"{samples.name}.rank*"):
@@ -84,8 +73,12 @@ def scenario_elastic(figures: Figures) -> None:
             "sample_log": f"/workspace/{samples.name}", "step_sleep": ELASTIC_STEP_SECONDS}},
         data={"classPath": "dtrain_test_user.IndexedImageData", "initArgs": {"num_samples": ELASTIC_SAMPLES}},
     ))
-    eventually(lambda: running_gang(name, nodes=ELASTIC_NODES) and checkpoint_step(name) >= 4,
-               f"{name}: all {ELASTIC_NODES} workers training, a checkpoint written", 300)
+    return trainer, samples
+
+
+def lose_a_node(name: str, figures: Figures) -> str:
+    """The node of the last rank lost: the job trains again on the minimum, NODES and a GangShrunk Event say so;
+    returns the lost node."""
     last = max(worker_pods(name), key=lambda p: int(p["metadata"]["labels"][contract.LABEL_NODE_RANK]))
     lost = last["spec"]["nodeName"]
     at_loss = progress_step(name)
@@ -100,7 +93,11 @@ def scenario_elastic(figures: Figures) -> None:
     print(kubectl("get", "dtr", name, "-n", NS).stdout)
     if elastic_size(name)[2] != f"{ELASTIC_MIN_NODES}/{ELASTIC_MIN_NODES} of {ELASTIC_NODES}" or "keep the global batch" not in shrunk:
         raise Failed(f"{name}: NODES {elastic_size(name)[2]}, the Event {shrunk!r}")
+    return lost
 
+
+def node_returns(name: str, lost: str, figures: Figures) -> None:
+    """The lost node back: the gang grows back to all its nodes (a GangGrown Event), no standby pod left."""
     if localcluster("rejoin", lost) != 0:
         raise Failed(f"python -m localcluster rejoin {lost} failed (above)")
     since = time.monotonic()
@@ -114,14 +111,12 @@ def scenario_elastic(figures: Figures) -> None:
     print(f"after {lost} returned: {grown}")
     if items("pods", NS, f"{contract.LABEL_JOB_NAME}={name},{contract.LABEL_ROLE}={contract.ROLE_STANDBY}"):
         raise Failed(f"{name}: standby pods left once the gang is whole")
-    final = finished(name, timeout=1800)
-    resizes = (final.get("elastic") or {}).get("resizes")
-    # The node's loss itself counts once at most (a survivor's collective error seen first); the resizes never.
-    if final.get("restarts") not in (0, 1) or resizes != 2:
-        raise Failed(f"{name}: restarts {final.get('restarts')}, resizes {resizes}: expected at most 1 and 2")
-    # Each epoch trained every sample exactly once, across the resizes: the ids each step's gang recorded.
+
+
+def every_sample_once_an_epoch(name: str, steps: int, trainer: dict[str, Any], samples: Path) -> None:
+    """Each epoch trained every sample exactly once, across the resizes: the ids each step's gang recorded."""
     trained = trained_samples(samples)
-    steps, per_epoch = final["progress"]["step"], ELASTIC_SAMPLES // (trainer["batchSize"] * ELASTIC_NODES)
+    per_epoch = ELASTIC_SAMPLES // (trainer["batchSize"] * ELASTIC_NODES)
     expected = [(step // per_epoch, step) for step in range(ELASTIC_EPOCHS * per_epoch)]
     if steps != len(expected) or list(trained) != expected:
         out_of_place = next((key for key, want in zip(trained, expected) if key != want), None)
@@ -132,6 +127,35 @@ def scenario_elastic(figures: Figures) -> None:
         if ids != list(range(ELASTIC_SAMPLES)):
             raise Failed(f"{name}: epoch {epoch} trained {len(ids)} samples, {len(set(ids))} distinct, of "
                          f"{ELASTIC_SAMPLES}")
+
+
+def scenario_elastic(figures: Figures) -> None:
+    """An elastic job (spec.elastic, minNodes 2) of 3 GPU workers on 3 nodes of one nvidia.com/gpu each. A node
+    is lost (python -m localcluster lose: its kubelet stopped, its Node deleted; the pod garbage collector deletes
+    its pod about 40 s later): the gang restarts (counted once when a surviving rank's collective error is seen
+    before the lost pod is gone), the pod replacing the lost one cannot be placed, and after
+    waitSeconds the job trains on 2 nodes (NODES 2/2 of 3, a GangShrunk Event saying how the global batch is
+    kept). The node returns (rejoin): a standby pod is placed on it and the gang grows back to 3 at its next
+    checkpoint (GangGrown). It ends Succeeded, the resizes not counted, and the sample ids the ranks recorded show
+    every sample trained exactly once in each epoch, across the resizes."""
+    nodes = gpu_nodes_or_skip()
+    if nodes is None:
+        return
+    for _ in range(ELASTIC_NODES - nodes):
+        if localcluster("join") != 0:
+            raise Failed("python -m localcluster join failed (above)")
+    name = "e2e-elastic"
+    trainer, samples = apply_elastic_job(name)
+    eventually(lambda: running_gang(name, nodes=ELASTIC_NODES) and checkpoint_step(name) >= 4,
+               f"{name}: all {ELASTIC_NODES} workers training, a checkpoint written", 300)
+    lost = lose_a_node(name, figures)
+    node_returns(name, lost, figures)
+    final = finished(name, timeout=1800)
+    resizes = (final.get("elastic") or {}).get("resizes")
+    # The node's loss itself counts once at most (a survivor's collective error seen first); the resizes never.
+    if final.get("restarts") not in (0, 1) or resizes != 2:
+        raise Failed(f"{name}: restarts {final.get('restarts')}, resizes {resizes}: expected at most 1 and 2")
+    every_sample_once_an_epoch(name, final["progress"]["step"], trainer, samples)
     print(f"{name}: Succeeded after {resizes} resizes, {final.get('restartsIgnoringBackoff')} restarts not counted; "
           f"every one of the {ELASTIC_SAMPLES} samples trained once in each of {ELASTIC_EPOCHS} epochs")
     delete(name)

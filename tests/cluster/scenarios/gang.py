@@ -180,21 +180,11 @@ def scenario_gang_coscheduling(figures: Figures) -> None:
         gang_waits_whole_until_a_node_joins("e2e-cosched", COSCHEDULING_GANG, nodes, figures)
 
 
-def gang_waits_whole_until_a_node_joins(name: str, provider: GangProvider, nodes: int, figures: Figures) -> None:
-    """A gang of one GPU worker per node and one more: none bound, however long one looks, and the job's
-    PodsPending condition, a Warning Event and NODES 0/N say so; then a node joins, the whole gang is
-    placed at once, one worker per node, and trains to Succeeded; deleted, its GPUs free."""
+def none_bound_and_the_job_says_why(name: str, provider: GangProvider, group: str, nodes: int) -> None:
+    """A gang one GPU worker larger than the `nodes` waits whole: none of its pods bound, however long one looks,
+    and the job's PodsPending condition, a Warning Event (and the scheduler's, where it says why) and NODES 0/N
+    say so."""
     size = nodes + 1
-    job = gpu_job(name, scheduling=provider.scheduling)
-    job["spec"]["nodes"] = size
-    apply(job)
-    pods = eventually(lambda: len(found := worker_pods(name)) == size and found, f"{name}: {size} worker pods", 120)
-    groups = {provider.group_of(p) for p in pods}
-    if len(groups) != 1 or None in groups:
-        raise Failed(f"{name}: the workers' PodGroups: {groups} ({provider.no_group})")
-    (group,) = groups
-    if get(provider.pod_groups, group, NS) is None:
-        raise Failed(f"{name}: no {provider.pod_groups} {group}")
     # All or nothing: with one GPU too few, none is bound, however long one looks.
     watched_until = time.monotonic() + UNBOUND_SECONDS
     while time.monotonic() < watched_until:
@@ -224,6 +214,24 @@ def gang_waits_whole_until_a_node_joins(name: str, provider: GangProvider, nodes
     print(f"{provider.label} gang: none bound for {UNBOUND_SECONDS} s; {said['message'][:600]}; "
           f"PodGroup {group}: {json.dumps(group_status)[:300]}")
     print(f"kubectl get dtr while the gang waits:\n{waiting}")
+
+
+def gang_waits_whole_until_a_node_joins(name: str, provider: GangProvider, nodes: int, figures: Figures) -> None:
+    """A gang of one GPU worker per node and one more: none bound, however long one looks, and the job's
+    PodsPending condition, a Warning Event and NODES 0/N say so; then a node joins, the whole gang is
+    placed at once, one worker per node, and trains to Succeeded; deleted, its GPUs free."""
+    size = nodes + 1
+    job = gpu_job(name, scheduling=provider.scheduling)
+    job["spec"]["nodes"] = size
+    apply(job)
+    pods = eventually(lambda: len(found := worker_pods(name)) == size and found, f"{name}: {size} worker pods", 120)
+    groups = {provider.group_of(p) for p in pods}
+    if len(groups) != 1 or None in groups:
+        raise Failed(f"{name}: the workers' PodGroups: {groups} ({provider.no_group})")
+    (group,) = groups
+    if get(provider.pod_groups, group, NS) is None:
+        raise Failed(f"{name}: no {provider.pod_groups} {group}")
+    none_bound_and_the_job_says_why(name, provider, group, nodes)
 
     if localcluster("join") != 0:
         raise Failed("python -m localcluster join failed (above)")

@@ -237,16 +237,8 @@ def scenario_report_flood(figures: Figures) -> None:
     delete(attacker)
 
 
-def scenario_tokens(figures: Figures) -> None:
-    """Workers hold no API permission: progress reaches the status through the operator alone, which
-    takes it only with a token for its audience bound to the job's rank-0 pod (the API server's
-    TokenReview); each worker holds one such token (its supervisor reports its launch with it); the API
-    server refuses that token, and every token of the trainers' account."""
-    name = "e2e-tokens"
-    apply(small_job(name, trainer={**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 40}))
-    eventually(lambda: len([p for p in worker_pods(name) if p["status"].get("phase") == "Running"]) == 2,
-               f"{name}: two Running workers", 300)
-    rank0, rank1 = (pod(f"{name}-{rank}") for rank in (0, 1))
+def workers_hold_one_token_for_the_operator(rank0: dict[str, Any], rank1: dict[str, Any]) -> None:
+    """No worker mounts a token for the API server; each holds one projected token, for the operator's audience."""
     for worker in (rank0, rank1):
         if worker["spec"].get("automountServiceAccountToken") is not False:
             raise Failed(f"{worker['metadata']['name']} mounts a token for the API server")
@@ -255,10 +247,11 @@ def scenario_tokens(figures: Figures) -> None:
         audiences = [s["serviceAccountToken"]["audience"] for p in projected for s in p["sources"]]
         if audiences != [contract.OPERATOR_TOKEN_AUDIENCE]:
             raise Failed(f"{worker['metadata']['name']} should hold one token, for the operator; it holds {audiences}")
-    # Rank 0's records reach the status, which only the operator writes.
-    eventually(lambda: (get("dtr", name, NS).get("status", {}).get("progress") or {}).get("gangGeneration") == 0,
-               f"{name}: progress in the status, stamped by the operator", 300)
 
+
+def reports_judged_by_their_token(name: str, rank0: dict[str, Any], rank1: dict[str, Any]) -> str:
+    """Reports to the operator from rank 1's pod with each kind of token, answered as the operator's TokenReview
+    judges them; returns rank 0's token for the operator's audience."""
     ca = layout.STATE / "e2e-operator-ca.crt"
     config_map = next(v["configMap"]["name"] for v in rank0["spec"]["volumes"] if v["name"] == contract.CONFIG_VOLUME)
     ca.write_text(get("configmap", config_map, NS)["data"][contract.OPERATOR_CA_FILE_NAME])
@@ -279,7 +272,12 @@ def scenario_tokens(figures: Figures) -> None:
         answer = report_from(rank1, name, ca, token)
         if answer != expected:
             raise Failed(f"a report with {who} was answered {answer}, expected {expected}")
-    # The API server refuses the operator's audience, and the trainers' account may do nothing.
+    return rank0_token
+
+
+def accounts_hold_only_their_rights(rank0_token: str) -> None:
+    """The API server refuses a token for the operator's audience, the trainers' account may do nothing, and the
+    operator's account may do what reconciling needs and no more."""
     code, text = request_with_token(rank0_token, "GET", "/apis")
     if code != 401:
         raise Failed(f"the API server took a token for the operator's audience: {code} {text[:300]}")
@@ -310,4 +308,22 @@ def scenario_tokens(figures: Figures) -> None:
         answer = kubectl("auth", "can-i", verb, resource, *where, f"--as={who}", check=False).stdout.strip()
         if answer != expected:
             raise Failed(f"{who} may {verb} {resource} {' '.join(where)}: {answer}, expected {expected}")
+
+
+def scenario_tokens(figures: Figures) -> None:
+    """Workers hold no API permission: progress reaches the status through the operator alone, which
+    takes it only with a token for its audience bound to the job's rank-0 pod (the API server's
+    TokenReview); each worker holds one such token (its supervisor reports its launch with it); the API
+    server refuses that token, and every token of the trainers' account."""
+    name = "e2e-tokens"
+    apply(small_job(name, trainer={**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 40}))
+    eventually(lambda: len([p for p in worker_pods(name) if p["status"].get("phase") == "Running"]) == 2,
+               f"{name}: two Running workers", 300)
+    rank0, rank1 = (pod(f"{name}-{rank}") for rank in (0, 1))
+    workers_hold_one_token_for_the_operator(rank0, rank1)
+    # Rank 0's records reach the status, which only the operator writes.
+    eventually(lambda: (get("dtr", name, NS).get("status", {}).get("progress") or {}).get("gangGeneration") == 0,
+               f"{name}: progress in the status, stamped by the operator", 300)
+    rank0_token = reports_judged_by_their_token(name, rank0, rank1)
+    accounts_hold_only_their_rights(rank0_token)
     kubectl("delete", "dtr", name, "-n", NS, "--wait=false")

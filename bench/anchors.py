@@ -80,7 +80,7 @@ from tests.cluster.kube import (
     pod_processes,
     trainer_pids,
 )
-from tests.cluster.scenarios import CLAIM, NS, QUICKSTART, TRAINER_IMAGE, lease_holder
+from tests.cluster.scenarios.common import CLAIM, NS, QUICKSTART, TRAINER_IMAGE, lease_holder
 
 from localcluster import anchors, controllers, layout, processes  # isort: skip  (tests.cluster puts tools/cluster on the path)
 

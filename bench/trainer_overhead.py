@@ -295,8 +295,9 @@ def summarize(runs: list[RunResult], repetitions: int) -> dict[str, Any]:
     return summary
 
 
-def tables(workload: Workload, runs: list[RunResult], summary: dict[str, Any]) -> str:
-    per_run = markdown_table(
+def per_run_table(runs: list[RunResult]) -> str:
+    """One row a run and side: its throughput, wall time, memory and the machine's load."""
+    return markdown_table(
         ["run", "side", "images/s (steady)", "images/s (median batch)", "dtrain's own report (images/s)",
          "wall s (end to end)", "peak RSS per rank (MiB)", "load avg (1 min)"],
         (
@@ -313,10 +314,14 @@ def tables(workload: Workload, runs: list[RunResult], summary: dict[str, Any]) -
             for r in runs
         ),
     )
+
+
+def result_table(summary: dict[str, Any]) -> str:
+    """The two sides' medians and their ratio, against the target."""
     raw, dtrain = summary["raw"], summary["dtrain"]
     ratio, wall_ratio = summary["ratio_dtrain_over_raw"], summary["end_to_end_speed_ratio_dtrain_over_raw"]
     mb = summary["median_batch_ratio_dtrain_over_raw"]
-    result = markdown_table(
+    return markdown_table(
         ["measure", "raw PyTorch DDP", "dtrain", "dtrain / raw (median, min-max)", "target"],
         [
             [
@@ -349,13 +354,21 @@ def tables(workload: Workload, runs: list[RunResult], summary: dict[str, Any]) -
             ],
         ],
     )
-    header = (
+
+
+def workload_header(workload: Workload, repetitions: int) -> str:
+    """The workload in one line: model, batch, processes, precision, steps, repetitions."""
+    return (
         f"{workload.arch} {workload.image_size}x{workload.image_size}, batch {workload.batch_size}/process, "
         f"{workload.processes} processes ({workload.accelerator}), {workload.precision}, "
         f"accumulate {workload.accumulate_grad_batches}, clip {workload.gradient_clip_val}, "
         f"{workload.steps} optimizer steps ({workload.batches} batches, first {workload.warmup_batches} "
-        f"and the last not timed), {summary['repetitions']} repetitions"
+        f"and the last not timed), {repetitions} repetitions"
     )
+
+
+def tables(workload: Workload, runs: list[RunResult], summary: dict[str, Any]) -> str:
+    header, result, per_run = workload_header(workload, summary["repetitions"]), result_table(summary), per_run_table(runs)
     return f"{header}\n\n{result}\n\nPer run:\n\n{per_run}"
 
 

@@ -8,7 +8,7 @@ message shape otherwise:
     DistributedTraining.dtrain.dev "job" is invalid: spec.engine: Invalid value: "object": need minBatch <= ...
 
 The real API server's refusals of the same rules are `make e2e`'s `crd-refusals` scenario
-(tests/cluster/scenarios.py): the create-time ones over the whole table of bad specs, the
+(tests/cluster/scenarios/crd_refusals.py): the create-time ones over the whole table of bad specs, the
 transition rules over a few edits; this module runs every rule, on create and on update, in
 the unit tests' time.
 """

@@ -20,7 +20,8 @@ import yaml
 
 from .kube import eventually, items, kubectl, layout, localcluster, status
 from .queue_scenarios import QUEUE_SCENARIOS
-from .scenarios import CLAIM, NS, SCENARIOS, e2e_cluster_arguments
+from .scenarios import SCENARIOS
+from .scenarios.common import CLAIM, NS, e2e_cluster_arguments
 
 # Kueue's last: they install it in the running cluster (localcluster kueue), and its webhooks then see every pod.
 ALL_SCENARIOS = [*SCENARIOS, *QUEUE_SCENARIOS]

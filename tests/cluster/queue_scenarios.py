@@ -14,7 +14,7 @@ import torch
 from localcluster import layout
 
 from .kube import Failed, apply, eventually, kubectl, localcluster, status, worker_pods
-from .scenarios import CLAIM, NS, Figures, checkpoint_step, delete, finished, small_job
+from .scenarios.common import CLAIM, NS, Figures, checkpoint_step, delete, finished, small_job
 
 LOCAL_QUEUE = "e2e"
 CLUSTER_QUEUE = "e2e-gpus"

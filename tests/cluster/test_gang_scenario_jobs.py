@@ -1,4 +1,4 @@
-"""The gang scenarios' jobs (scenarios.gpu_job) without a cluster: admitted as the API server admits
+"""The gang scenarios' jobs (scenarios.gang.gpu_job) without a cluster: admitted as the API server admits
 them (the CRD's schema and CEL rules), read and rendered as the operator does. Every worker asks for
 one nvidia.com/gpu (and, seeing no CUDA device, trains on the CPU), the gang job's workers name their
 provider's PodGroup of all of them (Kubernetes' own, or scheduler-plugins' for its coscheduling
@@ -12,18 +12,10 @@ from localcluster import schedulers
 
 from dtrain_operator.api import DistributedTraining, crd
 from dtrain_operator.core import pod_groups, render
-from tests.cluster.scenarios import (
-    COSCHEDULING_GANG,
-    E2E_GPUS_PER_NODE,
-    E2E_NODES,
-    GANG_NODES,
-    GPU,
-    NATIVE_GANG,
-    REPO,
-    SCENARIOS,
-    e2e_cluster_arguments,
-    gpu_job,
-)
+from tests.cluster.kube import REPO
+from tests.cluster.scenarios import SCENARIOS
+from tests.cluster.scenarios.common import E2E_GPUS_PER_NODE, E2E_NODES, GPU, e2e_cluster_arguments
+from tests.cluster.scenarios.gang import COSCHEDULING_GANG, GANG_NODES, NATIVE_GANG, gpu_job
 from tests.crd_admission import CrdAdmission
 
 GANG = {"gang": {"enabled": True, "provider": "kubernetes", "scheduleTimeoutSeconds": 5}}

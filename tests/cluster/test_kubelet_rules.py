@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from localcluster import images, kubelet, podinit
+from localcluster import images, podinit, podsetup
 from localcluster.api import ApiError
 from localcluster.securitycontext import container_user
 from localcluster.volumes import PodVolumes, VolumeNotReady
@@ -132,7 +132,7 @@ def test_any_other_refusal_is_not_retried(tmp_path: Path):
 def test_the_kubelets_status_patch_keeps_the_conditions_of_others():
     """Conditions merge by type (Kueue's TerminationTarget, the eviction API's DisruptionTarget stay); the
     container statuses are replaced whole, so that a terminated state does not keep a running one beside it."""
-    from localcluster.kubelet import status_patch
+    from localcluster.podstatus import status_patch
 
     status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
               "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
@@ -153,4 +153,4 @@ def test_the_kubelets_status_patch_keeps_the_conditions_of_others():
     ],
 )
 def test_variable_references_expand_as_kubernetes_expands_them(text, expected):
-    assert kubelet.expand(text, {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}) == expected
+    assert podsetup.expand(text, {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}) == expected

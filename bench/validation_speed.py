@@ -6,8 +6,8 @@
 Each spec is a whole job file built from examples/quickstart.yaml (with shared storage, as on a
 cluster) by one hostile or extreme part: the elastic gang whose sizes once took tens of seconds
 to check, the free-form initArgs at their caps (values, depth) and past them, lists at and past
-their caps (env, volumes), unknown and very long keys, thousands of credential-like names or
-operator annotations, a YAML 1.1 boolean key at the end of a large map. For each, the CPU time of
+their caps (env, volumes), unknown and very long keys, thousands of credential-like names, a
+YAML 1.1 boolean key at the end of a large map. For each, the CPU time of
 `validate_text` (what `dtrain validate FILE` does once the file is read), of reading the YAML alone
 (`load_documents`), and of `validate_object` on the parsed object (the operator's check of a stored
 job, in every reconcile): the fastest of `--repetitions` runs. A check whose cost a number in the
@@ -103,9 +103,6 @@ SPECS: dict[str, Callable[[bool], str]] = {
     "unknown keys of 1,000 characters: 2,000": lambda smoke: text_of(job(
         **{f"{i:04d}" + "k" * 996: i for i in range(20 if smoke else 2_000)}
     )),
-    "operator annotations: 3,000": lambda smoke: text_of({
-        **job(), "metadata": {"name": "quickstart", "annotations": {f"dtrain.dev/x{i}": "x" for i in range(30 if smoke else 3_000)}},
-    }),
 }
 
 

@@ -127,6 +127,38 @@ async def play_kubelet(
 
 
 
+@dataclass(frozen=True)
+class Before:
+    """What was counted before the first job: where the run's counts start."""
+
+    requests: int
+    counted: OperatorCounts
+    job_events: int
+    cpu_seconds: float
+    rss_mib: float
+
+
+@dataclass(frozen=True)
+class Timings:
+    create_to_pods: list[float]
+    all_pods_after: float
+    to_running: list[float]
+
+
+@dataclass(frozen=True)
+class After:
+    """What the run cost, counted once the operator is quiet again."""
+
+    calls: collections.Counter[str]
+    own_count: collections.Counter[str]
+    reconciles: int
+    job_events: int
+    operator_cpu: float
+    server_cpu: dict[str, float]
+    peak_rss: float
+    errors: int
+
+
 async def measure(
     scenario: Scenario,
     jobs: list[JobRef],
@@ -135,6 +167,14 @@ async def measure(
 ) -> dict[str, Any]:
     assert operator.process is not None
     sampler = ProcessSampler(operator.process.pid)
+    before = await counted_before(api, operator, sampler)
+    timings = await run_jobs(scenario, jobs, api, operator)
+    await quiet(api, QUIET_SECONDS)
+    after = await counted_after(api, operator, sampler, before)
+    return report(scenario, jobs, api, before, timings, after)
+
+
+async def counted_before(api: ApiUnderTest, operator: OperatorProcess, sampler: ProcessSampler) -> Before:
     await quiet(api, 1.0)
     requests_at_start = len(api.operator_requests())
     counted_at_start = await asyncio.to_thread(operator_counts, operator)
@@ -142,6 +182,11 @@ async def measure(
     cpu_at_start = sampler.cpu_seconds()
     rss_at_start = sampler.rss_mib()
     api.start_cpu_clock()
+    return Before(requests_at_start, counted_at_start, events_at_start, cpu_at_start, rss_at_start)
+
+
+async def run_jobs(scenario: Scenario, jobs: list[JobRef], api: ApiUnderTest, operator: OperatorProcess) -> Timings:
+    """Create the jobs in bursts while the kubelet runs their pods; until every job is Running."""
     nodes = scenario.nodes
     # Generous: at the operator's request rate limit every job needs about nodes + 4 requests.
     timeout = 120.0 + 3.0 * scenario.jobs * (nodes + 4) / operator_qps(scenario.operator_args)
@@ -185,29 +230,44 @@ async def measure(
     create_to_pods = [pods_done[job.name] - created[job.name] for job in jobs]
     all_pods_after = max(pods_done.values()) - started
     to_running = [api.phase_at[(job.namespace, job.name, "Running")] - all_running_at[job.name] for job in jobs]
-    await quiet(api, QUIET_SECONDS)
+    return Timings(create_to_pods, all_pods_after, to_running)
 
-    calls = collections.Counter(api.operator_requests()[requests_at_start:])
+
+async def counted_after(api: ApiUnderTest, operator: OperatorProcess, sampler: ProcessSampler, before: Before) -> After:
+    calls = collections.Counter(api.operator_requests()[before.requests:])
     counted = await asyncio.to_thread(operator_counts, operator)
     own_count = counted.requests
-    own_count.subtract(counted_at_start.requests)
-    reconciles = counted.reconciles - counted_at_start.reconciles
-    job_events = api.job_events - events_at_start
-    operator_cpu = sampler.cpu_seconds() - cpu_at_start
+    own_count.subtract(before.counted.requests)
+    reconciles = counted.reconciles - before.counted.reconciles
+    job_events = api.job_events - before.job_events
+    operator_cpu = sampler.cpu_seconds() - before.cpu_seconds
     server_cpu = api.server_cpu_seconds()
     peak_rss = sampler.peak_rss_mib()
     errors = sum(1 for line in operator.log.read_text(errors="replace").splitlines() if " ERROR " in line)
-    per_job = {kind: count / len(jobs) for kind, count in sorted(calls.items())}
-    own_per_job = {kind: count / len(jobs) for kind, count in sorted(own_count.items()) if count}
-    status_patches = per_job.get(f"patch {contract.PLURAL}/status", 0.0)
-    minimum = {
+    return After(calls, own_count, reconciles, job_events, operator_cpu, server_cpu, peak_rss, errors)
+
+
+def minimum_requests(nodes: int) -> dict[str, int]:
+    """The requests per job the design needs for this lifecycle: a Service, a ConfigMap, the pods, and one
+    status patch per phase the job passes through (Pending, Running)."""
+    return {
         "create services": 1,
         "create configmaps": 1,
         "create pods": nodes,
         f"patch {contract.PLURAL}/status": 2,
     }
-    requests_per_job = sum(calls.values()) / len(jobs)
+
+
+def report(
+    scenario: Scenario, jobs: list[JobRef], api: ApiUnderTest, before: Before, timings: Timings, after: After
+) -> dict[str, Any]:
+    per_job = {kind: count / len(jobs) for kind, count in sorted(after.calls.items())}
+    own_per_job = {kind: count / len(jobs) for kind, count in sorted(after.own_count.items()) if count}
+    status_patches = per_job.get(f"patch {contract.PLURAL}/status", 0.0)
+    minimum = minimum_requests(scenario.nodes)
+    requests_per_job = sum(after.calls.values()) / len(jobs)
     minimum_per_job = sum(minimum.values())
+    create_to_pods, to_running = timings.create_to_pods, timings.to_running
     return {
         "apiserver": {"kind": api.kind, "label": api.label},
         "scenario": asdict(scenario),
@@ -216,7 +276,7 @@ async def measure(
             "p99": percentile(create_to_pods, 99),
             "max": max(create_to_pods),
         },
-        "all_jobs_have_pods_after_seconds": all_pods_after,
+        "all_jobs_have_pods_after_seconds": timings.all_pods_after,
         "pods_running_to_job_running_seconds": {
             "p50": percentile(to_running, 50),
             "p99": percentile(to_running, 99),
@@ -226,16 +286,16 @@ async def measure(
         "minimum_requests_per_job": minimum_per_job,
         "request_ratio": requests_per_job / minimum_per_job,
         "status_patches_per_job": status_patches,
-        "job_watch_events_per_job": job_events / len(jobs),
-        "reconciles_per_job": reconciles / len(jobs),
+        "job_watch_events_per_job": after.job_events / len(jobs),
+        "reconciles_per_job": after.reconciles / len(jobs),
         "requests_per_job_by_kind": per_job,
         "operator_metrics_requests_per_job_by_kind": own_per_job,
         "minimum_by_kind": minimum,
-        "operator_cpu_seconds": operator_cpu,
-        "operator_rss_mib_before_jobs": rss_at_start,
-        "operator_peak_rss_mib": peak_rss,
-        "server_cpu_seconds": server_cpu,
-        "operator_error_log_lines": errors,
+        "operator_cpu_seconds": after.operator_cpu,
+        "operator_rss_mib_before_jobs": before.rss_mib,
+        "operator_peak_rss_mib": after.peak_rss,
+        "server_cpu_seconds": after.server_cpu,
+        "operator_error_log_lines": after.errors,
         "benchmark_watch_restarts": api.watch_restarts,
         "targets": {
             "p99_create_to_pods_seconds": TARGET_P99_SECONDS,

@@ -1,10 +1,10 @@
-"""bench/anchors.py's workloads: each anchor runs dtrain's own worker, less what the anchor provides."""
+"""bench/anchors.py's workloads (bench/anchor_jobs.py): each anchor runs dtrain's own worker, less what the anchor provides."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench import anchors
+from bench import anchor_jobs, anchors
 from dtrain_operator.api import contract
 
 
@@ -13,24 +13,24 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_workload_is_dtrains_worker_without_the_gang_variables_its_records_on_the_claim() -> None:
-    workload = anchors.Workload.of("anchors-x")
+    workload = anchor_jobs.Workload.of("anchors-x")
     env = _env(workload.container)
-    assert not anchors.PET_VARIABLES & env.keys()  # the anchor sets torchrun's gang variables
+    assert not anchor_jobs.PET_VARIABLES & env.keys()  # the anchor sets torchrun's gang variables
     assert contract.ENV_SHUTDOWN_TIMEOUT not in env and "terminationGracePeriodSeconds" not in workload.pod_spec
     assert env[contract.ENV_PROGRESS_SINK] == f"{contract.PROGRESS_SINK_JSONL_PREFIX}/workspace/anchors/anchors-x/records.jsonl"
     assert env[contract.ENV_POD_NAME] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert workload.records == anchors.claim_path("/workspace/anchors/anchors-x/records.jsonl")
+    assert workload.records == anchor_jobs.claim_path("/workspace/anchors/anchors-x/records.jsonl")
     claims = [v["persistentVolumeClaim"]["claimName"] for v in workload.pod_spec["volumes"] if "persistentVolumeClaim" in v]
-    assert claims == [anchors.CLAIM]
+    assert claims == [anchor_jobs.CLAIM]
     (config,) = [v["configMap"]["name"] for v in workload.pod_spec["volumes"] if "configMap" in v]
     assert config == workload.config_map["metadata"]["name"]
     assert workload.pod_spec["securityContext"]["runAsNonRoot"] is True
 
 
 def test_jobset_gives_torchrun_the_completion_index_and_the_index_0_pod_as_master() -> None:
-    config_map, jobset = anchors.jobset_objects(anchors.Workload.of("js"))
+    config_map, jobset = anchor_jobs.jobset_objects(anchor_jobs.Workload.of("js"))
     assert config_map["kind"] == "ConfigMap"
-    assert jobset["spec"]["failurePolicy"] == {"maxRestarts": anchors.MAX_RESTARTS}
+    assert jobset["spec"]["failurePolicy"] == {"maxRestarts": anchor_jobs.MAX_RESTARTS}
     job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert (job["completionMode"], job["parallelism"], job["completions"], job["backoffLimit"]) == ("Indexed", 2, 2, 0)
     env = _env(job["template"]["spec"]["containers"][0])
@@ -41,21 +41,21 @@ def test_jobset_gives_torchrun_the_completion_index_and_the_index_0_pod_as_maste
 
 
 def test_trainjob_and_pytorchjob_leave_the_gang_variables_to_their_controllers() -> None:
-    workload = anchors.Workload.of("tj")
-    _, runtime, train_job = anchors.trainjob_objects(workload)
+    workload = anchor_jobs.Workload.of("tj")
+    _, runtime, train_job = anchor_jobs.trainjob_objects(workload)
     assert runtime["spec"]["mlPolicy"] == {"numNodes": 2, "torch": {}}
     assert train_job["spec"]["trainer"] == {"numNodes": 2, "numProcPerNode": 1}
-    assert runtime["spec"]["template"]["spec"]["failurePolicy"] == {"maxRestarts": anchors.MAX_RESTARTS}
+    assert runtime["spec"]["template"]["spec"]["failurePolicy"] == {"maxRestarts": anchor_jobs.MAX_RESTARTS}
     (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     assert node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == "node"  # Trainer's trainer container
     assert train_job["spec"]["runtimeRef"]["name"] == "tj"
-    _, pytorch_job = anchors.pytorchjob_objects(workload)
+    _, pytorch_job = anchor_jobs.pytorchjob_objects(workload)
     replicas = pytorch_job["spec"]["pytorchReplicaSpecs"]
     assert {k: (v["replicas"], v["restartPolicy"]) for k, v in replicas.items()} == {
         "Master": (1, "OnFailure"), "Worker": (1, "OnFailure")}
-    assert pytorch_job["spec"]["runPolicy"]["backoffLimit"] == anchors.MAX_RESTARTS
+    assert pytorch_job["spec"]["runPolicy"]["backoffLimit"] == anchor_jobs.MAX_RESTARTS
     for spec in (node["template"]["spec"]["template"]["spec"], replicas["Worker"]["template"]["spec"]):
-        assert not anchors.PET_VARIABLES & _env(spec["containers"][0]).keys()
+        assert not anchor_jobs.PET_VARIABLES & _env(spec["containers"][0]).keys()
 
 
 def test_the_table_says_what_happened_where_a_system_did_not_recover() -> None:

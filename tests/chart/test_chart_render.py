@@ -34,7 +34,7 @@ from tests.chart.helm import (
 from tests.chart.value_sets import VALUE_SETS
 from tests.cluster import kube  # noqa: F401 - puts tools/cluster's localcluster on the path
 
-from localcluster.__main__ import job_defaults  # isort: skip
+from localcluster.up import job_defaults  # isort: skip
 
 REPO = Path(__file__).resolve().parents[2]
 

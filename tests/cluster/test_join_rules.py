@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import layout, pki
-from localcluster.__main__ import (
+from localcluster.cluster import (
     DEFAULT_CPU,
     DEFAULT_MEMORY,
     cluster_config,

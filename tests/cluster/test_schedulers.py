@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from localcluster import controlplane, layout, schedulers
-from localcluster.__main__ import cluster_config, main, ports_needed
+from localcluster.__main__ import main
+from localcluster.cluster import cluster_config, ports_needed
 
 
 @pytest.mark.parametrize("text,names", [

@@ -1,4 +1,4 @@
-"""The TensorRT path end to end on the TensorRT double (tests/engine/tensorrt_double.py): the build,
+"""The TensorRT path end to end on the TensorRT double (tests/engine/tensorrt_double/): the build,
 the execution context, buffers, the output allocator, profiles and timing all run, and the
 double refuses what the real runtime refuses. bench/gpu_engine_check.sh runs the same cases
 with the real TensorRT on a GPU."""

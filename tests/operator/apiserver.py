@@ -4,7 +4,7 @@ operator relies on real API-server behaviour. Each extension is small and stands
 - resourceVersion: one counter for every write, on objects, list metadata and watch events;
   `uid`, `creationTimestamp` and `generation` (bumped when `spec` changes) set on create;
 - status subresource: PATCH .../status changes only `status`; a PATCH of the object leaves it alone;
-- watch: from a resourceVersion, the events since then are replayed (410 Gone when older than the
+- watch (watches.py): from a resourceVersion, the events since then are replayed (410 Gone when older than the
   event log), as the API server's watch cache does; without one, the current objects come as ADDED;
   `timeoutSeconds` ends the stream;
 - lists and watches filter by `labelSelector`; lists carry `kind` and `apiVersion`;
@@ -13,7 +13,7 @@ operator relies on real API-server behaviour. Each extension is small and stands
   object deletes its dependents (ownerReferences: the garbage collector, background propagation);
   a pod held by the test kubelet's graceful termination (KUBELET_FINALIZER, see kubelet.py) goes at
   once on a force delete (`gracePeriodSeconds: 0`), as a real pod whose kubelet no longer confirms;
-- faults: chosen requests answered with an error, or held at a gate; watch streams dropped or
+- faults (faults.py): chosen requests answered with an error, or held at a gate; watch streams dropped or
   stalled (left open but silent, as a dead connection); an error with `retry_after` carries the
   `Retry-After` header and `details.retryAfterSeconds`, as the API server's 429 (priority and
   fairness, max-in-flight) does;
@@ -24,7 +24,7 @@ operator relies on real API-server behaviour. Each extension is small and stands
 - TokenReview: a token the test bound to a pod (`tokens`) is authenticated for the operator's audience
   with the pod's name and UID in its claims, as the API server answers for a projected token; any
   other is not (the real TokenReview is `make e2e`'s scenario `tokens`);
-- a recorder of every resource request as (verb, apiGroup, resource, subresource), by user agent,
+- a recorder (calls.py) of every resource request as (verb, apiGroup, resource, subresource), by user agent,
   for comparing the operator's calls with its RBAC rules.
 
 kmock still does the HTTP serving, request parsing, API discovery and object storage
@@ -37,12 +37,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
-import dataclasses
 import datetime
 import re
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import aiohttp.web
@@ -52,7 +51,10 @@ import kmock
 
 from dtrain_operator.api import contract
 
-from .kmock_adapter import KubernetesError, Payload, Request, is_dry_run, raw_request
+from .calls import Call, rbac_verb
+from .faults import Faults, Throttled
+from .kmock_adapter import KubernetesError, Payload, Request, is_dry_run
+from .watches import Watches, selector_matches
 
 EVENT_LOG_SIZE = 50_000
 _ONE_NAMESPACE = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)$")
@@ -116,188 +118,8 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-_REQUIREMENT = re.compile(r"^(?P<key>[^\s!=]+)\s+(?P<op>in|notin)\s+\((?P<values>[^)]*)\)$")
-
-
-def selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
-    """A Kubernetes label selector (equality- and set-based) against an object's labels."""
-    for requirement in re.split(r",(?![^(]*\))", selector or ""):
-        requirement = requirement.strip()
-        if not requirement:
-            continue
-        match = _REQUIREMENT.match(requirement)
-        if match:
-            values = {v.strip() for v in match["values"].split(",")}
-            present = labels.get(match["key"])
-            if (match["op"] == "in") != (present in values):
-                return False
-        elif "!=" in requirement:
-            key, value = requirement.split("!=", 1)
-            if labels.get(key.strip()) == value.strip():
-                return False
-        elif "=" in requirement:
-            key, value = requirement.replace("==", "=").split("=", 1)
-            if labels.get(key.strip()) != value.strip():
-                return False
-        elif requirement.startswith("!"):
-            if requirement[1:] in labels:
-                return False
-        elif requirement not in labels:
-            return False
-    return True
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """One resource request, as RBAC sees it."""
-
-    verb: str
-    api_group: str
-    resource: str
-    subresource: str = ""
-
-    @property
-    def rbac_resource(self) -> str:
-        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
-
-
-def rbac_verb(request: Request) -> str:
-    method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
-    if method == "GET":
-        if request.params.get("watch") in ("true", "1"):
-            return "watch"
-        return "get" if request.name else "list"
-    return {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(
-        method, "delete" if request.name else "deletecollection"
-    )
-
-
-class Gate:
-    """Holds matching requests until released; counts those waiting."""
-
-    def __init__(self, matches: Callable[[Request], bool], after: int = 0) -> None:
-        self.matches = matches
-        self.passed = 0
-        self.after = after
-        self.held = 0
-        self._open = asyncio.Event()
-        self._fail = False
-
-    async def wait(self, request: Request) -> None:
-        if self._open.is_set():
-            return  # released: later requests pass
-        if self.passed < self.after:
-            self.passed += 1
-            return
-        self.held += 1
-        await self._open.wait()
-        if self._fail:
-            raise KubernetesError(503, "ServiceUnavailable", "the gate failed this request")
-
-    def release(self, fail: bool = False) -> None:
-        """Let the held requests through (`fail`: answer them with 503 instead, as if never processed).
-        Requests that come after the release pass."""
-        self._fail = fail
-        self._open.set()
-
-
-@attrs.frozen
-class Throttled(KubernetesError):
-    """An error the client is told to retry after `retry_after` seconds (the Retry-After header)."""
-
-    retry_after: int = 1
-
-
-@dataclasses.dataclass
-class _Failure:
-    matches: Callable[[Request], bool]
-    status: int
-    reason: str
-    times: int | None
-    until: float | None
-    retry_after: int | None = None
-
-
-class Faults:
-    """Failures to inject: errors, gates, dropped and stalled watches."""
-
-    def __init__(self) -> None:
-        self._failures: list[_Failure] = []
-        self.gates: list[Gate] = []
-        self.stalled_until = 0.0
-        self.drops = 0
-        self.failed = 0
-
-    def fail(
-        self,
-        matches: Callable[[Request], bool],
-        status: int = 500,
-        reason: str = "InternalError",
-        times: int | None = None,
-        seconds: float | None = None,
-        retry_after: int | None = None,
-    ) -> None:
-        """Answer matching requests with `status`, `times` times or for `seconds` (or until cleared);
-        with `retry_after`, the answer says when to retry (429 TooManyRequests, say)."""
-        until = asyncio.get_running_loop().time() + seconds if seconds is not None else None
-        self._failures.append(_Failure(matches, status, reason, times, until, retry_after))
-
-    def gate(self, matches: Callable[[Request], bool], after: int = 0) -> Gate:
-        """Hold matching requests (after letting `after` of them through) until the gate is released."""
-        gate = Gate(matches, after)
-        self.gates.append(gate)
-        return gate
-
-    def stall_watches(self, seconds: float) -> None:
-        """Keep watch streams open but silent for a while, as a connection that died without closing."""
-        self.stalled_until = asyncio.get_running_loop().time() + seconds
-
-    def drop_watches(self) -> None:
-        """Close every open watch stream now (clients reconnect)."""
-        self.drops += 1
-
-    def clear(self) -> None:
-        self._failures.clear()
-        for gate in self.gates:
-            gate.release()
-        self.gates.clear()
-
-    @property
-    def stalled(self) -> bool:
-        return asyncio.get_running_loop().time() < self.stalled_until
-
-    async def intercept(self, request: Request) -> None:
-        now = asyncio.get_running_loop().time()
-        for failure in list(self._failures):
-            if failure.until is not None and now > failure.until or failure.times == 0:
-                self._failures.remove(failure)
-                continue
-            if failure.matches(request):
-                if failure.times is not None:
-                    failure.times -= 1
-                self.failed += 1
-                if failure.retry_after is not None:
-                    raise Throttled(
-                        failure.status, failure.reason, f"injected fault ({failure.status}): try again later",
-                        {"retryAfterSeconds": failure.retry_after}, retry_after=failure.retry_after,
-                    )
-                raise KubernetesError(failure.status, failure.reason, f"injected fault ({failure.status})")
-        for gate in list(self.gates):
-            if gate.matches(request):
-                await gate.wait(request)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Event:
-    rv: int
-    type: str
-    resource: Any
-    namespace: str | None
-    raw: dict[str, Any]
-
-
 @attrs.define(kw_only=True)
-class ApiServer(kmock.KubernetesEmulator):
+class ApiServer(Watches, kmock.KubernetesEmulator):
     """kmock's KubernetesEmulator with the behaviour listed in this module's docstring."""
 
     faults: Faults = attrs.field(factory=Faults, init=False)
@@ -406,13 +228,6 @@ class ApiServer(kmock.KubernetesEmulator):
     def _next_rv(self) -> int:
         self._rv += 1
         return self._rv
-
-    def _emit(self, event_type: str, resource: Any, raw: dict[str, Any]) -> None:
-        namespace = (raw.get("metadata") or {}).get("namespace")
-        self._events.append(_Event(int(raw["metadata"]["resourceVersion"]), event_type, resource, namespace, raw))
-        if self._wakeup is not None:
-            self._wakeup.set()
-        self._wakeup = asyncio.Event()
 
     def _current(self, key: tuple[Any, str | None, str]) -> dict[str, Any] | None:
         if key not in self.objects:
@@ -566,68 +381,3 @@ class ApiServer(kmock.KubernetesEmulator):
             items = self._matching(request)
             rv = str(self._rv)
         return {"apiVersion": api_version, "kind": f"{kind}List", "metadata": {"resourceVersion": rv}, "items": items}
-
-    def _events_after(self, cursor: int) -> list[_Event]:
-        newer = []
-        for event in reversed(self._events):
-            if event.rv <= cursor:
-                break
-            newer.append(event)
-        newer.reverse()
-        return newer
-
-    async def _serve_watch(self, request: Request) -> AsyncIterator[Payload]:
-        yield b""  # send the headers: the stream is open
-        loop = asyncio.get_running_loop()
-        params = request.params
-        selector = params.get("labelSelector", "")
-        timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
-        deadline = loop.time() + timeout if timeout else None
-        drops = self.faults.drops
-        since = params.get("resourceVersion")
-        if since in (None, "", "0"):
-            async with self._lock:
-                cursor = self._rv
-                current = self._matching(request)
-            for raw in current:
-                yield {"type": "ADDED", "object": raw}
-        else:
-            cursor = int(since)
-            if self._events and cursor < self._events[0].rv - 1:
-                yield {
-                    "type": "ERROR",
-                    "object": {"kind": "Status", "apiVersion": "v1", "code": 410, "reason": "Expired",
-                               "message": f"too old resource version: {cursor}"},
-                }
-                return
-        raw = raw_request(request)
-        transport = raw.transport if raw is not None else None
-        dead = False
-        while True:
-            if transport is None or transport.is_closing():
-                return  # the client went away (or was killed)
-            wakeup = self._wakeup = self._wakeup or asyncio.Event()
-            # A stream caught by a stall is dead for good: it delivers nothing and never ends by
-            # itself, as a connection that broke without closing. Only the client can give it up.
-            dead = dead or self.faults.stalled
-            if dead:
-                await asyncio.sleep(0.2)
-                continue
-            for event in self._events_after(cursor):
-                cursor = event.rv
-                if event.resource != request.resource:
-                    continue
-                if request.namespace is not None and event.namespace != request.namespace:
-                    continue
-                if not selector_matches(selector, (event.raw.get("metadata") or {}).get("labels") or {}):
-                    continue
-                yield {"type": event.type, "object": event.raw}
-            if self.faults.drops != drops:
-                return
-            if deadline is not None and loop.time() >= deadline:
-                return
-            wait = 0.2 if deadline is None else min(0.2, max(deadline - loop.time(), 0.0))
-            try:
-                await asyncio.wait_for(wakeup.wait(), timeout=wait)
-            except asyncio.TimeoutError:
-                pass

@@ -28,7 +28,8 @@ import aiohttp.web
 import attrs
 import kmock
 
-from .apiserver import ApiServer, Call
+from .apiserver import ApiServer
+from .calls import Call
 from .cluster import PODS, Cluster
 from .kmock_adapter import KubernetesError, Request, raw_request
 

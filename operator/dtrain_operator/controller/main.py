@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -232,11 +233,19 @@ def main(args: argparse.Namespace) -> int:
     if problem:
         print(f"dtrain operator: {problem}", file=sys.stderr)
         return 2
+    try:
+        return asyncio.run(serve(args, defaults))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def serve(args: argparse.Namespace, defaults: JobDefaults) -> int:
+    """The operator in one event loop: its certificate, the wait for the Lease, kopf, the Lease given up."""
     metrics = OperatorMetrics()
     try:
         # Fail at once, with one line, without credentials (kopf would retry every minute) or without
         # the report endpoint's certificate.
-        tls = asyncio.run(report_certificate(args, metrics))
+        tls = await report_certificate(args, metrics)
     except (kopf.LoginError, ReportTLSError) as exc:
         print(f"dtrain operator: {exc}", file=sys.stderr)
         return 1
@@ -253,10 +262,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"dtrain operator: {problem}", file=sys.stderr)
             return 2
         logger.info("leader election: %s wants the lease %s/%s", election.identity, election.namespace, election.name)
-        try:
-            asyncio.run(stand_by(election, args.health_port, metrics, ReportServer(tls, args.report_port) if tls else None))
-        except KeyboardInterrupt:
-            return 0
+        await stand_by(election, args.health_port, metrics, ReportServer(tls, args.report_port) if tls else None)
     controller = Controller(
         metrics=metrics,
         qps=args.qps,
@@ -274,14 +280,15 @@ def main(args: argparse.Namespace) -> int:
     namespaces = args.namespaces or []
     scope = f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces"
     logger.info("dtrain operator starting: %s, health :%d, metrics :%d", scope, args.health_port, args.metrics_port)
-    kopf.run(
-        registry=build_registry(controller),
-        settings=operator_settings(args),
-        standalone=True,
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
-    )
+    with contextlib.suppress(asyncio.CancelledError):
+        await kopf.operator(
+            registry=build_registry(controller),
+            settings=operator_settings(args),
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+        )
     if election is not None:
-        asyncio.run(release(election, metrics))
+        await release(election, metrics)
     return 0

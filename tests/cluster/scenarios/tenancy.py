@@ -70,11 +70,11 @@ def scenario_tenancy(figures: Figures) -> None:
     api_mount = [{"name": "api", "mountPath": "/api"}]
     attempts: list[tuple[str, dict[str, Any], str]] = [
         ("the operator's account", {"serviceAccountName": "dtrain-operator"}, "the dtrain operator's own account"),
-        ("the operator's record key", {"volumes": [{"name": "key", "secret": {"secretName": OPERATOR_SECRETS[0]}}],
-                                       "volumeMounts": [{"name": "key", "mountPath": "/key"}]},
-         "names a Secret of the dtrain operator's"),
+        ("the report endpoint's key as a volume", {
+            "volumes": [{"name": "key", "secret": {"secretName": OPERATOR_SECRETS[0]}}],
+            "volumeMounts": [{"name": "key", "mountPath": "/key"}]}, "names a Secret of the dtrain operator's"),
         ("the report endpoint's key in env", {"env": [{"name": "TLS", "valueFrom": {"secretKeyRef": {
-            "name": OPERATOR_SECRETS[1], "key": "tls.key"}}}]}, "names a Secret of the dtrain operator's"),
+            "name": OPERATOR_SECRETS[0], "key": "tls.key"}}}]}, "names a Secret of the dtrain operator's"),
         ("a token for the API", {"volumes": api_token, "volumeMounts": api_mount}, "a token for the Kubernetes API"),
         ("an account not allowed", {"serviceAccountName": "e2e-iam"}, "this account is not allowed in this namespace"),
     ]

@@ -12,7 +12,8 @@ from dtrain_operator.api import contract
 from tests.builders import SHARED_STORAGE, a_cpu_job
 
 from .apiserver import now_rfc3339
-from .cluster import OPERATOR_NAMESPACE, Cluster
+from .cluster import Cluster
+from .operator_process import OPERATOR_NAMESPACE
 
 NS = "default"
 

@@ -74,7 +74,7 @@ lint: $(INSTALLED)
 	$(VENV)/bin/ruff check operator trainer_image tests bench tools
 	$(THIS_CHECKOUT) $(VENV)/bin/lint-imports
 	$(PY) -m mypy
-	$(PY) tools/check_layout.py operator trainer_image
+	$(PY) tools/check_layout.py operator trainer_image tools tests bench
 
 $(S3SERVER): tools/s3server/go.mod tools/s3server/go.sum tools/s3server/build.sh
 	bash tools/s3server/build.sh $@

@@ -35,7 +35,8 @@ from typing_extensions import Self
 
 from dtrain_operator.api import contract, crd
 from tests.operator.apiserver import now_rfc3339
-from tests.operator.cluster import OPERATOR_AGENTS, OPERATOR_NAMESPACE, OperatorProcess, container_status
+from tests.operator.cluster import container_status
+from tests.operator.operator_process import OPERATOR_AGENTS, OPERATOR_NAMESPACE, OperatorProcess
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -63,10 +63,8 @@ def batches(
         epoch += 1
 
 
-def train(config: TrainerConfig) -> None:
-    settings = config.trainer
-    model_args = config.model.init_args
-    data_args = config.data.init_args
+def init_process_group(config: TrainerConfig) -> tuple[torch.device, int]:
+    """This rank's device and local rank, and the process group: NCCL on a GPU, gloo on the CPU."""
     local_rank = int(os.environ["LOCAL_RANK"])
     if config.accelerator == "gpu":
         device = torch.device("cuda", local_rank)
@@ -79,20 +77,32 @@ def train(config: TrainerConfig) -> None:
         device = torch.device("cpu")
         backend = "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=config.nccl.timeout_seconds))
-    torch.manual_seed(settings.seed)
+    return device, local_rank
 
+
+def wrap_model(
+    config: TrainerConfig, device: torch.device, local_rank: int
+) -> tuple[torch.nn.Module, DistributedDataParallel]:
+    """The torchvision model on the device, and its DDP wrapper as dtrain's strategy configures it."""
+    model_args = config.model.init_args
     model = torchvision.models.get_model(model_args["arch"], weights=None, num_classes=model_args["num_classes"])
     model = model.to(device)
     ddp = DistributedDataParallel(
         model,
         device_ids=[local_rank] if device.type == "cuda" else None,
-        find_unused_parameters=settings.find_unused_parameters,
+        find_unused_parameters=config.trainer.find_unused_parameters,
         # As dtrain's DDPStrategy: gradients live in the all-reduce buckets, saving a copy.
         gradient_as_bucket_view=True,
     )
-    optimizer = make_optimizer(model_args.get("optimizer", "adam"), ddp.parameters(), model_args)
-    scaler = torch.amp.GradScaler(device.type, enabled=settings.precision == "16-mixed")
+    return model, ddp
 
+
+def data_loader(
+    config: TrainerConfig, device: torch.device
+) -> tuple[DataLoader, DistributedSampler[tuple[torch.Tensor, torch.Tensor]]]:
+    """The synthetic images, this rank's share of them and their loader."""
+    settings = config.trainer
+    data_args = config.data.init_args
     size = data_args["image_size"]
     dataset = SyntheticImages(
         data_args["num_samples"],
@@ -113,8 +123,21 @@ def train(config: TrainerConfig) -> None:
         persistent_workers=settings.num_workers > 0,
         drop_last=True,
     )
+    return loader, sampler
 
-    label_smoothing = model_args.get("label_smoothing", 0.0)
+
+def optimize(
+    config: TrainerConfig,
+    ddp: DistributedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    loader: DataLoader,
+    sampler: DistributedSampler[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+) -> tuple[int, StepClock]:
+    """The training loop, to maxSteps optimizer steps; the optimizer steps taken and each batch's end time."""
+    settings = config.trainer
+    label_smoothing = config.model.init_args.get("label_smoothing", 0.0)
     clock = StepClock()
     accumulate = settings.accumulate_grad_batches
     steps = 0
@@ -142,8 +165,13 @@ def train(config: TrainerConfig) -> None:
         clock.tick()
         if steps == settings.max_steps:
             break
+    return steps, clock
 
-    clock.save(settings.batch_size)
+
+def save_checkpoint(
+    config: TrainerConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int
+) -> None:
+    """Rank 0 writes the final checkpoint, as dtrain's trainer does at its end."""
     if dist.get_rank() == 0:
         directory = Path(config.checkpoint.dir)
         directory.mkdir(parents=True, exist_ok=True)
@@ -151,6 +179,21 @@ def train(config: TrainerConfig) -> None:
             {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": steps},
             directory / "last.ckpt",
         )
+
+
+def train(config: TrainerConfig) -> None:
+    """The run in its steps, in the order a hand-written DDP script takes them."""
+    settings = config.trainer
+    device, local_rank = init_process_group(config)
+    torch.manual_seed(settings.seed)
+    model, ddp = wrap_model(config, device, local_rank)
+    model_args = config.model.init_args
+    optimizer = make_optimizer(model_args.get("optimizer", "adam"), ddp.parameters(), model_args)
+    scaler = torch.amp.GradScaler(device.type, enabled=settings.precision == "16-mixed")
+    loader, sampler = data_loader(config, device)
+    steps, clock = optimize(config, ddp, optimizer, scaler, loader, sampler, device)
+    clock.save(settings.batch_size)
+    save_checkpoint(config, model, optimizer, steps)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -86,7 +86,10 @@ class Run:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
+NO_EXPORT = {"export": {"onnx": {"enabled": False}}, "engine": {"enabled": False}}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deadline", type=int, default=contract.MIN_PROGRESS_DEADLINE_SECONDS,
                         help="runPolicy.progressDeadlineSeconds of the hang job (default: the shortest a job may set, 30)")
@@ -94,63 +97,72 @@ def main(argv: list[str] | None = None) -> int:
     # Every benchmark takes --smoke (tests/bench); this one is short already at the shortest deadline a job may set.
     parser.add_argument("--smoke", action="store_true", help="the same run, for the tests")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
-    no_export = {"export": {"onnx": {"enabled": False}}, "engine": {"enabled": False}}
-    with tempfile.TemporaryDirectory(prefix="dtrain-resilience-") as folder:
-        directory = Path(folder)
-        marker = directory / "hung"
-        hang = Run(directory, tiny_job(
-            "bench-hang",
-            model={"classPath": "user_models.HangingClassifier", "initArgs": {"marker": str(marker), "hang_at_step": 3}},
-            runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": args.deadline},
-            **no_export,
-        ))
-        hang.wait(900)
-        hung_at = marker.stat().st_mtime
-        decided = hang.first("ProgressDeadlineExceeded") - hung_at
-        restarted = hang.first("gang restarted from the last checkpoint") - hung_at
-        records = hang.records()
-        resumed_index = next(i for i, r in enumerate(records) if r.get("event") == "resumed")
-        training_again = next(r for r in records[resumed_index:] if r.get("event") == "progress")
-        back = datetime.fromisoformat(training_again["time"].replace("Z", "+00:00")).timestamp() - hung_at
-        slow = Run(directory, tiny_job(
-            "bench-slow",
-            model={"classPath": "user_models.SlowClassifier", "initArgs": {"delay": args.slow_delay, "slow_rank": 1}},
-            data={"initArgs": {"num_samples": 1024}},
-            stragglers={"everyNSteps": 5, "factor": 1.5, "window": 3},
-            **no_export,
-        ))
-        slow.wait(900)
-        detected = slow.first("is a straggler") - slow.first("training started")
-        straggler_record = next(r for r in slow.records() if (r.get("stepTimes") or {}).get("straggler"))
-        checks = [r for run in (hang, slow) for r in run.records() if r.get("event") == "preflight"]
-    results = {
-        "machine": machine(),
-        "hang": {
-            "progress_deadline_seconds": args.deadline,
-            "collective_timeout_seconds": COLLECTIVE_TIMEOUT_SECONDS,
-            "restart_decided_seconds": decided,
-            "gang_restarted_seconds": restarted,
-            "training_again_seconds": back,
-        },
-        "preflight": {
-            "starts": len(checks),
-            "seconds_median": statistics.median(c["seconds"] for c in checks),
-            "seconds_max": max(c["seconds"] for c in checks),
-            "latency_ms_median": statistics.median(c["latencyMs"] for c in checks),
-            "bus_bandwidth_gbps_median": statistics.median(c["busBandwidthGBps"] for c in checks),
-        },
-        "straggler": {
-            "delay_seconds": args.slow_delay,
-            "every_n_steps": 5,
-            "window": 3,
-            "detected_seconds_after_training_start": detected,
-            "detected_at_step": straggler_record["stepTimes"]["step"],
-            "ratio": straggler_record["stepTimes"]["ratio"],
-        },
+    return parser.parse_args(argv)
+
+
+def run_hang(directory: Path, deadline: int) -> tuple[Run, dict[str, Any]]:
+    """The hang job, timed from rank 1's marker file to the restart decision, the new gang and training again."""
+    marker = directory / "hung"
+    hang = Run(directory, tiny_job(
+        "bench-hang",
+        model={"classPath": "user_models.HangingClassifier", "initArgs": {"marker": str(marker), "hang_at_step": 3}},
+        runPolicy={"backoffLimit": 1, "progressDeadlineSeconds": deadline},
+        **NO_EXPORT,
+    ))
+    hang.wait(900)
+    hung_at = marker.stat().st_mtime
+    decided = hang.first("ProgressDeadlineExceeded") - hung_at
+    restarted = hang.first("gang restarted from the last checkpoint") - hung_at
+    records = hang.records()
+    resumed_index = next(i for i, r in enumerate(records) if r.get("event") == "resumed")
+    training_again = next(r for r in records[resumed_index:] if r.get("event") == "progress")
+    back = datetime.fromisoformat(training_again["time"].replace("Z", "+00:00")).timestamp() - hung_at
+    return hang, {
+        "progress_deadline_seconds": deadline,
+        "collective_timeout_seconds": COLLECTIVE_TIMEOUT_SECONDS,
+        "restart_decided_seconds": decided,
+        "gang_restarted_seconds": restarted,
+        "training_again_seconds": back,
     }
+
+
+def run_straggler(directory: Path, slow_delay: float) -> tuple[Run, dict[str, Any]]:
+    """The straggler job, timed from training start to dtrain run's straggler warning."""
+    slow = Run(directory, tiny_job(
+        "bench-slow",
+        model={"classPath": "user_models.SlowClassifier", "initArgs": {"delay": slow_delay, "slow_rank": 1}},
+        data={"initArgs": {"num_samples": 1024}},
+        stragglers={"everyNSteps": 5, "factor": 1.5, "window": 3},
+        **NO_EXPORT,
+    ))
+    slow.wait(900)
+    detected = slow.first("is a straggler") - slow.first("training started")
+    straggler_record = next(r for r in slow.records() if (r.get("stepTimes") or {}).get("straggler"))
+    return slow, {
+        "delay_seconds": slow_delay,
+        "every_n_steps": 5,
+        "window": 3,
+        "detected_seconds_after_training_start": detected,
+        "detected_at_step": straggler_record["stepTimes"]["step"],
+        "ratio": straggler_record["stepTimes"]["ratio"],
+    }
+
+
+def preflight(runs: list[Run]) -> dict[str, Any]:
+    """Every pre-flight record of the runs (one per gang start): what it cost, its latency and bandwidth."""
+    checks = [r for run in runs for r in run.records() if r.get("event") == "preflight"]
+    return {
+        "starts": len(checks),
+        "seconds_median": statistics.median(c["seconds"] for c in checks),
+        "seconds_max": max(c["seconds"] for c in checks),
+        "latency_ms_median": statistics.median(c["latencyMs"] for c in checks),
+        "bus_bandwidth_gbps_median": statistics.median(c["busBandwidthGBps"] for c in checks),
+    }
+
+
+def table(results: dict[str, Any]) -> str:
     h, p, s = results["hang"], results["preflight"], results["straggler"]
-    print(markdown_table(
+    return markdown_table(
         ["measure", "dtrain", "without it"],
         [
             ["hang -> restart decided (s)", h["restart_decided_seconds"], f"{COLLECTIVE_TIMEOUT_SECONDS} (nccl.timeoutSeconds)"],
@@ -162,7 +174,20 @@ def main(argv: list[str] | None = None) -> int:
             ["straggler detected after training start (s)", s["detected_seconds_after_training_start"],
              f"never (step {s['detected_at_step']}, {s['ratio']:.2f} x the median)"],
         ],
-    ))
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="dtrain-resilience-") as folder:
+        directory = Path(folder)
+        hang, hang_figures = run_hang(directory, args.deadline)
+        slow, straggler_figures = run_straggler(directory, args.slow_delay)
+        preflight_figures = preflight([hang, slow])
+    results = {
+        "machine": machine(), "hang": hang_figures, "preflight": preflight_figures, "straggler": straggler_figures,
+    }
+    print(table(results))
     print(f"wrote {write_results('resilience', results, args.out)}")
     return 0
 

@@ -13,7 +13,8 @@ import psutil
 
 from dtrain_operator.api import contract
 from tests.operator.apiserver import ApiServer
-from tests.operator.cluster import OPERATOR_AGENTS, Cluster, OperatorProcess
+from tests.operator.cluster import Cluster
+from tests.operator.operator_process import OPERATOR_AGENTS, OperatorProcess
 
 
 @attrs.define(kw_only=True)

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
-from tests.operator.cluster import OperatorProcess
+from tests.operator.operator_process import OperatorProcess
 
 from .common import percentile
 from .scale_api import ApiUnderTest, ProcessSampler

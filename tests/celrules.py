@@ -41,6 +41,8 @@ from typing import Any
 
 from cel_expr_python import cel
 
+from tests.celast import Node, _fields, _node
+
 MAX_REQUEST_SIZE_BYTES = 3 * 1024 * 1024
 STATIC_ESTIMATED_COST_LIMIT = 10_000_000
 STATIC_ESTIMATED_CRD_COST_LIMIT = 100_000_000
@@ -142,101 +144,7 @@ def evaluate(rule: str, self_value: Any, old_self: Any = None) -> bool:
     return value
 
 
-# --- The checked expression, read from its protobuf ------------------------------------------------
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _fields(data: bytes) -> dict[int, list[Any]]:
-    """A protobuf message as {field number: [values]} (varints as int, the rest as bytes)."""
-    out: dict[int, list[Any]] = {}
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-        elif wire == 1:
-            value, pos = data[pos:pos + 8], pos + 8
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            value, pos = data[pos:pos + length], pos + length
-        elif wire == 5:
-            value, pos = data[pos:pos + 4], pos + 4
-        else:
-            raise ValueError(f"wire type {wire}")
-        out.setdefault(number, []).append(value)
-    return out
-
-
-@dataclasses.dataclass
-class Node:
-    """One cel.expr.Expr (cel/expr/syntax.proto): kind is const, ident, select, call, list or comprehension."""
-
-    kind: str
-    name: str = ""  # ident name, selected field, function name
-    test_only: bool = False
-    target: Node | None = None
-    args: list[Node] = dataclasses.field(default_factory=list)
-    literal: Any = None
-    comp: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def _string(fields: dict[int, list[Any]], number: int) -> str:
-    return fields[number][0].decode() if number in fields else ""
-
-
-def _node(data: bytes) -> Node:
-    f = _fields(data)
-    if 3 in f:  # const_expr: null 1, bool 2, int64 3, uint64 4, double 5, string 6, bytes 7
-        c = _fields(f[3][0])
-        if 6 in c:
-            return Node("const", literal=c[6][0].decode())
-        if 2 in c:
-            return Node("const", literal=bool(c[2][0]))
-        if 3 in c:
-            value = c[3][0]
-            return Node("const", literal=value - 2**64 if value >= 2**63 else value)
-        return Node("const", literal=None)
-    if 4 in f:  # ident_expr: name 1
-        return Node("ident", name=_string(_fields(f[4][0]), 1))
-    if 5 in f:  # select_expr: operand 1, field 2, test_only 3
-        s = _fields(f[5][0])
-        return Node("select", name=_string(s, 2), test_only=bool(s.get(3, [0])[0]), target=_node(s[1][0]))
-    if 6 in f:  # call_expr: target 1, function 2, args 3
-        c = _fields(f[6][0])
-        return Node(
-            "call",
-            name=_string(c, 2),
-            target=_node(c[1][0]) if 1 in c else None,
-            args=[_node(a) for a in c.get(3, [])],
-        )
-    if 7 in f:  # list_expr: elements 1
-        return Node("list", args=[_node(e) for e in _fields(f[7][0]).get(1, [])])
-    if 9 in f:  # comprehension_expr
-        c = _fields(f[9][0])
-        return Node(
-            "comprehension",
-            comp={
-                "iter_var": _string(c, 1),
-                "iter_range": _node(c[2][0]),
-                "accu_var": _string(c, 3),
-                "accu_init": _node(c[4][0]),
-                "loop_condition": _node(c[5][0]),
-                "loop_step": _node(c[6][0]),
-                "result": _node(c[7][0]),
-            },
-        )
-    raise ValueError(f"an expression kind this estimator does not know: fields {sorted(f)}")
+# --- The checked expression, read from its protobuf by celast.py -----------------------------
 
 
 def checked_ast(rule: str) -> Node:

@@ -4,7 +4,7 @@ A module or function that is longer for a reason says so in a `# layout: <why>` 
 in its header (the comment lines before its first statement after the docstring and `from __future__`
 imports), a function on its `def` line, on one of its decorators or on the line just above them.
 
-    python tools/check_layout.py [FOLDER ...]   (default: operator trainer_image)
+    python tools/check_layout.py [FOLDER ...]   (default: operator trainer_image tools tests bench)
 
 prints one line for each module or function over its limit without a reason and exits 1 if there is one.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 MODULE_MAX_LINES = 400
 FUNCTION_MAX_LINES = 60
-DEFAULT_FOLDERS = ("operator", "trainer_image")
+DEFAULT_FOLDERS = ("operator", "trainer_image", "tools", "tests", "bench")
 REASON = re.compile(r"#\s*layout:\s*\S")
 
 

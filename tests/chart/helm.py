@@ -26,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "helm" / "dtrain-operator"
 TOOLS_BIN = REPO_ROOT / ".tools" / "bin"
 MONITORING_API = "monitoring.coreos.com/v1"
+NAMESPACE = "dtrain-system"
 
 
 class HelmError(Exception):
@@ -98,6 +99,15 @@ def one(objects: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = of_kind(objects, kind)
     assert len(found) == 1, f"expected one {kind}, found {[o['metadata']['name'] for o in found]}"
     return found[0]
+
+
+def deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objects, "Deployment")
+
+
+def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
+    return container
 
 
 RBAC_LABEL = "dtrain.dev/rbac"  # "operator" or "trainer" on every role and binding the chart renders

@@ -34,7 +34,8 @@ from dtrain_operator.client import (
 from tests.builders import a_cpu_job
 
 from ..operator.apiserver import ApiServer
-from ..operator.cluster import Cluster, write_kubeconfig
+from ..operator.cluster import Cluster
+from ..operator.operator_process import write_kubeconfig
 from ..ports import free_port
 from .jobs import cluster_quickstart
 

@@ -85,7 +85,8 @@ def test_the_operator_image_has_no_torch():
 
 async def test_the_operator_image_serves_a_job(tmp_path: Path):
     from tests.builders import a_cpu_job
-    from tests.operator.cluster import OPERATOR_NAMESPACE, OperatorProcess, running_cluster
+    from tests.operator.cluster import running_cluster
+    from tests.operator.operator_process import OPERATOR_NAMESPACE, OperatorProcess
 
     class ImageOperator(OperatorProcess):
         """`dtrain operator` as the image's entrypoint, root filesystem read-only, /tmp its only

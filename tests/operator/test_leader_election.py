@@ -9,7 +9,8 @@ import time
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
-from .cluster import OPERATOR_NAMESPACE, Cluster, OperatorProcess
+from .cluster import Cluster
+from .operator_process import OPERATOR_NAMESPACE, OperatorProcess
 
 NS = "default"
 LEASES = "coordination.k8s.io/v1/leases"

@@ -12,7 +12,8 @@ from dtrain_operator.api import contract
 from tests.builders import SHARED_STORAGE, a_cpu_job
 
 from .apiserver import now_rfc3339
-from .cluster import OPERATOR_NAMESPACE, Cluster
+from .cluster import Cluster
+from .operator_process import OPERATOR_NAMESPACE
 
 NS = "default"
 
@@ -38,6 +39,72 @@ def report_env(cluster: Cluster, rank: int) -> list[dict[str, str]]:
     return [{"name": "DTRAIN_PROGRESS_SINK", "value": "operator"}, {"name": "DTRAIN_OPERATOR_URL", "value": url}]
 
 
+def assert_headless_service(cluster: Cluster, created: dict) -> None:
+    """The job's Service: headless, publishing pods before they are ready, selecting its workers."""
+    service = cluster.objects("v1/services", NS, "llm")[0]
+    assert service["metadata"]["name"] == "llm"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {contract.LABEL_JOB_NAME: "llm", contract.LABEL_ROLE: "worker"}
+    assert owned_by(service, created)
+
+
+def assert_trainer_config_map(cluster: Cluster, created: dict) -> None:
+    """The trainer's config, with the report endpoint's CA; the gang's shape is not in it."""
+    config_map = cluster.objects("v1/configmaps", NS, "llm")[0]
+    assert config_map["metadata"]["name"] == "llm-config"
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert "BEGIN CERTIFICATE" in config_map["data"][contract.OPERATOR_CA_FILE_NAME]  # the report endpoint's CA
+    assert config["jobName"] == "llm" and "nodes" not in config  # the gang's shape reaches the trainer as PET_* only
+    assert owned_by(config_map, created)
+
+
+def assert_worker_pod(cluster: Cluster, created: dict, rank: int, pod: dict) -> None:
+    """One worker pod: its name, owner, labels, hostname, command, GPUs, the environment contract in order,
+    and its volumes."""
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == f"llm-{rank}"
+    assert owned_by(pod, created)
+    assert {k: meta["labels"][k] for k in (contract.LABEL_JOB_NAME, contract.LABEL_ROLE, contract.LABEL_NODE_RANK,
+                                            contract.LABEL_GANG_GENERATION)} == {
+        contract.LABEL_JOB_NAME: "llm", contract.LABEL_ROLE: "worker",
+        contract.LABEL_NODE_RANK: str(rank), contract.LABEL_GANG_GENERATION: "0",
+    }
+    assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == (f"llm-{rank}", "llm", "Never")
+    (container,) = spec["containers"]
+    assert container["command"] == ["python", "-m", "dtrain_trainer.supervisor", "-m", "dtrain_trainer"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert container["env"] == [
+        {"name": "PET_NNODES", "value": "3"},
+        {"name": "PET_NPROC_PER_NODE", "value": "2"},
+        {"name": "PET_NODE_RANK", "value": str(rank)},
+        {"name": "PET_MASTER_ADDR", "value": "llm-0.llm.default.svc"},
+        {"name": "PET_MASTER_PORT", "value": "29500"},
+        # torchrun's wait for its workers after SIGTERM: the pod's grace period (600 s) less a margin.
+        {"name": "PET_SHUTDOWN_TIMEOUT", "value": "590"},
+        {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
+        {"name": "DTRAIN_JOB_NAME", "value": "llm"},
+        {"name": "DTRAIN_JOB_NAMESPACE", "value": "default"},
+        {"name": "DTRAIN_POD_NAME", "value": f"llm-{rank}"},
+        *report_env(cluster, rank),
+        # A GPU job's flight recorder (its artifacts on object storage: no file for NCCL's own timeout dump).
+        {"name": "TORCH_FR_BUFFER_SIZE", "value": "2000"},
+        {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
+        {"name": "NCCL_IB_DISABLE", "value": "1"},
+        {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "DTRAIN_GANG_GENERATION", "value": "0"},  # the supervisor's first launch
+        {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "WANDB_MODE", "value": "offline"},
+    ]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert spec["automountServiceAccountToken"] is False
+    assert contract.OPERATOR_TOKEN_VOLUME in volumes  # each pod's supervisor reports its launch
+    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert volumes["dtrain-config"]["configMap"] == {"name": "llm-config"}
+
+
 async def test_create_makes_service_configmap_and_pods_with_the_environment_contract(operated: Cluster):
     job = (
         a_cpu_job("llm")
@@ -51,62 +118,10 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
     created = await operated.apply(job)
     pods = await operated.eventually(lambda: len(p := operated.pods(NS, "llm")) == 3 and p, "3 worker pods")
 
-    service = operated.objects("v1/services", NS, "llm")[0]
-    assert service["metadata"]["name"] == "llm"
-    assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["publishNotReadyAddresses"] is True
-    assert service["spec"]["selector"] == {contract.LABEL_JOB_NAME: "llm", contract.LABEL_ROLE: "worker"}
-    assert owned_by(service, created)
-
-    config_map = operated.objects("v1/configmaps", NS, "llm")[0]
-    assert config_map["metadata"]["name"] == "llm-config"
-    config = yaml.safe_load(config_map["data"]["config.yaml"])
-    assert "BEGIN CERTIFICATE" in config_map["data"][contract.OPERATOR_CA_FILE_NAME]  # the report endpoint's CA
-    assert config["jobName"] == "llm" and "nodes" not in config  # the gang's shape reaches the trainer as PET_* only
-    assert owned_by(config_map, created)
-
+    assert_headless_service(operated, created)
+    assert_trainer_config_map(operated, created)
     for rank, pod in enumerate(pods):
-        meta, spec = pod["metadata"], pod["spec"]
-        assert meta["name"] == f"llm-{rank}"
-        assert owned_by(pod, created)
-        assert {k: meta["labels"][k] for k in (contract.LABEL_JOB_NAME, contract.LABEL_ROLE, contract.LABEL_NODE_RANK,
-                                                contract.LABEL_GANG_GENERATION)} == {
-            contract.LABEL_JOB_NAME: "llm", contract.LABEL_ROLE: "worker",
-            contract.LABEL_NODE_RANK: str(rank), contract.LABEL_GANG_GENERATION: "0",
-        }
-        assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == (f"llm-{rank}", "llm", "Never")
-        (container,) = spec["containers"]
-        assert container["command"] == ["python", "-m", "dtrain_trainer.supervisor", "-m", "dtrain_trainer"]
-        assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
-        assert container["env"] == [
-            {"name": "PET_NNODES", "value": "3"},
-            {"name": "PET_NPROC_PER_NODE", "value": "2"},
-            {"name": "PET_NODE_RANK", "value": str(rank)},
-            {"name": "PET_MASTER_ADDR", "value": "llm-0.llm.default.svc"},
-            {"name": "PET_MASTER_PORT", "value": "29500"},
-            # torchrun's wait for its workers after SIGTERM: the pod's grace period (600 s) less a margin.
-            {"name": "PET_SHUTDOWN_TIMEOUT", "value": "590"},
-            {"name": "DTRAIN_CONFIG", "value": "/etc/dtrain/config.yaml"},
-            {"name": "DTRAIN_JOB_NAME", "value": "llm"},
-            {"name": "DTRAIN_JOB_NAMESPACE", "value": "default"},
-            {"name": "DTRAIN_POD_NAME", "value": f"llm-{rank}"},
-            *report_env(operated, rank),
-            # A GPU job's flight recorder (its artifacts on object storage: no file for NCCL's own timeout dump).
-            {"name": "TORCH_FR_BUFFER_SIZE", "value": "2000"},
-            {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
-            {"name": "NCCL_IB_DISABLE", "value": "1"},
-            {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
-            {"name": "NCCL_DEBUG", "value": "INFO"},
-            {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
-            {"name": "DTRAIN_GANG_GENERATION", "value": "0"},  # the supervisor's first launch
-            {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            {"name": "WANDB_MODE", "value": "offline"},
-        ]
-        volumes = {v["name"]: v for v in spec["volumes"]}
-        assert spec["automountServiceAccountToken"] is False
-        assert contract.OPERATOR_TOKEN_VOLUME in volumes  # each pod's supervisor reports its launch
-        assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
-        assert volumes["dtrain-config"]["configMap"] == {"name": "llm-config"}
+        assert_worker_pod(operated, created, rank, pod)
 
     status = await operated.phase(NS, "llm", "Pending")
     assert status["nodesReady"] == "0/3"

@@ -13,8 +13,9 @@ from dtrain_operator.api import contract
 from dtrain_operator.core import queueing
 from tests.builders import a_cpu_job
 
-from .cluster import OPERATOR_AGENTS, Cluster
+from .cluster import Cluster
 from .kmock_adapter import is_dry_run
+from .operator_process import OPERATOR_AGENTS
 
 NS = "default"
 CHILD_KINDS = {"services", "configmaps", "pods", "jobs", "podgroups"}

@@ -8,7 +8,8 @@ import asyncio
 from dtrain_operator.controller import refusals
 from tests.builders import a_cpu_job
 
-from .cluster import OPERATOR_AGENTS, Cluster
+from .cluster import Cluster
+from .operator_process import OPERATOR_AGENTS
 
 NS = "default"
 

@@ -12,8 +12,9 @@ import pytest
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
-from .cluster import OPERATOR_AGENTS, Cluster
+from .cluster import Cluster
 from .kmock_adapter import is_dry_run
+from .operator_process import OPERATOR_AGENTS
 
 NS = "default"
 

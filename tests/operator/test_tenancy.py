@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from tests.builders import a_cpu_job
 
-from .cluster import OPERATOR_NAMESPACE, Cluster
+from .cluster import Cluster
+from .operator_process import OPERATOR_NAMESPACE
 
 
 async def _refused(cluster: Cluster, namespace: str, name: str, *lines: str) -> None:

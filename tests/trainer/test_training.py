@@ -64,13 +64,12 @@ def two_node_job(tmp_path: Path) -> DistributedTraining:
     )
 
 
-def test_two_torchrun_nodes_train_in_sync(tmp_path: Path) -> None:
-    job = two_node_job(tmp_path)
-    # The ConfigMap's own file and the pods' own command and environment, as the operator renders them.
+def start_rendered_pods(job: DistributedTraining, tmp_path: Path, progress: Path) -> list[subprocess.Popen[str]]:
+    """The pods as the operator renders them, on this machine: the ConfigMap's own file and each pod's own
+    command and environment, with the rendezvous on 127.0.0.1."""
     config_path = tmp_path / contract.CONFIG_FILE_NAME
     config_path.write_text(render_config_map(job)["data"][contract.CONFIG_FILE_NAME])
     port = free_port()
-    progress = tmp_path / "progress.jsonl"
     processes = []
     for rank in range(2):
         container = render_worker_pod(job, rank)["spec"]["containers"][0]
@@ -90,15 +89,11 @@ def test_two_torchrun_nodes_train_in_sync(tmp_path: Path) -> None:
         processes.append(
             subprocess.Popen(command, env=process_env(**env), stdout=log, stderr=subprocess.STDOUT, text=True)
         )
-    try:
-        codes = [p.wait(timeout=RUN_TIMEOUT_SECONDS) for p in processes]
-    finally:
-        for p in processes:
-            p.kill()
-    logs = {rank: (tmp_path / f"node-{rank}.log").read_text() for rank in range(2)}
-    assert codes == [0, 0], logs
+    return processes
 
-    # Both ranks trained in one world of two, on different data, and ended with the same weights.
+
+def assert_one_world_of_two_in_sync(tmp_path: Path) -> None:
+    """Both ranks trained in one world of two, on different data, and ended with the same weights."""
     records = [json.loads((tmp_path / "records" / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world_size"] for r in records] == [2, 2]
     assert [r["global_step"] for r in records] == [6, 6]
@@ -107,13 +102,20 @@ def test_two_torchrun_nodes_train_in_sync(tmp_path: Path) -> None:
     assert records[0]["end_weights"] != records[0]["start_weights"]
     assert records[0]["end_weights"] == records[1]["end_weights"]
 
+
+def assert_checkpoints_and_artifacts(tmp_path: Path) -> dict[str, Any]:
+    """The step-6 checkpoint and last.ckpt, and the artifacts: the ONNX export with its parity check."""
     checkpoints = tmp_path / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step=00000006.ckpt"]
     assert checkpoint_step(checkpoints / "last.ckpt") == 6
     artifacts = json.loads((tmp_path / "artifacts" / contract.ARTIFACTS_FILE_NAME).read_text())
     assert Path(artifacts["onnx"]["path"]) == tmp_path / "artifacts" / contract.ONNX_FILE_NAME
     assert artifacts["parity"]["ok"] and artifacts["metrics"]["step"] == 6
+    return artifacts
 
+
+def assert_rank_zero_reported(tmp_path: Path, progress: Path, artifacts: dict[str, Any]) -> None:
+    """Rank 0's progress records (start, checkpoints, throughput, export, finished) and its termination log."""
     events = read_jsonl(progress)
     start = next(e for e in events if e["event"] == "start")
     assert (start["worldSize"], start["nodes"], start["resumeFrom"]) == (2, 2, None)
@@ -126,6 +128,23 @@ def test_two_torchrun_nodes_train_in_sync(tmp_path: Path) -> None:
     assert rates, "no throughput after warm-up"
     summary = json.loads((tmp_path / "termination-log-0").read_text())
     assert summary["ok"] is True and summary["onnx"] == artifacts["onnx"]["path"]
+
+
+def test_two_torchrun_nodes_train_in_sync(tmp_path: Path) -> None:
+    job = two_node_job(tmp_path)
+    progress = tmp_path / "progress.jsonl"
+    processes = start_rendered_pods(job, tmp_path, progress)
+    try:
+        codes = [p.wait(timeout=RUN_TIMEOUT_SECONDS) for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    logs = {rank: (tmp_path / f"node-{rank}.log").read_text() for rank in range(2)}
+    assert codes == [0, 0], logs
+
+    assert_one_world_of_two_in_sync(tmp_path)
+    artifacts = assert_checkpoints_and_artifacts(tmp_path)
+    assert_rank_zero_reported(tmp_path, progress, artifacts)
 
 
 def test_gang_restart_resumes_from_the_saved_step(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from dtrain_operator.api import contract
-from dtrain_operator.core import progress_deadline
 from dtrain_operator.core.observation import EngineJobObservation, Observed, PodObservation
 
 EXPECTATION_TTL_SECONDS = 30.0
@@ -29,16 +28,6 @@ class Expectations:
     forced_pods: dict[str, float] = field(default_factory=dict)  # uid -> when force-deleted
     engine_job: tuple[float, EngineJobObservation] | None = None
     shared_children_for: int | None = None  # gang generation whose Service/ConfigMap are known to exist
-    counts_pending_since: float | None = None
-    conflict_reported: str = ""
-    refusal_reported: str = ""
-    # When the gang last made progress (runPolicy.progressDeadlineSeconds). Kept here, not in the
-    # status: a status write per progress report would double the API writes of every job; an
-    # operator that restarts watches afresh, so a hang is caught one deadline later at worst.
-    progress_watch: progress_deadline.ProgressWatch | None = None
-    # The API server's refusals of the children of the job's spec at this metadata.generation (its dry run,
-    # core.server_check): asked once per spec, not at every reconcile of a job it refused.
-    server_verdict: tuple[int | None, tuple[str, ...]] | None = None
 
 
 def observe_with_expectations(

@@ -44,6 +44,7 @@ from dtrain_operator.controller import refusals
 from dtrain_operator.controller.children import ChildConflict, ChildWriter
 from dtrain_operator.controller.event_recorder import EventRecorder
 from dtrain_operator.controller.expectations import Expectations, observe_with_expectations
+from dtrain_operator.controller.job_memory import CREATED, JobMemory
 from dtrain_operator.controller.kube import (
     ApiError,
     KubeClient,
@@ -137,10 +138,7 @@ class Controller:
         self._limiter = RateLimiter(qps, burst)
         self._client: KubeClient | None = None
         self._jobs: dict[JobKey, Mapping[str, Any]] = {}
-        self._expectations: dict[JobKey, Expectations] = {}
-        # What the last carry-out of a job's plan met, for its next status: a refused create, or None once every
-        # create went through after a refusal (refusals.py decides what the status says).
-        self._create_outcomes: dict[JobKey, refusals.Refusal | None] = {}
+        self._memories: dict[JobKey, JobMemory] = {}
         self._supervisors = Supervisors()
         self._queue: WorkQueue[JobKey] = WorkQueue(self._reconcile_key, self._reconcile_failed)
         self._instance = os.environ.get("POD_ID") or socket.gethostname()
@@ -272,8 +270,9 @@ class Controller:
     def child_changed(self, namespace: str, job_name: str, uid: str, event_type: str | None) -> None:
         """A pod or engine Job event from the watch (the index already holds it)."""
         key = (namespace, job_name)
-        expectations = self._expectations.get(key)
-        if expectations is not None:
+        memory = self._memories.get(key)
+        if memory is not None:
+            expectations = memory.expectations
             expectations.created_pods.pop(uid, None)
             if event_type == "DELETED":
                 expectations.deleted_pods.pop(uid, None)
@@ -286,7 +285,7 @@ class Controller:
         current = self._jobs.get(key)
         uid = (body.get("metadata") or {}).get("uid", "")
         if current is not None and (current.get("metadata") or {}).get("uid") != uid:
-            self._expectations.pop(key, None)
+            self._memories.pop(key, None)
         elif current is not None and not _newer(body, current):
             return
         self._jobs[key] = body
@@ -296,8 +295,7 @@ class Controller:
         if self._events is not None:
             self._events.forget(key)
         self._jobs.pop(key, None)
-        self._expectations.pop(key, None)
-        self._create_outcomes.pop(key, None)
+        self._memories.pop(key, None)
         self._supervisors.forget(key)
         self._queue.forget(key)
         if self._report_writes is not None:
@@ -306,11 +304,11 @@ class Controller:
 
     # --- Observation -------------------------------------------------------------------------------
 
-    def _expect(self, key: JobKey, uid: str) -> Expectations:
-        expectations = self._expectations.get(key)
-        if expectations is None or expectations.uid != uid:
-            expectations = self._expectations[key] = Expectations(uid=uid)
-        return expectations
+    def _memory(self, key: JobKey, uid: str) -> JobMemory:
+        memory = self._memories.get(key)
+        if memory is None or memory.uid != uid:
+            memory = self._memories[key] = JobMemory(uid=uid)
+        return memory
 
     def _observe(self, key: JobKey, expectations: Expectations) -> tuple[Observed, frozenset[str]]:
         pods = list(self._pod_index.get(key, ())) if self._pod_index is not None else []
@@ -360,7 +358,8 @@ class Controller:
         meta = body.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             return None  # the garbage collector removes the children through their owner references
-        expectations = self._expect(key, meta.get("uid", ""))
+        memory = self._memory(key, meta.get("uid", ""))
+        expectations = memory.expectations
         now = datetime.now(timezone.utc)
         read = read_status(body)
         written = read.status if body.get("status") else None
@@ -368,30 +367,30 @@ class Controller:
             # Nothing is decided from a status the operator cannot read: the pods stay.
             logger.warning("%s/%s: cannot read %s; leaving the pods alone", *key, "; ".join(read.problems))
             return await self._write_status(
-                key, body, written, unreadable_status(read.status, list(read.problems), now), expectations
+                key, body, written, unreadable_status(read.status, list(read.problems), now), memory
             )
         observed, blocked = self._observe(key, expectations)
         observed = await self._observe_queue(key, body, observed)
         previous = starting_status(read.status, [p.generation for p in observed.workers if p.generation is not None])
-        parsed = await self._parse(body, previous, expectations)
+        parsed = await self._parse(body, previous, memory)
 
-        refused = self._create_outcomes.get(key)
+        refused = memory.create_outcome if isinstance(memory.create_outcome, refusals.Refusal) else None
         if parsed.job is None:
-            new = self._with_create_outcome(key, invalid_status(previous, parsed.errors, meta.get("generation"), now), now)
+            new = _with_create_outcome(memory, invalid_status(previous, parsed.errors, meta.get("generation"), now), now)
             running: DistributedTraining | None = None
         else:
-            watch = expectations.progress_watch = progress_deadline.observe(
-                expectations.progress_watch,
+            watch = memory.progress_watch = progress_deadline.observe(
+                memory.progress_watch,
                 previous.gang_generation,
                 _all_running(previous, observed, parsed.job.spec.nodes),
                 previous.progress,
                 now,
             )
             new = compute_status(parsed.job, observed, previous, now, parsed.errors, self._limits, watch)
-            new = self._with_create_outcome(key, new, now)
+            new = _with_create_outcome(memory, new, now)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
-        requeue = await self._write_status(key, body, written, new, expectations, decided_from=previous)
+        requeue = await self._write_status(key, body, written, new, memory, decided_from=previous)
         self._supervisors.decided(key, running, new)
         if running is None:
             return requeue
@@ -402,21 +401,21 @@ class Controller:
             assert self._children is not None
             await self._children.carry_out(key, body, running, new.gang_generation, plan, blocked, expectations)
         except ChildConflict as exc:
-            await self._report_conflict(key, body, str(exc), expectations)
+            await self._report_conflict(key, body, str(exc), memory)
             raise
         except refusals.CreateRefused as exc:
-            return await self._report_refusal(key, body, exc.refusal, expectations)
-        expectations.conflict_reported = ""
+            return await self._report_refusal(key, body, exc.refusal, memory)
+        memory.conflict_reported = ""
         if refusals.is_refused(new):
-            expectations.refusal_reported = ""
-            self._create_outcomes[key] = None
+            memory.refusal_reported = ""
+            memory.create_outcome = CREATED
             return 0.0  # the next status says every create went through
-        hang_check = progress_deadline.wake_after(running.spec.run_policy, expectations.progress_watch, now)
+        hang_check = progress_deadline.wake_after(running.spec.run_policy, memory.progress_watch, now)
         delays = [d for d in (requeue, plan.requeue_after, hang_check) if d is not None]
         return min(delays) if delays else None
 
     async def _parse(
-        self, body: Mapping[str, Any], previous: DistributedTrainingStatus, expectations: Expectations
+        self, body: Mapping[str, Any], previous: DistributedTrainingStatus, memory: JobMemory
     ) -> ParsedJob:
         """The job with the spec it runs (core.accepted); before it is accepted, refused when it would run as
         more than its namespace allows (tenancy.py), asks for host access its namespace does not allow, or
@@ -428,18 +427,18 @@ class Controller:
         if not refused and self._refuse_host_access:
             refused = await self._host_access_refusals(parsed.job)
         if not refused:
-            refused = await self._server_refusals(body, parsed.job, expectations)
+            refused = await self._server_refusals(body, parsed.job, memory)
         return ParsedJob(None, tuple(refused)) if refused else parsed
 
     async def _server_refusals(
-        self, body: Mapping[str, Any], job: DistributedTraining, expectations: Expectations
+        self, body: Mapping[str, Any], job: DistributedTraining, memory: JobMemory
     ) -> list[str]:
         """The API server's refusals of the job's children (ChildWriter.server_refusals), asked once per spec."""
         generation = (body.get("metadata") or {}).get("generation")
-        if expectations.server_verdict is None or expectations.server_verdict[0] != generation:
+        if memory.server_verdict is None or memory.server_verdict[0] != generation:
             assert self._children is not None
-            expectations.server_verdict = (generation, tuple(await self._children.server_refusals(body, job)))
-        return list(expectations.server_verdict[1])
+            memory.server_verdict = (generation, tuple(await self._children.server_refusals(body, job)))
+        return list(memory.server_verdict[1])
 
     async def _host_access_refusals(self, job: DistributedTraining) -> list[str]:
         """Why the job may not reach the node (host_access.py decides); checked once, before it is accepted."""
@@ -461,7 +460,7 @@ class Controller:
         body: Mapping[str, Any],
         previous: DistributedTrainingStatus | None,
         new: DistributedTrainingStatus,
-        expectations: Expectations,
+        memory: JobMemory,
         decided_from: DistributedTrainingStatus | None = None,
     ) -> float | None:
         """Patch the status when it changed (node counts alone: batched), then post the Events.
@@ -474,16 +473,16 @@ class Controller:
         if decided_from is not None:
             previous = decided_from
         if patch is None:
-            expectations.counts_pending_since = None
+            memory.counts_pending_since = None
             return None
         if only_counts_changed(patch):
             now = time.monotonic()
-            if expectations.counts_pending_since is None:
-                expectations.counts_pending_since = now
-            waited = now - expectations.counts_pending_since
+            if memory.counts_pending_since is None:
+                memory.counts_pending_since = now
+            waited = now - memory.counts_pending_since
             if waited < COUNTS_BATCH_SECONDS:
                 return COUNTS_BATCH_SECONDS - waited
-        expectations.counts_pending_since = None
+        memory.counts_pending_since = None
         namespace, name = key
         updated = await self._client.patch_status(namespace, name, patch)
         if updated:
@@ -504,37 +503,36 @@ class Controller:
         return None
 
     async def _report_conflict(
-        self, key: JobKey, body: Mapping[str, Any], message: str, expectations: Expectations
+        self, key: JobKey, body: Mapping[str, Any], message: str, memory: JobMemory
     ) -> None:
         """A Warning Event, once per distinct conflict, so that `kubectl describe` says why nothing starts."""
-        if expectations.conflict_reported == message or self._events is None:
+        if memory.conflict_reported == message or self._events is None:
             return
-        expectations.conflict_reported = message
+        memory.conflict_reported = message
         await self._events.warn(key, body, "ChildConflict", message)
 
     async def _report_refusal(
-        self, key: JobKey, body: Mapping[str, Any], refusal: refusals.Refusal, expectations: Expectations
+        self, key: JobKey, body: Mapping[str, Any], refusal: refusals.Refusal, memory: JobMemory
     ) -> float:
         """A refused create (refusals.py decides): a Warning Event with the API server's message (once per distinct
         message) now; the condition, and the retry or the failed job, with the next status, at once."""
         assert self._events is not None
-        self._create_outcomes[key] = refusal
-        if expectations.refusal_reported != refusal.message:
-            expectations.refusal_reported = refusal.message
+        memory.create_outcome = refusal
+        if memory.refusal_reported != refusal.message:
+            memory.refusal_reported = refusal.message
             logger.warning("%s/%s: %s", *key, refusal.message)
             await self._events.warn(key, body, refusal.reason, refusal.message)
         return 0.0
 
-    def _with_create_outcome(
-        self, key: JobKey, status: DistributedTrainingStatus, now: datetime
-    ) -> DistributedTrainingStatus:
-        """`status` with what the last carry-out met: a refused create, or every create through after one."""
-        if key not in self._create_outcomes:
-            return status
-        refusal = self._create_outcomes.pop(key)
-        if refusal is not None:
-            return refusals.refused_status(status, refusal, now)
+
+def _with_create_outcome(memory: JobMemory, status: DistributedTrainingStatus, now: datetime) -> DistributedTrainingStatus:
+    """`status` with what the last carry-out met: a refused create, or every create through after one."""
+    outcome, memory.create_outcome = memory.create_outcome, None
+    if outcome is None:
+        return status
+    if outcome == CREATED:
         return refusals.cleared_status(status, now) if refusals.is_refused(status) else status
+    return refusals.refused_status(status, outcome, now)
 
 
 def _all_running(status: DistributedTrainingStatus, observed: Observed, nodes: int) -> bool:

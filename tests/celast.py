@@ -19,7 +19,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data: bytes) -> dict[int, list[Any]]:
+def protobuf_fields(data: bytes) -> dict[int, list[Any]]:
     """A protobuf message as {field number: [values]} (varints as int, the rest as bytes)."""
     out: dict[int, list[Any]] = {}
     pos = 0
@@ -58,10 +58,10 @@ def _string(fields: dict[int, list[Any]], number: int) -> str:
     return fields[number][0].decode() if number in fields else ""
 
 
-def _node(data: bytes) -> Node:
-    f = _fields(data)
+def decoded_node(data: bytes) -> Node:
+    f = protobuf_fields(data)
     if 3 in f:  # const_expr: null 1, bool 2, int64 3, uint64 4, double 5, string 6, bytes 7
-        c = _fields(f[3][0])
+        c = protobuf_fields(f[3][0])
         if 6 in c:
             return Node("const", literal=c[6][0].decode())
         if 2 in c:
@@ -71,32 +71,32 @@ def _node(data: bytes) -> Node:
             return Node("const", literal=value - 2**64 if value >= 2**63 else value)
         return Node("const", literal=None)
     if 4 in f:  # ident_expr: name 1
-        return Node("ident", name=_string(_fields(f[4][0]), 1))
+        return Node("ident", name=_string(protobuf_fields(f[4][0]), 1))
     if 5 in f:  # select_expr: operand 1, field 2, test_only 3
-        s = _fields(f[5][0])
-        return Node("select", name=_string(s, 2), test_only=bool(s.get(3, [0])[0]), target=_node(s[1][0]))
+        s = protobuf_fields(f[5][0])
+        return Node("select", name=_string(s, 2), test_only=bool(s.get(3, [0])[0]), target=decoded_node(s[1][0]))
     if 6 in f:  # call_expr: target 1, function 2, args 3
-        c = _fields(f[6][0])
+        c = protobuf_fields(f[6][0])
         return Node(
             "call",
             name=_string(c, 2),
-            target=_node(c[1][0]) if 1 in c else None,
-            args=[_node(a) for a in c.get(3, [])],
+            target=decoded_node(c[1][0]) if 1 in c else None,
+            args=[decoded_node(a) for a in c.get(3, [])],
         )
     if 7 in f:  # list_expr: elements 1
-        return Node("list", args=[_node(e) for e in _fields(f[7][0]).get(1, [])])
+        return Node("list", args=[decoded_node(e) for e in protobuf_fields(f[7][0]).get(1, [])])
     if 9 in f:  # comprehension_expr
-        c = _fields(f[9][0])
+        c = protobuf_fields(f[9][0])
         return Node(
             "comprehension",
             comp={
                 "iter_var": _string(c, 1),
-                "iter_range": _node(c[2][0]),
+                "iter_range": decoded_node(c[2][0]),
                 "accu_var": _string(c, 3),
-                "accu_init": _node(c[4][0]),
-                "loop_condition": _node(c[5][0]),
-                "loop_step": _node(c[6][0]),
-                "result": _node(c[7][0]),
+                "accu_init": decoded_node(c[4][0]),
+                "loop_condition": decoded_node(c[5][0]),
+                "loop_step": decoded_node(c[6][0]),
+                "result": decoded_node(c[7][0]),
             },
         )
     raise ValueError(f"an expression kind this estimator does not know: fields {sorted(f)}")

@@ -41,7 +41,7 @@ from typing import Any
 
 from cel_expr_python import cel
 
-from tests.celast import Node, _fields, _node
+from tests.celast import Node, decoded_node, protobuf_fields
 
 MAX_REQUEST_SIZE_BYTES = 3 * 1024 * 1024
 STATIC_ESTIMATED_COST_LIMIT = 10_000_000
@@ -149,9 +149,9 @@ def evaluate(rule: str, self_value: Any, old_self: Any = None) -> bool:
 
 def checked_ast(rule: str) -> Node:
     """The type-checked, macro-expanded AST of a rule, as the CEL engine compiled it."""
-    wrapper = _fields(compile_rule(rule).serialize())  # google.protobuf.Any: type_url 1, value 2
-    checked = _fields(wrapper[2][0])  # cel.expr.CheckedExpr: expr 4
-    return _node(checked[4][0])
+    wrapper = protobuf_fields(compile_rule(rule).serialize())  # google.protobuf.Any: type_url 1, value 2
+    checked = protobuf_fields(wrapper[2][0])  # cel.expr.CheckedExpr: expr 4
+    return decoded_node(checked[4][0])
 
 
 def functions(node: Node) -> set[str]:

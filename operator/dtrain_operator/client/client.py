@@ -136,21 +136,29 @@ class Client:
             ) from exc
 
     def _json(self, method: str, path: str, what: str, **kwargs: Any) -> dict[str, Any]:
-        response = self._send(method, path, **kwargs)
+        status, decoded, data = self._decoded(self._send(method, path, **kwargs))
+        if 200 <= status < 300:
+            return decoded
+        raise self._error(status, decoded, data, method, path, what)
+
+    @staticmethod
+    def _decoded(response: Any) -> tuple[int, dict[str, Any], bytes]:
+        """A response's status, its JSON object (empty when the body is none), and its raw body."""
         data = response.read()
         try:
             decoded = json.loads(data) if data else {}
         except ValueError:
             decoded = {}
-        if not isinstance(decoded, dict):
-            decoded = {}
-        if 200 <= response.status < 300:
-            return decoded
-        raise self._error(response.status, decoded, data, method, path, what)
+        return response.status, decoded if isinstance(decoded, dict) else {}, data
+
+    @staticmethod
+    def _message(decoded: Mapping[str, Any], data: bytes) -> str:
+        """The server's message, or the start of its body."""
+        return str(decoded.get("message") or (data or b"")[:300].decode(errors="replace")).strip()
 
     def _error(self, status: int, decoded: Mapping[str, Any], data: bytes, method: str, path: str, what: str) -> DtrainError:
         reason = str(decoded.get("reason") or "")
-        message = str(decoded.get("message") or (data or b"")[:300].decode(errors="replace")).strip()
+        message = self._message(decoded, data)
         verb = {"POST": "create", "GET": "get", "DELETE": "delete", "PATCH": "patch"}.get(method, method.lower())
         namespace = self._namespace_of(path)
         if status in (401, 403):
@@ -261,15 +269,10 @@ class Client:
         admitted and validated, never stored. Returns the HTTP status and the server's message."""
         meta = obj["metadata"]
         prefix, plural = contract.RESOURCES[(obj["apiVersion"], obj["kind"])]
-        response = self._send("POST", f"{prefix}/namespaces/{meta['namespace']}/{plural}", query={"dryRun": "All"},
-                              body=dict(obj))
-        data = response.read()
-        try:
-            decoded = json.loads(data) if data else {}
-        except ValueError:
-            decoded = {}
-        message = decoded.get("message") if isinstance(decoded, dict) else None
-        return response.status, str(message or (data or b"")[:300].decode(errors="replace")).strip()
+        status, decoded, data = self._decoded(self._send(
+            "POST", f"{prefix}/namespaces/{meta['namespace']}/{plural}", query={"dryRun": "All"}, body=dict(obj)
+        ))
+        return status, self._message(decoded, data)
 
     def get(self, name: str, namespace: str | None = None) -> api.DistributedTraining:
         ns = namespace or self.namespace

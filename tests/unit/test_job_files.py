@@ -17,7 +17,7 @@ import yaml
 
 from dtrain_operator.api import contract
 from dtrain_operator.api.safe_yaml import load_documents
-from dtrain_operator.api.validation import EXIT_INVALID_JOB, validate_file, validate_job_document, validate_text
+from dtrain_operator.api.validation import EXIT_INVALID_JOB, validate_file, validate_object, validate_text
 from dtrain_operator.cli import main as cli
 
 HEAD = """\
@@ -92,7 +92,7 @@ def test_a_quoted_key_or_another_word_is_the_string_written(key):
 def test_the_operator_takes_the_key_kubectl_sent():
     """What the API server stores is JSON: the key "false" of `n: 96` is a key like any other there."""
     document = yaml.safe_load(job_text("  data:\n    classPath: my.Data\n    initArgs: {'false': 96}\n"))
-    result = validate_job_document(document, "job")
+    result = validate_object(document, "job")
     assert result.errors == [] and result.job is not None and result.job.spec.data.init_args == {"false": 96}
 
 

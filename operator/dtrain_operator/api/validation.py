@@ -242,8 +242,8 @@ def bounded_messages(lines: list[str]) -> list[str]:
 
 
 def validate_object(obj: Any, source: str = "", cluster: bool = True) -> DocumentResult:
-    """Check one already-parsed object, as the operator reads a stored one; `cluster`: also what only a
-    cluster needs (shared storage)."""
+    """Check one already-parsed object: a stored one, as the operator reads it, or one a user gives to be created (a
+    job file, a dict); `cluster`: also what only a cluster needs (shared storage)."""
     result = _checked_object(obj, source, cluster)
     result.errors = bounded_messages(result.errors)
     return result
@@ -277,14 +277,6 @@ def _checked_object(obj: Any, source: str, cluster: bool) -> DocumentResult:
     return result
 
 
-def validate_job_document(obj: Any, source: str = "", cluster: bool = True) -> DocumentResult:
-    """Check an object a user gives to be created (a job file, a dict): validate_object's checks, their messages
-    bounded."""
-    result = _checked_object(obj, source, cluster)
-    result.errors = bounded_messages(result.errors)
-    return result
-
-
 def validate_text(
     text: str, source: str, cluster: bool = True, defaults: JobDefaults | None = None, namespace: str = "default"
 ) -> DocumentResult:
@@ -301,7 +293,7 @@ def validate_text(
         return DocumentResult(
             source=source, errors=[f"holds {len(documents)} YAML documents; give one DistributedTraining per file"]
         )
-    return validate_job_document(defaults.fill(documents[0], namespace) if defaults else documents[0], source, cluster)
+    return validate_object(defaults.fill(documents[0], namespace) if defaults else documents[0], source, cluster)
 
 
 def validate_file(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtrain_operator import api
 from dtrain_operator.api import contract
-from dtrain_operator.api.validation import DocumentResult, validate_file, validate_job_document
+from dtrain_operator.api.validation import DocumentResult, validate_file, validate_object
 from dtrain_operator.client.credentials import load_configuration
 from dtrain_operator.client.errors import (
     AlreadyExists,
@@ -229,10 +229,10 @@ class Client:
             wire = job.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
             wire.setdefault("apiVersion", contract.API_VERSION)
             wire.setdefault("kind", contract.KIND)
-            result = validate_job_document(wire, "job")
+            result = validate_object(wire, "job")
         elif isinstance(job, Mapping):
             # A plain, deep copy: JSON is what the API server takes.
-            result = validate_job_document(json.loads(json.dumps(dict(job))), "job")
+            result = validate_object(json.loads(json.dumps(dict(job))), "job")
         else:
             result = validate_file(job)
         if result.errors:

@@ -3,7 +3,7 @@ shown yet (expectations.py), and what it must neither say nor ask twice."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from dtrain_operator.controller.expectations import Expectations
@@ -15,10 +15,9 @@ CREATED: Final = "created"
 
 @dataclass
 class JobMemory:
-    """One incarnation of a job (its uid): a job created again under the same name starts afresh."""
+    """One incarnation of a job (its expectations' uid): a job created again under the same name starts afresh."""
 
-    uid: str
-    expectations: Expectations = field(init=False)
+    expectations: Expectations
     counts_pending_since: float | None = None
     """Since when a status change of node counts alone waits, so that pods starting together share one patch."""
     conflict_reported: str = ""
@@ -34,5 +33,6 @@ class JobMemory:
     """What the last carry-out met, for the next status: a refused create, or CREATED (every create went through
     after a refusal); None once the status says so."""
 
-    def __post_init__(self) -> None:
-        self.expectations = Expectations(uid=self.uid)
+    @property
+    def uid(self) -> str:
+        return self.expectations.uid

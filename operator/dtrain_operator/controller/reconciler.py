@@ -307,7 +307,7 @@ class Controller:
     def _memory(self, key: JobKey, uid: str) -> JobMemory:
         memory = self._memories.get(key)
         if memory is None or memory.uid != uid:
-            memory = self._memories[key] = JobMemory(uid=uid)
+            memory = self._memories[key] = JobMemory(Expectations(uid=uid))
         return memory
 
     def _observe(self, key: JobKey, expectations: Expectations) -> tuple[Observed, frozenset[str]]:
@@ -374,9 +374,10 @@ class Controller:
         previous = starting_status(read.status, [p.generation for p in observed.workers if p.generation is not None])
         parsed = await self._parse(body, previous, memory)
 
-        refused = memory.create_outcome if isinstance(memory.create_outcome, refusals.Refusal) else None
         if parsed.job is None:
-            new = _with_create_outcome(memory, invalid_status(previous, parsed.errors, meta.get("generation"), now), now)
+            new, refused = _with_create_outcome(
+                memory, invalid_status(previous, parsed.errors, meta.get("generation"), now), now
+            )
             running: DistributedTraining | None = None
         else:
             watch = memory.progress_watch = progress_deadline.observe(
@@ -387,7 +388,7 @@ class Controller:
                 now,
             )
             new = compute_status(parsed.job, observed, previous, now, parsed.errors, self._limits, watch)
-            new = _with_create_outcome(memory, new, now)
+            new, refused = _with_create_outcome(memory, new, now)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
         requeue = await self._write_status(key, body, written, new, memory, decided_from=previous)
@@ -525,14 +526,17 @@ class Controller:
         return 0.0
 
 
-def _with_create_outcome(memory: JobMemory, status: DistributedTrainingStatus, now: datetime) -> DistributedTrainingStatus:
-    """`status` with what the last carry-out met: a refused create, or every create through after one."""
+def _with_create_outcome(
+    memory: JobMemory, status: DistributedTrainingStatus, now: datetime
+) -> tuple[DistributedTrainingStatus, refusals.Refusal | None]:
+    """`status` with what the last carry-out met (a refused create, or every create through after one), and the
+    refusal it now records, if any."""
     outcome, memory.create_outcome = memory.create_outcome, None
     if outcome is None:
-        return status
+        return status, None
     if outcome == CREATED:
-        return refusals.cleared_status(status, now) if refusals.is_refused(status) else status
-    return refusals.refused_status(status, outcome, now)
+        return (refusals.cleared_status(status, now) if refusals.is_refused(status) else status), None
+    return refusals.refused_status(status, outcome, now), outcome
 
 
 def _all_running(status: DistributedTrainingStatus, observed: Observed, nodes: int) -> bool:

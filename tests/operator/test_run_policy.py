@@ -58,8 +58,10 @@ async def test_ttl_after_finished_deletes_the_job_and_its_children(operated: Clu
     await operated.run_all(NS, "shortlived", 2)
     await operated.exit(NS, "shortlived-1", 0)
     await operated.exit(NS, "shortlived-0", 0)
-    await operated.phase(NS, "shortlived", "Succeeded")
-    await operated.eventually(lambda: operated.job(NS, "shortlived") is None, "the job deleted", timeout=10)
+    # completionTime has whole seconds, so a 1 s TTL may delete the job before a poll sees it Succeeded:
+    # its Events (which have no owner) keep what it went through.
+    await operated.eventually(lambda: operated.job(NS, "shortlived") is None, "the job deleted", timeout=40)
+    assert [e["reason"] for e in operated.events(NS, "shortlived")][-1] == "Succeeded"
     await operated.eventually(
         lambda: not operated.objects("v1/pods", NS, "shortlived") and not operated.objects("v1/services", NS, "shortlived")
         and not operated.objects("v1/configmaps", NS, "shortlived"),

@@ -33,12 +33,17 @@ INSTALLED := $(VENV)/.dtrain-installed
 TOOLS := .tools/bin/helm .tools/bin/kubectl
 # The tests' S3 server (the Versity S3 Gateway, built from its pinned Go module: a minute or two the first time, then cached).
 S3SERVER := .tools/bin/versitygw
+# Upstream etcd, kube-apiserver, controller manager and scheduler in one binary, built from their pinned Go
+# modules (tools/cluster/controlplane: about 10 minutes on 2 cores the first time, then cached): the tests'
+# real API server (tests/control_plane.py) and make cluster's control plane. The build needs only Python's
+# standard library, so that it runs beside make install.
+CONTROLPLANE := .cluster/bin/controlplane
 
 # Where the images go: $(REGISTRY)/dtrain-{operator,trainer,engine}:$(VERSION).
 REGISTRY ?= localhost/dtrain
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 
-.PHONY: install tools lint test e2e demo crd manifests clean images push cluster cluster-join cluster-down cluster-status \
+.PHONY: install tools controlplane lint test e2e demo crd manifests clean images push cluster cluster-join cluster-down cluster-status \
 	cluster-build bench-anchors
 
 NODES ?= 2
@@ -64,6 +69,11 @@ $(INSTALLED): pyproject.toml | $(PY)
 
 tools: $(TOOLS)
 
+controlplane: $(CONTROLPLANE)
+
+$(CONTROLPLANE): tools/cluster/controlplane/go.mod tools/cluster/controlplane/go.sum tools/cluster/controlplane/main.go
+	cd tools/cluster && $(PYTHON) -c 'from localcluster import controlplane; controlplane.build()'
+
 $(TOOLS): tools/install-k8s-tools.sh | $(INSTALLED)
 	PIP="$(PIP)" bash tools/install-k8s-tools.sh
 
@@ -83,7 +93,7 @@ $(S3SERVER): tools/s3server/go.mod tools/s3server/go.sum tools/s3server/build.sh
 # is spent waiting (for a timeout, a hang to be caught, a process to start), so two share 2 cores
 # well (22 min instead of 34 here). TEST_WORKERS=0 runs the tests in one process.
 TEST_WORKERS ?= 2
-test: lint $(TOOLS) $(S3SERVER)
+test: lint $(TOOLS) $(S3SERVER) $(CONTROLPLANE)
 	OMP_NUM_THREADS=1 $(PY) -m pytest --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
 
 # Root and network namespaces (ip netns, veth, bridge): see the README's "End to end" section.

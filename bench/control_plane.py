@@ -1,9 +1,6 @@
-"""The real API server for bench/operator_scale.py: upstream etcd and kube-apiserver only.
-
-They are the control plane `make cluster` runs (tools/cluster/controlplane's binary, started by
-tools/cluster/localcluster with the same flags), but in a throwaway state directory and on free
-ports of their own, so that they run beside a `make cluster` on the default ports. No scheduler, no
-controller manager, no kubelet: the benchmark plays the kubelet with the admin's credentials.
+"""The real API server for bench/operator_scale.py: upstream etcd and kube-apiserver only, started by
+tests/control_plane.py as for the operator's tests. No scheduler, no controller manager, no kubelet:
+the benchmark plays the kubelet with the admin's credentials.
 
 A real server cannot be intercepted as the emulator is, and its `apiserver_request_total` metric
 has no user or user-agent label; so the benchmark counts in kube-apiserver's audit log (which
@@ -16,17 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
-import os
 import ssl
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
@@ -34,83 +25,10 @@ import psutil
 from typing_extensions import Self
 
 from dtrain_operator.api import contract, crd
+from tests.control_plane import COMPONENTS, ControlPlane
 from tests.operator.apiserver import now_rfc3339
 from tests.operator.cluster import container_status
 from tests.operator.operator_process import OPERATOR_AGENTS, OPERATOR_NAMESPACE, OperatorProcess
-from tests.ports import free_port
-
-REPO = Path(__file__).resolve().parents[1]
-CLUSTER_TOOLS = REPO / "tools" / "cluster"
-COMPONENTS = ("kube-apiserver", "etcd")  # stopped in this order
-STOP_GRACE_SECONDS = 5.0  # nothing of theirs outlives the run: no need for kube-apiserver's slow goodbye
-
-
-@dataclass(frozen=True)
-class ControlPlane:
-    url: str
-    kubeconfig: Path  # the admin's (system:masters), which the operator runs with
-    ca: Path
-    admin_cert: Path
-    admin_key: Path
-    audit_log: Path
-    logs: Path
-    processes: ModuleType  # localcluster.processes, bound to this state directory
-
-    def pid(self, component: str) -> int | None:
-        return self.processes.running(component)
-
-
-def binary_dir() -> Path:
-    """Where `make cluster` keeps (and controlplane.build() makes) the binary: a throwaway state keeps using it."""
-    if os.environ.get("DTRAIN_CLUSTER_BIN"):
-        return Path(os.environ["DTRAIN_CLUSTER_BIN"])
-    return Path(os.environ.get("DTRAIN_CLUSTER_DIR") or REPO / ".cluster") / "bin"
-
-
-def _localcluster(state: Path) -> dict[str, ModuleType]:
-    """tools/cluster/localcluster, pointed at `state` and free ports before it is first imported:
-    its layout reads DTRAIN_CLUSTER_DIR and the ports from the environment at import."""
-    if "localcluster" in sys.modules:
-        raise RuntimeError("localcluster was imported before the benchmark chose its ports and state directory")
-    os.environ.update(
-        DTRAIN_CLUSTER_DIR=str(state),
-        DTRAIN_CLUSTER_BIN=str(binary_dir()),
-        # No bridge here: kube-apiserver listens on every address, 127.0.0.1 is in its certificate, and the
-        # address it advertises (the bridge's) is only what the `kubernetes` Service's endpoints would name.
-        DTRAIN_APISERVER_HOST="127.0.0.1",
-        DTRAIN_ETCD_CLIENT_PORT=str(free_port()),
-        DTRAIN_ETCD_PEER_PORT=str(free_port()),
-        DTRAIN_APISERVER_PORT=str(free_port()),
-    )
-    sys.path.insert(0, str(CLUSTER_TOOLS))
-    modules = {name: importlib.import_module(f"localcluster.{name}") for name in ("controlplane", "layout", "pki",
-                                                                                  "processes")}
-    assert modules["layout"].STATE == state
-    return modules
-
-
-@contextlib.contextmanager
-def started(workdir: Path) -> Iterator[ControlPlane]:
-    """etcd and kube-apiserver, running until the block ends (however it ends)."""
-    state = Path(tempfile.mkdtemp(prefix="controlplane-", dir=workdir))
-    modules = _localcluster(state)
-    controlplane, layout, pki, processes = (modules[n] for n in ("controlplane", "layout", "pki", "processes"))
-    try:
-        controlplane.build()
-        pki.make_all([])
-        admin = pki.client("admin", "kubernetes-admin", "system:masters")
-        kubeconfig = pki.kubeconfig(state / "kubeconfig", "kubernetes-admin", *admin)
-        print(f"control plane: etcd and kube-apiserver {layout.KUBERNETES_VERSION} on {layout.APISERVER_URL} "
-              f"(state: {state})", flush=True)
-        controlplane.start_etcd()
-        controlplane.start_apiserver()  # with its audit log (controlplane.AUDIT_POLICY)
-        yield ControlPlane(
-            url=layout.APISERVER_URL, kubeconfig=kubeconfig, ca=pki.ca()[0], admin_cert=admin[0],
-            admin_key=admin[1], audit_log=layout.AUDIT_LOG, logs=layout.LOGS, processes=processes,
-        )
-    finally:
-        for component in COMPONENTS:
-            processes.stop(component, grace=STOP_GRACE_SECONDS)
 
 
 class AuditLog:
@@ -163,7 +81,7 @@ class RealApi:
         self.added_at: dict[tuple[str, str | None, str], float] = {}
         self.phase_at: dict[tuple[str | None, str, str], float] = {}
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self._audit = AuditLog(plane.audit_log)
+        self._audit = AuditLog(Path(plane.audit_log))
         self._session: aiohttp.ClientSession | None = None
         self._watches: list[asyncio.Task[None]] = []
         self.watch_restarts = 0  # the benchmark's watches, ended by the server and resumed
@@ -305,7 +223,7 @@ class RealApi:
 
     async def start_operator(self, args: tuple[str, ...]) -> OperatorProcess:
         """`dtrain operator` with the admin's kubeconfig; returns once it watches pods."""
-        operator = OperatorProcess(self.plane.kubeconfig, self.workdir / "operator.log", args)
+        operator = OperatorProcess(Path(self.plane.kubeconfig), self.workdir / "operator.log", args)
         operator.start()
         await _until(lambda: "watch pods" in self._audit.operator_requests(), "the operator's watch of pods", operator)
         return operator

@@ -5,7 +5,7 @@ one of two API servers (--apiserver):
 
 - `real` (the default): upstream kube-apiserver and etcd, the control plane `make cluster` runs
   (tools/cluster/controlplane's binary), started for the run on ports and in a state directory of
-  their own, and stopped at its end (bench/control_plane.py). Only those two: no scheduler,
+  their own, and stopped at its end (tests/control_plane.py, as for the tests). Only those two: no scheduler,
   controller manager or kubelet. The operator's requests are counted in kube-apiserver's audit log
   by user agent; objects arrive on watches the benchmark holds.
 - `emulator`: the API server the operator's tests use (tests/operator/apiserver.py: kmock's
@@ -59,6 +59,8 @@ from typing import Any
 
 import kmock
 
+from tests.control_plane import ControlPlane, started
+
 from . import control_plane
 from .common import machine, markdown_table, write_results
 from .scale_api import ApiUnderTest, EmulatedApi, TimedApiServer
@@ -81,7 +83,7 @@ async def run_on_emulator(scenario: Scenario, workdir: Path) -> dict[str, Any]:
         return await run_against(EmulatedApi(server, workdir), scenario)
 
 
-async def run_on_real(scenario: Scenario, workdir: Path, plane: control_plane.ControlPlane) -> dict[str, Any]:
+async def run_on_real(scenario: Scenario, workdir: Path, plane: ControlPlane) -> dict[str, Any]:
     async with control_plane.RealApi(plane, workdir, NAMESPACES) as api:
         return await run_against(api, scenario)
 
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         if args.apiserver == "real":
-            with control_plane.started(workdir) as plane:
+            with started(workdir) as plane:
                 result = asyncio.run(run_on_real(scenario, workdir, plane))
         else:
             result = asyncio.run(run_on_emulator(scenario, workdir))

@@ -1,5 +1,5 @@
 """bench.operator_scale in smoke mode: the operator process creates the jobs' children over HTTP and is counted,
-against the operator tests' API emulator and, where the control plane is built, against kube-apiserver and etcd."""
+against the operator tests' API emulator and against kube-apiserver and etcd (make test builds them)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.control_plane import binary_dir
 from tests.bench.smoke import run_smoke, table_header
-
-BUILT = (binary_dir() / "controlplane").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "apiserver",
-    [
-        "emulator",
-        # No Go build in `make test`: the real server runs where `make cluster` has built it.
-        pytest.param("real", marks=pytest.mark.skipif(not BUILT, reason="the control plane is not built (make cluster)")),
-    ],
-)
+@pytest.mark.parametrize("apiserver", ["emulator", "real"])
 def test_operator_scale_smoke(tmp_path: Path, apiserver: str) -> None:
     run = run_smoke(
         "bench.operator_scale", tmp_path / "operator_scale.json", "--apiserver", apiserver,

@@ -1,4 +1,6 @@
-"""Fixtures shared by every tier: the real S3 server (tests/s3server.py), started once per session when a test asks for it."""
+"""Fixtures shared by every tier, each started once per session (per pytest worker) when a test asks for it:
+the real S3 server (tests/s3server.py) and the real API server (tests/control_plane.py) with the CRD installed
+(tests/kube_admission.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.control_plane import ControlPlane, started
+from tests.kube_admission import KubeAdmission
 from tests.s3server import S3Server
 
 
@@ -17,3 +21,16 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """Upstream etcd and kube-apiserver on free ports; stopped at the end."""
+    with started(tmp_path_factory.mktemp("kube-apiserver")) as plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def admission(kube_apiserver: ControlPlane) -> KubeAdmission:
+    """The CRD of this checkout installed in the session's kube-apiserver, which judges each object."""
+    return KubeAdmission(kube_apiserver)

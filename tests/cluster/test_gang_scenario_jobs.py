@@ -1,5 +1,5 @@
 """The gang scenarios' jobs (scenarios.gang.gpu_job) without a cluster: admitted as the API server admits
-them (the CRD's schema and CEL rules), read and rendered as the operator does. Every worker asks for
+them (the session's kube-apiserver, by dry run), read and rendered as the operator does. Every worker asks for
 one nvidia.com/gpu (and, seeing no CUDA device, trains on the CPU), the gang job's workers name their
 provider's PodGroup of all of them (Kubernetes' own, or scheduler-plugins' for its coscheduling
 scheduler), and the e2e cluster has one GPU too few for them."""
@@ -10,21 +10,21 @@ import pytest
 import yaml
 from localcluster import schedulers
 
-from dtrain_operator.api import DistributedTraining, crd
+from dtrain_operator.api import DistributedTraining
 from dtrain_operator.core import pod_groups, render
 from tests.cluster.kube import REPO
 from tests.cluster.scenarios import SCENARIOS
 from tests.cluster.scenarios.common import E2E_GPUS_PER_NODE, E2E_NODES, GPU, e2e_cluster_arguments
 from tests.cluster.scenarios.gang import COSCHEDULING_GANG, GANG_NODES, NATIVE_GANG, gpu_job
-from tests.crd_admission import CrdAdmission
+from tests.kube_admission import KubeAdmission
 
 GANG = {"gang": {"enabled": True, "provider": "kubernetes", "scheduleTimeoutSeconds": 5}}
 
 
 @pytest.mark.parametrize("scheduling", [{"gang": {"scheduleTimeoutSeconds": 5}}, GANG, NATIVE_GANG.scheduling,
                                         COSCHEDULING_GANG.scheduling])
-def test_each_worker_asks_for_one_gpu(scheduling):
-    stored = CrdAdmission(crd.crd()).check(gpu_job("e2e-gang", scheduling=scheduling))  # kubectl apply's admission
+def test_each_worker_asks_for_one_gpu(admission: KubeAdmission, scheduling):
+    stored = admission.check(gpu_job("e2e-gang", scheduling=scheduling))  # kubectl apply's admission
     job = DistributedTraining.model_validate(stored)
     assert (job.spec.accelerator, job.spec.devices_per_node) == ("gpu", 1)
     pods = render.render_workers(job)
@@ -52,8 +52,8 @@ def test_the_e2e_cluster_has_one_gpu_too_few_for_the_gang():
     assert E2E_NODES * E2E_GPUS_PER_NODE == GANG_NODES - 1
 
 
-def test_the_coscheduling_gang_names_scheduler_plugins_pod_group_of_every_worker():
-    stored = CrdAdmission(crd.crd()).check(gpu_job("e2e-cosched", scheduling=COSCHEDULING_GANG.scheduling))
+def test_the_coscheduling_gang_names_scheduler_plugins_pod_group_of_every_worker(admission: KubeAdmission):
+    stored = admission.check(gpu_job("e2e-cosched", scheduling=COSCHEDULING_GANG.scheduling))
     stored["spec"]["nodes"] = E2E_NODES + 2  # after the gang scenario's join: 4 workers on 3 nodes
     job = DistributedTraining.model_validate(stored)
     group = pod_groups.render_pod_group(job)

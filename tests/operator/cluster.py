@@ -7,7 +7,7 @@ imageID, ready, restartCount and state; termination messages; eviction condition
 
 A DistributedTraining is stored as the test sends it, as with a CRD from before its schema and
 CEL rules: what the operator does with whatever reaches it is tested here; what the CRD refuses
-is the real API server's (`make e2e`'s crd-refusals) and the unit tests' (tests/crd_admission.py).
+is the real API server's (tests/unit/test_crd_cel.py on the session's kube-apiserver, `make e2e`'s crd-refusals).
 """
 
 from __future__ import annotations

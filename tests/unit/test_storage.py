@@ -15,7 +15,7 @@ from dtrain_operator.api.job_defaults import JobDefaults
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job, validate_object, validate_text
 from dtrain_operator.core import engine_job, render
 from tests.builders import a_job
-from tests.unit.test_crd_cel import cel_messages
+from tests.kube_admission import KubeAdmission
 
 FIX = "set spec.storage.claimName (a ReadWriteMany PVC) or spec.storage.url (s3://bucket/prefix or gs://bucket/prefix)"
 
@@ -105,10 +105,10 @@ def test_jobs_with_shared_storage_or_none_needed_pass(spec: dict) -> None:
         ({"nodes": 2, "checkpoint": {"dir": "s3://bkt/c"}}, True),
     ],
 )
-def test_shared_storage_is_judged_after_the_job_defaults(spec: dict, refused: bool) -> None:
+def test_shared_storage_is_judged_after_the_job_defaults(admission: KubeAdmission, spec: dict, refused: bool) -> None:
     """The CRD cannot know the cluster's job defaults, which may hold the storage: it admits every case, and
     what dtrain validate (and the operator) refuse without defaults they take with defaults that name a claim."""
-    assert not any("shared storage" in m for m in cel_messages(no_storage(**spec)))
+    assert admission.causes(no_storage(**spec)) == []
     assert (validate_object(no_storage(**spec)).job is None) == refused
     defaults = JobDefaults(spec={"storage": {"claimName": "dtrain-shared"}})
     assert validate_object(defaults.fill(no_storage(**spec))).errors == []

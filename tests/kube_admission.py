@@ -56,10 +56,12 @@ class KubeAdmission:
         self.install(crd.crd())
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None,
-                query: dict[str, str] | None = None) -> dict[str, Any]:
+                query: dict[str, str] | None = None, user: str | None = None) -> dict[str, Any]:
+        """One request as the admin, or as `user` (impersonated: what that user's RBAC allows)."""
         url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **({"Impersonate-User": user} if user else {})}
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, context=self.context, timeout=30) as reply:
                 return json.loads(reply.read())
@@ -82,23 +84,26 @@ class KubeAdmission:
                 raise RuntimeError(f"the CRD was not Established within {CRD_ESTABLISHED_SECONDS:.0f} s")
             time.sleep(0.1)
 
+    def namespace(self, name: str) -> str:
+        """The namespace, created the first time it is asked for."""
+        if name not in self.namespaces:
+            self.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+            self.namespaces.add(name)
+        return name
+
     def _collection(self, obj: dict[str, Any]) -> str:
-        namespace = (obj.get("metadata") or {}).get("namespace") or "default"
-        if namespace not in self.namespaces:
-            self.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                        "metadata": {"name": namespace}})
-            self.namespaces.add(namespace)
+        namespace = self.namespace((obj.get("metadata") or {}).get("namespace") or "default")
         return f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{contract.PLURAL}"
 
     def check(self, obj: dict[str, Any], old: dict[str, Any] | None = None,
-              field_validation: str = "Strict") -> dict[str, Any]:
+              field_validation: str = "Strict", user: str | None = None) -> dict[str, Any]:
         """The object as the server would store it, or Refused. With `old`, an update of `old` (stored for
         the check, deleted after). `field_validation` as the request's parameter: Strict (kubectl apply's)
-        refuses unknown fields, Ignore drops them."""
+        refuses unknown fields, Ignore drops them. `user`: whose create it is (the admin's by default)."""
         query = {"dryRun": "All", "fieldValidation": field_validation}
         collection = self._collection(obj)
         if old is None:
-            return self.request("POST", collection, obj, query)
+            return self.request("POST", collection, obj, query, user)
         stored = self.request("POST", collection, _fresh(old))
         path = f"{collection}/{stored['metadata']['name']}"
         try:

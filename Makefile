@@ -74,7 +74,8 @@ controlplane: $(CONTROLPLANE)
 $(CONTROLPLANE): tools/cluster/controlplane/go.mod tools/cluster/controlplane/go.sum tools/cluster/controlplane/main.go
 	cd tools/cluster && $(PYTHON) -c 'from localcluster import controlplane; controlplane.build()'
 
-$(TOOLS): tools/install-k8s-tools.sh | $(INSTALLED)
+# One run of the script makes both (a grouped target: make -j never runs it twice at once).
+$(TOOLS) &: tools/install-k8s-tools.sh | $(INSTALLED)
 	PIP="$(PIP)" bash tools/install-k8s-tools.sh
 
 # The gates read this checkout's sources (not whichever one the environment's editable install names).

@@ -60,7 +60,7 @@ BASE_ENV = [
     {"name": "DTRAIN_POD_NAME", "value": "mnist-2"},
     {"name": "DTRAIN_PROGRESS_SINK", "value": "stdout"},
 ]
-NODE_NAME = {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+NODE_NAME = {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}}
 GANG_GENERATION = {"name": "DTRAIN_GANG_GENERATION", "value": "0"}  # the supervisor's first launch
 # A GPU job's flight recorder: NCCL's last collectives, dumped at a hang and at a collective timeout (this
 # job's artifacts are on object storage: NCCL's own timeout dump, which writes files, has no place there).

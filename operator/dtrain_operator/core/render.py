@@ -68,7 +68,7 @@ def worker_env(
     return [
         *(_var(name, value) for name, value in launch_env(job, rank, site, gang_generation, gang_nodes).items()),
         _var(contract.ENV_GANG_GENERATION, gang_generation),
-        {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}},
         *credentials_env(job),
         *(var.to_wire() for var in job.spec.env),
     ]

@@ -25,46 +25,10 @@ import psutil
 from typing_extensions import Self
 
 from dtrain_operator.api import contract, crd
-from tests.control_plane import COMPONENTS, ControlPlane
+from tests.control_plane import COMPONENTS, AuditLog, ControlPlane
 from tests.operator.apiserver import now_rfc3339
 from tests.operator.cluster import container_status
 from tests.operator.operator_process import OPERATOR_AGENTS, OPERATOR_NAMESPACE, OperatorProcess
-
-
-class AuditLog:
-    """Every request the server logged, once each (a watch has two stages), read as the file grows."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-        self._seen: set[str] = set()
-        self.requests: list[tuple[str, str]] = []  # (user agent, "verb resource[/subresource]")
-
-    def read(self) -> None:
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as log:
-            log.seek(self._offset)
-            data = log.read()
-        self._offset += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for line in lines:
-            event = json.loads(line)
-            if event["auditID"] in self._seen:
-                continue
-            self._seen.add(event["auditID"])
-            ref = event.get("objectRef") or {}
-            if ref.get("resource"):
-                what = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-            else:
-                what = event.get("requestURI", "")
-            self.requests.append((event.get("userAgent", ""), f"{event['verb']} {what}"))
-
-    def operator_requests(self) -> list[str]:
-        """The operator's requests so far, in order; its Lease renewals are not a job's."""
-        self.read()
-        return [kind for agent, kind in self.requests if agent.startswith(OPERATOR_AGENTS) and kind.split()[1] != "leases"]
 
 
 class RealApi:
@@ -225,7 +189,7 @@ class RealApi:
         """`dtrain operator` with the admin's kubeconfig; returns once it watches pods."""
         operator = OperatorProcess(Path(self.plane.kubeconfig), self.workdir / "operator.log", args)
         operator.start()
-        await _until(lambda: "watch pods" in self._audit.operator_requests(), "the operator's watch of pods", operator)
+        await _until(lambda: "watch pods" in self.operator_requests(), "the operator's watch of pods", operator)
         return operator
 
     async def create(self, obj: dict[str, Any]) -> None:
@@ -248,7 +212,8 @@ class RealApi:
 
     def operator_requests(self) -> list[str]:
         self.check()
-        return self._audit.operator_requests()
+        # Its Lease renewals are not a job's.
+        return [kind for kind in self._audit.requests_of(OPERATOR_AGENTS) if kind.split()[1] != "leases"]
 
     def _cpu(self) -> dict[str, float]:
         seconds = {}

@@ -25,8 +25,11 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 @pytest.fixture(scope="session")
 def kube_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """Upstream etcd and kube-apiserver on free ports; stopped at the end."""
-    with started(tmp_path_factory.mktemp("kube-apiserver")) as plane:
+    """Upstream etcd and kube-apiserver on free ports, this checkout's CRD, and kube-controller-manager's garbage
+    collector (children go with their owner) and service account controller (each namespace's `default`
+    account); stopped at the end."""
+    with started(tmp_path_factory.mktemp("kube-apiserver"), controllers="garbagecollector,serviceaccount",
+                 with_crd=True) as plane:
         yield plane
 
 

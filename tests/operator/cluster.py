@@ -1,13 +1,7 @@
-"""The operator's test bench: the API server (apiserver.py), the operator as a real process
-(`dtrain operator` with a kubeconfig pointing at the server: operator_process.py), a kubelet and
-a Job controller played by the tests over HTTP. The jobs the tests submit come from tests/builders.py.
-
-The kubelet writes statuses the way a real one does (container statuses with name, image,
-imageID, ready, restartCount and state; termination messages; eviction conditions).
-
-A DistributedTraining is stored as the test sends it, as with a CRD from before its schema and
-CEL rules: what the operator does with whatever reaches it is tested here; what the CRD refuses
-is the real API server's (tests/unit/test_crd_cel.py on the session's kube-apiserver, `make e2e`'s crd-refusals).
+"""The operator's test bench on the emulated API server (apiserver.py; real_cluster.py is the same bench on
+the real one): the operator as a real process (operator_process.py), a kubelet and a Job controller played by
+the tests over HTTP, writing statuses as real ones do. Jobs come from tests/builders.py. A DistributedTraining
+is stored as sent (no schema, no CEL rules: what the CRD refuses is judged by the real server elsewhere).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import kmock
 from dtrain_operator.api import contract
 
 from .admission_refusals import Refusals
-from .apiserver import ApiServer, now_rfc3339
+from .apiserver import KUBELET_FINALIZER, ApiServer, now_rfc3339
 from .operator_process import OPERATOR_AGENTS, OperatorProcess, write_kubeconfig
 
 DTR = kmock.resource(f"{contract.API_VERSION}/{contract.PLURAL}")
@@ -203,7 +197,29 @@ class Cluster:
             return 0
         return len({v["metadata"]["uid"] for v in self.api.objects[key].history if v is not None})
 
+    def job_versions(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """Every version of the job that was stored, oldest first."""
+        return [dict(v) for v in self.api.objects[DTR, namespace, name].history if v is not None]
+
+    def deletion_grace(self, namespace: str, name: str) -> int | None:
+        """The grace period the pod was deleted with (None while it was not)."""
+        return self.api.deletion_graces.get((namespace, name))
+
+    async def stop_operators(self) -> None:
+        for process in self.operators:
+            if process.running:
+                # In a thread: the emulator runs in this loop, and a stopping operator releases its Lease.
+                await asyncio.to_thread(process.stop)
+
     # --- The kubelet and the Job controller ----------------------------------------------------------
+
+    async def hold_termination(self, namespace: str, name: str) -> None:
+        """From now on, deleting the pod leaves it Terminating until `let_go` (a kubelet confirming)."""
+        await self.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"finalizers": [KUBELET_FINALIZER]}})
+
+    async def let_go(self, namespace: str, name: str) -> None:
+        """The kubelet confirms a held pod's termination: the pod goes."""
+        await self.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"finalizers": None}})
 
     async def _pod_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         await self._request(
@@ -236,7 +252,8 @@ class Cluster:
             },
         )
 
-    async def run(self, namespace: str, name: str) -> None:
+    async def run(self, namespace: str, name: str, node: str | None = None) -> None:
+        """Running (on `node`, bound after the status, so that the operator sees no Starting in between)."""
         pod = self.pod(namespace, name)
         now = now_rfc3339()
         await self._pod_status(
@@ -254,14 +271,16 @@ class Cluster:
                 "containerStatuses": container_status(pod, {"running": {"startedAt": now}}, ready=True),
             },
         )
+        if node:
+            await self.bind(namespace, name, node)
 
-    async def run_all(self, namespace: str, job: str, nodes: int) -> list[dict[str, Any]]:
-        """Wait for the job's `nodes` worker pods and start them all."""
+    async def run_all(self, namespace: str, job: str, nodes: int, on: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Wait for the job's `nodes` worker pods and start them all (pod i on node `on[i]`, if given)."""
         pods = await self.eventually(
             lambda: (p := self.pods(namespace, job)) and len(p) == nodes and p, f"{nodes} worker pods of {job}"
         )
-        for pod in pods:
-            await self.run(namespace, pod["metadata"]["name"])
+        for index, pod in enumerate(pods):
+            await self.run(namespace, pod["metadata"]["name"], on[index] if on else None)
         return pods
 
     async def exit(self, namespace: str, name: str, code: int, message: str = "", reason: str = "") -> None:
@@ -332,6 +351,7 @@ class Cluster:
         now = now_rfc3339()
         if succeeded:
             status = {
+                "startTime": now,
                 "succeeded": 1,
                 "completionTime": now,
                 "conditions": [
@@ -341,6 +361,7 @@ class Cluster:
             }
         else:
             status = {
+                "startTime": now,
                 "failed": 1,
                 "conditions": [
                     {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
@@ -374,8 +395,5 @@ async def running_cluster(tmp: Path):
         try:
             yield cluster
         finally:
-            for process in cluster.operators:
-                if process.running:
-                    # In a thread: the API server runs in this loop, and a stopping operator releases its Lease.
-                    await asyncio.to_thread(process.stop)
+            await cluster.stop_operators()
             api.faults.clear()

@@ -1,7 +1,7 @@
 """Kubelet behaviour the lifecycle-edge tests need, beyond cluster.Cluster's kubelet. Each piece is
 small, drives the API server over HTTP as a kubelet would, and touches no shared code:
 
-- graceful termination: a deleted pod stays (Terminating, held by a finalizer) until its
+- graceful termination: a deleted pod stays Terminating (Cluster.hold_termination) until its
   container has exited, as a kubelet holds it for terminationGracePeriodSeconds (30 s by
   default); `finish_termination` ends it (exit 143, SIGTERM) and lets the pod go; a pod on a
   node that is gone for good is never finished;
@@ -18,24 +18,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .apiserver import KUBELET_FINALIZER, now_rfc3339
+from .apiserver import now_rfc3339
 from .cluster import Cluster, container_status
-
-TERMINATION_FINALIZER = KUBELET_FINALIZER
-
-
-def _pod_path(namespace: str, name: str) -> str:
-    return f"/api/v1/namespaces/{namespace}/pods/{name}"
-
-
-async def hold_termination(cluster: Cluster, namespace: str, name: str) -> None:
-    """From now on, deleting the pod leaves it Terminating until `finish_termination`."""
-    await cluster.patch(_pod_path(namespace, name), {"metadata": {"finalizers": [TERMINATION_FINALIZER]}})
 
 
 async def hold_all(cluster: Cluster, namespace: str, pods: list[dict[str, Any]]) -> None:
+    """From now on, deleting these pods leaves them Terminating until `finish_termination`."""
     for pod in pods:
-        await hold_termination(cluster, namespace, pod["metadata"]["name"])
+        await cluster.hold_termination(namespace, pod["metadata"]["name"])
 
 
 def terminating(cluster: Cluster, namespace: str, job: str) -> list[str]:
@@ -44,8 +34,12 @@ def terminating(cluster: Cluster, namespace: str, job: str) -> list[str]:
 
 
 async def finish_termination(cluster: Cluster, namespace: str, name: str, exit_code: int = 143) -> None:
-    """The container exited (SIGTERM: 143) and the kubelet lets the pod go."""
-    pod = cluster.pod(namespace, name)
+    """The container exited (SIGTERM: 143) and the kubelet lets the pod go. A real server deletes a pod that
+    failed or succeeded at once (no kubelet has anything to stop): then there is nothing to finish."""
+    try:
+        pod = cluster.pod(namespace, name)
+    except KeyError:
+        return
     now = now_rfc3339()
     terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
                   "startedAt": now, "finishedAt": now}
@@ -57,7 +51,7 @@ async def finish_termination(cluster: Cluster, namespace: str, name: str, exit_c
             "containerStatuses": container_status(pod, {"terminated": terminated}, ready=False),
         },
     )
-    await cluster.patch(_pod_path(namespace, name), {"metadata": {"finalizers": None}})
+    await cluster.let_go(namespace, name)
 
 
 async def pull_failing(
@@ -96,7 +90,9 @@ async def pull_flipping(
             for name in [n for n in names if n not in gone]:
                 try:
                     await pull_failing(cluster, namespace, name, reason, message, scheduled_at)
-                except AssertionError as exc:  # the pod was deleted: its kubelet has nothing more to report
+                except KeyError:  # the pod was deleted: its kubelet has nothing more to report
+                    gone.add(name)
+                except AssertionError as exc:  # deleted between the read and the write
                     if ": 404 " not in str(exc):
                         raise
                     gone.add(name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
@@ -9,6 +11,8 @@ from .cluster import Cluster
 
 HOST_PATH = [{"name": "node-disk", "hostPath": {"path": "/var/lib"}}]
 MOUNT = [{"name": "node-disk", "mountPath": "/node"}]
+
+pytestmark = pytest.mark.real_apiserver
 
 
 async def _namespace(cluster: Cluster, name: str, labels: dict[str, str]) -> None:

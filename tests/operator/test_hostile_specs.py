@@ -3,11 +3,14 @@ a hostile value is an InvalidSpec condition naming the field, never a crashed re
 
 from __future__ import annotations
 
+import pytest
+
 from tests.builders import a_cpu_job
 
 from .cluster import Cluster
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 
 
 def _nested(depth: int) -> dict:

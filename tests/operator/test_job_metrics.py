@@ -7,6 +7,7 @@ import json
 import re
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import a_cpu_job
@@ -15,6 +16,7 @@ from tests.chart.test_dashboard import DASHBOARD_FILE, METRIC_NAME
 from .cluster import Cluster
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 
 
 async def scrape(port: int) -> str:

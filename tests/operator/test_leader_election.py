@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
@@ -13,6 +15,7 @@ from .cluster import Cluster
 from .operator_process import OPERATOR_NAMESPACE, OperatorProcess
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 LEASES = "coordination.k8s.io/v1/leases"
 
 

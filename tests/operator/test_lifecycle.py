@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 import yaml
 
 from dtrain_operator.api import contract
@@ -16,6 +17,7 @@ from .cluster import Cluster
 from .operator_process import OPERATOR_NAMESPACE
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 
 
 def owned_by(obj: dict, job: dict) -> bool:
@@ -73,7 +75,7 @@ def assert_worker_pod(cluster: Cluster, created: dict, rank: int, pod: dict) -> 
     assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == (f"llm-{rank}", "llm", "Never")
     (container,) = spec["containers"]
     assert container["command"] == ["python", "-m", "dtrain_trainer.supervisor", "-m", "dtrain_trainer"]
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert quantities(container["resources"]["limits"]) == {"nvidia.com/gpu": "2"}
     assert container["env"] == [
         {"name": "PET_NNODES", "value": "3"},
         {"name": "PET_NPROC_PER_NODE", "value": "2"},
@@ -95,14 +97,19 @@ def assert_worker_pod(cluster: Cluster, created: dict, rank: int, pod: dict) -> 
         {"name": "NCCL_DEBUG", "value": "INFO"},
         {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
         {"name": "DTRAIN_GANG_GENERATION", "value": "0"},  # the supervisor's first launch
-        {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "DTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}},
         {"name": "WANDB_MODE", "value": "offline"},
     ]
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert spec["automountServiceAccountToken"] is False
     assert contract.OPERATOR_TOKEN_VOLUME in volumes  # each pod's supervisor reports its launch
     assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
-    assert volumes["dtrain-config"]["configMap"] == {"name": "llm-config"}
+    assert volumes["dtrain-config"]["configMap"]["name"] == "llm-config"  # a real server adds defaultMode
+
+
+def quantities(resources: dict) -> dict[str, str]:
+    """Resource quantities as a real server stores them (strings: 2 is "2")."""
+    return {name: str(value) for name, value in resources.items()}
 
 
 async def test_create_makes_service_configmap_and_pods_with_the_environment_contract(operated: Cluster):
@@ -167,7 +174,7 @@ async def test_training_success_builds_the_engine_and_reports_artifacts(operated
     # The per-job artifacts directory under the job's shared storage (tests/builders.py's SHARED_STORAGE).
     onnx = f"{SHARED_STORAGE['url']}/{NS}/resnet/artifacts/model.onnx"
     assert container["command"][:4] == ["dtrain", "build-engine", "--onnx", onnx]
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert list(container["resources"]) == ["limits"] and quantities(container["resources"]["limits"]) == {"nvidia.com/gpu": "1"}
     assert engine_job["spec"]["backoffLimit"] == 1
 
     engine_results = {"kind": "engine", "engine": "/workspace/artifacts/model.plan", "precision": "fp16"}

@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
+import pytest
+
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
 from . import kubelet
 from .apiserver import now_rfc3339
-from .cluster import DTR, Cluster
+from .cluster import Cluster
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 
 
 def generations(pods: list[dict]) -> set[str]:
@@ -24,8 +27,8 @@ def generations(pods: list[dict]) -> set[str]:
 def condition_history(cluster: Cluster, namespace: str, name: str, type_: str, status: str) -> list[dict]:
     """Every version of the job's `type_` condition with `status` that was ever stored, oldest first."""
     found = []
-    for version in cluster.api.objects[DTR, namespace, name].history:
-        for condition in ((version or {}).get("status") or {}).get("conditions") or []:
+    for version in cluster.job_versions(namespace, name):
+        for condition in (version.get("status") or {}).get("conditions") or []:
             if condition["type"] == type_ and condition["status"] == status and condition not in found:
                 found.append(condition)
     return found

@@ -4,6 +4,8 @@ nothing back, and an annotation it cannot believe is named, not obeyed."""
 
 from __future__ import annotations
 
+import pytest
+
 from dtrain_operator.api import DistributedTrainingSpec
 from dtrain_operator.api.memory_estimate import ANNOTATION, EstimateRecord, estimated_spec_hash
 from dtrain_operator.core.status import gpu_memory
@@ -13,6 +15,7 @@ from tests.builders import a_cpu_job
 from .cluster import Cluster
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 GiB = 2**30
 FIX = "trainer.batchSize: 64 with trainer.accumulateGradBatches: 4 (the same global batch of 256 per process; 9.1 GiB)"
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import aiohttp
+import pytest
 
 from dtrain_operator.cli import main as cli
 from tests.builders import a_cpu_job
@@ -14,6 +15,7 @@ from tests.builders import a_cpu_job
 from .cluster import Cluster
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 
 
 def run_dtrain(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timezone
 
+import pytest
+
 from dtrain_operator.api import contract
 from dtrain_operator.core.progress_deadline import HUNG_GANG_GRACE_SECONDS, REASON_PROGRESS_DEADLINE
 from tests.builders import a_cpu_job
@@ -12,6 +14,7 @@ from tests.builders import a_cpu_job
 from .cluster import Cluster
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 
 
 def generations(pods: list[dict]) -> set[str]:
@@ -54,9 +57,9 @@ async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: 
     # The hung pods cannot checkpoint: they go with a short grace, not terminationGracePeriodSeconds.
     names = [p["metadata"]["name"] for p in first]
     await operated.eventually(
-        lambda: all((NS, n) in operated.api.deletion_graces for n in names), "the hung gang's pods deleted"
+        lambda: all(operated.deletion_grace(NS, n) is not None for n in names), "the hung gang's pods deleted"
     )
-    assert {operated.api.deletion_graces[(NS, n)] for n in names} == {HUNG_GANG_GRACE_SECONDS}
+    assert {operated.deletion_grace(NS, n) for n in names} == {HUNG_GANG_GRACE_SECONDS}
 
     await operated.eventually(lambda: generations(operated.pods(NS, "hang")) == {"1"}, "gang generation 1")
     await operated.run_all(NS, "hang", 2)
@@ -79,9 +82,7 @@ def frame(module: str, function: str, line: int) -> dict:
 
 async def test_the_restart_names_where_the_hang_sits_from_rank_0s_stacks(operated: Cluster):
     await operated.apply(a_cpu_job("where").with_nodes(2).with_backoff_limit(1).with_progress_deadline(contract.MIN_PROGRESS_DEADLINE_SECONDS).as_dict())
-    pods = await operated.run_all(NS, "where", 2)
-    for pod, node in zip(pods, ("node-a", "node-b")):
-        await operated.bind(NS, pod["metadata"]["name"], node)
+    await operated.run_all(NS, "where", 2, on=("node-a", "node-b"))
     await operated.phase(NS, "where", "Running")
     await report(operated, "where", 5)
     # What rank 0 sends a few seconds into the stall, as the report endpoint writes it (stamped with its gang).
@@ -121,9 +122,7 @@ async def test_a_straggler_gets_a_condition_and_one_warning_event_naming_pod_and
     """The pod and node named are the operator's own view of rank 1: never the ones rank 0 reported (a job's code
     could name any node, which an SRE might drain)."""
     await operated.apply(a_cpu_job("slow").with_nodes(2).as_dict())
-    await operated.eventually(lambda: len(operated.pods(NS, "slow")) == 2, "the pods")
-    await operated.bind(NS, "slow-1", "node-b")
-    await operated.run_all(NS, "slow", 2)
+    await operated.run_all(NS, "slow", 2, on=("node-a", "node-b"))
     await operated.phase(NS, "slow", "Running")
     times = {"medianSeconds": 0.1, "slowestRank": 1, "slowestPod": "victim-0", "slowestNode": "node-victim", "slowChecks": 3}
     for step, ratio in ((50, 3.1), (100, 2.9)):  # still slow at the next comparison: no second Event

@@ -10,6 +10,7 @@ from tests.builders import a_cpu_job
 from .cluster import Cluster
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 
 
 async def test_suspend_deletes_the_gang_and_resume_starts_it_again(operated: Cluster):
@@ -109,6 +110,7 @@ async def test_pods_pending_too_long_are_named_with_their_reason(operated: Clust
     assert operated.condition(NS, "starved", "PodsPending")["status"] == "False"
 
 
+@pytest.mark.emulator("what the CRD refuses (stored under an older CRD)")
 async def test_a_change_to_an_immutable_field_is_reported_not_applied(operated: Cluster):
     """An edit of volumes or of a running job's scheduling that reaches the operator (a CRD from before
     its transition rules, which refuse it today) is compared with the spec it accepted and reported
@@ -155,6 +157,7 @@ async def test_mutable_fields_can_change(operated: Cluster):
     assert operated.condition(NS, "mutable", "SpecImmutable") is None
 
 
+@pytest.mark.emulator("what the CRD refuses (stored under an older CRD)")
 async def test_an_invalid_object_fails_with_the_messages_and_others_run(operated: Cluster):
     """What reaches the operator without the CRD's checks (a CRD from before its rules) fails with the model's messages."""
     bad = a_cpu_job("bad").with_spec(nodes=0).with_spec(trainer={"batchSize": 8, "maxEpoch": 3}).as_dict()
@@ -177,6 +180,7 @@ async def test_an_invalid_object_fails_with_the_messages_and_others_run(operated
     assert operated.status(NS, "bad")["phase"] == "Pending"
 
 
+@pytest.mark.emulator("what the CRD refuses (stored under an older CRD)")
 async def test_an_invalid_edit_of_a_running_job_keeps_it_running(operated: Cluster):
     await operated.apply(a_cpu_job("steady").with_nodes(2).as_dict())
     await operated.run_all(NS, "steady", 2)
@@ -191,6 +195,7 @@ async def test_an_invalid_edit_of_a_running_job_keeps_it_running(operated: Clust
     assert operated.status(NS, "steady")["phase"] == "Running"
 
 
+@pytest.mark.emulator("Volcano's and scheduler-plugins' PodGroup CRDs")
 @pytest.mark.parametrize(
     "scheduler,api_version",
     [("volcano", "scheduling.volcano.sh/v1beta1"), ("scheduler-plugins-scheduler", "scheduling.x-k8s.io/v1alpha1")],

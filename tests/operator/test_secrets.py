@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
 from .cluster import Cluster
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 ENV_SECRET = "s3cr3t-value-in-env-1234"
 LOG_TOKEN = "hf_abcdefghijklmnopqrstuvwxyz0123"
 BEARER = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJlLXNpZ25hdHVyZQ"

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
 from .cluster import Cluster
 
 NS = "default"
+pytestmark = pytest.mark.real_apiserver
 IMAGE = "registry.example/team/trainer:1.4"
 
 
@@ -46,6 +49,7 @@ async def test_a_new_operator_goes_on_from_the_status(cluster: Cluster):
     assert uids(cluster.pods(NS, "carried")) == {p["metadata"]["uid"] for p in pods if p["metadata"]["name"] == "carried-0"}
 
 
+@pytest.mark.emulator("an edit and a status the CRD refuses (stored under an older CRD)")
 async def test_an_unreadable_status_leaves_the_gang_alone(operated: Cluster):
     await operated.apply(a_cpu_job("steady").with_nodes(2).as_dict())
     await operated.run_all(NS, "steady", 2)

@@ -4,10 +4,14 @@ field and the fix, and no pod; an allowed account runs."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.builders import a_cpu_job
 
 from .cluster import Cluster
 from .operator_process import OPERATOR_NAMESPACE
+
+pytestmark = pytest.mark.real_apiserver
 
 
 async def _refused(cluster: Cluster, namespace: str, name: str, *lines: str) -> None:
@@ -49,6 +53,7 @@ async def test_jobs_never_run_as_the_operator_nor_in_its_namespace(cluster: Clus
     await _refused(cluster, "team-b", "api-token",
                    "spec.volumes[0].projected.sources[0].serviceAccountToken (a token for the Kubernetes API) is allowed only")
 
+    await cluster.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "iam", "namespace": "team-a"}})
     allowed = a_cpu_job("allowed").in_namespace("team-a").with_nodes(1).with_spec(serviceAccountName="iam", volumes=token,
                                                                                   volumeMounts=mount)
     await cluster.apply(allowed.as_dict())

@@ -2,7 +2,7 @@
 
 The job file is validated as `dtrain validate` does, and each worker pod the operator
 would create runs here as a local torchrun "node" with the pod's launch environment.
-A failing node stops the gang; the operator's own rules (`core.policy`,
+A failing node stops the gang; the operator's own rules (`core.restart_decision`,
 `core.progress_deadline`, `core.stragglers`) decide whether it restarts from the last
 checkpoint, when it hangs, and how the run ends (the deadline, the export, the engine
 step, which runs as the engine Job would); a summary closes the run.
@@ -33,7 +33,16 @@ from dtrain_operator.api import DistributedTraining, HangStacks, StepTimes, cont
 from dtrain_operator.api.job_dirs import missing_shared_storage
 from dtrain_operator.api.results import TrainerResults, read_termination_message
 from dtrain_operator.api.validation import EXIT_INVALID_JOB, load_job
-from dtrain_operator.core import child_names, elastic, hang_diagnosis, policy, progress_deadline, render, stragglers
+from dtrain_operator.core import (
+    child_names,
+    elastic,
+    hang_diagnosis,
+    policy,
+    progress_deadline,
+    render,
+    restart_decision,
+    stragglers,
+)
 from dtrain_operator.core.storage_volumes import object_store_env
 from dtrain_operator.local.display import Display
 from dtrain_operator.local.launch_plan import (
@@ -112,6 +121,10 @@ class StepOutcome:
     deadline: bool = False
     # The gang ran past runPolicy.progressDeadlineSeconds: what progress_deadline.decide said.
     hang: policy.FailureDecision | None = None
+
+    def hang_decision(self) -> policy.FailureDecision | None:
+        """The hang, asked for as core.restart_decision asks the operator's progress deadline."""
+        return self.hang
 
 
 @dataclass
@@ -240,12 +253,8 @@ class LocalRun:
                 return self._stopped()
             if outcome.deadline:
                 return self._end(policy.deadline_ending(run_policy))
-            if outcome.hang is not None:
-                if not outcome.hang.restart:
-                    return self._end(outcome.hang.ending)
-                self.state.restarts += 1
-                continue
-            resize = self._lost_nodes(gang)
+            # A hung gang's nodes were stopped here: they are not lost.
+            resize = self._lost_nodes(gang) if outcome.hang is None else None
             if resize is not None:
                 self.state.nodes = resize.nodes
                 self.state.restarts_ignoring_backoff += 1
@@ -255,14 +264,16 @@ class LocalRun:
                 node = gang.nodes[failure.rank]
                 excerpt = failure_excerpt(node.log_since_start(), FAILURE_LOG_LINES)
                 self.display.log_tail(f"node {failure.rank}", node.log_path, excerpt)
-            decision = policy.decide_on_failure(run_policy, outcome.failures, self.state.restarts)
+            decision = restart_decision.decide(self.job.spec, outcome.failures, self.state.restarts, outcome.hang_decision)
+            assert decision is not None, outcome  # the gang ended: it failed or hung
             if not decision.restart:
                 return self._end(decision.ending)
             if decision.counted:
                 self.state.restarts += 1
             else:
                 self.state.restarts_ignoring_backoff += 1
-            self.display.warn(decision.message)
+            if outcome.failures:  # a hang's restart was said as it was decided
+                self.display.warn(decision.message)
 
     def _lost_nodes(self, gang: Gang) -> elastic.Resize | None:
         """An elastic job's smaller gang when nodes were lost: a node's launcher killed by a signal from outside

@@ -19,7 +19,7 @@ from dtrain_operator.api import (
     contract,
     immutable_spec,
 )
-from dtrain_operator.core import elastic, in_place, policy, progress_deadline
+from dtrain_operator.core import in_place, policy, progress_deadline, restart_decision
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
 from dtrain_operator.core.gang_state import (
     current_gang,
@@ -206,14 +206,13 @@ def await_in_place_restart(c: StatusComputation) -> DistributedTrainingStatus | 
 
 
 def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
-    """A failed, lost or vanished worker, or a gang past its progress deadline: core.policy decides."""
+    """A failed, lost or vanished worker, or a gang past its progress deadline: core.restart_decision decides."""
     c.failures = worker_failures(c.running_job, c.gang, c.gang_started, c.gone_succeeded, c.total)
     status = c.status
-    decision = elastic.node_loss_restart(c.spec, c.failures) or (
-        policy.decide_on_failure(c.spec.run_policy, c.failures, status.restarts) if c.failures else None
+    decision = restart_decision.decide(
+        c.spec, c.failures, status.restarts,
+        lambda: hang.past_progress_deadline(c.spec, c.progress_watch, status, c.gang, c.now) if c.gang_started else None,
     )
-    if decision is None and c.gang_started:
-        decision = hang.past_progress_deadline(c.spec, c.progress_watch, status, c.gang, c.now)
     if decision is None:
         return None
     if not decision.restart:

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +40,36 @@ def timestamp(text: str) -> float:
 # --- Watching the training ---------------------------------------------------------------------
 
 
+# What rank 0's dtrain pod logs (kubectl logs --timestamps): each gang generation its supervisor starts, in a new
+# pod (a recreate) or in the same one (an in-place restart), and the checkpoint its trainer resumed from.
+GANG_START = re.compile(r"dtrain supervisor: starting torchrun for gang generation \d+")
+RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
+
+
+def dtrain_log_events(text: str, after: float) -> tuple[list[float], list[tuple[float, int]], float | None]:
+    """The gang starts (times) and resumes (time, step) in a timestamped log after `after`, and its last time."""
+    starts: list[float] = []
+    resumes: list[tuple[float, int]] = []
+    last = None
+    for stamp, _, line in (row.partition(" ") for row in text.splitlines()):
+        try:
+            moment = timestamp(stamp)
+        except ValueError:  # a line kubectl wrapped, or no log yet
+            continue
+        if moment <= after:  # --since-time gives the last line read again
+            continue
+        last = moment
+        if GANG_START.search(line):
+            starts.append(moment)
+        elif found := RESUMED.search(line):
+            resumes.append((moment, int(found[1])))
+    return starts, resumes, last
+
+
 @dataclass
 class Progress:
     """What the training reported, by the trainer's own clock: its steps (time, step), its starts (rank 0's
-    trainer coming up) and the steps it resumed from (time, step)."""
+    trainer coming up; dtrain's in the same pod too) and the steps it resumed from (time, step)."""
 
     system: System
     name: str
@@ -52,7 +78,7 @@ class Progress:
     steps: list[tuple[float, int]] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)
     resumes: list[tuple[float, int]] = field(default_factory=list)
-    _rank_0: tuple[str, str] | None = None
+    _log_read_to: dict[str, float] = field(default_factory=dict)  # rank 0's pod (uid) -> its last log line read
     failed: str | None = None  # why the job failed, once a wait saw it
 
     def poll(self) -> None:
@@ -80,28 +106,23 @@ class Progress:
                 self.steps.append((moment, int(record["step"])))
 
     def _poll_dtrain(self) -> None:
-        """dtrain's status.progress (updatedAt is the record's own time); a start is rank 0's container
-        starting in a new pod, whose log says the step it resumed from."""
+        """dtrain's status.progress (updatedAt is the record's own time); its starts and resumes from rank 0's
+        log (dtrain_log_events), read from where the last poll stopped."""
         progress = self.system.status(self.name).get("progress") or {}
         if progress.get("updatedAt") and progress.get("step"):
             point = (timestamp(progress["updatedAt"]), int(progress["step"]))
             if not self.steps or point != self.steps[-1]:
                 self.steps.append(point)
         pod = self.system.rank_pods(self.name).get(0)
-        running = next((s["state"]["running"] for s in (pod or {}).get("status", {}).get("containerStatuses") or []
-                        if "running" in s.get("state", {})), None)
-        if pod is None or running is None or (pod["metadata"]["name"], running["startedAt"]) == self._rank_0:
+        if pod is None or pod.get("status", {}).get("phase") != "Running":
             return
-        self._rank_0 = (pod["metadata"]["name"], running["startedAt"])
-        self.starts.append(timestamp(running["startedAt"]))
-
-    def _dtrain_resumed(self) -> int | None:
-        """The step rank 0's current trainer resumed from, once its log says so."""
-        if self._rank_0 is None:
-            return None
-        logs = kubectl("logs", self._rank_0[0], "-n", NS, check=False).stdout
-        found = re.findall(r"resumed from \S+ at step (\d+)", logs)
-        return int(found[-1]) if found else None
+        uid, read_to = pod["metadata"]["uid"], self._log_read_to.get(pod["metadata"]["uid"])
+        since = [f"--since-time={datetime.fromtimestamp(read_to, timezone.utc).isoformat()}"] if read_to else []
+        text = kubectl("logs", pod["metadata"]["name"], "-n", NS, "--timestamps", *since, check=False).stdout
+        starts, resumes, last = dtrain_log_events(text, after=read_to or 0.0)
+        self._log_read_to[uid] = last or read_to or 0.0
+        self.starts.extend(starts)
+        self.resumes.extend(resumes)
 
     def _wait(self, found: Callable[[], Any], timeout: float) -> Any:
         """found()'s first value that is not None; None at the timeout or once the job has failed."""
@@ -125,8 +146,6 @@ class Progress:
         return self._wait(lambda: next((t for t in self.starts if t > moment), None), timeout)
 
     def resumed_after(self, moment: float, timeout: float = 30) -> int | None:
-        if self.system.key == "dtrain":
-            return self._wait(self._dtrain_resumed, timeout)
         return self._wait(lambda: next((step for t, step in self.resumes if t >= moment), None), timeout)
 
     def fresh_report(self, at_least: int, timeout: float) -> tuple[float, int]:

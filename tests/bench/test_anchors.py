@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import anchor_jobs, anchors
+from bench import anchor_jobs, anchor_watch, anchors
 from dtrain_operator.api import contract
 
 
@@ -69,3 +69,23 @@ def test_the_table_says_what_happened_where_a_system_did_not_recover() -> None:
     table = anchors.table(results, 900)
     assert "| worker killed → training again (s) | 9.5 | no restart within 600 s |" in table
     assert "| rank hung → gang restarted (s; cap 900) | 41 | not within 900 s |" in table
+
+
+def test_dtrains_restarts_are_read_from_rank_0s_log_in_place_restarts_too() -> None:
+    """The supervisor's line for every gang it starts (a recreate's new pod, or an in-place restart in the same
+    one) and the trainer's resume, by kubectl's timestamps; a --since-time read gives its last line again."""
+    lines = [
+        "2026-12-06T16:00:00.100000000Z dtrain supervisor: starting torchrun for gang generation 0",
+        "2026-12-06T16:00:09.5Z INFO step 40 loss 0.3",
+        "2026-12-06T16:00:20.25Z dtrain supervisor: stopping torchrun (restart in place)",
+        "2026-12-06T16:00:21.000000001Z dtrain supervisor: starting torchrun for gang generation 1",
+        "2026-12-06T16:00:30Z INFO dtrain_trainer.progress_callback: resumed from s3://b/ckpt/last.ckpt at step 40",
+        "  a wrapped line",
+    ]
+    log = "\n".join(lines)
+    t0 = anchor_watch.timestamp("2026-12-06T16:00:00Z")
+    starts, resumes, last = anchor_watch.dtrain_log_events(log, after=0.0)
+    assert [round(s - t0, 2) for s in starts] == [0.1, 21.0]
+    assert [(round(t - t0, 2), step) for t, step in resumes] == [(30.0, 40)]
+    assert last is not None and round(last - t0, 2) == 30.0
+    assert anchor_watch.dtrain_log_events(log, after=starts[1]) == ([], resumes, last)

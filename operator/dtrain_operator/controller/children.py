@@ -86,11 +86,11 @@ class ChildWriter:
             await gather(*(self._create_pod(pod, expectations) for pod in pods))
             logger.info("%s/%s: created %d worker pod(s) of gang generation %d", namespace, name, len(pods), generation)
         if plan.create_standby_ranks:
-            standby = [standby.render_standby_pod(job, rank) for rank in plan.create_standby_ranks]
-            adopt(standby, body)
-            await gather(*(self._create_pod(pod, expectations) for pod in standby))
+            standby_pods = [standby.render_standby_pod(job, rank) for rank in plan.create_standby_ranks]
+            adopt(standby_pods, body)
+            await gather(*(self._create_pod(pod, expectations) for pod in standby_pods))
             logger.info("%s/%s: created %d standby pod(s) for the node(s) the elastic gang lacks", namespace, name,
-                        len(standby))
+                        len(standby_pods))
         if len(ranks) < len(plan.create_ranks):
             raise ChildConflict(
                 "worker pod names are taken by pods this job does not own (left by an earlier job of the same "

@@ -253,9 +253,18 @@ def join_node() -> None:
 # --- The audit log -----------------------------------------------------------------------------
 
 
-def audit_requests(start: float, end: float) -> Counter[str]:
-    """Requests in the benchmark's namespace between two moments, by user (not the benchmark's own: the admin)."""
-    counted: Counter[str] = Counter()
+def request_name(event: dict[str, Any]) -> str:
+    """One audit event as `verb resource[/subresource]`, a dry run said so: `patch distributedtrainings/status`."""
+    ref = event.get("objectRef") or {}
+    resource = "/".join(part for part in (ref.get("resource"), ref.get("subresource")) if part)
+    dry = " (dry run)" if "dryRun=" in event.get("requestURI", "") else ""
+    return f"{event['verb']} {resource}{dry}"
+
+
+def audit_requests(start: float, end: float) -> Counter[tuple[str, str]]:
+    """Requests in the benchmark's namespace between two moments, by user and request_name (not the benchmark's
+    own: the admin)."""
+    counted: Counter[tuple[str, str]] = Counter()
     seen: set[str] = set()
     with layout.AUDIT_LOG.open() as log:
         for line in log:
@@ -269,7 +278,7 @@ def audit_requests(start: float, end: float) -> Counter[str]:
                 continue
             if not start <= timestamp(event["requestReceivedTimestamp"]) <= end:
                 continue
-            counted[user] += 1
+            counted[user, request_name(event)] += 1
     return counted
 
 

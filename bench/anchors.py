@@ -173,11 +173,18 @@ def scenarios(system: System, name: str, progress: Progress, created: float, res
         join_node()
 
 
-def api_summary(system: System, counted: Counter[str]) -> dict[str, Any]:
-    own = sum(n for user, n in counted.items() if user.startswith(system.controller_users))
-    kubernetes = sum(n for user, n in counted.items() if user.startswith(("system:serviceaccount:kube-system:",
+def api_summary(system: System, counted: Counter[tuple[str, str]]) -> dict[str, Any]:
+    """The requests of the system's controller and of Kubernetes' own, and where the controller's go."""
+    own: Counter[str] = Counter()
+    by_user: Counter[str] = Counter()
+    for (user, request), n in counted.items():
+        by_user[user] += n
+        if user.startswith(system.controller_users):
+            own[request] += n
+    kubernetes = sum(n for user, n in by_user.items() if user.startswith(("system:serviceaccount:kube-system:",
                                                                            "system:kube-scheduler")))
-    return {"controller": own, "kubernetes_controllers": kubernetes, "by_user": dict(counted.most_common())}
+    return {"controller": sum(own.values()), "kubernetes_controllers": kubernetes,
+            "controller_requests": dict(own.most_common()), "by_user": dict(by_user.most_common())}
 
 
 def hang_job(system: System, hang_cap: float) -> dict[str, Any]:
@@ -300,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
             results[key]["hang"] = outcome[key]
     server = json.loads(kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
     text = table(results, args.hang_cap_seconds)
+    for result in results.values():
+        requests = (result.get("api_requests") or {}).get("controller_requests") or {}
+        text += f"\n\n{result['system']}'s controller: " + ", ".join(f"{n} {what}" for what, n in requests.items())
     print(f"\ndtrain and its anchors on Kubernetes {server} ({time.strftime('%Y-%m-%d')}, "
           f"{time.monotonic() - started:.0f} s):\n\n{text}")
     path = write_results(RESULTS, {"kubernetes": server, "machine": machine(), "hang_cap_seconds": args.hang_cap_seconds,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from bench import anchor_jobs, anchor_watch, anchors
@@ -89,3 +90,18 @@ def test_dtrains_restarts_are_read_from_rank_0s_log_in_place_restarts_too() -> N
     assert [(round(t - t0, 2), step) for t, step in resumes] == [(30.0, 40)]
     assert last is not None and round(last - t0, 2) == 30.0
     assert anchor_watch.dtrain_log_events(log, after=starts[1]) == ([], resumes, last)
+
+
+def test_the_controllers_requests_are_counted_by_verb_and_resource() -> None:
+    dtrain = anchor_jobs.systems()["dtrain"]
+    user = f"{dtrain.controller_users[0]}x"
+    status = {"verb": "patch", "objectRef": {"resource": "distributedtrainings", "subresource": "status"},
+              "requestURI": "/apis/dtrain.dev/v1alpha1/namespaces/bench/distributedtrainings/j/status"}
+    dry = {"verb": "create", "objectRef": {"resource": "pods"}, "requestURI": "/api/v1/namespaces/bench/pods?dryRun=All"}
+    assert anchor_watch.request_name(status) == "patch distributedtrainings/status"
+    assert anchor_watch.request_name(dry) == "create pods (dry run)"
+    counted = Counter({(user, "patch distributedtrainings/status"): 3, (user, "create pods (dry run)"): 2,
+                       ("system:kube-scheduler", "create pods/binding"): 2})
+    summary = anchors.api_summary(dtrain, counted)
+    assert (summary["controller"], summary["kubernetes_controllers"]) == (5, 2)
+    assert summary["controller_requests"] == {"patch distributedtrainings/status": 3, "create pods (dry run)": 2}

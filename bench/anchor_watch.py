@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,26 +44,23 @@ def timestamp(text: str) -> float:
 # pod (a recreate) or in the same one (an in-place restart), and the checkpoint its trainer resumed from.
 GANG_START = re.compile(r"dtrain supervisor: starting torchrun for gang generation \d+")
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
+KUBECTL_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) ")  # RFC 3339, as `kubectl logs --timestamps`
 
 
-def dtrain_log_events(text: str, after: float) -> tuple[list[float], list[tuple[float, int]], float | None]:
-    """The gang starts (times) and resumes (time, step) in a timestamped log after `after`, and its last time."""
+def dtrain_log_events(lines: list[str], seen_at: float) -> tuple[list[float], list[tuple[float, int]]]:
+    """The gang starts (times) and resumes (time, step) in log lines read for the first time at `seen_at`: each at
+    its `kubectl logs --timestamps` time where the kubelet gives one, else at `seen_at` (make cluster's kubelet
+    keeps no times: within a poll of the truth)."""
     starts: list[float] = []
     resumes: list[tuple[float, int]] = []
-    last = None
-    for stamp, _, line in (row.partition(" ") for row in text.splitlines()):
-        try:
-            moment = timestamp(stamp)
-        except ValueError:  # a line kubectl wrapped, or no log yet
-            continue
-        if moment <= after:  # --since-time gives the last line read again
-            continue
-        last = moment
+    for line in lines:
+        stamped = KUBECTL_TIMESTAMP.match(line)
+        moment = timestamp(stamped[1]) if stamped else seen_at
         if GANG_START.search(line):
             starts.append(moment)
         elif found := RESUMED.search(line):
             resumes.append((moment, int(found[1])))
-    return starts, resumes, last
+    return starts, resumes
 
 
 @dataclass
@@ -78,7 +75,7 @@ class Progress:
     steps: list[tuple[float, int]] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)
     resumes: list[tuple[float, int]] = field(default_factory=list)
-    _log_read_to: dict[str, float] = field(default_factory=dict)  # rank 0's pod (uid) -> its last log line read
+    _log_lines_read: dict[str, int] = field(default_factory=dict)  # rank 0's pod (uid) -> the log lines read
     failed: str | None = None  # why the job failed, once a wait saw it
 
     def poll(self) -> None:
@@ -106,8 +103,8 @@ class Progress:
                 self.steps.append((moment, int(record["step"])))
 
     def _poll_dtrain(self) -> None:
-        """dtrain's status.progress (updatedAt is the record's own time); its starts and resumes from rank 0's
-        log (dtrain_log_events), read from where the last poll stopped."""
+        """dtrain's status.progress (updatedAt is the record's own time); its starts and resumes from the lines of
+        rank 0's log that the last poll had not read (dtrain_log_events)."""
         progress = self.system.status(self.name).get("progress") or {}
         if progress.get("updatedAt") and progress.get("step"):
             point = (timestamp(progress["updatedAt"]), int(progress["step"]))
@@ -116,11 +113,11 @@ class Progress:
         pod = self.system.rank_pods(self.name).get(0)
         if pod is None or pod.get("status", {}).get("phase") != "Running":
             return
-        uid, read_to = pod["metadata"]["uid"], self._log_read_to.get(pod["metadata"]["uid"])
-        since = [f"--since-time={datetime.fromtimestamp(read_to, timezone.utc).isoformat()}"] if read_to else []
-        text = kubectl("logs", pod["metadata"]["name"], "-n", NS, "--timestamps", *since, check=False).stdout
-        starts, resumes, last = dtrain_log_events(text, after=read_to or 0.0)
-        self._log_read_to[uid] = last or read_to or 0.0
+        uid, seen_at = pod["metadata"]["uid"], time.time()
+        lines = kubectl("logs", pod["metadata"]["name"], "-n", NS, "--timestamps", check=False).stdout.splitlines()
+        read = self._log_lines_read.get(uid, 0)
+        self._log_lines_read[uid] = len(lines)
+        starts, resumes = dtrain_log_events(lines[read:], seen_at)
         self.starts.extend(starts)
         self.resumes.extend(resumes)
 
@@ -226,9 +223,11 @@ def evacuate_controllers(node: str) -> list[str]:
     for pod in moved:
         namespace, pod_name = pod.split("/")
         kubectl("delete", "pod", pod_name, "-n", namespace, "--wait=true", "--timeout=120s")
-    for namespace, deployment in CONTROLLERS.items():
-        kubectl("rollout", "status", f"deploy/{deployment}", "-n", namespace, "--timeout=180s")
-    for anchor in anchors.ANCHORS:
+    # Only the controllers installed (`--systems dtrain` needs none of the anchors').
+    installed = {namespace for namespace in CONTROLLERS if items("deployments", namespace)}
+    for namespace in installed:
+        kubectl("rollout", "status", f"deploy/{CONTROLLERS[namespace]}", "-n", namespace, "--timeout=180s")
+    for anchor in (a for a in anchors.ANCHORS if a.namespace in installed):
         controllers.wait_for_webhooks(kubectl, anchor.probe, anchor.title,
                                       f"kubectl -n {anchor.namespace} logs deploy/{anchor.deployment}", 180)
     # The operator leads again (its Lease held by a running replica) before the node goes.

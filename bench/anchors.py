@@ -126,9 +126,11 @@ def recovery(system: System, name: str, progress: Progress, disrupted: float, be
         return {"training_again_s": None, "restarts": system.restarts(name),
                 "what_happened": progress.failed or f"no {'step' if restarted else 'restart'} within {timeout:.0f} s"}
     resumed = progress.resumed_after(restarted)
+    # The highest step seen before the restart; a survivor's checkpoint may be newer than any report: none lost.
+    reached = max([before[1], *(step for moment, step in progress.steps if moment <= restarted)])
     return {"restarted_s": round(restarted - disrupted, 1), "training_again_s": round(again[0] - disrupted, 1),
-            "step_before": before[1], "resumed_from": resumed,
-            "steps_lost": before[1] - resumed if resumed is not None else None, "restarts": system.restarts(name)}
+            "step_before": reached, "resumed_from": resumed,
+            "steps_lost": max(0, reached - resumed) if resumed is not None else None, "restarts": system.restarts(name)}
 
 
 def run_scenarios(system: System, result: dict[str, Any]) -> None:

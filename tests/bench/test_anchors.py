@@ -74,22 +74,22 @@ def test_the_table_says_what_happened_where_a_system_did_not_recover() -> None:
 
 def test_dtrains_restarts_are_read_from_rank_0s_log_in_place_restarts_too() -> None:
     """The supervisor's line for every gang it starts (a recreate's new pod, or an in-place restart in the same
-    one) and the trainer's resume, by kubectl's timestamps; a --since-time read gives its last line again."""
+    one) and the trainer's resume: at kubectl's timestamps where the kubelet keeps them, else when first read."""
     lines = [
         "2026-12-06T16:00:00.100000000Z dtrain supervisor: starting torchrun for gang generation 0",
         "2026-12-06T16:00:09.5Z INFO step 40 loss 0.3",
         "2026-12-06T16:00:20.25Z dtrain supervisor: stopping torchrun (restart in place)",
         "2026-12-06T16:00:21.000000001Z dtrain supervisor: starting torchrun for gang generation 1",
-        "2026-12-06T16:00:30Z INFO dtrain_trainer.progress_callback: resumed from s3://b/ckpt/last.ckpt at step 40",
+        "2026-12-06T16:00:30Z 2026-12-06 16:00:29,998 dtrain[rank 0] INFO resumed from s3://b/ckpt/last.ckpt at step 40",
         "  a wrapped line",
     ]
-    log = "\n".join(lines)
     t0 = anchor_watch.timestamp("2026-12-06T16:00:00Z")
-    starts, resumes, last = anchor_watch.dtrain_log_events(log, after=0.0)
+    starts, resumes = anchor_watch.dtrain_log_events(lines, seen_at=t0 + 99)
     assert [round(s - t0, 2) for s in starts] == [0.1, 21.0]
     assert [(round(t - t0, 2), step) for t, step in resumes] == [(30.0, 40)]
-    assert last is not None and round(last - t0, 2) == 30.0
-    assert anchor_watch.dtrain_log_events(log, after=starts[1]) == ([], resumes, last)
+    # make cluster's kubelet keeps no times: the lines are stamped when read, a Python log line's own date ignored.
+    unstamped = [line.partition(" ")[2] for line in lines]
+    assert anchor_watch.dtrain_log_events(unstamped, seen_at=t0 + 99) == ([t0 + 99, t0 + 99], [(t0 + 99, 40)])
 
 
 def test_the_controllers_requests_are_counted_by_verb_and_resource() -> None:

@@ -39,8 +39,8 @@ its first step at once after each start): for dtrain as its status shows it (sta
 for the anchors from the same records written to a file on the claim (they have no status for it). A restart
 is rank 0's trainer starting again: for dtrain its supervisor starting torchrun for a new gang generation,
 in a new pod or in the same one (an in-place restart keeps the pods), as its log says.
-Steps lost: the step last reported before the disruption less the step the restarted gang resumed from
-(rank 0's "resumed from ... at step N").
+Steps lost: the highest step seen before the restart less the step the restarted gang resumed from (rank 0's
+"resumed from ... at step N"), never below 0 (a survivor's checkpoint may be newer than any report).
 
 The systems' job definitions are in bench/anchor_jobs.py; the watching, disruptions and audit log in
 bench/anchor_watch.py; the scenarios, table and command here.

@@ -37,6 +37,10 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("kueue.x-k8s.io/v1beta2", "Workload"): ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
     ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("/apis/kueue.x-k8s.io/v1beta2", "localqueues"),
 }
+# The query of a server-side dry run of a job's children (core/server_check.py): admitted and validated as a
+# create, never stored; Strict, as `kubectl apply` asks, so that a misspelt field of a volume, a toleration or
+# an affinity is refused rather than dropped from the pods.
+DRY_RUN_QUERY: Final = {"dryRun": "All", "fieldValidation": "Strict"}
 
 # --- torchrun's own variables: torchrun reads PET_<FLAG> as the default of --<flag> ---
 ENV_NNODES = "PET_NNODES"

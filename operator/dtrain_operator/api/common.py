@@ -12,7 +12,7 @@ from pydantic.alias_generators import to_camel
 
 from dtrain_operator.api import contract, kubernetes
 from dtrain_operator.api.free_form import check_free_form
-from dtrain_operator.api.kube_objects import EnvVarSource, quantity_problem, refusal
+from dtrain_operator.api.kube_objects import KubeObject, quantity_problem, refusal
 from dtrain_operator.api.safe_yaml import echo, key_step
 
 # Free-form arguments for a user's class (LightningCLI's init_args).
@@ -174,7 +174,7 @@ class EnvVar(ApiModel):
     """Name of the variable. Names the operator sets (PET_*, DTRAIN_*, MASTER_ADDR, RANK, ...) are reserved."""
     value: Annotated[str, Field(max_length=MAX_ENV_VALUE_LENGTH)] | None = None
     """Value of the variable."""
-    value_from: EnvVarSource | None = None
+    value_from: KubeObject | None = None
     """Source of the value (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)."""
 
     @field_validator("name")

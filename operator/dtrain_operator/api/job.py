@@ -7,13 +7,12 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from dtrain_operator.api import contract, job_dirs, storage
 from dtrain_operator.api.artifacts import ArtifactSettings, ExportSettings
 from dtrain_operator.api.builtin_classes import BUILTIN_MODEL, BUILTIN_SYNTHETIC_DATA
 from dtrain_operator.api.common import DNS1035_PATTERN, MAX_NAME_LENGTH, ApiModel, EnvVar
-from dtrain_operator.api.kube_objects import metadata_problem, refusal
 from dtrain_operator.api.spec import (
     CheckpointSettings,
     ClassSpec,
@@ -27,7 +26,7 @@ from dtrain_operator.api.status import DistributedTrainingStatus, StatusModel
 
 
 class ObjectMeta(StatusModel):
-    """Standard object metadata: the name as dtrain needs it, the rest as the API server checks it."""
+    """Standard object metadata: the name as dtrain needs it; the rest is the API server's to judge."""
 
     name: Annotated[str, Field(max_length=MAX_NAME_LENGTH, pattern=DNS1035_PATTERN)]
     """Name of the job: lowercase letters, digits and '-', starting with a letter, at most 45 characters."""
@@ -37,14 +36,6 @@ class ObjectMeta(StatusModel):
     """Set by the API server: tells a job from an earlier one of the same name (checkpoints record it)."""
     labels: dict[str, str] | None = None
     """The job's labels: kueue.x-k8s.io/queue-name queues it in Kueue (docs/cluster.md)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _as_the_api_server_reads_it(cls, data: Any) -> Any:
-        problem = metadata_problem(data) if isinstance(data, dict) else None
-        if problem is not None:
-            raise refusal(*problem)
-        return data
 
 
 class DistributedTraining(ApiModel):

@@ -14,7 +14,7 @@ from dtrain_operator.api.common import (
     LabelKey,
     LabelValue,
 )
-from dtrain_operator.api.kube_objects import Affinity, Toleration
+from dtrain_operator.api.kube_objects import KubeObject
 
 GangProvider = Literal["kubernetes", "volcano", "scheduler-plugins"]
 VOLCANO_SCHEDULER = "volcano"
@@ -58,9 +58,9 @@ class SchedulingSettings(ApiModel):
     """PriorityClass of the worker pods."""
     node_selector: Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
     """Node labels the worker pods must match, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}."""
-    tolerations: Annotated[list[Toleration], Field(max_length=64)] = Field(default_factory=list)
+    tolerations: Annotated[list[KubeObject], Field(max_length=64)] = Field(default_factory=list)
     """Tolerations of the worker pods (core/v1 Toleration)."""
-    affinity: Affinity | None = None
+    affinity: KubeObject | None = None
     """Affinity of the worker pods (core/v1 Affinity)."""
     gang: GangScheduling = Field(default_factory=GangScheduling)
     """Gang scheduling."""

@@ -7,11 +7,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dtrain_operator.api import engine_options
 from dtrain_operator.cli import subcommands
 from dtrain_operator.cli.operator_command import add_operator_command
 from dtrain_operator.cli.subcommands import in_this_image
+
+if TYPE_CHECKING:
+    from dtrain_operator.api.spec import DistributedTrainingSpec
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -58,15 +62,28 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         elif result.job is not None:
             spec = result.job.spec
             if not args.quiet:
+                unjudged = [] if client is not None else _passed_through(spec)
                 print(
                     f"{result.source}: ok: DistributedTraining {result.job.name} "
                     f"({spec.nodes} node(s) x {spec.devices_per_node} {spec.accelerator} process(es))"
+                    + (f"; {', '.join(unjudged)} go to the pods as written: --server has the API server judge them"
+                       if unjudged else "")
                 )
             if args.estimate:
                 from dtrain_trainer.memory_report import print_estimate
 
                 estimate_code = max(estimate_code, print_estimate(result.job, args.gpu_memory))
     return EXIT_INVALID_JOB if failed else estimate_code
+
+
+def _passed_through(spec: DistributedTrainingSpec) -> list[str]:
+    """The fields of `spec` set with Kubernetes objects that only the API server judges (api/kube_objects.py)."""
+    fields = {
+        "spec.volumes": spec.volumes, "spec.volumeMounts": spec.volume_mounts,
+        "spec.env[].valueFrom": [var for var in spec.env if var.value_from is not None],
+        "spec.scheduling.tolerations": spec.scheduling.tolerations, "spec.scheduling.affinity": spec.scheduling.affinity,
+    }
+    return [name for name, value in fields.items() if value]
 
 
 def _cluster_options(parser: argparse.ArgumentParser, output: bool = False) -> None:
@@ -141,7 +158,9 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p = sub.add_parser(
         "validate",
         help="check job files; one line per error naming the field",
-        description="Check each FILE (one DistributedTraining per file) as the API server and the operator would. "
+        description="Check each FILE (one DistributedTraining per file) as the operator would; with --server, also "
+        "as the API server would (the Kubernetes objects a job passes to its pods, such as volumes and "
+        "tolerations, are the server's to judge). "
         "Exit codes: 0 every file valid, 2 a file invalid (as `dtrain submit` and `dtrain run` say it), "
         "3 with --estimate when a batch does not fit.",
     )

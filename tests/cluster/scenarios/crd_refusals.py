@@ -40,24 +40,16 @@ CRD_EDIT_REFUSALS: list[tuple[dict[str, Any], str]] = [
 # Of the bad jobs dtrain validate refuses (refusal_corpus), those the CRD's schema and CEL rules do not
 # say, by why: the API server accepts them, and dtrain validate and the operator (its InvalidSpec
 # condition) refuse them, naming the field.
-POD_FIELDS = ("Kubernetes' pod fields, kept as written (x-kubernetes-preserve-unknown-fields): what a pod's "
-              "validation refuses, and what would collide with the operator's own volumes and mounts")
+POD_FIELDS = ("Kubernetes' pod fields, kept as written (x-kubernetes-preserve-unknown-fields): what dtrain reads "
+              "of them (names, paths, a value or its source) and what would collide with the operator's volumes")
 QUANTITIES = "relations between quantities (sign, request <= limit, device counts): CEL's quantity library, not yet"
 ACROSS_FIELDS = "rules across sibling fields or list items: not yet in CEL"
 RANGE_ORDER = "the order of an exit-code range's two codes: CEL reads no number out of a string"
 CRD_CANNOT_EXPRESS: dict[str, str] = {
     **dict.fromkeys([
-        "affinity In without values", "affinity misspelt", "affinity of the wrong shape", "affinity operator",
-        "affinity weight", "affinity without topologyKey", "emptyDir size not a quantity", "env empty valueFrom",
-        "env fieldRef label key", "env secret name", "env secret without key", "env source misspelt",
-        "env two sources", "env unsupported fieldRef", "env unsupported resource", "env value with valueFrom",
-        "mount at the storage path", "mount inside the config", "mount of no volume", "mount of the config volume",
-        "mount over shared memory", "mount subPath out of the volume", "mount without a path",
-        "toleration Exists with a value", "toleration operator", "toleration seconds as a string",
-        "toleration seconds without NoExecute", "two mounts at one path", "two volumes of one name",
-        "volume claim without a name", "volume name not a DNS label", "volume of the operator's",
-        "volume source of the wrong type", "volume with two sources", "volume without a source",
-        "volume without name",
+        "env value with valueFrom", "mount at the storage path", "mount inside the config", "mount of no volume",
+        "mount of the config volume", "mount over shared memory", "mount without a path", "two mounts at one path",
+        "two volumes of one name", "volume of the operator's", "volume without name",
     ], POD_FIELDS),
     **dict.fromkeys(["negative quantity", "request above limit", "unknown resource", "fractional device",
                      "device request without limit"], QUANTITIES),

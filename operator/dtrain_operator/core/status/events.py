@@ -48,18 +48,24 @@ def status_patch(
     previous: DistributedTrainingStatus | None, new: DistributedTrainingStatus
 ) -> dict[str, Any] | None:
     """The merge patch of `status` that turns `previous` into `new`, or None when nothing changed."""
-    before, after = _owned(previous), _owned(new)
-    patch: dict[str, Any] = {k: v for k, v in after.items() if before.get(k) != v}
-    patch.update({k: None for k in before if k not in after})
-    if "artifacts" in patch and isinstance(before.get("artifacts"), dict) and patch["artifacts"] is not None:
-        # A merge patch merges maps: keys that disappeared must be nulled explicitly.
-        patch["artifacts"] = {**{k: None for k in before["artifacts"] if k not in after["artifacts"]}, **after["artifacts"]}
-    return patch or None
+    return _merge_patch(_owned(previous), _owned(new)) or None
+
+
+def _merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """What changed from `before` to `after` as a JSON merge patch: a merge patch merges maps, so a key that
+    disappeared from one (goodput's category once the job finished, an artifact) is nulled explicitly."""
+    patch: dict[str, Any] = {}
+    for key, value in after.items():
+        old = before.get(key)
+        if old != value:
+            patch[key] = _merge_patch(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
+    patch.update({key: None for key in before if key not in after})
+    return patch
 
 
 def only_counts_changed(patch: Mapping[str, Any]) -> bool:
-    """True when a status patch changes nothing but node counts (worth batching, not urgent)."""
-    return set(patch) <= {"nodes", "nodesReady"}
+    """True when a status patch changes nothing but node counts (worth batching, not urgent) and the goodput."""
+    return set(patch) - {"goodput"} <= {"nodes", "nodesReady"}
 
 
 @dataclass(frozen=True)

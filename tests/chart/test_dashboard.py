@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dtrain_operator.api import Goodput
 from dtrain_operator.controller.metrics import OperatorMetrics
 from tests.chart.helm import CHART_DIR, MONITORING_API, helm_template
 from tests.chart.value_sets import VALUE_SETS
@@ -48,6 +49,7 @@ def exported_series() -> dict[str, set[str]]:
         {"phase": "Running", "restarts": 1, "progress": {
             "epoch": 2, "step": 40, "loss": 0.3, "imagesPerSecond": 250.0, "metrics": {"val_acc": 0.96}}},
     )
+    metrics.job_goodput(("team-a", "quickstart"), Goodput(ratio=0.9, seconds={"productive": 90.0, "starting": 10.0}))
     series: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
         for sample in family.samples:

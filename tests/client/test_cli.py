@@ -137,7 +137,7 @@ async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster
     await cluster.patch_job(NS, "beta", {"spec": {"trainer": {"accumulateGradBatches": 2}}})
     await cluster.patch_job_status(NS, "beta", {"phase": "Running", "nodesReady": "2/2", "restarts": 1, "progress": {
         "epoch": 1, "step": 40, "totalSteps": 100, "loss": 0.123456, "imagesPerSecond": 256.0,
-        "validation": "val_loss=0.412"}})
+        "validation": "val_loss=0.412"}, "goodput": {"ratio": 0.875, "seconds": {"productive": 35.0, "starting": 5.0}}})
 
     result = await dtrain(cluster, "get")
     assert result.code == 0, result.err
@@ -146,10 +146,10 @@ async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster
     # The CRD's printer columns, as `kubectl get dtr` prints them, then LOSS and ETA.
     printer = [c["name"].upper() for c in crd.crd()["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert header == ["NAME", *printer, "LOSS", "ETA"]
-    assert header[:8] == ["NAME", "PHASE", "NODES", "EPOCH", "IMG/S", "VAL", "RESTARTS", "AGE"]
+    assert header[:9] == ["NAME", "PHASE", "NODES", "EPOCH", "IMG/S", "VAL", "RESTARTS", "GOODPUT", "AGE"]
     assert alpha[:2] == ["alpha", "0"] and alpha[2].endswith("s")  # nothing reported yet: empty, as kubectl
-    assert beta[:7] == ["beta", "Running", "2/2", "1", "256", "val_loss=0.412", "1"]
-    assert beta[8:] == ["0.1235", "00:30"]
+    assert beta[:8] == ["beta", "Running", "2/2", "1", "256", "val_loss=0.412", "1", "88%"]
+    assert beta[9:] == ["0.1235", "00:30"]
 
     # One job: where its latest hang sat (status.lastHang), below its row; a list keeps to the rows.
     where = "Where it hangs: rank 1 (pod beta-1 on node n1) is in its own code at my_models.py:52 in Net.training_step"

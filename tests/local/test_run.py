@@ -84,6 +84,11 @@ def test_a_killed_node_restarts_the_gang_from_its_checkpoint(tmp_path: Path) -> 
     assert "worker 1 exited with code 137 (SIGKILL)" in run.output
     assert "restarted from the last checkpoint (restart 1)" in run.output
     assert "│ restarts          │ 1" in run.output
+    # Where the wall time went: every second in one category, the restart's among them.
+    goodput = summary["goodput"]
+    assert sum(goodput["seconds"].values()) == pytest.approx(summary["wall_seconds"], rel=0.05)
+    assert {"starting", "productive", "restarting"} <= set(goodput["seconds"]) and 0 < goodput["ratio"] < 1
+    assert f"│ goodput           │ {goodput['ratio']:.0%} productive (" in run.output
 
 
 def test_a_rank_sigkilled_mid_epoch_loses_no_step_and_ends_with_the_uninterrupted_weights(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from dtrain_operator.api import contract
+from dtrain_operator.core.observation import parse_time
 from tests.builders import SHARED_STORAGE, a_cpu_job
 
 from .apiserver import now_rfc3339
@@ -186,6 +187,11 @@ async def test_training_success_builds_the_engine_and_reports_artifacts(operated
     assert operated.condition(NS, "resnet", "Succeeded")["status"] == "True"
     assert operated.condition(NS, "resnet", "Running")["status"] == "False"
     await operated.event_reasons(NS, "resnet", ["Pending", "Running", "BuildingEngine", "Succeeded"])
+    # Where its time went, from its creation to its completion, counted no more once it finished.
+    goodput, created = status["goodput"], operated.job(NS, "resnet")["metadata"]["creationTimestamp"]
+    lifetime = (parse_time(status["completionTime"]) - parse_time(created)).total_seconds()
+    assert sum(goodput["seconds"].values()) == pytest.approx(lifetime, abs=1.5), (goodput, created, status["startTime"], status["completionTime"])
+    assert {"starting", "engine"} <= set(goodput["seconds"]) and "current" not in goodput
     # cleanPodPolicy Running (the default) keeps pods that exited: their logs are still there.
     assert len(operated.pods(NS, "resnet")) == 2
 

@@ -269,7 +269,7 @@ def test_crd_shape():
     [version] = doc["spec"]["versions"]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Nodes", "Epoch", "Img/s", "Val", "Restarts", "Age"]
+    assert columns == ["Phase", "Nodes", "Epoch", "Img/s", "Val", "Restarts", "Goodput", "Age"]
     schema = version["schema"]["openAPIV3Schema"]
     assert schema["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
 

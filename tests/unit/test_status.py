@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, contract, immutable_spec
+from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, Goodput, contract, immutable_spec
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.observation import Observed, format_time
 from dtrain_operator.core.status.compute import compute_status
@@ -282,7 +282,8 @@ def test_status_patch_holds_only_what_changed_and_never_the_trainers_fields():
                                nodes={"total": 3, "pending": 1, "running": 2})
     new = compute(JOB, Observed(workers=a_gang(*["Running"] * 3)), previous)
     patch = status_patch(previous, new)
-    assert set(patch) == {"phase", "conditions", "nodes", "nodesReady", "observedGeneration"}
+    # The goodput too: the operator counts it at every reconcile, and writes it with the other changes.
+    assert set(patch) == {"phase", "conditions", "nodes", "nodesReady", "observedGeneration", "goodput"}
     assert status_patch(new, new) is None
 
 
@@ -290,6 +291,7 @@ def test_a_patch_of_counts_alone_can_wait():
     before = accepted_status(JOB, "Starting", nodesReady="1/3")
     after = before.model_copy(update={"nodes_ready": "2/3"})
     assert only_counts_changed(status_patch(before, after))
+    assert only_counts_changed(status_patch(before, after.model_copy(update={"goodput": Goodput(ratio=0.5)})))
     assert not only_counts_changed(status_patch(before, after.model_copy(update={"phase": "Running"})))
 
 
@@ -297,6 +299,9 @@ def test_removed_keys_are_nulled_in_the_merge_patch_at_any_depth():
     before = accepted_status(JOB, artifacts={"onnx": "a", "engine": "b"})
     after = before.model_copy(update={"artifacts": {"onnx": "a"}})
     assert status_patch(before, after) == {"artifacts": {"engine": None}}
+    counting = before.model_copy(update={"goodput": Goodput(current="engine", seconds={"starting": 2.0, "engine": 1.0})})
+    done = before.model_copy(update={"goodput": Goodput(seconds={"starting": 2.0, "engine": 3.0})})
+    assert status_patch(counting, done) == {"goodput": {"current": None, "seconds": {"engine": 3.0}}}
 
 
 @pytest.mark.parametrize(

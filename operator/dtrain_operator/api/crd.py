@@ -57,6 +57,12 @@ PRINTER_COLUMNS: tuple[dict[str, str], ...] = (
         "description": "The first validation metric, e.g. val_loss=0.412",
     },
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {
+        "name": "Goodput",
+        "type": "number",
+        "jsonPath": ".status.goodput.ratio",
+        "description": "Productive seconds over all of the job's (status.goodput)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 

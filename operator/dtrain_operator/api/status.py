@@ -266,6 +266,25 @@ class ElasticStatus(StatusModel):
     """While the gang is smaller: the step of the last checkpoint when a standby pod of every missing node had been placed; the gang grows back at the first checkpoint after it."""
 
 
+class Goodput(StatusModel):
+    """Where the job's time went since it was created, by category (core/goodput.py: productive, redone, queued,
+    starting, validating, checkpointing, stalled, restarting, exporting, engine); the categories add up to its age,
+    or to its completion once it finished. Written with the operator's other status changes, not on its own."""
+
+    ratio: float | None = None
+    """Productive seconds over all of them, 0 to 1 (the GOODPUT column)."""
+    seconds: dict[str, float] | None = None
+    """Seconds by category."""
+    current: str | None = None
+    """The category the job is in now; absent once it finished."""
+    accounted_at: str | None = None
+    """Up to when the seconds are counted (RFC 3339)."""
+    highest_step: int | None = None
+    """The highest step rank 0 reported, of any gang."""
+    redo_until: int | None = None
+    """The highest step an earlier gang reached: the current gang's training up to it counts as redone."""
+
+
 class DistributedTrainingStatus(StatusModel):
     """Observed state, computed by the operator (progress, preflight, lastCheckpoint and hangStacks reported by rank 0).
 
@@ -311,6 +330,8 @@ class DistributedTrainingStatus(StatusModel):
     """Every rank's Python stack when the gang last stopped completing batches, sent by rank 0 (runPolicy.progressDeadlineSeconds reads it)."""
     last_hang: LastHang | None = None
     """Where the latest hang sat: the ranks not where the others are, their pods, nodes and frames (runPolicy.progressDeadlineSeconds)."""
+    goodput: Goodput | None = None
+    """Where the job's time went, by category, and the productive share of it."""
     artifacts: InitArgs | None = None
     """What training and the engine Job produced: ONNX file, parity error, engine, latency report."""
     observed_generation: int | None = None

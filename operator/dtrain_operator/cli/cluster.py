@@ -126,6 +126,7 @@ def get_row(job: api.DistributedTraining, now: datetime) -> list[str]:
         "IMG/S": "" if update.images_per_second is None else f"{update.images_per_second:g}",
         "VAL": (progress.validation if progress is not None else None) or "",
         "RESTARTS": str(status.restarts),
+        "GOODPUT": "" if status.goodput is None or status.goodput.ratio is None else f"{status.goodput.ratio:.0%}",
         "AGE": age(created, now),
         "LOSS": "" if update.loss is None else f"{update.loss:.4g}",
         "ETA": "" if eta is None else format_duration(eta),
@@ -183,6 +184,7 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
         engine_report=engine.report if engine else None,
         metrics=dict(update.metrics),
         last_hang=status.last_hang.message if status.last_hang else None,
+        goodput=status.goodput.model_dump(include={"ratio", "seconds"}) if status.goodput else None,
         command="dtrain watch",
     )
     for row in (engine.latency if engine else None) or []:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from dtrain_operator.api import Goodput
 from dtrain_operator.controller.expectations import Expectations
 from dtrain_operator.controller.refusals import Refusal
 from dtrain_operator.core import progress_deadline
@@ -26,6 +27,10 @@ class JobMemory:
     """When the gang last made progress (runPolicy.progressDeadlineSeconds). Kept here, not in the status: a
     status write per progress report would double the API writes of every job; an operator that restarts watches
     afresh, so a hang is caught one deadline later at worst."""
+    goodput: Goodput | None = None
+    """The job's goodput as this reconcile counted it (core/goodput.py). Kept here and written only with the
+    status's other changes (or every GOODPUT_WRITE_SECONDS): counted at each reconcile, it would otherwise be a
+    status write of its own at every report of rank 0."""
     server_verdict: tuple[int | None, tuple[str, ...]] | None = None
     """The API server's refusals of the children of the spec at this metadata.generation (its dry run,
     core.server_check): asked once per spec, not at every reconcile of a job it refused."""

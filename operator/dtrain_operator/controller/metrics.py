@@ -2,7 +2,8 @@
 
 Besides its own work (jobs by phase, reconciles, gang restarts by reason, API requests), the
 operator exports each job's training progress from the status it already holds: images/s, loss,
-step, restarts and the numeric `status.progress.metrics` (val_acc, ...), one series per job,
+step, restarts, the numeric `status.progress.metrics` (val_acc, ...) and the goodput by category (as the
+operator counts it at each reconcile, fresher than status.goodput), one series per job,
 labelled `job_namespace` and `job_name` (not `namespace`/`job`, which Prometheus's own target
 labels would overwrite). A job's series go when the job does. The chart's Grafana dashboard
 (helm/dtrain-operator/files/dashboards/) draws these; a test checks every query against them.
@@ -16,7 +17,7 @@ from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from dtrain_operator.api import Phase
+from dtrain_operator.api import Goodput, Phase
 
 PHASES = get_args(Phase)
 
@@ -56,7 +57,14 @@ class OperatorMetrics:
             ["verb", "resource", "code"],
             registry=self.registry,
         )
-        job_labels = ["job_namespace", "job_name"]
+        self._job_series(["job_namespace", "job_name"])
+        for phase in PHASES:
+            self.jobs.labels(phase).set(0)
+        self._phases: dict[tuple[str, str], str] = {}
+        self._counts: dict[str, int] = {phase: 0 for phase in PHASES}
+
+    def _job_series(self, job_labels: list[str]) -> None:
+        """Each job's series, from its status: progress, restarts, metrics, goodput."""
         self.job_gauges: dict[str, Gauge] = {
             "imagesPerSecond": Gauge(
                 "dtrain_job_images_per_second", "Training throughput of a job over all ranks (status.progress)",
@@ -76,10 +84,17 @@ class OperatorMetrics:
             [*job_labels, "metric"], registry=self.registry,
         )
         self._job_metric_names: dict[tuple[str, str], set[str]] = {}
-        for phase in PHASES:
-            self.jobs.labels(phase).set(0)
-        self._phases: dict[tuple[str, str], str] = {}
-        self._counts: dict[str, int] = {phase: 0 for phase in PHASES}
+        self.job_goodput_seconds = Gauge(
+            "dtrain_job_goodput_seconds",
+            "Seconds of a job's life by goodput category: productive, redone, queued, starting, validating, "
+            "checkpointing, stalled, restarting, exporting, engine (status.goodput)",
+            [*job_labels, "category"], registry=self.registry,
+        )
+        self.job_goodput_ratio = Gauge(
+            "dtrain_job_goodput_ratio", "Productive seconds of a job over all of them (status.goodput.ratio)",
+            job_labels, registry=self.registry,
+        )
+        self._goodput_categories: dict[tuple[str, str], set[str]] = {}
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)
@@ -107,12 +122,15 @@ class OperatorMetrics:
         reported = progress.get("metrics")
         metrics: Mapping[str, Any] = reported if isinstance(reported, Mapping) else {}
         numbers = {str(k): float(v) for k, v in metrics.items() if _is_number(v)}
-        for gone in self._job_metric_names.pop(key, set()) - set(numbers):
-            _remove(self.job_metric, (*key, gone))
-        for name, value in numbers.items():
-            self.job_metric.labels(*key, name).set(value)
-        if numbers:
-            self._job_metric_names[key] = set(numbers)
+        _set_series(self.job_metric, key, numbers, self._job_metric_names)
+
+    def job_goodput(self, key: tuple[str, str], goodput: Goodput | None) -> None:
+        """Record a job's goodput as the operator counted it (None: the job is gone)."""
+        _set_series(self.job_goodput_seconds, key, (goodput.seconds or {}) if goodput else {}, self._goodput_categories)
+        if goodput is not None and goodput.ratio is not None:
+            self.job_goodput_ratio.labels(*key).set(goodput.ratio)
+        else:
+            _remove(self.job_goodput_ratio, key)
 
     def job_phase(self, key: tuple[str, str], phase: str | None) -> None:
         """Record a job's phase (None: the job is gone or has no phase yet)."""
@@ -129,6 +147,16 @@ def _is_number(value: Any) -> bool:
     if isinstance(value, bool):
         return False
     return isinstance(value, int) or (isinstance(value, float) and not math.isnan(value))
+
+
+def _set_series(gauge: Gauge, key: tuple[str, str], values: Mapping[str, float], shown: dict[tuple[str, str], set[str]]) -> None:
+    """A job's series of `gauge`, one per name in `values` (its last label); those it no longer has removed."""
+    for gone in shown.pop(key, set()) - set(values):
+        _remove(gauge, (*key, gone))
+    for name, value in values.items():
+        gauge.labels(*key, name).set(value)
+    if values:
+        shown[key] = set(values)
 
 
 def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:

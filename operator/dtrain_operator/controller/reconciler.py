@@ -59,7 +59,7 @@ from dtrain_operator.controller.report_tls import ReportTLS
 from dtrain_operator.controller.report_writes import CoalescedWrites
 from dtrain_operator.controller.supervisors import Supervisors
 from dtrain_operator.controller.workqueue import WorkQueue
-from dtrain_operator.core import progress_deadline, queueing
+from dtrain_operator.core import goodput, progress_deadline, queueing
 from dtrain_operator.core.accepted import ParsedJob, accepted_job, parse_job
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.gang_state import current_gang
@@ -301,6 +301,7 @@ class Controller:
         if self._report_writes is not None:
             self._report_writes.forget(key)
         self._metrics.job_status(key, None)
+        self._metrics.job_goodput(key, None)
 
     # --- Observation -------------------------------------------------------------------------------
 
@@ -372,6 +373,7 @@ class Controller:
         observed, blocked = self._observe(key, expectations)
         observed = await self._observe_queue(key, body, observed)
         previous = starting_status(read.status, [p.generation for p in observed.workers if p.generation is not None])
+        previous = previous.model_copy(update={"goodput": goodput.latest(previous.goodput, memory.goodput)})
         parsed = await self._parse(body, previous, memory)
 
         if parsed.job is None:
@@ -388,6 +390,8 @@ class Controller:
                 now,
             )
             new = compute_status(parsed.job, observed, previous, now, parsed.errors, self._limits, watch)
+            memory.goodput = new.goodput
+            self._metrics.job_goodput(key, new.goodput)
             new, refused = _with_create_outcome(memory, new, now)
             running = accepted_job(parsed.job.model_copy(update={"status": new}))
 
@@ -471,6 +475,8 @@ class Controller:
         """
         assert self._client is not None
         patch = status_patch(previous, new)
+        if patch is not None and set(patch) == {"goodput"}:
+            patch = patch if goodput.worth_a_write(previous.goodput if previous else None, new.goodput) else None
         if decided_from is not None:
             previous = decided_from
         if patch is None:

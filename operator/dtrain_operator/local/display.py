@@ -288,6 +288,12 @@ def _steps_lost(lost: list[int]) -> str:
     return f"; steps lost {', '.join(map(str, lost))}" if lost else ""
 
 
+def _goodput(goodput: Mapping[str, Any]) -> str:
+    """The productive share, then every category's time, largest first (RunSummary.goodput)."""
+    seconds = sorted((goodput.get("seconds") or {}).items(), key=lambda item: -item[1])
+    return f"{goodput['ratio']:.0%} productive (" + ", ".join(f"{name} {value:,.0f} s" for name, value in seconds) + ")"
+
+
 def _gang_rows(table: Table, s: RunSummary) -> None:
     """What the gang's checks found: the pre-flight check, the slowest rank, where the latest hang sat."""
     if s.preflight:
@@ -333,6 +339,8 @@ def summary_table(s: RunSummary) -> Table:
     table.add_row("restarts", str(s.restarts) + _not_counted(s.restarts_ignoring_backoff) + _steps_lost(s.steps_lost))
     _gang_rows(table, s)
     table.add_row("wall time", format_duration(s.wall_seconds))
+    if s.goodput and s.goodput.get("ratio") is not None:
+        table.add_row("goodput", escape(_goodput(s.goodput)))
     table.add_row("checkpoint", escape(s.checkpoint or "-"))
     onnx = s.onnx or "-"
     if s.onnx and s.onnx_parity_error is not None:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from dtrain_operator.api import DistributedTraining, records
 from dtrain_operator.api.engine_report import EngineReport
+from dtrain_operator.core import goodput
 from dtrain_operator.local.launch_plan import Workdir
 from dtrain_operator.local.progress_file import JsonlTail
 
@@ -70,6 +72,8 @@ class RunSummary:
     stragglers: dict[str, Any] | None = None
     # Where the latest hang sat, as the progress deadline named it (status.lastHang.message).
     last_hang: str | None = None
+    # Where the run's wall time went, {ratio, seconds: {category: s}} (core/goodput.py).
+    goodput: dict[str, Any] | None = None
     # What the table's title names: `dtrain run` here, `dtrain watch` for a job on a cluster.
     command: str = "dtrain run"
 
@@ -128,6 +132,8 @@ def collect_summary(
     progress = JsonlTail(workdir.progress).read_new()
     _add_progress(summary, progress)
     summary.steps_lost = steps_lost(progress)
+    ended = datetime.now(timezone.utc)
+    summary.goodput = goodput.from_records(progress, ended - timedelta(seconds=wall_seconds), ended, engine_asked)
     checkpoint = latest_checkpoint(workdir.checkpoints)
     # On object storage the workdir holds none: the newest one the trainer reports saved (a URL).
     saved = [r.path for r in map(records.read_record, progress) if isinstance(r, records.CheckpointRecord) and r.ok]

@@ -19,7 +19,7 @@ from dtrain_operator.api import (
     contract,
     immutable_spec,
 )
-from dtrain_operator.core import in_place, policy, progress_deadline, restart_decision
+from dtrain_operator.core import goodput, in_place, policy, progress_deadline, restart_decision
 from dtrain_operator.core.accepted import MUTABLE_WHEN_SUSPENDED, accepted_job, changed_immutable_fields
 from dtrain_operator.core.gang_state import (
     current_gang,
@@ -305,7 +305,8 @@ def compute_status(
     accepted spec). `progress_watch` is the caller's watch on training progress
     (`progress_deadline.observe`): past runPolicy.progressDeadlineSeconds the gang restarts.
     Finished jobs keep their status. `succeededRanks` carries the ranks of the current gang that
-    exited 0 from one status to the next (`succeeded_ranks`).
+    exited 0 from one status to the next (`succeeded_ranks`); `goodput` counts the time since
+    `previous` in the category it was in (`goodput.account`).
     """
     status = (previous or DistributedTrainingStatus()).model_copy(deep=True)
     earlier = tuple(status.succeeded_ranks or ())
@@ -315,6 +316,9 @@ def compute_status(
     new = _run_steps(computation)
     finished = succeeded_ranks(new, observed, earlier, previous.gang_generation if previous else None)
     new.succeeded_ranks = sorted(finished) or None
+    read = previous or DistributedTrainingStatus()
+    created = parse_time((job.metadata.model_extra or {}).get("creationTimestamp"))
+    new.goodput = goodput.account(read.goodput, read, new, now, created)
     return new
 
 

@@ -87,6 +87,11 @@ PASSED_THROUGH = [
     ("affinity operator", "  scheduling:\n    affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: gpu, operator: Has}]}]}}}\n", "Invalid value: \"Has\": not a valid selector operator"),
     ("affinity In without values", "  scheduling:\n    affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: gpu, operator: In}]}]}}}\n", "values: Required value: must be specified when `operator` is 'In' or 'NotIn'"),
     ("affinity weight", "  scheduling:\n    affinity: {nodeAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 0, preference: {}}]}}\n", "weight: Invalid value: 0: must be in the range 1-100"),
+    ("negative quantity", "  resources:\n    requests: {memory: -1Gi}\n", "requests[memory]: Invalid value: \"-1Gi\": must be greater than or equal to 0"),
+    ("request above limit", "  resources:\n    requests: {cpu: '8'}\n    limits: {cpu: 4}\n", "must be less than or equal to cpu limit of 4"),
+    ("fractional device", "  engine:\n    resources:\n      limits: {nvidia.com/gpu: '1.5'}\n", "limits[nvidia.com/gpu]: Invalid value: \"1500m\": must be an integer"),
+    ("device request without limit", "  resources:\n    requests: {example.com/fpga: 1}\n", "Limit must be set for non overcommitable resources"),
+    ("unknown resource", "  resources:\n    limits: {gpu: 1}\n", "limits[gpu]: Invalid value: \"gpu\": must be a standard resource type or fully qualified"),
     ("affinity without topologyKey", "  scheduling:\n    affinity: {podAntiAffinity: {requiredDuringSchedulingIgnoredDuringExecution: [{labelSelector: {}}]}}\n", "topologyKey: Required value"),
 ]
 

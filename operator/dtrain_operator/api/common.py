@@ -13,7 +13,7 @@ from pydantic.alias_generators import to_camel
 from dtrain_operator.api import contract, kubernetes
 from dtrain_operator.api.free_form import check_free_form
 from dtrain_operator.api.kube_objects import KubeObject, quantity_problem, refusal
-from dtrain_operator.api.safe_yaml import echo, key_step
+from dtrain_operator.api.safe_yaml import key_step
 
 # Free-form arguments for a user's class (LightningCLI's init_args).
 InitArgs = Annotated[
@@ -204,49 +204,10 @@ class Resources(ApiModel):
     @field_validator("limits", "requests")
     @classmethod
     def _quantities(cls, values: dict[str, Any]) -> dict[str, Any]:
+        # The format the CRD's pattern says; the rest (names, signs, requests within limits, whole devices) is the
+        # API server's, asked by the operator's dry run of the pods and the engine Job.
         for name, value in values.items():
-            problem = _resource_name_problem(name) or quantity_problem(value)
-            amount = kubernetes.parse_quantity(value)
-            if problem is None and amount is not None and amount < 0:
-                problem = "", f"{echo(value)} is negative"
-            if problem is None and amount is not None and _is_extended(name) and amount != amount.to_integral_value():
-                problem = "", f"{echo(value)} must be an integer: {name} is counted in whole devices"
+            problem = quantity_problem(value)
             if problem:
                 raise refusal(key_step(name) + problem[0], problem[1])
         return values
-
-    @model_validator(mode="after")
-    def _requests_within_limits(self) -> Resources:
-        for name, request in self.requests.items():
-            limit = self.limits.get(name)
-            at = ".requests" + key_step(name)
-            if limit is None:
-                if _is_extended(name):
-                    raise refusal(at, f"{name} cannot be overcommitted: set limits{key_step(name)} to the same value")
-                continue
-            wanted, most = kubernetes.parse_quantity(request), kubernetes.parse_quantity(limit)
-            if wanted is not None and most is not None and wanted > most:
-                raise refusal(at, f"{echo(request)} is more than the limit {echo(limit)}")
-            if _is_extended(name) and wanted != most:
-                raise refusal(at, f"{echo(request)} must equal the limit {echo(limit)}: {name} cannot be overcommitted")
-        return self
-
-
-# Resources every container has; any other is an extended resource (a device plugin's, e.g. nvidia.com/gpu).
-_STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
-
-
-def _is_extended(name: str) -> bool:
-    return name not in _STANDARD_RESOURCES and not name.startswith("hugepages-")
-
-
-def _resource_name_problem(name: str) -> tuple[str, str] | None:
-    if not _is_extended(name):
-        return None
-    prefix, _, _ = name.partition("/")
-    if "/" not in name or "kubernetes.io" in prefix or kubernetes.qualified_name_error(name):
-        return "", (
-            f"{echo(name)} is not a container resource: {', '.join(_STANDARD_RESOURCES)}, hugepages-<size> "
-            "or a device plugin's domain/name (e.g. nvidia.com/gpu, set here from devicesPerNode)"
-        )
-    return None

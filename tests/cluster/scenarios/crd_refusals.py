@@ -42,7 +42,6 @@ CRD_EDIT_REFUSALS: list[tuple[dict[str, Any], str]] = [
 # condition) refuse them, naming the field.
 POD_FIELDS = ("Kubernetes' pod fields, kept as written (x-kubernetes-preserve-unknown-fields): what dtrain reads "
               "of them (names, paths, a value or its source) and what would collide with the operator's volumes")
-QUANTITIES = "relations between quantities (sign, request <= limit, device counts): CEL's quantity library, not yet"
 ACROSS_FIELDS = "rules across sibling fields or list items: not yet in CEL"
 RANGE_ORDER = "the order of an exit-code range's two codes: CEL reads no number out of a string"
 CRD_CANNOT_EXPRESS: dict[str, str] = {
@@ -51,8 +50,6 @@ CRD_CANNOT_EXPRESS: dict[str, str] = {
         "mount of the config volume", "mount over shared memory", "mount without a path", "two mounts at one path",
         "two volumes of one name", "volume of the operator's", "volume without name",
     ], POD_FIELDS),
-    **dict.fromkeys(["negative quantity", "request above limit", "unknown resource", "fractional device",
-                     "device request without limit"], QUANTITIES),
     **dict.fromkeys(["nccl var twice", "profiles naming other inputs", "profiles of other ranks"], ACROSS_FIELDS),
     "failure rule exit code range reversed": RANGE_ORDER,
 }

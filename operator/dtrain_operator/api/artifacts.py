@@ -153,7 +153,7 @@ class EngineSettings(ApiModel):
     workspace_mi_b: Annotated[int, Field(ge=16, le=1_048_576, alias="workspaceMiB"), BuildFlag("--workspace-mib")] = 4096
     """Builder workspace memory limit in MiB."""
     resources: Resources | None = None
-    """Resources of the engine container (default: one nvidia.com/gpu)."""
+    """Resources of the engine container (default: limits of one nvidia.com/gpu). Set, they replace that default: name nvidia.com/gpu in limits to keep a GPU."""
     backoff_limit: Annotated[int, Field(ge=0, le=100)] = 1
     """Retries of the engine Job before it is marked failed."""
     fallback: Annotated[Literal["none", "onnxruntime"], BuildFlag()] = "none"

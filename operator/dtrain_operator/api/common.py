@@ -197,7 +197,7 @@ class Resources(ApiModel):
     """Compute resources of a container (core/v1 ResourceRequirements)."""
 
     limits: Annotated[dict[str, Annotated[Quantity, Field()]], Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
-    """Maximum resources, e.g. {cpu: 8, memory: 64Gi}. GPUs (nvidia.com/gpu) are set from devicesPerNode."""
+    """Maximum resources, e.g. {cpu: 8, memory: 64Gi}."""
     requests: Annotated[dict[str, Annotated[Quantity, Field()]], Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
     """Minimum resources the scheduler reserves, e.g. {cpu: 8, memory: 64Gi}."""
 

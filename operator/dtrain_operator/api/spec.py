@@ -52,7 +52,7 @@ class ClassSpec(ApiModel):
     """A class to instantiate, in LightningCLI's shape: classPath + initArgs."""
 
     class_path: Annotated[str, Field(pattern=CLASS_PATH_PATTERN, max_length=MAX_CLASS_PATH_LENGTH)]
-    """Importable path of the class, e.g. dtrain_trainer.models.ImageClassifier or mypkg.MyModule."""
+    """Importable path of the class: for model, e.g. dtrain_trainer.models.ImageClassifier or mypkg.MyModule; for data, e.g. dtrain_trainer.digits.DigitsDataModule or mypkg.MyDataModule."""
     init_args: InitArgs = Field(default_factory=dict)
     """Keyword arguments for the class's constructor. They are stored in the job's ConfigMap, which anyone who may view the namespace can read: never put a credential here; pass it with env[].valueFrom.secretKeyRef and read the variable in your class."""
 
@@ -283,7 +283,7 @@ class DistributedTrainingSpec(ApiModel):
     gpu_memory: Annotated[str, Field(max_length=MAX_MEMORY_SIZE_LENGTH, pattern=MEMORY_SIZE_PATTERN)] | None = None
     """Memory of one GPU of the nodes the job runs on, e.g. 32Gi or 80G (default: the nvidia.com/gpu.memory label, in MiB, where scheduling.nodeSelector names it). The operator compares it with the per-GPU memory estimate that `dtrain submit` records in the dtrain.dev/memory-estimate annotation: a batch that does not fit gets the GPUMemoryExceeded condition and a Warning Event at creation; nothing is refused."""
     resources: Resources | None = None
-    """CPU and memory of each worker container (GPUs come from devicesPerNode)."""
+    """CPU and memory of each worker container (its nvidia.com/gpu limit is set from devicesPerNode when the accelerator is gpu)."""
     env: Annotated[list[EnvVar], Field(max_length=256)] = Field(default_factory=list)
     """Extra environment variables of the trainer container."""
     volumes: Annotated[list[Volume], Field(max_length=64)] = Field(default_factory=list)

@@ -26,8 +26,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# torch and torchvision are pinned: these versions install from local files on our
-# machines, while an unpinned torch would download several GB.
+# torch and torchvision are pinned, so that pip never resolves a second multi-GB build; where no local
+# wheel cache or index serves them, they download from PyPI (the CUDA build of torch: several GB).
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 INSTALLED := $(VENV)/.dtrain-installed
 TOOLS := .tools/bin/helm .tools/bin/kubectl

@@ -10,6 +10,7 @@ from dtrain_operator.api import contract
 from tests.builders import a_cpu_job
 
 from .cluster import Cluster
+from .operator_process import OPERATOR_AGENTS
 
 NS = "default"
 pytestmark = pytest.mark.real_apiserver
@@ -23,6 +24,7 @@ async def test_a_failed_worker_restarts_the_gang_until_the_backoff_limit(operate
     await operated.apply(a_cpu_job("flaky").with_nodes(3).with_backoff_limit(1).as_dict())
     first = await operated.run_all(NS, "flaky", 3)
     await operated.phase(NS, "flaky", "Running")
+    before = operated.audit.requests_of(OPERATOR_AGENTS)
 
     await operated.exit(NS, "flaky-1", 1, "Traceback ...\nRuntimeError: NCCL error: unhandled system error")
     await operated.eventually(lambda: operated.status(NS, "flaky").get("restarts") == 1, "restarts=1")
@@ -35,6 +37,9 @@ async def test_a_failed_worker_restarts_the_gang_until_the_backoff_limit(operate
         "3 pods of gang generation 1 and none of generation 0",
     )
     assert {p["metadata"]["uid"] for p in second}.isdisjoint(p["metadata"]["uid"] for p in first)
+    # The new gang's Service and ConfigMap are read, one request each, not created again (a 409 and a read).
+    requests = operated.audit.requests_of(OPERATOR_AGENTS)[len(before):]
+    assert sorted(r for r in requests if r.endswith((" services", " configmaps"))) == ["get configmaps", "get services"]
     await operated.run_all(NS, "flaky", 3)
     await operated.phase(NS, "flaky", "Running")
     assert operated.condition(NS, "flaky", "Restarting")["status"] == "False"

@@ -128,9 +128,12 @@ class ChildWriter:
     ) -> None:
         """The Service, ConfigMap (and PodGroup) the pods need, known to be this job's before any pod
         is created: a ConfigMap of the same name left by someone else must never configure its trainers.
-        Once per gang generation, so that one deleted by hand is back for the next gang."""
+        Once per gang generation, so that one deleted by hand is back for the next gang: read first once
+        this operator has made sure of them for an earlier gang (a recreate then reads each, and creates
+        only what is gone)."""
         if expectations.shared_children_for == generation:
             return
+        made_sure = expectations.shared_children_for is not None
         children = [render.render_service(job), render.render_config_map(job, self._report)]
         pod_group = pod_groups.render_pod_group(job)
         if pod_group is not None:
@@ -138,13 +141,13 @@ class ChildWriter:
         if self._network_policy:
             children.append(network_policy.render_network_policy(job))
         adopt(children, body)
-        await gather(*(self._create_owned(child, expectations.uid) for child in children))
+        await gather(*(self._create_owned(child, expectations.uid, read_first=made_sure) for child in children))
         expectations.shared_children_for = generation
 
-    async def _create_owned(self, obj: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], bool]:
+    async def _create_owned(self, obj: dict[str, Any], owner_uid: str, read_first: bool = False) -> tuple[dict[str, Any], bool]:
         """Create a child; if it exists already it must be this job's (then it is adopted as is)."""
         try:
-            existing, created = await self._client.create_or_read(obj)
+            existing, created = await self._client.create_or_read(obj, read_first)
         except ApiError as exc:
             meta = obj["metadata"]
             refusal = refusals.classify(

@@ -256,14 +256,21 @@ class KubeClient:
         namespace = await self._request("GET", f"/api/v1/namespaces/{name}", "get", "namespaces")
         return dict((namespace.get("metadata") or {}).get("labels") or {})
 
-    async def create_or_read(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
-        """Create `obj`; when it already exists (409), read it back. Returns (object, created)."""
+    async def create_or_read(self, obj: Mapping[str, Any], read_first: bool = False) -> tuple[dict[str, Any], bool]:
+        """Create `obj`; when it already exists (409), read it back. Returns (object, created). `read_first`, for
+        an object that most likely exists: read it, and create it only when it is not there (one request, not two)."""
+        meta = obj["metadata"]
+        if read_first:
+            try:
+                return await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]), False
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
         try:
             return await self.create(obj), True
         except ApiError as exc:
             if not exc.conflict:
                 raise
-        meta = obj["metadata"]
         return await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]), False
 
     async def delete(

@@ -44,7 +44,7 @@ def _refusals(admission: KubeAdmission, text: str) -> list[str]:
         api = "/api/v1" if child["apiVersion"] == "v1" else f"/apis/{child['apiVersion']}"
         path = f"{api}/namespaces/{NAMESPACE}/{child['kind'].lower()}s"
         try:
-            admission.request("POST", path, child, dict(contract.DRY_RUN_QUERY))
+            admission.request("POST", path, child, contract.dry_run_query(child["kind"]))
         except Refused as refused:
             refusal = server_check.dry_run_refusal(child, refused.status, str(refused))
             assert refusal is not None, f"{refused.status} {refused}: no verdict on the job"

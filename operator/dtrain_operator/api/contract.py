@@ -37,10 +37,17 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("kueue.x-k8s.io/v1beta2", "Workload"): ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
     ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("/apis/kueue.x-k8s.io/v1beta2", "localqueues"),
 }
-# The query of a server-side dry run of a job's children (core/server_check.py): admitted and validated as a
-# create, never stored; Strict, as `kubectl apply` asks, so that a misspelt field of a volume, a toleration or
-# an affinity is refused rather than dropped from the pods.
-DRY_RUN_QUERY: Final = {"dryRun": "All", "fieldValidation": "Strict"}
+# The kinds of a job's children that carry what a job passes through as written (volumes, env sources,
+# tolerations, affinity): their dry run is Strict, as `kubectl apply` asks, so that a misspelt field is refused
+# rather than dropped from the pods. The others are the operator's own rendering, and a PodGroup is another
+# project's CRD, whose installed version may know fewer fields: their unknown fields stay the server's to drop.
+STRICT_DRY_RUN_KINDS: Final = ("Pod", "Job")
+
+
+def dry_run_query(kind: str) -> dict[str, str]:
+    """The query of a server-side dry run of a `kind` (core/server_check.py): admitted and validated as a create,
+    never stored."""
+    return {"dryRun": "All", **({"fieldValidation": "Strict"} if kind in STRICT_DRY_RUN_KINDS else {})}
 
 # --- torchrun's own variables: torchrun reads PET_<FLAG> as the default of --<flag> ---
 ENV_NNODES = "PET_NNODES"

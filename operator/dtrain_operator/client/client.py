@@ -266,12 +266,12 @@ class Client:
 
     def dry_run(self, obj: Mapping[str, Any]) -> tuple[int, str]:
         """The API server's answer to creating `obj` (in its metadata.namespace) as a server-side dry run:
-        admitted and validated, never stored, a field unknown to the server refused (contract.DRY_RUN_QUERY).
+        admitted and validated, never stored (contract.dry_run_query).
         Returns the HTTP status and the server's message."""
         meta = obj["metadata"]
         prefix, plural = contract.RESOURCES[(obj["apiVersion"], obj["kind"])]
         status, decoded, data = self._decoded(self._send(
-            "POST", f"{prefix}/namespaces/{meta['namespace']}/{plural}", query=dict(contract.DRY_RUN_QUERY), body=dict(obj)
+            "POST", f"{prefix}/namespaces/{meta['namespace']}/{plural}", query=contract.dry_run_query(obj["kind"]), body=dict(obj)
         ))
         return status, self._message(decoded, data)
 

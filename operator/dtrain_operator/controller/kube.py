@@ -233,12 +233,12 @@ class KubeClient:
         return decoded if isinstance(decoded, dict) else {}
 
     async def create(self, obj: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        """Create `obj`; with `dry_run`, only the API server's verdict (admitted and validated, never stored, a
-        field unknown to the server refused: contract.DRY_RUN_QUERY)."""
+        """Create `obj`; with `dry_run`, only the API server's verdict (admitted and validated, never stored;
+        strict about unknown fields where the job's own fields go: contract.dry_run_query)."""
         meta = obj["metadata"]
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
         if dry_run:
-            path += "?" + "&".join(f"{key}={value}" for key, value in contract.DRY_RUN_QUERY.items())
+            path += "?" + "&".join(f"{key}={value}" for key, value in contract.dry_run_query(obj["kind"]).items())
         return await self._request("POST", path, "create", contract.RESOURCES[(obj["apiVersion"], obj["kind"])][1], obj)
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any]:

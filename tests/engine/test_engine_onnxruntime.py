@@ -61,6 +61,11 @@ def test_fallback_checks_and_times_the_model_against_pytorch(build_engine, artif
     assert report["pytorch"]["origin"] == f"checkpoint from {artifacts_json}, model from {artifacts_json}"
     assert report["pytorch"]["mode"] == "eager fp32 on cpu"
     assert report["timing"]["seed"] == 7
+    # Like with like: ONNX Runtime on as many threads as PyTorch, the two timed in turn.
+    import torch
+
+    assert report["timing"]["cpu_threads"] == torch.get_num_threads()
+    assert report["timing"]["order"] == "the backend and PyTorch eager in turn, one run each per round"
 
 
 def test_termination_summary_is_short_json_naming_the_outcome(

@@ -14,6 +14,7 @@ from dtrain_engine.check import (
     TimingSettings,
     compare_outputs,
     max_relative_error,
+    measure_alternately,
     measure_latency,
     summarize_latencies,
 )
@@ -85,6 +86,29 @@ def test_measure_latency_keeps_to_the_time_budget_with_a_minimum_of_runs() -> No
     stats = measure_latency(clock.run, 32, TimingSettings(warmup=10, iterations=100, max_seconds=3), clock)
     assert stats.warmup == 1
     assert stats.iterations == 5
+
+
+def test_two_backends_timed_alternately_each_get_their_own_numbers_and_take_turns() -> None:
+    clock, order = FakeClock(0.0), []
+
+    def backend(name: str, seconds: float):
+        def run() -> None:
+            order.append(name)
+            clock.now += seconds
+        return run
+
+    fast, slow = measure_alternately([backend("ort", 0.001), backend("eager", 0.004)], 8,
+                                     TimingSettings(warmup=2, iterations=5, max_seconds=10), clock)
+    assert order == ["ort", "eager"] * 7  # 2 warm-up rounds, then 5 timed ones, one run of each per round
+    assert (fast.warmup, fast.iterations, slow.iterations) == (2, 5, 5)
+    assert (fast.median_ms, slow.median_ms) == (pytest.approx(1.0), pytest.approx(4.0))
+
+
+def test_alternate_timing_keeps_to_each_ones_time_budget() -> None:
+    clock = FakeClock(2.0)  # 2 s per run of each, 3 s budget each: the pair stops after the minimum of runs
+    first, second = measure_alternately([clock.run, clock.run], 32, TimingSettings(warmup=10, iterations=100,
+                                                                                  max_seconds=3), clock)
+    assert (first.warmup, first.iterations, second.iterations) == (1, 5, 5)
 
 
 @pytest.mark.parametrize(

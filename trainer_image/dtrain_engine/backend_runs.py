@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from dtrain_engine.build_plan import BuildPlan, ShapePoint
-from dtrain_engine.check import Backend, OnnxRuntimeCpu, compare_outputs, non_finite_outputs, random_batch
+from dtrain_engine.check import (
+    Backend,
+    OnnxRuntimeCpu,
+    Timing,
+    compare_outputs,
+    measure_alternately,
+    non_finite_outputs,
+    random_batch,
+)
 from dtrain_engine.onnx_model import EngineError, OnnxModelInfo, usage_error
 from dtrain_engine.probe import Platform
 from dtrain_engine.pytorch import PyTorchEager, SourceLookup, load_pytorch_model
@@ -54,8 +62,10 @@ def _check_and_time(
     under_test: Backend,
     references: list[Backend],
     baseline: Backend | None,
+    alternately: bool = False,
 ) -> None:
-    """Fresh random inputs at each profile's shapes: compare with every reference, then time."""
+    """Fresh random inputs at each profile's shapes: compare with every reference, then time; `alternately`
+    (both on the CPU's wall clock): the backend and the baseline in turn (check.measure_alternately)."""
     rng = np.random.default_rng(run.seed)
     run.references = [reference.name for reference in references]
     for point in points:
@@ -68,6 +78,13 @@ def _check_and_time(
             run.comparisons.append(
                 compare_outputs(outputs, expected, reference.name, point.batch_size, run.bound, point.profile, point.label)
             )
+        if alternately and baseline is not None:
+            timed, eager = measure_alternately(
+                [under_test.prepare_timed_run(batch), baseline.prepare_timed_run(batch)], point.batch_size, run.timing
+            )
+            run.latency.append(TimedPoint(point, Timing(timed)))
+            run.pytorch_latency.append(TimedPoint(point, Timing(eager)))
+            continue
         run.latency.append(TimedPoint(point, under_test.measure(batch, point.profile, point.batch_size, run.timing)))
         if baseline is not None:
             run.pytorch_latency.append(TimedPoint(point, baseline.measure(batch, 0, point.batch_size, run.timing)))
@@ -149,14 +166,17 @@ def run_onnxruntime(
         )
     references: list[Backend] = []
     baseline: Backend | None = None
+    threads: int | None = None
     if pytorch.model is not None:
         eager = PyTorchEager(pytorch.model, model, "cpu")
         references.append(eager)
-        baseline = eager
+        baseline, threads = eager, eager.cpu_threads
         pytorch.info["mode"] = eager.mode
+        # Like with like: ONNX Runtime on PyTorch's threads, the two timed in turn at each shape.
+        run.cpu_threads = threads
     else:
         run.notes.append(
             "the outputs were only checked to be finite: with no PyTorch model there is no independent reference "
             "for ONNX Runtime to be compared with"
         )
-    _check_and_time(run, model, points, OnnxRuntimeCpu(model.path), references, baseline)
+    _check_and_time(run, model, points, OnnxRuntimeCpu(model.path, threads), references, baseline, alternately=True)

@@ -27,6 +27,8 @@ class Backend(Protocol):
 
     def measure(self, inputs: Arrays, profile: int, batch_size: int, settings: TimingSettings) -> Timing: ...
 
+    def prepare_timed_run(self, inputs: Arrays) -> Callable[[], None]: ...
+
 
 def random_batch(model: OnnxModelInfo, shapes: Mapping[str, tuple[int, ...]], rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A fresh batch of standard-normal inputs (the scale of normalised images) of the given shapes."""
@@ -227,6 +229,33 @@ def measure_latency(
     return measure_samples(sample, batch_size, settings, clock)
 
 
+def measure_alternately(
+    runs: Sequence[Callable[[], None]],
+    batch_size: int,
+    settings: TimingSettings,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[LatencyStats]:
+    """Host wall-clock time of each of `runs`, warmed up and then timed in turn (one run of each per round), so
+    that whatever else the machine does weighs on all of them alike. Each gets the warm-up, the runs and the
+    time budget `measure_latency` would give it alone."""
+    start = clock()
+    warmed = 0
+    while warmed < settings.warmup and (warmed == 0 or clock() - start < settings.max_seconds * len(runs) / 4):
+        for run in runs:
+            run()
+        warmed += 1
+    samples: list[list[float]] = [[] for _ in runs]
+    timed_start = clock()
+    while len(samples[0]) < settings.iterations:
+        for run, taken in zip(runs, samples):
+            before = clock()
+            run()
+            taken.append(clock() - before)
+        if len(samples[0]) >= MIN_TIMED_RUNS and clock() - timed_start > settings.max_seconds * len(runs):
+            break
+    return [summarize_latencies(taken, batch_size, warmed) for taken in samples]
+
+
 # --- ONNX Runtime on the CPU -------------------------------------------------------------
 
 
@@ -235,11 +264,16 @@ class OnnxRuntimeCpu:
 
     name = "onnxruntime-cpu"
 
-    def __init__(self, onnx_path: str):
+    def __init__(self, onnx_path: str, threads: int | None = None):
+        """`threads`: the intra-op threads (ONNX Runtime's default: one per core), set to PyTorch's where the two
+        are timed side by side, so that neither computes on more cores than the other."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        if threads is not None:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
         try:
             self._session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
         except Exception as error:  # noqa: BLE001 - ORT raises its own exception types for models it cannot load

@@ -179,6 +179,8 @@ class PyTorchEager:
         self._autocast = getattr(torch, autocast_dtype) if autocast_dtype else None
         self.name = "pytorch"
         self.mode = f"eager {autocast_dtype + ' autocast' if autocast_dtype else 'fp32'} on {self._device.type}"
+        # The threads it computes on, on the CPU (OMP_NUM_THREADS, or torch's default of one per core).
+        self.cpu_threads: int = torch.get_num_threads()
 
     def _forward(self, inputs: list[Any]) -> Any:
         torch = self._torch

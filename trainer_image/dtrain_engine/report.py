@@ -60,6 +60,7 @@ class EngineRun:
     latency: list[TimedPoint] = field(default_factory=list)
     pytorch: dict[str, Any] = field(default_factory=dict)
     pytorch_latency: list[TimedPoint] = field(default_factory=list)
+    cpu_threads: int | None = None  # both timed on the CPU: the threads each computed on, the two timed in turn
     notes: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
 
@@ -166,6 +167,8 @@ def build_report(run: EngineRun, created_at: datetime | None = None) -> dict[str
             "inputs": "random standard-normal batches, already in the backend's memory (no host-device copies timed)",
             "speedup": "PyTorch eager's host wall clock over the backend's leading clock (GPU compute time for TensorRT)",
             "seed": run.seed,
+            **({"cpu_threads": run.cpu_threads, "order": "the backend and PyTorch eager in turn, one run each per round"}
+               if run.cpu_threads is not None else {}),
         },
         "notes": run.notes,
         "versions": run.versions,

@@ -366,7 +366,8 @@ def summary_table(s: RunSummary) -> Table:
 
 
 def latency_table(s: RunSummary) -> Table:
-    title = f"inference latency ({s.engine_backend or 'engine'} vs PyTorch eager)"
+    threads = f", {s.latency_threads} CPU thread(s) each, timed in turn" if s.latency_threads else ""
+    title = f"inference latency ({s.engine_backend or 'engine'} vs PyTorch eager{threads})"
     table = Table(title=title, title_justify="left")
     table.add_column("batch", justify="right")
     table.add_column(f"{s.engine_backend or 'engine'} ms", justify="right")

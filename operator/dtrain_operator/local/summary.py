@@ -66,6 +66,8 @@ class RunSummary:
     engine_note: str | None = None
     engine_report: str | None = None
     latency: list[LatencyRow] = field(default_factory=list)
+    # Where both were timed on the CPU: the threads each computed on (the engine report's timing.cpu_threads).
+    latency_threads: int | None = None
     # The latest gang's pre-flight check (the trainer's preflight record, as in status.preflight).
     preflight: dict[str, Any] | None = None
     # The slowest rank as rank 0 last reported it (status.progress.stragglers).
@@ -223,6 +225,8 @@ def _add_engine_report(summary: RunSummary, workdir: Workdir) -> None:
         return
     summary.engine_report = str(workdir.engine_report)
     summary.engine_backend = report.backend
+    threads = (report.timing or {}).get("cpu_threads")
+    summary.latency_threads = threads if isinstance(threads, int) else None
     summary.engine_path = report.engine
     notes = report.notes or []
     if report.error:

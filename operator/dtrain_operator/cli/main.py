@@ -105,7 +105,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "where the trainer extra is installed) is recorded on it for the operator's GPUMemoryExceeded condition; "
         "a job that does not fit is still created, with a warning. Exit codes: 0 created, 1 refused, 2 invalid file.",
     )
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="a DistributedTraining YAML file")
     p.add_argument(
         "--no-estimate", action="store_true", help="do not estimate per-GPU memory (it builds the model on the CPU)"
     )
@@ -116,7 +116,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "get",
         help="list jobs, or show one: the columns of `kubectl get dtr`, plus the last loss and the ETA",
     )
-    p.add_argument("name", nargs="?", metavar="NAME")
+    p.add_argument("name", nargs="?", metavar="NAME", help="one job (default: every job of the namespace)")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
     _cluster_options(p, output=True)
     p.set_defaults(func=in_this_image(subcommands.get))
@@ -127,13 +127,13 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         description="Draw the job's progress (epoch, step, loss, images/s, ETA) from its status until it succeeds "
         "or fails, then the summary table of `dtrain run`. Exit codes: 0 succeeded, 1 failed or refused.",
     )
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", help="the job")
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between reads (default 2)")
     _cluster_options(p)
     p.set_defaults(func=in_this_image(subcommands.watch))
 
     p = sub.add_parser("logs", help="print the trainer log of one worker pod (rank 0 by default)")
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", help="the job")
     p.add_argument("--rank", type=int, default=0, metavar="N", help="node rank of the worker pod (default 0)")
     p.add_argument("-f", "--follow", action="store_true", help="stream the log until the container ends")
     p.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines")
@@ -142,18 +142,27 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.set_defaults(func=in_this_image(subcommands.logs))
 
     p = sub.add_parser("delete", help="delete jobs (their pods, Service, ConfigMap and engine Job go with them)")
-    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("names", nargs="+", metavar="NAME", help="the jobs")
     p.add_argument("--wait", action="store_true", help="return once each job is gone")
     _cluster_options(p)
     p.set_defaults(func=in_this_image(subcommands.delete))
 
 
+def _cmd_cli_docs(args: argparse.Namespace) -> int:
+    from dtrain_operator.cli.reference import cli_reference
+
+    sys.stdout.write(cli_reference(build_parser()))
+    return 0
+
+
 def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """crd, api-docs and validate: the API, and job files checked against it."""
+    """crd, api-docs, cli-docs and validate: the API and the command, and job files checked against the API."""
     p = sub.add_parser("crd", help="print the DistributedTraining CustomResourceDefinition (generated from the model)")
     p.set_defaults(func=_cmd_crd)
     p = sub.add_parser("api-docs", help="print the API reference in Markdown, docs/api.md (generated from the model)")
     p.set_defaults(func=_cmd_api_docs)
+    p = sub.add_parser("cli-docs", help="print this command's reference in Markdown, docs/cli.md (generated from its parser)")
+    p.set_defaults(func=_cmd_cli_docs)
 
     p = sub.add_parser(
         "validate",
@@ -164,7 +173,7 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "Exit codes: 0 every file valid, 2 a file invalid (as `dtrain submit` and `dtrain run` say it), "
         "3 with --estimate when a batch does not fit.",
     )
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE", help="DistributedTraining YAML files")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument(
         "--defaults",

@@ -98,7 +98,9 @@ def measure_restart(strategy: str) -> RestartMeasure:
             reached = max(reached, int(progress.get("step") or 0))
         if saved.get("step") and now.get("phase") == "Restarting":  # the surviving rank's, not the new gang's
             reached = max(reached, int(saved["step"]))
-        return progress.get("gangGeneration") == 1 and progress.get("stage") == "training"
+        # A batch completed by the new gang's rank 0, whatever stage its latest report (coalesced over 2 s) shows:
+        # a short gang may be validating, checkpointing or finishing whenever the status is written.
+        return progress.get("gangGeneration") == 1 and int(progress.get("batches") or 0) > 0
 
     eventually(training_again, f"{name}: the gang training again after the kill", 300, every=0.25)
     seconds = time.monotonic() - killed

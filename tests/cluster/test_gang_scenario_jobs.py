@@ -81,9 +81,9 @@ def test_the_e2e_cluster_starts_the_coscheduling_scheduler_only_for_its_scenario
     assert every[-3:] == ["gang", "elastic", "gang-coscheduling"]
 
 
-def test_the_readmes_coscheduling_lines_are_what_the_scenario_applies():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Gang scheduling"):readme.index("## Failure handling")]
+def test_the_docs_coscheduling_lines_are_what_the_scenario_applies():
+    page = (REPO / "docs" / "scheduling.md").read_text()
+    section = page[page.index("## Gang scheduling"):page.index("## Queueing with Kueue")]
     (block,) = [b for b in section.split("```yaml\n")[1:] if "scheduler-plugins-scheduler" in b]
     scheduling = yaml.safe_load(block.split("```")[0])["spec"]["scheduling"]
     expected = COSCHEDULING_GANG.scheduling

@@ -164,6 +164,8 @@ async def test_a_new_gang_starts_once_no_pod_of_the_old_one_runs(operated: Clust
     await operated.patch("/api/v1/namespaces/default/pods/slow-0", {"metadata": {"finalizers": None}})
     await operated.eventually(lambda: generations(operated.pods(NS, "slow")) == {"1"}
                               and len(operated.pods(NS, "slow")) == 2, "both ranks of generation 1")
+    # The listing above is the server's; pod_creations counts what the test's watch has seen, which may lag it.
+    await operated.eventually(lambda: operated.pod_creations(NS, "slow-0") >= 2, "the new slow-0 in the watch")
     assert operated.pod_creations(NS, "slow-0") == 2
     assert operated.status(NS, "slow")["restarts"] == 1
 

@@ -199,18 +199,43 @@ def measure_samples(
     Warm-up stops early after a quarter of the budget, so that a slow CPU fallback of a large
     model still finishes; the report records how many runs each number rests on.
     """
+    return _measure_in_turn([sample], batch_size, settings, clock, label)[0]
+
+
+def _measure_in_turn(
+    samplers: Sequence[Callable[[], float]],
+    batch_size: int,
+    settings: TimingSettings,
+    clock: Callable[[], float],
+    label: str,
+) -> list[LatencyStats]:
+    """measure_samples for several samplers, one sample of each per round; the budget grows with their number, so
+    that each gets what it would get alone."""
     start = clock()
     warmed = 0
-    while warmed < settings.warmup and (warmed == 0 or clock() - start < settings.max_seconds / 4):
-        sample()
+    while warmed < settings.warmup and (warmed == 0 or clock() - start < settings.max_seconds * len(samplers) / 4):
+        for sample in samplers:
+            sample()
         warmed += 1
-    samples: list[float] = []
+    taken: list[list[float]] = [[] for _ in samplers]
     timed_start = clock()
-    while len(samples) < settings.iterations:
-        samples.append(sample())
-        if len(samples) >= MIN_TIMED_RUNS and clock() - timed_start > settings.max_seconds:
+    while len(taken[0]) < settings.iterations:
+        for sample, samples in zip(samplers, taken):
+            samples.append(sample())
+        if len(taken[0]) >= MIN_TIMED_RUNS and clock() - timed_start > settings.max_seconds * len(samplers):
             break
-    return summarize_latencies(samples, batch_size, warmed, label)
+    return [summarize_latencies(samples, batch_size, warmed, label) for samples in taken]
+
+
+def wall_clock_sample(run: Callable[[], None], clock: Callable[[], float]) -> Callable[[], float]:
+    """A sampler of `run`'s host wall-clock time (it returns when its results are ready)."""
+
+    def sample() -> float:
+        before = clock()
+        run()
+        return clock() - before
+
+    return sample
 
 
 def measure_latency(
@@ -220,13 +245,7 @@ def measure_latency(
     clock: Callable[[], float] = time.perf_counter,
 ) -> LatencyStats:
     """Host wall-clock time of `run` (which returns when its results are ready)."""
-
-    def sample() -> float:
-        before = clock()
-        run()
-        return clock() - before
-
-    return measure_samples(sample, batch_size, settings, clock)
+    return measure_samples(wall_clock_sample(run, clock), batch_size, settings, clock)
 
 
 def measure_alternately(
@@ -238,22 +257,8 @@ def measure_alternately(
     """Host wall-clock time of each of `runs`, warmed up and then timed in turn (one run of each per round), so
     that whatever else the machine does weighs on all of them alike. Each gets the warm-up, the runs and the
     time budget `measure_latency` would give it alone."""
-    start = clock()
-    warmed = 0
-    while warmed < settings.warmup and (warmed == 0 or clock() - start < settings.max_seconds * len(runs) / 4):
-        for run in runs:
-            run()
-        warmed += 1
-    samples: list[list[float]] = [[] for _ in runs]
-    timed_start = clock()
-    while len(samples[0]) < settings.iterations:
-        for run, taken in zip(runs, samples):
-            before = clock()
-            run()
-            taken.append(clock() - before)
-        if len(samples[0]) >= MIN_TIMED_RUNS and clock() - timed_start > settings.max_seconds * len(runs):
-            break
-    return [summarize_latencies(taken, batch_size, warmed) for taken in samples]
+    return _measure_in_turn([wall_clock_sample(run, clock) for run in runs], batch_size, settings, clock,
+                            "host wall clock")
 
 
 # --- ONNX Runtime on the CPU -------------------------------------------------------------

@@ -39,6 +39,7 @@ from dtrain_engine.check import (
     Timing,
     TimingSettings,
     measure_samples,
+    wall_clock_sample,
 )
 from dtrain_engine.device import Device, DeviceBuffer
 from dtrain_engine.onnx_model import EXIT_USAGE, EngineError, describe_parser_error
@@ -504,13 +505,8 @@ class TensorRTEngine:
 
             return sample
 
-        def on_host() -> float:
-            before = time.perf_counter()
-            host_run()
-            return time.perf_counter() - before
-
         gpu = measure_samples(on_events(self._launch), batch_size, settings, label=GPU_CLOCK)
-        others = [measure_samples(on_host, batch_size, settings, label=HOST_CLOCK)]
+        others = [measure_samples(wall_clock_sample(host_run, time.perf_counter), batch_size, settings, label=HOST_CLOCK)]
         # The runs above let TensorRT finish its deferred work, which a graph capture must come after.
         if self._plan.cuda_graph:
             try:

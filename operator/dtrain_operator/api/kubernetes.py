@@ -14,9 +14,7 @@ import re
 from collections.abc import Mapping
 from decimal import Decimal, DecimalException
 
-DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-MAX_DNS1123_LABEL_LENGTH = 63
 MAX_DNS1123_SUBDOMAIN_LENGTH = 253
 # A label key or an annotation key: an optional DNS-subdomain prefix and a name of at most 63 characters.
 _QUALIFIED_NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -56,15 +54,6 @@ _NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)")
 def _fullmatch(pattern: str, text: str) -> bool:
     # Not re.match: its `$` also matches before a final newline ("16Gi\n"), which Go's (the API server's) does not.
     return re.fullmatch(pattern, text) is not None
-
-
-def dns_label_error(name: str) -> str | None:
-    """Why `name` is not a DNS-1123 label (a namespace, a volume), or None."""
-    if len(name) > MAX_DNS1123_LABEL_LENGTH:
-        return f"must be at most {MAX_DNS1123_LABEL_LENGTH} characters"
-    if not _fullmatch(DNS1123_LABEL_PATTERN, name):
-        return "must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit"
-    return None
 
 
 def dns_subdomain_error(name: str) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dtrain_operator.api import contract
-from dtrain_operator.api.record_patches import replacing_maps
+from dtrain_operator.api.record_patches import replacing_maps, with_records
 from dtrain_operator.controller.report_limits import ServingLimits
 from dtrain_operator.controller.report_server import BoundPod, Refused, ReportServer, TokenReviewer, merged_patch
 from dtrain_operator.controller.report_tls import issue
@@ -240,3 +240,43 @@ async def test_a_jobs_reports_are_coalesced_into_few_writes():
     assert mine[-1]["progress"]["step"] == 199
     assert mine[-1]["progress"]["metrics"] == {"m1": 1.0}  # the latest record's map, not a merge of all of them
     assert [patch for key, patch in written if key == ("team-b", "other")][-1] == {"progress": {"step": 199}}
+
+
+def test_the_status_read_with_records_not_written_yet():
+    """What the reconciler decides from: the pending records on the status, maps they replace replaced."""
+    status = {"phase": "Running", "progress": {"step": 3, "stage": "training", "metrics": {"val_loss": 0.5, "once": 1.0}}}
+    records = {"progress": {"step": 9, "stage": "checkpointing", "metrics": {"val_loss": 0.4}},
+               "lastCheckpoint": {"step": 8}}
+    assert with_records(status, records) == {
+        "phase": "Running",
+        "progress": {"step": 9, "stage": "checkpointing", "metrics": {"val_loss": 0.4}},
+        "lastCheckpoint": {"step": 8},
+    }
+    assert status["progress"]["step"] == 3  # the status read is left as it is
+
+
+async def test_records_a_status_write_carried_are_not_written_again():
+    """The reconciler's own status write takes the pending records along; what came after it is still written."""
+    written: list[dict[str, Any]] = []
+
+    async def write(key: Any, patch: Mapping[str, Any]) -> None:
+        written.append(dict(patch))
+
+    key = ("team-a", "resnet")
+    writes = CoalescedWrites(write, interval=0.2)
+    writes.add(key, {"progress": {"step": 1}})  # written at once: nothing was written before
+    await asyncio.sleep(0)
+    writes.add(key, {"progress": {"step": 2}})
+    carried = writes.pending(key)
+    writes.written(key, carried)  # the reconciler's write carried step 2
+    while writes._flushing:
+        await asyncio.sleep(0.05)
+    assert written == [{"progress": {"step": 1}}]
+
+    writes.add(key, {"progress": {"step": 3}})
+    carried = writes.pending(key)
+    writes.add(key, {"progress": {"step": 4}})  # arrives while the reconciler writes
+    writes.written(key, carried)
+    while writes._flushing:
+        await asyncio.sleep(0.05)
+    assert written[-1] == {"progress": {"step": 4}}

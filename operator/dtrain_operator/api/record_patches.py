@@ -28,6 +28,26 @@ def merge_patches(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> dict[
 REPLACED_MAPS = (("progress", "metrics"), ("preflight", "versions"))
 
 
+def with_records(status: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`status` as it reads once `patch` (records not written yet) is: the patch applied as a merge patch, the
+    maps a record replaces replaced (`replacing_maps`)."""
+    return _applied(status, replacing_maps(patch, status))
+
+
+def _applied(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) applied: maps merged, a null removes its key."""
+    result = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping):
+            before = result.get(key)
+            result[key] = _applied(before if isinstance(before, Mapping) else {}, value)
+        else:
+            result[key] = value
+    return result
+
+
 def replacing_maps(patch: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
     """`patch` (a merge patch of the status) with a null for each key of REPLACED_MAPS that `status` holds and the
     patch's map of that name lacks."""

@@ -39,7 +39,7 @@ from dtrain_operator.api import (
 )
 from dtrain_operator.api.job_defaults import JobDefaults
 from dtrain_operator.api.launches import LaunchOrder, LaunchReport
-from dtrain_operator.api.record_patches import replacing_maps
+from dtrain_operator.api.record_patches import replacing_maps, with_records
 from dtrain_operator.controller import refusals
 from dtrain_operator.controller.children import ChildConflict, ChildWriter
 from dtrain_operator.controller.event_recorder import EventRecorder
@@ -226,10 +226,14 @@ class Controller:
         return next((pod for pod in pods if pod.uid == pod_uid), None)
 
     async def write_reports(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """Rank 0's records into the status, coalesced per job (report_writes.py); the watch event that follows
-        reconciles the job."""
+        """Rank 0's records into the status, coalesced per job (report_writes.py); the job is reconciled at once,
+        from its status with the records not written yet on it."""
         assert self._report_writes is not None
         self._report_writes.add((namespace, name), patch)
+        self._queue.add((namespace, name))
+
+    def _records_pending(self, key: JobKey) -> dict[str, Any]:
+        return self._report_writes.pending(key) if self._report_writes is not None else {}
 
     async def _write_records(self, key: JobKey, patch: Mapping[str, Any]) -> None:
         """One coalesced write of a job's records, on the report endpoint's client: the maps a record replaces lose
@@ -362,7 +366,8 @@ class Controller:
         memory = self._memory(key, meta.get("uid", ""))
         expectations = memory.expectations
         now = datetime.now(timezone.utc)
-        read = read_status(body)
+        records = self._records_pending(key)
+        read = read_status({**body, "status": with_records(body.get("status") or {}, records)} if records else body)
         written = read.status if body.get("status") else None
         if read.problems:
             # Nothing is decided from a status the operator cannot read: the pods stay.
@@ -491,7 +496,13 @@ class Controller:
                 return COUNTS_BATCH_SECONDS - waited
         memory.counts_pending_since = None
         namespace, name = key
-        updated = await self._client.patch_status(namespace, name, patch)
+        # Rank 0's records not written yet go with it: one write, and a status whose parts agree.
+        records = self._records_pending(key)
+        updated = await self._client.patch_status(
+            namespace, name, {**replacing_maps(records, body.get("status") or {}), **patch}
+        )
+        if records and self._report_writes is not None:
+            self._report_writes.written(key, records)
         if updated:
             self._remember(key, updated)
         # Restarts a RestartGangIgnoringBackoff rule decided are gang restarts too (Kueue's evictions are not).

@@ -1,7 +1,10 @@
-"""Rank 0's records into the status, coalesced per job: at most one status write per job every WRITE_SECONDS,
-on a client of their own, so that no job's reporting, however often, delays another job's reconcile or floods
-etcd. Records that arrive meanwhile are merged into the pending patch (api.records.merge_patches), as if each
-had been written in turn; the maps a record replaces lose, at the write, the keys it no longer sends.
+"""Rank 0's records into the status, coalesced per job: at most one status write of records per job every
+WRITE_SECONDS, on a client of their own, so that no job's reporting, however often, delays another job's reconcile
+or floods etcd. Records that arrive meanwhile are merged into the pending patch (api.records.merge_patches), as if
+each had been written in turn; the maps a record replaces lose, at the write, the keys it no longer sends.
+
+The reconciler decides from the status with the pending records on it (`pending`), so a record's news (a stage,
+the end of training) is acted on at once; a status write of its own carries them along (`written`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from dtrain_operator.core.observation import JobKey
 
 logger = logging.getLogger(__name__)
 
-WRITE_SECONDS = 2.0
+# Within contract.DEFAULT_PROGRESS_INTERVAL_SECONDS: a record that comes after a quiet interval is written at once, so
+# the writes that show a gang's progress are never further apart than its records are.
+WRITE_SECONDS = 10.0
 
 Write = Callable[[JobKey, Mapping[str, Any]], Awaitable[None]]
 
@@ -37,6 +42,16 @@ class CoalescedWrites:
         self._pending[key] = merge_patches(self._pending.get(key) or {}, patch)
         if key not in self._flushing:
             self._flushing[key] = asyncio.create_task(self._flush(key), name=f"report-write-{key[0]}/{key[1]}")
+
+    def pending(self, key: JobKey) -> dict[str, Any]:
+        """The records of the job not written yet, as one patch ({} when none)."""
+        return dict(self._pending.get(key) or {})
+
+    def written(self, key: JobKey, patch: Mapping[str, Any]) -> None:
+        """Another write carried `patch` (what `pending` gave): nothing to write, unless records came since."""
+        if self._pending.get(key) == patch:
+            del self._pending[key]
+            self._written_at[key] = time.monotonic()
 
     def forget(self, key: JobKey) -> None:
         """The job is gone: nothing of it is written any more."""
@@ -58,6 +73,7 @@ class CoalescedWrites:
                 wait = self._written_at.get(key, float("-inf")) + self._interval - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                    continue  # a status write of the reconciler's may have carried them meanwhile (`written`)
                 patch = self._pending.pop(key)
                 self._written_at[key] = time.monotonic()
                 try:

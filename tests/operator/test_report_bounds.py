@@ -280,3 +280,25 @@ async def test_records_a_status_write_carried_are_not_written_again():
     while writes._flushing:
         await asyncio.sleep(0.05)
     assert written[-1] == {"progress": {"step": 4}}
+
+
+async def test_a_gangs_first_record_and_first_batch_are_written_at_once():
+    """What a user watching a start or a restart waits for does not wait for the interval."""
+    written: list[dict[str, Any]] = []
+
+    async def write(key: Any, patch: Mapping[str, Any]) -> None:
+        written.append(dict(patch))
+
+    key = ("team-a", "resnet")
+    writes = CoalescedWrites(write, interval=60.0)
+    for patch in ({"progress": {"gangGeneration": 0, "stage": "training", "step": 0}},
+                  {"progress": {"gangGeneration": 0, "batches": 1, "stage": "validating"}},  # the sanity check's
+                  {"progress": {"gangGeneration": 0, "batches": 2, "stage": "training", "step": 1}},
+                  {"progress": {"gangGeneration": 0, "batches": 3, "step": 2}},
+                  {"progress": {"gangGeneration": 1, "batches": 0, "step": 1}}):
+        writes.add(key, patch)
+        for _ in range(5):
+            await asyncio.sleep(0)
+    # The validation batch and step 2 wait for the interval; the next gang's first record is written at once.
+    assert [(w["progress"]["gangGeneration"], w["progress"].get("step")) for w in written] == [(0, 0), (0, 1), (1, 1)]
+    await writes.stop()

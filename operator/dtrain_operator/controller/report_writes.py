@@ -3,18 +3,22 @@ WRITE_SECONDS, on a client of their own, so that no job's reporting, however oft
 or floods etcd. Records that arrive meanwhile are merged into the pending patch (api.records.merge_patches), as if
 each had been written in turn; the maps a record replaces lose, at the write, the keys it no longer sends.
 
-The reconciler decides from the status with the pending records on it (`pending`), so a record's news (a stage,
-the end of training) is acted on at once; a status write of its own carries them along (`written`).
+A gang's first record and its first training batch are written at once, whenever the last write was: they are
+what a user watching a start or a restart waits for. The reconciler decides from the status with the pending records
+on it (`pending`), so a record's news (a stage, the end of training) is acted on at once; a status write of its own
+carries them along (`written`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from dtrain_operator.api import contract
 from dtrain_operator.api.record_patches import merge_patches
 from dtrain_operator.controller.kube import ApiError
 from dtrain_operator.core.observation import JobKey
@@ -37,11 +41,16 @@ class CoalescedWrites:
         self._pending: dict[JobKey, dict[str, Any]] = {}
         self._written_at: dict[JobKey, float] = {}
         self._flushing: dict[JobKey, asyncio.Task[None]] = {}
+        self._gang_written: dict[JobKey, tuple[Any, bool]] = {}  # the gang generation written, and if it trained
+        self._news_came: dict[JobKey, asyncio.Event] = {}
 
     def add(self, key: JobKey, patch: Mapping[str, Any]) -> None:
         self._pending[key] = merge_patches(self._pending.get(key) or {}, patch)
         if key not in self._flushing:
+            self._news_came[key] = asyncio.Event()
             self._flushing[key] = asyncio.create_task(self._flush(key), name=f"report-write-{key[0]}/{key[1]}")
+        elif self._news(key):
+            self._news_came[key].set()
 
     def pending(self, key: JobKey) -> dict[str, Any]:
         """The records of the job not written yet, as one patch ({} when none)."""
@@ -49,14 +58,27 @@ class CoalescedWrites:
 
     def written(self, key: JobKey, patch: Mapping[str, Any]) -> None:
         """Another write carried `patch` (what `pending` gave): nothing to write, unless records came since."""
+        self._note_gang(key, patch)
         if self._pending.get(key) == patch:
             del self._pending[key]
             self._written_at[key] = time.monotonic()
+
+    def _note_gang(self, key: JobKey, patch: Mapping[str, Any]) -> None:
+        gang = _gang(patch)
+        if gang is not None:
+            self._gang_written[key] = gang
+
+    def _news(self, key: JobKey) -> bool:
+        """The pending records hold a gang's first record or its first training batch."""
+        gang = _gang(self._pending.get(key) or {})
+        written = self._gang_written.get(key)
+        return gang is not None and (written is None or gang[0] != written[0] or (gang[1] and not written[1]))
 
     def forget(self, key: JobKey) -> None:
         """The job is gone: nothing of it is written any more."""
         self._pending.pop(key, None)
         self._written_at.pop(key, None)
+        self._gang_written.pop(key, None)
         task = self._flushing.pop(key, None)
         if task is not None:
             task.cancel()
@@ -71,14 +93,30 @@ class CoalescedWrites:
         try:
             while key in self._pending:
                 wait = self._written_at.get(key, float("-inf")) + self._interval - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+                if wait > 0 and not self._news(key):
+                    news = self._news_came[key]
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(news.wait(), wait)
+                    news.clear()
                     continue  # a status write of the reconciler's may have carried them meanwhile (`written`)
                 patch = self._pending.pop(key)
                 self._written_at[key] = time.monotonic()
+                self._note_gang(key, patch)
                 try:
                     await self._write(key, patch)
                 except ApiError as exc:
                     logger.warning("%s/%s: rank 0's records were not written (%s %s)", *key, exc.status, exc.reason)
         finally:
-            self._flushing.pop(key, None)
+            if self._flushing.get(key) is asyncio.current_task():  # not a task for a new job of the same name
+                del self._flushing[key]
+                self._news_came.pop(key, None)
+
+
+def _gang(patch: Mapping[str, Any]) -> tuple[Any, bool] | None:
+    """The gang generation a patch's progress is of, and whether it trains (a batch done, in the training stage: the
+    sanity check's validation batch before the first step is not training); None without progress."""
+    progress = patch.get("progress")
+    if not isinstance(progress, Mapping) or "gangGeneration" not in progress:
+        return None
+    trains = bool(progress.get("batches")) and progress.get("stage") == contract.PROGRESS_STAGE_TRAINING
+    return progress["gangGeneration"], trains

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -73,7 +74,18 @@ def with_engine(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def progress_step(name: str) -> int:
+    """The step in the job's status: the operator writes rank 0's progress at most every 10 s."""
     return int((status(name).get("progress") or {}).get("step") or 0)
+
+
+LOGGED_STEP = re.compile(r"^dtrain: epoch \d+\s+step (\d+)", re.MULTILINE)
+
+
+def logged_step(name: str) -> int:
+    """The step rank 0 has logged (its progress lines): the clock of a disruption that must land mid-training,
+    which the status, written at most every 10 s, is too coarse for in a job that trains for seconds."""
+    logs = kubectl("logs", f"{name}-0", "-n", NS, check=False).stdout
+    return max((int(step) for step in LOGGED_STEP.findall(logs)), default=0)
 
 
 def finished(name: str, timeout: float = 600) -> dict[str, Any]:

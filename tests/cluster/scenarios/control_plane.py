@@ -20,14 +20,25 @@ from ..kube import (
     status,
     worker_pods,
 )
-from .common import NS, SMALL_JOB, Figures, delete, finished, lease_holder, operator_pods, progress_step, small_job
+from .common import (
+    NS,
+    SMALL_JOB,
+    Figures,
+    delete,
+    finished,
+    lease_holder,
+    logged_step,
+    operator_pods,
+    progress_step,
+    small_job,
+)
 
 
 def scenario_operator_killed(figures: Figures) -> None:
     """The operator's process SIGKILLed mid-training: its container restarts (the kubelet), nothing is created twice."""
     name = "e2e-opkill"
     apply(small_job(name))
-    eventually(lambda: progress_step(name) >= 4, f"{name}: training", 300)
+    eventually(lambda: logged_step(name) >= 4, f"{name}: training", 300)
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(name)}
     (operator,) = operator_pods()
     kill(pod_processes(operator))
@@ -66,7 +77,7 @@ def scenario_leader_failover(figures: Figures) -> None:
         eventually(lambda: len([p for p in operator_pods() if p["status"].get("containerStatuses", [{}])[0].get("ready")])
                    == 2, "two ready operator replicas", 180)
         apply(small_job(name))
-        eventually(lambda: progress_step(name) >= 4, f"{name}: training", 300)
+        eventually(lambda: logged_step(name) >= 4, f"{name}: training", 300)
         leader = lease_holder()
         kubectl("delete", "pod", leader, "-n", "dtrain-system", "--grace-period=0", "--force")
         killed = time.monotonic()

@@ -38,8 +38,8 @@ from .common import (
     delete,
     events,
     finished,
+    logged_step,
     pod,
-    progress_step,
     running_gang,
     small_job,
 )
@@ -82,10 +82,10 @@ def measure_restart(strategy: str) -> RestartMeasure:
     name = f"e2e-restart-{strategy.lower()}"
     # An earlier run's checkpoints on a kept cluster's claim are another job's (the trainer refuses them).
     shutil.rmtree(layout.VOLUMES / NS / CLAIM / name, ignore_errors=True)
-    # 4 epochs of 6 steps; killed just after the first epoch's end is reported (at step 6): mid-epoch.
+    # 4 epochs of 6 steps; killed just after rank 0 logs the first epoch's end (step 6): mid-epoch.
     trainer = {**yaml.safe_load(SMALL_JOB.read_text())["spec"]["trainer"], "maxEpochs": 4}
     apply(small_job(name, trainer=trainer, runPolicy={"backoffLimit": 3, "restartStrategy": strategy}))
-    eventually(lambda: progress_step(name) >= 6, f"{name}: step 6 reported", 300)
+    eventually(lambda: logged_step(name) >= 6, f"{name}: step 6 logged", 300, every=0.25)
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(name)}
     killed = kill_rank_1(name)
     reached = 0
@@ -98,7 +98,7 @@ def measure_restart(strategy: str) -> RestartMeasure:
             reached = max(reached, int(progress.get("step") or 0))
         if saved.get("step") and now.get("phase") == "Restarting":  # the surviving rank's, not the new gang's
             reached = max(reached, int(saved["step"]))
-        # A batch completed by the new gang's rank 0, whatever stage its latest report (coalesced over 2 s) shows:
+        # A batch completed by the new gang's rank 0 (written at once), whatever stage its latest report shows:
         # a short gang may be validating, checkpointing or finishing whenever the status is written.
         return progress.get("gangGeneration") == 1 and int(progress.get("batches") or 0) > 0
 
@@ -225,7 +225,7 @@ def scenario_straggler(figures: Figures) -> None:
     name, slowed = "e2e-slow", "e2e-slow-1"
     # Three ranks: a rank's link time is its two ring neighbours' fetches from it, so a slow one stands out.
     apply(small_job(name, nodes=3, stragglers={"everyNSteps": 2, "factor": 1.5, "window": 3}))
-    eventually(lambda: progress_step(name) >= 8, f"{name}: training", 300)
+    eventually(lambda: logged_step(name) >= 8, f"{name}: training", 300)
     if events(name, "Straggler"):
         raise Failed(f"a straggler named before any link was slowed: {events(name, 'Straggler')}")
     victim = pod(slowed)

@@ -48,6 +48,7 @@ from .common import (
     children,
     delete,
     finished,
+    logged_step,
     pod,
     progress_step,
     running_gang,
@@ -199,7 +200,7 @@ def scenario_suspend_resume(figures: Figures) -> None:
 def scenario_delete(figures: Figures) -> None:
     name = "e2e-delete"
     apply(small_job(name))
-    eventually(lambda: progress_step(name) >= 2, f"{name}: training", 300)
+    eventually(lambda: logged_step(name) >= 2, f"{name}: training", 300)
     pods = worker_pods(name)
     pids = [pid for p in pods for pid in pod_processes(p)]
     namespaces = {pod_netns(p) for p in pods}

@@ -1,4 +1,4 @@
-"""Every link between the README, docs/ and the chart's README leads somewhere: the file exists, and a
+"""Every link between the README, the CHANGELOG, docs/ and the chart's README leads somewhere: the file exists, and a
 `#heading` names a heading of that page (as GitHub makes its anchors)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "helm" / "dtrain-operator" / "README.md"]
+PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md")), REPO / "helm" / "dtrain-operator" / "README.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE = re.compile(r"`[^`\n]*`")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)

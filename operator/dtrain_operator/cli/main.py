@@ -155,14 +155,35 @@ def _cmd_cli_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_troubleshooting_docs(args: argparse.Namespace) -> int:
+    from dtrain_operator.cli.troubleshooting import troubleshooting_reference
+
+    sys.stdout.write(troubleshooting_reference())
+    return 0
+
+
+def _cmd_client_docs(args: argparse.Namespace) -> int:
+    from dtrain_operator import client
+    from dtrain_operator.cli.client_reference import client_reference
+
+    sys.stdout.write(client_reference(client))
+    return 0
+
+
 def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """crd, api-docs, cli-docs and validate: the API and the command, and job files checked against the API."""
+    """crd, the generated docs and validate: the API, the command, the client and the reasons, and job files checked."""
     p = sub.add_parser("crd", help="print the DistributedTraining CustomResourceDefinition (generated from the model)")
     p.set_defaults(func=_cmd_crd)
     p = sub.add_parser("api-docs", help="print the API reference in Markdown, docs/api.md (generated from the model)")
     p.set_defaults(func=_cmd_api_docs)
     p = sub.add_parser("cli-docs", help="print this command's reference in Markdown, docs/cli.md (generated from its parser)")
     p.set_defaults(func=_cmd_cli_docs)
+    p = sub.add_parser("troubleshooting-docs", help="print every condition and Event reason the operator writes, what "
+                       "each means and what to do, in Markdown, docs/troubleshooting.md (generated from the code)")
+    p.set_defaults(func=_cmd_troubleshooting_docs)
+    p = sub.add_parser("client-docs", help="print the Python client's reference in Markdown, docs/client.md "
+                       "(generated from its docstrings)")
+    p.set_defaults(func=_cmd_client_docs)
 
     p = sub.add_parser(
         "validate",

@@ -92,6 +92,7 @@ class Client:
         self._served: bool | None = None
 
     def close(self) -> None:
+        """Close the connections to the API server (a `with Client() as dtr:` block does it on leaving)."""
         self._api.close()
 
     def __enter__(self) -> Self:
@@ -276,6 +277,7 @@ class Client:
         return status, self._message(decoded, data)
 
     def get(self, name: str, namespace: str | None = None) -> api.DistributedTraining:
+        """The job as the API model, status included; NotFound when there is none."""
         ns = namespace or self.namespace
         return self._model(self._json("GET", self._jobs_path(ns, name), f"DistributedTraining {name}"))
 

@@ -31,6 +31,7 @@ class ProgressUpdate:
 
     @classmethod
     def of(cls, job: api.DistributedTraining) -> ProgressUpdate:
+        """The update that the job's status shows now."""
         status = job.status or api.DistributedTrainingStatus()
         progress = status.progress or api.Progress()
         extra = progress.model_extra or {}
@@ -56,6 +57,7 @@ class ProgressUpdate:
 
     @property
     def finished(self) -> bool:
+        """Whether the job ended (Succeeded or Failed)."""
         return self.phase in api.FINISHED_PHASES
 
     def key(self) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 import kopf
 
 from dtrain_operator.api import DistributedTraining, contract
+from dtrain_operator.api.reasons import event
 from dtrain_operator.controller import refusals
 from dtrain_operator.controller.expectations import EXPECTATION_TTL_SECONDS, Expectations
 from dtrain_operator.controller.kube import ApiError, KubeClient
@@ -42,6 +43,12 @@ T = TypeVar("T")
 
 class ChildConflict(Exception):
     """A child's name is taken by an object this job does not own."""
+
+
+EVENT_CHILD_CONFLICT = event(
+    "ChildConflict", "Warning", "an object with the name of one of the job's children exists and is not the job's "
+    "(left by an earlier job of the same name?): nothing starts until it goes", "delete it, or rename the job",
+)
 
 
 class ChildWriter:

@@ -41,7 +41,7 @@ from dtrain_operator.api.job_defaults import JobDefaults
 from dtrain_operator.api.launches import LaunchOrder, LaunchReport
 from dtrain_operator.api.record_patches import replacing_maps, with_records
 from dtrain_operator.controller import refusals
-from dtrain_operator.controller.children import ChildConflict, ChildWriter
+from dtrain_operator.controller.children import EVENT_CHILD_CONFLICT, ChildConflict, ChildWriter
 from dtrain_operator.controller.event_recorder import EventRecorder
 from dtrain_operator.controller.expectations import Expectations, observe_with_expectations
 from dtrain_operator.controller.job_memory import CREATED, JobMemory
@@ -527,7 +527,7 @@ class Controller:
         if memory.conflict_reported == message or self._events is None:
             return
         memory.conflict_reported = message
-        await self._events.warn(key, body, "ChildConflict", message)
+        await self._events.warn(key, body, EVENT_CHILD_CONFLICT, message)
 
     async def _report_refusal(
         self, key: JobKey, body: Mapping[str, Any], refusal: refusals.Refusal, memory: JobMemory

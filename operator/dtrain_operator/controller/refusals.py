@@ -24,16 +24,41 @@ import dataclasses
 from datetime import datetime, timezone
 
 from dtrain_operator.api import Condition, DistributedTrainingStatus
+from dtrain_operator.api.reasons import condition_type, reason
+from dtrain_operator.core.status.conditions import FAILED, REASON_JOB_FINISHED, RESTARTING, RUNNING
 
-CREATE_REFUSED = "CreateRefused"  # the condition type
-FAILED = "Failed"
-REASON_QUOTA = "QuotaExceeded"
-REASON_POD_SECURITY = "PodSecurityForbidden"
-REASON_SERVICE_ACCOUNT = "ServiceAccountMissing"
-REASON_FORBIDDEN = "CreateForbidden"
-REASON_REFUSED = "CreateRefused"
-REASON_GANG_UNAVAILABLE = "GangSchedulingUnavailable"
-REASON_CREATED = "ChildrenCreated"
+CREATE_REFUSED = condition_type(
+    "CreateRefused", "the API server refused to create one of the job's objects; the message quotes it and says "
+    "what to change; dtrain retries with a backoff (an invalid object fails the job instead)",
+    "act on the message: its reason names the cause",
+)
+# Each reason of a refused create is also the reason of the Warning Event that quotes the API server.
+REASON_QUOTA = reason("QuotaExceeded", "the namespace's ResourceQuota has no room for the object (CreateRefused); "
+                      "retried until it has", "wait for other pods to finish, or raise the quota", event="Warning")
+REASON_POD_SECURITY = reason(
+    "PodSecurityForbidden", "the namespace's Pod Security level forbids the pod (CreateRefused; retried)",
+    "set spec.hostNetwork false and drop hostPath volumes, or have the namespace's level changed", event="Warning",
+)
+REASON_SERVICE_ACCOUNT = reason(
+    "ServiceAccountMissing", "spec.serviceAccountName names no service account (CreateRefused; retried)",
+    "create it (the chart's trainer.serviceAccount), or name one that exists", event="Warning",
+)
+REASON_FORBIDDEN = reason("CreateForbidden", "the operator's service account may not create the object "
+                          "(CreateRefused; retried)", "check the operator's RBAC (the chart's ClusterRole)",
+                          event="Warning")
+REASON_REFUSED = reason("CreateRefused", "the API server refused the object for another reason (CreateRefused; "
+                        "retried)", "act on the API server's message", event="Warning")
+REASON_GANG_UNAVAILABLE = reason(
+    "GangSchedulingUnavailable", "the cluster does not serve the PodGroup API of scheduling.gang.provider; no "
+    "worker pod is created before its PodGroup (CreateRefused; retried)",
+    "install what the provider needs, or choose another provider", event="Warning",
+)
+# An invalid object (422): Invalid followed by its kind (InvalidPod, InvalidService, ...).
+REASON_INVALID = reason(
+    "Invalid<Kind>", "the API server found an object the job asks for invalid, e.g. requests above limits "
+    "(InvalidPod, InvalidJob, ...; CreateRefused and Failed)", "fix the spec and create the job again", event="Warning",
+)
+REASON_CREATED = reason("ChildrenCreated", "every create went through after a refusal (CreateRefused False)")
 FIRST_RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
 BACKOFF = f"dtrain retries with a backoff from {FIRST_RETRY_SECONDS:.0f} s, doubling up to {MAX_RETRY_SECONDS / 60:.0f} min"
@@ -90,7 +115,7 @@ def classify(kind: str, name: str, status: int, message: str, api_version: str =
                        f"This cluster does not serve {api_version} PodGroups: {GANG_SCHEDULING_NEEDS[api_version]}; "
                        + BACKOFF, False)
     if status == 422:
-        return Refusal(kind, name, status, f"Invalid{kind}", message,
+        return Refusal(kind, name, status, REASON_INVALID.replace("<Kind>", kind), message,
                        "The object the job asks for is invalid: fix the spec and re-create the job", True)
     if "exceeded quota" in lowered:
         return Refusal(kind, name, status, REASON_QUOTA, message,
@@ -125,9 +150,9 @@ def refused_status(status: DistributedTrainingStatus, refusal: Refusal, now: dat
     if refusal.fails_job:
         new.phase = "Failed"
         _set(new, FAILED, True, refusal.reason, refusal.message, now)
-        for type_ in ("Running", "Restarting"):
+        for type_ in (RUNNING, RESTARTING):
             if _get(new, type_) is not None:
-                _set(new, type_, False, "JobFinished", "the job failed", now)
+                _set(new, type_, False, REASON_JOB_FINISHED, "the job failed", now)
         new.completion_time = _format(now)
     return new
 

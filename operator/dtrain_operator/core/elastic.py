@@ -17,11 +17,15 @@ from datetime import datetime
 
 from dtrain_operator.api import DistributedTrainingSpec, DistributedTrainingStatus
 from dtrain_operator.api.elastic import layout_at, wanted_layout
+from dtrain_operator.api.reasons import reason
 from dtrain_operator.core.observation import PodObservation
 from dtrain_operator.core.policy import FailureDecision, WorkerFailure
 
-REASON_NODES_LOST = "NodesLost"
-REASON_CAPACITY_BACK = "CapacityBack"
+REASON_NODES_LOST = reason(
+    "NodesLost", "an elastic gang's pods could not be placed for elastic.waitSeconds: it trains on with fewer nodes, "
+    "the global batch kept (Restarting)", "nothing: it grows back once the nodes return",
+)
+REASON_CAPACITY_BACK = reason("CapacityBack", "a shrunk elastic gang grows back to spec.nodes (Restarting)")
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,10 @@ def grown_back(spec: DistributedTrainingSpec, nodes: int, why: str) -> Resize | 
 # How a worker pod whose node is gone ends: deleted by the pod garbage collector or the taint manager, or simply
 # gone (deleted outright, preempted). In an elastic job the restart that follows is the first half of a resize.
 NODE_LOSS_REASONS = frozenset({"Deleted", "DeletionByPodGC", "DeletionByTaintManager", "PreemptionByScheduler"})
-REASON_NODE_LOST = "NodeLost"
+REASON_NODE_LOST = reason(
+    "NodeLost", "an elastic gang's pods went with their nodes: the gang restarts, not counted against backoffLimit "
+    "(Restarting)", "nothing: if the nodes do not return, the gang shrinks after elastic.waitSeconds",
+)
 
 
 def gang_nodes(spec: DistributedTrainingSpec, status: DistributedTrainingStatus) -> int:

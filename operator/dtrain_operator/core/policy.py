@@ -22,6 +22,7 @@ from typing import Literal
 
 from dtrain_operator.api import FailureRule, RunPolicy, contract, failure_rules, restart_policy_rules
 from dtrain_operator.api.failure_rules import RestartStrategy
+from dtrain_operator.api.reasons import reason
 from dtrain_operator.core import queueing
 
 # Exit codes of 128 and above mean the process was killed by a signal (128 + n):
@@ -29,20 +30,32 @@ from dtrain_operator.core import queueing
 # itself chose to fail, which a restart will not fix.
 SIGNAL_EXIT_CODE_BASE = 128
 
-REASON_BACKOFF_LIMIT = "BackoffLimitExceeded"
-REASON_NON_RETRYABLE_EXIT = "NonRetryableExitCode"
-REASON_RESTART_POLICY_NEVER = "RestartPolicyNever"
-REASON_WORKER_FAILED = "WorkerFailed"
-REASON_DEADLINE = "DeadlineExceeded"
+_FIX_AND_RECREATE = "fix what the message names (`dtrain logs NAME --previous`), then create the job again"
+REASON_BACKOFF_LIMIT = reason("BackoffLimitExceeded", "the gang failed again with its runPolicy.backoffLimit restarts "
+                              "spent (Failed)", _FIX_AND_RECREATE)
+REASON_NON_RETRYABLE_EXIT = reason("NonRetryableExitCode", "a worker exited with 1-127, an error of the program that "
+                                   "restartPolicy ExitCode does not retry (Failed)", _FIX_AND_RECREATE)
+REASON_RESTART_POLICY_NEVER = reason("RestartPolicyNever", "a worker failed and restartPolicy is Never (Failed)",
+                                     _FIX_AND_RECREATE)
+REASON_WORKER_FAILED = reason("WorkerFailed", "a worker failed or was lost; the gang restarts from its last checkpoint "
+                              "(Restarting)", "nothing, unless it repeats: the message quotes the worker's error")
+REASON_DEADLINE = reason("DeadlineExceeded", "the job ran longer than runPolicy.activeDeadlineSeconds (Failed)",
+                         "raise activeDeadlineSeconds, or make the job shorter (maxEpochs, maxSteps)")
 # Training succeeded but what comes after did not: the operator and `dtrain run` both end a job so.
-REASON_EXPORT_FAILED = "ExportFailed"
-REASON_ENGINE_BUILD_FAILED = "EngineBuildFailed"
-REASON_TRAINING_SUCCEEDED = "TrainingSucceeded"
-REASON_ENGINE_BUILT = "EngineBuilt"
+REASON_EXPORT_FAILED = reason("ExportFailed", "training succeeded but the ONNX export failed, so no engine can be "
+                              "built (Failed; the checkpoints stay)", "make the model exportable, then run again")
+REASON_ENGINE_BUILD_FAILED = reason("EngineBuildFailed", "the engine Job failed to build the TensorRT engine (Failed, "
+                                    "EngineBuilt False)", "`kubectl logs job/NAME-engine`; the model and checkpoints stay")
+REASON_TRAINING_SUCCEEDED = reason("TrainingSucceeded", "training is over (Running False); the job ends here when no "
+                                   "engine is asked for or the export failed (Succeeded)")
+REASON_ENGINE_BUILT = reason("EngineBuilt", "training succeeded and the engine is built (Succeeded)")
 # The trainer exited with contract.TRAINER_EXIT_INVALID_CONFIG: its settings are wrong.
-REASON_INVALID_TRAINER_CONFIG = failure_rules.REASON_INVALID_TRAINER_CONFIG
+REASON_INVALID_TRAINER_CONFIG = reason(failure_rules.REASON_INVALID_TRAINER_CONFIG, "the trainer found its settings "
+                                       "wrong (classPath, initArgs, ...): no restart can cure it (Failed)",
+                                       "fix the spec as the message says and create the job again")
 # A FailJob rule of runPolicy.failureRules failed the job.
-REASON_FAILED_BY_RULE = "FailedByRule"
+REASON_FAILED_BY_RULE = reason("FailedByRule", "a FailJob rule of runPolicy.failureRules matched a failure (Failed); "
+                               "the message names the rule", _FIX_AND_RECREATE)
 # Kubernetes' reasons that dtrain's names for failure rules cover (besides those names themselves).
 REASON_ALIASES = {
     failure_rules.REASON_PREEMPTED: frozenset({"PreemptionByScheduler", "Preempting"}),

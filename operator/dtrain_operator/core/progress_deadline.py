@@ -27,10 +27,17 @@ from datetime import datetime
 from typing import Any
 
 from dtrain_operator.api import Progress, RunPolicy, contract
+from dtrain_operator.api.reasons import reason
 from dtrain_operator.api.records import ProgressRecord, read_record
 from dtrain_operator.core.policy import REASON_BACKOFF_LIMIT, FailureDecision
 
-REASON_PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
+REASON_PROGRESS_DEADLINE = reason(
+    "ProgressDeadlineExceeded", "no batch completed for runPolicy.progressDeadlineSeconds while every worker ran, or "
+    "rank 0 stayed in a checkpoint, export or exit beyond stageDeadlineSeconds: the gang restarts (Restarting; Failed "
+    "with restartPolicy Never); status.lastHang says where the ranks were",
+    "read status.lastHang and the worker logs (a rank stuck in a collective or a data loader?); raise the deadline "
+    "only for steps that are that slow",
+)
 # Stages in which rank 0 works without completing batches, legitimately and for as long as it takes.
 HOLDING_STAGES = frozenset(
     {contract.PROGRESS_STAGE_CHECKPOINTING, contract.PROGRESS_STAGE_EXPORTING, contract.PROGRESS_STAGE_FINISHING}

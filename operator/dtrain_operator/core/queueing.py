@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dtrain_operator.api import DistributedTraining
+from dtrain_operator.api.reasons import condition_type, reason
 from dtrain_operator.core.observation import PodObservation, QueueObservation
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -31,13 +32,23 @@ STOP_CONDITION = "TerminationTarget"
 EVICTED_REASON = "WorkloadEvicted"
 """The start of the reason of a pod of an evicted group (WorkloadEvictedDueToPreempted, ...)."""
 
-CONDITION = "Queued"
-REASON_WAITING = "WaitingForAdmission"
-REASON_ADMITTED = "Admitted"
-REASON_EVICTED = "EvictedByKueue"
-NOT_HONORED_CONDITION = "QueueNotHonored"
-REASON_NOT_MANAGED = "NotManagedByKueue"
-REASON_MANAGED = "ManagedByKueue"
+CONDITION = condition_type(
+    "Queued", "the job waits in its Kueue LocalQueue for admission (its pods are gated); the message quotes Kueue",
+    "wait, or free quota in the ClusterQueue (`kubectl get workloads`)",
+)
+REASON_WAITING = reason("WaitingForAdmission", "Kueue has not admitted the gang yet (Queued)")
+REASON_ADMITTED = reason("Admitted", "Kueue admitted the gang; its pods start (Queued False)")
+REASON_EVICTED = reason(
+    "EvictedByKueue", "Kueue took the gang's quota back (preemption): the gang saved a checkpoint and is queued again, "
+    "not counted against backoffLimit (Restarting)",
+)
+NOT_HONORED_CONDITION = condition_type(
+    "QueueNotHonored", "the job names a Kueue LocalQueue but Kueue did not take its pods in: they stay gated, nothing "
+    "runs", "have Kueue manage the namespace, or create the job without the kueue.x-k8s.io/queue-name label",
+)
+REASON_NOT_MANAGED = reason("NotManagedByKueue", "Kueue did not take the gang's pods in (QueueNotHonored)",
+                            "have Kueue manage the namespace, or drop the queue label")
+REASON_MANAGED = reason("ManagedByKueue", "Kueue took the gang's pods in (QueueNotHonored False)")
 
 
 def queue_name(job: DistributedTraining) -> str | None:

@@ -11,11 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from dtrain_operator.api import StepTimes, StragglerSettings, contract
+from dtrain_operator.api.reasons import condition_type, reason
 from dtrain_operator.core.observation import PodObservation
 
-CONDITION = "Straggler"
-REASON_DETECTED = "StragglerDetected"
-REASON_NONE = "NoStraggler"
+CONDITION = condition_type(
+    "Straggler", "one rank has been slower than the others (its step or link time) for spec.stragglers.window "
+    "comparisons in a row; nothing restarts", "check the node and the network the message names",
+)
+REASON_DETECTED = reason("StragglerDetected", "rank 0 reports a straggler (Straggler)", "check the node it names")
+REASON_NONE = reason("NoStraggler", "no rank is slower than the others now (Straggler False)")
 
 
 def straggler_message(times: StepTimes | None, settings: StragglerSettings, place: Callable[[int], str]) -> str | None:

@@ -21,6 +21,9 @@ from dtrain_operator.core.status.conditions import (
     ENGINE_BUILT,
     EXPORT_FAILED,
     PODS_PENDING,
+    REASON_ENGINE_BUILDING,
+    REASON_ENGINE_JOB_SUCCEEDED,
+    REASON_TRAINER_SUCCEEDED,
     RUNNING,
     TRAINING_SUCCEEDED,
     Conditions,
@@ -69,9 +72,9 @@ def after_training(
         if results:
             status.artifacts = {**(status.artifacts or {}), **results}
         name = gang[0].name if 0 in gang else worker_pod_name(job, 0)
-        conditions.set(TRAINING_SUCCEEDED, True, "TrainerSucceeded", f"{name} exited 0")
-        conditions.clear(PODS_PENDING, "TrainingSucceeded", "training is over")
-    conditions.set(RUNNING, False, "TrainingSucceeded", "training is over")
+        conditions.set(TRAINING_SUCCEEDED, True, REASON_TRAINER_SUCCEEDED, f"{name} exited 0")
+        conditions.clear(PODS_PENDING, policy.REASON_TRAINING_SUCCEEDED, "training is over")
+    conditions.set(RUNNING, False, policy.REASON_TRAINING_SUCCEEDED, "training is over")
     export_error = (status.artifacts or {}).get(contract.RESULTS_KEY_EXPORT_ERROR)
     if export_error:
         conditions.set(EXPORT_FAILED, True, EXPORT_FAILED, str(export_error))
@@ -86,14 +89,14 @@ def after_training(
         results = _engine_results(observed)
         if results:
             status.artifacts = {**(status.artifacts or {}), **results}
-        conditions.set(ENGINE_BUILT, True, "EngineJobSucceeded", f"Job {name} built the TensorRT engine")
+        conditions.set(ENGINE_BUILT, True, REASON_ENGINE_JOB_SUCCEEDED, f"Job {name} built the TensorRT engine")
         return finish(policy.engine_ending(built=True, builder=f"Job {name}"))
     if engine is not None and engine.failed:
         ending = policy.engine_ending(built=False, builder=f"Job {name}", detail=_engine_message(observed) or engine.reason)
         conditions.set(ENGINE_BUILT, False, ending.reason, ending.message)
         return finish(ending)
     status.phase = "BuildingEngine"
-    conditions.set(ENGINE_BUILT, False, "EngineBuilding", f"Job {name} is building the TensorRT engine")
+    conditions.set(ENGINE_BUILT, False, REASON_ENGINE_BUILDING, f"Job {name} is building the TensorRT engine")
     status.conditions = conditions.items()
     return status
 

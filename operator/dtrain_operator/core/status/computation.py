@@ -11,7 +11,12 @@ from dtrain_operator.core import elastic, policy, progress_deadline
 from dtrain_operator.core.gang_state import node_counts
 from dtrain_operator.core.observation import Limits, Observed, PodObservation, format_time
 from dtrain_operator.core.policy import WorkerFailure
-from dtrain_operator.core.status.conditions import RESTARTING, RUNNING, Conditions
+from dtrain_operator.core.status.conditions import (
+    REASON_JOB_FINISHED,
+    RESTARTING,
+    RUNNING,
+    Conditions,
+)
 
 
 @dataclass
@@ -56,8 +61,8 @@ class StatusComputation:
         status, conditions = self.status, self.conditions
         phase = status.phase = ending.phase
         conditions.set(phase, True, ending.reason, ending.message)
-        conditions.clear(RUNNING, "JobFinished", f"the job {phase.lower()}")
-        conditions.clear(RESTARTING, "JobFinished", f"the job {phase.lower()}")
+        conditions.clear(RUNNING, REASON_JOB_FINISHED, f"the job {phase.lower()}")
+        conditions.clear(RESTARTING, REASON_JOB_FINISHED, f"the job {phase.lower()}")
         status.completion_time = format_time(self.now)
         self.count_nodes(list(self.gang.values()), active=False, gone_succeeded=len(self.gone_succeeded))
         return self.done()

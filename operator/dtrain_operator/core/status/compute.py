@@ -40,9 +40,20 @@ from dtrain_operator.core.status.conditions import (
     POD_LOCAL_STORAGE,
     PODS_PENDING,
     PODS_STUCK,
+    REASON_ALL_WORKERS_RUNNING,
+    REASON_GANG_RUNNING,
+    REASON_IMAGE_PULL_BACK_OFF,
     REASON_IMAGE_PULL_FAILED,
+    REASON_IMAGES_PULLED,
     REASON_IMMUTABLE_FIELD_CHANGED,
     REASON_INVALID_SPEC_CHANGE,
+    REASON_JOB_CREATED,
+    REASON_JOB_RESUMED,
+    REASON_JOB_SUSPENDED,
+    REASON_NO_POD_STUCK,
+    REASON_SPEC_UNCHANGED,
+    REASON_STATUS_READ,
+    REASON_TERMINATION_TIMEOUT,
     RESTARTING,
     RUNNING,
     SPEC_IMMUTABLE,
@@ -92,8 +103,8 @@ def accept_spec(c: StatusComputation) -> None:
             "was created with. Revert the change, or delete the DistributedTraining and create it again",
         )
     else:
-        c.conditions.clear(SPEC_IMMUTABLE, "SpecUnchanged", "the spec matches the one the job was created with")
-    c.conditions.clear(STATUS_UNREADABLE, "StatusRead", "the operator reads the whole status")
+        c.conditions.clear(SPEC_IMMUTABLE, REASON_SPEC_UNCHANGED, "the spec matches the one the job was created with")
+    c.conditions.clear(STATUS_UNREADABLE, REASON_STATUS_READ, "the operator reads the whole status")
 
 
 def check_gpu_memory(c: StatusComputation) -> None:
@@ -124,13 +135,13 @@ def report_stuck_pods(c: StatusComputation) -> None:
         c.conditions.set(
             PODS_STUCK,
             True,
-            "TerminationTimeout",
+            REASON_TERMINATION_TIMEOUT,
             f"{names}: still terminating {c.limits.stuck_terminating_seconds:g} s after the end of the grace period "
             "(is the node gone?). A new pod cannot take the name of one still there, so the gang waits for them; the "
             "operator force-deletes those whose node stopped reporting (Ready is not True)",
         )
     else:
-        c.conditions.clear(PODS_STUCK, "NoPodStuck", "no worker pod is stuck terminating")
+        c.conditions.clear(PODS_STUCK, REASON_NO_POD_STUCK, "no worker pod is stuck terminating")
 
 
 def read_gang(c: StatusComputation) -> None:
@@ -158,7 +169,7 @@ def record_creation(c: StatusComputation) -> None:
         c.conditions.set(
             CREATED,
             True,
-            "JobCreated",
+            REASON_JOB_CREATED,
             f"the operator accepted the job and creates its Service, ConfigMap and {c.total} worker pod(s)",
         )
 
@@ -169,17 +180,17 @@ def suspend_or_resume(c: StatusComputation) -> DistributedTrainingStatus | None:
         c.conditions.set(
             SUSPENDED,
             True,
-            "JobSuspended",
+            REASON_JOB_SUSPENDED,
             "runPolicy.suspend is true: the worker pods are deleted; set it to false to resume from the last checkpoint",
         )
-        c.conditions.clear(RUNNING, "JobSuspended", "the job is suspended")
-        c.conditions.clear(PODS_PENDING, "JobSuspended", "the job is suspended")
+        c.conditions.clear(RUNNING, REASON_JOB_SUSPENDED, "the job is suspended")
+        c.conditions.clear(PODS_PENDING, REASON_JOB_SUSPENDED, "the job is suspended")
         c.count_nodes(list(c.gang.values()), active=False)
         return c.done()
     if c.previous_phase == "Suspended":
         # As for a Kubernetes Job, the deadline counts again from the resume.
         c.status.start_time = format_time(c.now)
-        c.conditions.set(SUSPENDED, False, "JobResumed", "runPolicy.suspend is false: the gang starts again")
+        c.conditions.set(SUSPENDED, False, REASON_JOB_RESUMED, "runPolicy.suspend is false: the gang starts again")
     return None
 
 
@@ -226,7 +237,7 @@ def restart_or_fail(c: StatusComputation) -> DistributedTrainingStatus | None:
 def watch_image_pulls(c: StatusComputation) -> DistributedTrainingStatus | None:
     pulling = pulling_images(c.gang)
     if not pulling:
-        c.conditions.clear(IMAGE_PULL, "ImagesPulled", "no worker pod is waiting on an image it cannot pull")
+        c.conditions.clear(IMAGE_PULL, REASON_IMAGES_PULLED, "no worker pod is waiting on an image it cannot pull")
         return None
     detail = "; ".join(f"{p.name}: {p.pending_reason}" for p in pulling)
     deadline = image_pull_deadline(pulling, c.limits)
@@ -237,7 +248,7 @@ def watch_image_pulls(c: StatusComputation) -> DistributedTrainingStatus | None:
     c.conditions.set(
         IMAGE_PULL,
         True,
-        "ImagePullBackOff",
+        REASON_IMAGE_PULL_BACK_OFF,
         f"ImagePullBackOff: {detail}. The job fails with {REASON_IMAGE_PULL_FAILED} if the image cannot be "
         f"pulled within {seconds:g} s of scheduling",
     )
@@ -253,8 +264,8 @@ def set_phase(c: StatusComputation) -> None:
         # Once the whole gang ran, ranks that finish early (exit 0) do not make it Starting again.
         exporting = reported_stage(status.progress, c.gang) == contract.PROGRESS_STAGE_EXPORTING
         status.phase = "Exporting" if exporting else "Running"
-        c.conditions.set(RUNNING, True, "AllWorkersRunning", f"all {total} worker pod(s) are running")
-        c.conditions.clear(RESTARTING, "GangRunning", f"the restarted gang is running (restart {status.restarts})")
+        c.conditions.set(RUNNING, True, REASON_ALL_WORKERS_RUNNING, f"all {total} worker pod(s) are running")
+        c.conditions.clear(RESTARTING, REASON_GANG_RUNNING, f"the restarted gang is running (restart {status.restarts})")
     elif c.previous_phase == "Restarting":
         status.phase = "Restarting"
     elif len(c.gang) == total and all(p.scheduled for p in c.gang.values()):

@@ -12,6 +12,8 @@ from dtrain_operator.api import (
     DistributedTrainingStatus,
     ElasticStatus,
 )
+from dtrain_operator.api.common import Phase
+from dtrain_operator.api.reasons import event
 from dtrain_operator.api.record_patches import TRAINER_FIELDS
 from dtrain_operator.core import queueing, stragglers
 from dtrain_operator.core.status import gpu_memory, storage_conditions
@@ -79,15 +81,40 @@ class JobEvent:
     """Repeats of it are one Event with a count and a last-seen time (as Kubernetes' event series), not many."""
 
 
-# Conditions that need the user: a Warning Event each time one turns True or says something new.
+# Conditions that need the user: a Warning Event, its reason the condition's type, each time one turns True or
+# says something new.
 WARNING_CONDITIONS = (
     SPEC_IMMUTABLE, PODS_PENDING, STATUS_UNREADABLE, PODS_STUCK, IMAGE_PULL, gpu_memory.CONDITION, POD_LOCAL_STORAGE,
-    storage_conditions.CONDITION, queueing.NOT_HONORED_CONDITION,
+    storage_conditions.CONDITION, queueing.NOT_HONORED_CONDITION, stragglers.CONDITION,
 )
 
 
 # The Event that says how a gang restart is made, and why (status.lastRestart).
-RESTART_EVENT_REASONS = {"InPlace": "RestartInPlace", "Recreate": "RestartByRecreate"}
+RESTART_EVENT_REASONS = {
+    "InPlace": event("RestartInPlace", "Normal", "the new gang generation starts in the same pods (torchrun again)"),
+    "Recreate": event("RestartByRecreate", "Normal", "the new gang generation starts in new pods; the message says "
+                      "why not in place"),
+}
+
+# Every phase change is an Event whose reason is the new phase and whose message says what it means for the job now.
+WARNING_PHASES = ("Failed", "Restarting")
+_PHASES: dict[Phase, tuple[str, str]] = {
+    "Pending": ("the worker pods are being created and scheduled", ""),
+    "Queued": ("the job waits in its Kueue LocalQueue (the Queued condition)", ""),
+    "Starting": ("every worker pod is scheduled; their containers start", ""),
+    "Running": ("every worker pod runs and trains", ""),
+    "Restarting": ("the gang restarts from its last checkpoint (the Restarting condition says why)",
+                   "see the Restarting condition's reason"),
+    "Exporting": ("rank 0 exports the model to ONNX", ""),
+    "BuildingEngine": ("the engine Job builds the TensorRT engine", ""),
+    "Succeeded": ("the job ended well (the Succeeded condition says how far it went)", ""),
+    "Failed": ("the job ended and will not restart (the Failed condition says why)", "see the Failed condition's reason"),
+    "Suspended": ("runPolicy.suspend is true: the worker pods are deleted", "set runPolicy.suspend to false to resume"),
+}
+PHASE_EVENTS = {
+    phase: event(phase, "Warning" if phase in WARNING_PHASES else "Normal", meaning, action)
+    for phase, (meaning, action) in _PHASES.items()
+}
 
 _PHASE_CONDITION = {
     "Running": RUNNING,
@@ -125,8 +152,8 @@ def status_events(
     events: list[JobEvent] = []
     old_phase = previous.phase if previous else None
     if new.phase != old_phase and new.phase is not None:
-        kind: Literal["Normal", "Warning"] = "Warning" if new.phase in ("Failed", "Restarting") else "Normal"
-        events.append(JobEvent(kind, new.phase, phase_message(new)))
+        kind: Literal["Normal", "Warning"] = "Warning" if new.phase in WARNING_PHASES else "Normal"
+        events.append(JobEvent(kind, PHASE_EVENTS[new.phase], phase_message(new)))
     restart = new.last_restart
     if restart is not None and restart != (previous.last_restart if previous else None):
         how = "in place, in the same pods" if restart.strategy == "InPlace" else "by recreating its pods"
@@ -137,7 +164,7 @@ def status_events(
     events.extend(_resize_events(previous.elastic if previous else None, new.elastic))
     before = {c.type: c for c in (previous.conditions if previous else [])}
     for condition in new.conditions:
-        if condition.type not in (*WARNING_CONDITIONS, stragglers.CONDITION) or condition.status != "True":
+        if condition.type not in WARNING_CONDITIONS or condition.status != "True":
             continue
         old = before.get(condition.type)
         if old is None or old.status != "True" or old.message != condition.message:
@@ -146,8 +173,9 @@ def status_events(
 
 
 # The Events of an elastic gang's resize (status.elastic): a smaller gang is a warning, a whole one news.
-EVENT_GANG_SHRUNK = "GangShrunk"
-EVENT_GANG_GROWN = "GangGrown"
+EVENT_GANG_SHRUNK = event("GangShrunk", "Warning", "an elastic gang trains on fewer nodes (status.elastic)",
+                          "nothing: it grows back once the nodes return")
+EVENT_GANG_GROWN = event("GangGrown", "Normal", "an elastic gang is whole again (status.elastic)")
 
 
 def _resize_events(previous: ElasticStatus | None, new: ElasticStatus | None) -> list[JobEvent]:

@@ -23,14 +23,24 @@ from dtrain_operator.api.memory_estimate import (
     spec_gpu_memory,
     usable_bytes,
 )
+from dtrain_operator.api.reasons import condition_type, reason
 
-CONDITION = "GPUMemoryExceeded"
-REASON_EXCEEDS = "EstimateExceedsGPUMemory"
-REASON_FITS = "EstimateFits"
-REASON_UNREADABLE = "EstimateUnreadable"
-REASON_STALE = "EstimateStale"
-REASON_NO_ESTIMATE = "NoEstimate"
-REASON_GPU_MEMORY_UNKNOWN = "GPUMemoryUnknown"
+CONDITION = condition_type(
+    "GPUMemoryExceeded", "the memory estimate `dtrain submit` recorded exceeds the GPU's memory: the first step will "
+    "likely run out of memory (the job runs as it is); Unknown when it cannot be compared",
+    "`dtrain validate --estimate` for a batch size or precision that fits",
+)
+REASON_EXCEEDS = reason("EstimateExceedsGPUMemory", "the estimated peak per GPU exceeds the GPU's usable memory",
+                        "a smaller batchSize or a lower precision (`dtrain validate --estimate`)")
+REASON_FITS = reason("EstimateFits", "the estimated peak per GPU fits (GPUMemoryExceeded False)")
+REASON_UNREADABLE = reason("EstimateUnreadable", "the memory estimate annotation cannot be read",
+                           "remove the annotation, or submit the job again with `dtrain submit`")
+REASON_STALE = reason("EstimateStale", "the memory estimate annotation is for another spec",
+                      "submit the job again with `dtrain submit`")
+REASON_NO_ESTIMATE = reason("NoEstimate", "gpuMemory is set but no estimate was recorded to compare it with",
+                            "submit with `dtrain submit` where torch and the trainer extra are installed")
+REASON_GPU_MEMORY_UNKNOWN = reason("GPUMemoryUnknown", "an estimate is recorded but the GPU's memory is not known",
+                                   "set gpuMemory, or select nodes by their GPU memory label")
 
 _HOW_TO_ESTIMATE = (
     f"`dtrain submit` records one in the {ANNOTATION} annotation where torch and dtrain's trainer extra are "

@@ -7,7 +7,11 @@ from dtrain_operator.core import stragglers
 from dtrain_operator.core.gang_state import pods_pending_too_long
 from dtrain_operator.core.status import storage_conditions
 from dtrain_operator.core.status.computation import StatusComputation
-from dtrain_operator.core.status.conditions import PODS_PENDING
+from dtrain_operator.core.status.conditions import (
+    PODS_PENDING,
+    REASON_PODS_PENDING_TOO_LONG,
+    REASON_PODS_STARTED,
+)
 
 
 def report_stragglers(c: StatusComputation) -> None:
@@ -33,6 +37,6 @@ def report_pending_pods(c: StatusComputation) -> None:
     if too_long:
         timeout = c.spec.scheduling.gang.schedule_timeout_seconds
         details = "; ".join(f"{p.name}: {p.pending_reason}" for p in too_long)
-        c.conditions.set(PODS_PENDING, True, "PodsPendingTooLong", f"Pending for more than {timeout} s: {details}")
+        c.conditions.set(PODS_PENDING, True, REASON_PODS_PENDING_TOO_LONG, f"Pending for more than {timeout} s: {details}")
     else:
-        c.conditions.clear(PODS_PENDING, "PodsStarted", "no worker pod is Pending beyond the schedule timeout")
+        c.conditions.clear(PODS_PENDING, REASON_PODS_STARTED, "no worker pod is Pending beyond the schedule timeout")

@@ -13,7 +13,12 @@ from dtrain_operator.api.failure_rules import STRATEGY_RECREATE
 from dtrain_operator.core import elastic, queueing
 from dtrain_operator.core.observation import format_time
 from dtrain_operator.core.status.computation import StatusComputation
-from dtrain_operator.core.status.conditions import PODS_PENDING, RESTARTING, RUNNING
+from dtrain_operator.core.status.conditions import (
+    PODS_PENDING,
+    REASON_GANG_RESIZING,
+    RESTARTING,
+    RUNNING,
+)
 
 
 def resize_elastic_gang(c: StatusComputation) -> DistributedTrainingStatus | None:
@@ -64,7 +69,7 @@ def _resized(c: StatusComputation, resize: elastic.Resize) -> DistributedTrainin
     )
     status.phase = "Restarting"
     c.conditions.set(RESTARTING, True, resize.reason, resize.message)
-    c.conditions.set(RUNNING, False, "GangResizing", f"the gang restarts on {resize.nodes} node(s)")
-    c.conditions.clear(PODS_PENDING, "GangResizing", "the gang restarts on another number of nodes")
+    c.conditions.set(RUNNING, False, REASON_GANG_RESIZING, f"the gang restarts on {resize.nodes} node(s)")
+    c.conditions.clear(PODS_PENDING, REASON_GANG_RESIZING, "the gang restarts on another number of nodes")
     c.count_nodes([], active=True)
     return c.done()

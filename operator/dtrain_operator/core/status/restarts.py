@@ -11,7 +11,13 @@ from dtrain_operator.api.failure_rules import STRATEGY_IN_PLACE, STRATEGY_RECREA
 from dtrain_operator.core import in_place
 from dtrain_operator.core.observation import PodObservation, format_time
 from dtrain_operator.core.policy import FailureDecision
-from dtrain_operator.core.status.conditions import PODS_PENDING, RESTARTING, RUNNING, Conditions
+from dtrain_operator.core.status.conditions import (
+    PODS_PENDING,
+    REASON_GANG_RESTARTING,
+    RESTARTING,
+    RUNNING,
+    Conditions,
+)
 
 
 def _how(strategy: RestartStrategy, why: str) -> str:
@@ -45,8 +51,8 @@ def record_restart(
     conditions.set(RESTARTING, True, decision.reason, f"{decision.message}; {_how(strategy, why)}")
     cause = (": it made no progress within runPolicy.progressDeadlineSeconds" if hung
              else ": Kueue evicted it" if decision.count == "evictions" else " after a worker failed")
-    conditions.set(RUNNING, False, "GangRestarting", f"the gang is restarting{cause}")
-    conditions.clear(PODS_PENDING, "GangRestarting", "the gang is restarting")
+    conditions.set(RUNNING, False, REASON_GANG_RESTARTING, f"the gang is restarting{cause}")
+    conditions.clear(PODS_PENDING, REASON_GANG_RESTARTING, "the gang is restarting")
 
 
 def await_in_place(

@@ -9,11 +9,18 @@
 from __future__ import annotations
 
 from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, job_dirs, storage
+from dtrain_operator.api.reasons import condition_type, reason
 
-POD_LOCAL_REASON = "CheckpointsDieWithThePod"
-CONDITION = "CheckpointMissed"
-REASON_MISSED = "CheckpointNotWritten"
-REASON_WRITTEN = "CheckpointsWritten"
+POD_LOCAL_REASON = reason("CheckpointsDieWithThePod", "the checkpoints are on a pod-local emptyDir (PodLocalStorage)",
+                          storage.NO_SHARED_STORAGE_FIX)
+CONDITION = condition_type(
+    "CheckpointMissed", "the trainer could not write a checkpoint (after its retries); training goes on and the next "
+    "checkpoint tries again; status.lastCheckpoint.missed says which and why",
+    "check the storage the message names (credentials, space, reachability)",
+)
+REASON_MISSED = reason("CheckpointNotWritten", "a checkpoint could not be written (CheckpointMissed)",
+                       "check the storage the message names")
+REASON_WRITTEN = reason("CheckpointsWritten", "the newest checkpoint was written (CheckpointMissed False)")
 
 
 def pod_local_message(job: DistributedTraining) -> str | None:

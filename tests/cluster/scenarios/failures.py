@@ -43,7 +43,7 @@ from .common import (
     running_gang,
     small_job,
 )
-from .jobs import quickstart_job
+from .jobs import quickstart_job, submit_as_readme
 
 
 def kill_rank_1(name: str) -> float:
@@ -151,7 +151,7 @@ def scenario_object_storage(figures: Figures) -> None:
     url = f"{job['spec']['storage']['url']}/{NS}/{name}"  # the per-job default under spec.storage.url
     # The gateway keeps each object as a file under its bucket's folder.
     prefix = layout.OBJECTS / url.removeprefix("s3://")
-    apply(job)
+    submit_as_readme(job)
     eventually(lambda: checkpoint_step(name) > 0, f"{name}: a checkpoint in the bucket", 600)
     saved = status(name)["lastCheckpoint"]
     if not str(saved.get("path", "")).startswith(f"{url}/checkpoints/"):

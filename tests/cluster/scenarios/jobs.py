@@ -66,13 +66,45 @@ def walkthrough_commands(storage: str) -> str:
     lines = []
     for line in block.splitlines():
         if line.startswith("dtrain submit"):
-            continue  # the scenario applies the file itself, and checks it first
+            continue  # the scenario submits the file itself, once it is made for this cluster (submit_as_readme)
         if storage == "s3" and line.startswith("printf '  storage:\\n    claimName"):
             continue
         if storage == "s3" and line.startswith("#   printf"):
             line = line.removeprefix("#   ")
         lines.append(line)
     return "\n".join(lines)
+
+
+def readme_commands(start: str, end: str, inline: bool = False) -> list[str]:
+    """The `dtrain` commands of one step of the README's cluster walkthrough, as printed: the command lines of its
+    code block (their comments cut), or with `inline` the ones quoted in its text."""
+    text = README.read_text()
+    step = text[text.index(start):]
+    step = step[:step.index(end, len(start))]
+    if inline:
+        return re.findall(r"`(dtrain [^`]+)`", step)
+    block = step.split("```", 2)[1]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.startswith("dtrain ")]
+
+
+def readme_command(command: str, timeout: float = 120, cwd: Path | None = None) -> str:
+    """One of the README's dtrain commands, run as a user runs it with this cluster's kubeconfig; its output."""
+    ran = subprocess.run([str(Path(sys.executable).parent / "dtrain"), *command.split()[1:]], capture_output=True,
+                         text=True, check=False, timeout=timeout, cwd=cwd,
+                         env={**os.environ, "KUBECONFIG": str(layout.KUBECONFIG)})
+    if ran.returncode != 0:
+        raise Failed(f"the README's `{command}` failed ({ran.returncode}): {(ran.stdout + ran.stderr)[-1500:]}")
+    return ran.stdout
+
+
+def submit_as_readme(job: dict[str, Any]) -> None:
+    """The README's `dtrain submit` line of "3. Submit.", run on `job` written as my-job.yaml."""
+    text = README.read_text()
+    step = text[text.index("**3. Submit.**"):text.index("**4. Watch.**")]
+    (submit,) = [line.split("#", 1)[0].strip() for line in step.splitlines() if line.startswith("dtrain submit")]
+    with tempfile.TemporaryDirectory(prefix="dtrain-e2e-submit-") as folder:
+        Path(folder, "my-job.yaml").write_text(yaml.safe_dump(job))
+        readme_command(submit, cwd=Path(folder))
 
 
 def quickstart_job(storage: str = "claim") -> dict[str, Any]:
@@ -140,8 +172,16 @@ def scenario_quickstart(figures: Figures) -> None:
         if not all(root.startswith("/var/lib/containers/") for root in roots.values()):
             raise Failed(f"a worker's container is not rooted in its image: {roots}")
     while_running = kubectl("get", "dtr", name, "-n", NS, "--no-headers").stdout.split()
-    final = finished(name, TRAINING_TIMEOUT)
+    # The README's "4. Watch." as printed, with the dtrain command: its table, then watch to the end, then logs.
+    get_all, watch, logs = readme_commands("**4. Watch.**", "**5. Get the results**")
+    table = readme_command(get_all)
+    if name not in table or "GOODPUT" not in table:
+        raise Failed(f"`{get_all}` does not list the job with its columns: {table}")
+    readme_command(watch, timeout=TRAINING_TIMEOUT)
+    final = finished(name, 60)
     figures["quick start through the operator (s)"] = time.monotonic() - created
+    if "dtrain:" not in readme_command(logs):
+        raise Failed(f"`{logs}` shows no trainer log")
     accepted = final.get("acceptedSpec") or {}
     if (accepted.get("image"), (accepted.get("storage") or {}).get("claimName")) != (TRAINER_IMAGE, CLAIM):
         raise Failed(f"status.acceptedSpec does not show the job defaults it ran with: {json.dumps(accepted)[:600]}")
@@ -159,7 +199,12 @@ def scenario_quickstart(figures: Figures) -> None:
     print(table, end="")
     print(f"while Running: {while_running}; workers on {sorted(nodes)}; engine Job "
           f"{engine_jobs[0]['metadata']['name']} Complete")
-    kubectl("delete", "dtr", name, "-n", NS, "--wait=true", "--timeout=120s")
+    # The README's "5. Get the results": status.artifacts in the job as dtrain prints it, then the job deleted.
+    show, remove = readme_commands("**5. Get the results**", "\n## ", inline=True)
+    if contract.ONNX_FILE_NAME not in readme_command(show):
+        raise Failed(f"`{show}` does not show {contract.ONNX_FILE_NAME} in status.artifacts")
+    readme_command(remove)
+    eventually(lambda: get("dtr", name) is None, f"{name}: deleted", 120)
     eventually(lambda: not children(name), f"{name}: the garbage collector removing every child", 120)
     # The same file on this machine with dtrain run, measured in the same run.
     local = yaml.safe_load(QUICKSTART.read_text())

@@ -1,5 +1,5 @@
-"""Every `make` target and every `dtrain` command and option that the README and docs/ quote exists: a renamed
-target or flag fails here, not in a newcomer's shell."""
+"""Every `make` target and every `dtrain` command and option that the README and docs/ quote exists, and the README's
+job is valid as pasted: a renamed target or flag, or a field the job lacks, fails here, not in a newcomer's shell."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dtrain_operator.api.validation import validate_text
 from dtrain_operator.cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,3 +51,10 @@ def test_a_quoted_dtrain_command_and_its_options_exist(page: str, match: re.Matc
     assert command in commands, f"{page} quotes `dtrain {command}`, which is no command of dtrain"
     for option in OPTION.findall(rest):
         assert option in commands[command], f"{page} quotes `dtrain {command} {option}`, which it does not take"
+
+
+def test_the_readme_job_is_valid_as_pasted() -> None:
+    """The job the README shows is one `dtrain validate` takes for a cluster, as it stands on the page."""
+    (job,) = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+    result = validate_text(job, "README.md")
+    assert not result.errors, result.errors

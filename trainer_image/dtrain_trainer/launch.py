@@ -23,13 +23,12 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-# Exit status of a process killed by signal n, as a shell and the kubelet report it.
-SIGNAL_EXIT_BASE = 128
+from dtrain_operator.api import contract
 
 
 def pod_exit_code(worker_exit_code: int) -> int:
     """torch reports a worker killed by signal n as -n; a container reports 128 + n."""
-    return SIGNAL_EXIT_BASE - worker_exit_code if worker_exit_code < 0 else worker_exit_code
+    return contract.SIGNAL_EXIT_BASE - worker_exit_code if worker_exit_code < 0 else worker_exit_code
 
 
 def home_problem() -> str | None:
@@ -63,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return pod_exit_code(first.exitcode)
     except SignalException as signalled:
         print(f"dtrain: torchrun stopped its workers on {signalled.sigval.name}", file=sys.stderr, flush=True)
-        return SIGNAL_EXIT_BASE + int(signalled.sigval)
+        return contract.SIGNAL_EXIT_BASE + int(signalled.sigval)
     return 0
 
 

@@ -45,7 +45,6 @@ from dtrain_operator.api.launches import (
     LaunchOrder,
     LaunchReport,
 )
-from dtrain_trainer.launch import SIGNAL_EXIT_BASE
 from dtrain_trainer.operator_link import Answer, OperatorLink
 
 LAUNCHER_MODULE = "dtrain_trainer.launch"
@@ -65,7 +64,7 @@ def say(message: str) -> None:
 
 def exit_code(returncode: int) -> int:
     """A process's exit as a container reports it: 128 + n when signal n killed it."""
-    return SIGNAL_EXIT_BASE - returncode if returncode < 0 else returncode
+    return contract.SIGNAL_EXIT_BASE - returncode if returncode < 0 else returncode
 
 
 def oom_kills(events: Path = OOM_EVENTS) -> int | None:
@@ -175,7 +174,7 @@ class Launch:
     def exit_report(self, code: int) -> tuple[str, str]:
         """The reason and message of its exit, as a pod's would be."""
         oom, before = oom_kills(), self.oom_at_start
-        killed = code == SIGNAL_EXIT_BASE + signal.SIGKILL
+        killed = code == contract.SIGNAL_EXIT_BASE + signal.SIGKILL
         reason = "OOMKilled" if killed and oom is not None and before is not None and oom > before else "Error"
         try:
             message = self.termination_log.read_text(errors="replace").strip()
@@ -337,7 +336,7 @@ class Supervisor:
             # torchrun may have ended by itself since the loop looked, unreported yet: its own code, 0 included.
             unreported = self.launch.poll() if self.launch is not None and self.report.state == STATE_RUNNING else None
             self.stop(order.grace_seconds, order.why or "the operator's order")
-            code = unreported if unreported is not None else self.last_code or SIGNAL_EXIT_BASE + signal.SIGTERM
+            code = unreported if unreported is not None else self.last_code or contract.SIGNAL_EXIT_BASE + signal.SIGTERM
             say(f"exiting with torchrun's code {code} ({order.why})")
             return code
         return None
@@ -345,7 +344,7 @@ class Supervisor:
     def on_sigterm(self) -> int:
         """The pod is going away: torchrun gets SIGTERM and its whole grace (the kubelet's clock), then its code."""
         if self.launch is None or self.launch.poll() is not None:
-            return self.last_code or SIGNAL_EXIT_BASE + signal.SIGTERM
+            return self.last_code or contract.SIGNAL_EXIT_BASE + signal.SIGTERM
         self.launch.terminate()
         return self.launch.wait()
 

@@ -110,6 +110,8 @@ MIN_PROGRESS_DEADLINE_SECONDS = 2 * int(DEFAULT_PROGRESS_INTERVAL_SECONDS)
 # a full disk. The restart policy fails the job at once on it, under every restartPolicy
 # (sysexits.h's EX_CONFIG; 1 and 2 stay Python's and argparse's own).
 TRAINER_EXIT_INVALID_CONFIG = 78
+# A process ended by signal N exits 128 + N, as the shell, torchrun and the kubelet report it.
+SIGNAL_EXIT_BASE = 128
 
 TERMINATION_LOG_PATH = "/dev/termination-log"
 # Keys of the trainer's results (its termination message) that the operator and `dtrain run` read.

@@ -97,6 +97,27 @@ def readme_command(command: str, timeout: float = 120, cwd: Path | None = None) 
     return ran.stdout
 
 
+def watch_as_readme(name: str) -> None:
+    """The README's "4. Watch." as printed, with the dtrain command: its table, then watch to the job's end (the
+    command's exit 0: the job succeeded), then rank 1's log."""
+    get_all, watch, logs = readme_commands("**4. Watch.**", "**5. Get the results**")
+    table = readme_command(get_all)
+    if name not in table or "GOODPUT" not in table:
+        raise Failed(f"`{get_all}` does not list the job with its columns: {table}")
+    readme_command(watch, timeout=TRAINING_TIMEOUT)
+    if "pre-flight:" not in readme_command(logs):  # every rank logs its pre-flight check
+        raise Failed(f"`{logs}` shows no trainer log")
+
+
+def results_as_readme(name: str) -> None:
+    """The README's "5. Get the results": status.artifacts in the job as dtrain prints it, then the job deleted."""
+    show, remove = readme_commands("**5. Get the results**", "\n## ", inline=True)
+    if contract.ONNX_FILE_NAME not in readme_command(show):
+        raise Failed(f"`{show}` does not show {contract.ONNX_FILE_NAME} in status.artifacts")
+    readme_command(remove)
+    eventually(lambda: get("dtr", name) is None, f"{name}: deleted", 120)
+
+
 def submit_as_readme(job: dict[str, Any]) -> None:
     """The README's `dtrain submit` line of "3. Submit.", run on `job` written as my-job.yaml."""
     text = README.read_text()
@@ -172,16 +193,9 @@ def scenario_quickstart(figures: Figures) -> None:
         if not all(root.startswith("/var/lib/containers/") for root in roots.values()):
             raise Failed(f"a worker's container is not rooted in its image: {roots}")
     while_running = kubectl("get", "dtr", name, "-n", NS, "--no-headers").stdout.split()
-    # The README's "4. Watch." as printed, with the dtrain command: its table, then watch to the end, then logs.
-    get_all, watch, logs = readme_commands("**4. Watch.**", "**5. Get the results**")
-    table = readme_command(get_all)
-    if name not in table or "GOODPUT" not in table:
-        raise Failed(f"`{get_all}` does not list the job with its columns: {table}")
-    readme_command(watch, timeout=TRAINING_TIMEOUT)
+    watch_as_readme(name)
     final = finished(name, 60)
     figures["quick start through the operator (s)"] = time.monotonic() - created
-    if "pre-flight:" not in readme_command(logs):  # every rank logs its pre-flight check
-        raise Failed(f"`{logs}` shows no trainer log")
     accepted = final.get("acceptedSpec") or {}
     if (accepted.get("image"), (accepted.get("storage") or {}).get("claimName")) != (TRAINER_IMAGE, CLAIM):
         raise Failed(f"status.acceptedSpec does not show the job defaults it ran with: {json.dumps(accepted)[:600]}")
@@ -199,12 +213,7 @@ def scenario_quickstart(figures: Figures) -> None:
     print(table, end="")
     print(f"while Running: {while_running}; workers on {sorted(nodes)}; engine Job "
           f"{engine_jobs[0]['metadata']['name']} Complete")
-    # The README's "5. Get the results": status.artifacts in the job as dtrain prints it, then the job deleted.
-    show, remove = readme_commands("**5. Get the results**", "\n## ", inline=True)
-    if contract.ONNX_FILE_NAME not in readme_command(show):
-        raise Failed(f"`{show}` does not show {contract.ONNX_FILE_NAME} in status.artifacts")
-    readme_command(remove)
-    eventually(lambda: get("dtr", name) is None, f"{name}: deleted", 120)
+    results_as_readme(name)
     eventually(lambda: not children(name), f"{name}: the garbage collector removing every child", 120)
     # The same file on this machine with dtrain run, measured in the same run.
     local = yaml.safe_load(QUICKSTART.read_text())

@@ -1,9 +1,11 @@
 """The API layer's table of the built-in classes' arguments (api.builtin_classes), which `dtrain validate` checks
-initArgs against, is the classes' own signatures: a changed argument fails here, not in a user's pod."""
+initArgs against, is the classes' own signatures: a changed argument fails here, not in a user's pod. docs/models.md's
+tables of them are generated from the same signatures and the classes' docstrings, and are the committed ones."""
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from dtrain_common.loading import import_class
 from dtrain_operator.api.builtin_classes import BUILTIN_ALIASES, BUILTIN_SIGNATURES, Signature
 from dtrain_trainer import data, digits, models
+from tools.builtin_classes_doc import DOCUMENTED, with_section
 
 BUILTIN_MODULES = (models, data, digits)
 
@@ -43,3 +46,12 @@ def test_every_built_in_class_is_in_the_table() -> None:
 
 def test_every_bare_name_is_a_built_in() -> None:
     assert set(BUILTIN_ALIASES.values()) <= set(BUILTIN_SIGNATURES)
+
+
+def test_every_built_in_class_is_documented() -> None:
+    assert sorted(DOCUMENTED) == sorted(BUILTIN_SIGNATURES)
+
+
+def test_the_models_guide_has_the_generated_tables() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    assert with_section(page) == page, "docs/models.md's initArgs tables are stale: run `make manifests`"

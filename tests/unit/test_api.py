@@ -54,7 +54,7 @@ def example_objects() -> list[tuple[str, dict]]:
 
 def test_examples_exist():
     names = {p.name for p in EXAMPLES}
-    assert {"quickstart.yaml", "resnet50-imagenet.yaml"} <= names
+    assert {"quickstart.yaml", "resnet50-imagenet.yaml", "no-engine.yaml", "team-package.yaml"} <= names
 
 
 @pytest.mark.parametrize("name,obj", example_objects(), ids=lambda v: v if isinstance(v, str) else "")
@@ -70,6 +70,15 @@ def test_example_validates_against_crd_schema(name, obj):
     jsonschema.Draft4Validator(schema).validate(obj)
     filled = api.DistributedTraining.model_validate(obj).to_wire()
     jsonschema.Draft4Validator(schema).validate(filled)
+
+
+def test_the_no_engine_example_is_the_quickstart_with_its_checked_export_and_no_engine_job():
+    quickstart, no_engine = (yaml.safe_load((ROOT / "examples" / name).read_text())["spec"]
+                             for name in ("quickstart.yaml", "no-engine.yaml"))
+    assert [no_engine[part] for part in ("model", "data", "trainer")] == [quickstart[part] for part in
+                                                                          ("model", "data", "trainer")]
+    job = api.DistributedTraining.model_validate(yaml.safe_load((ROOT / "examples" / "no-engine.yaml").read_text()))
+    assert not job.spec.engine.enabled and job.spec.export.onnx.enabled
 
 
 def test_seed_example_carries_the_seed_settings():

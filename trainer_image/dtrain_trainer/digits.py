@@ -120,10 +120,10 @@ class DigitsDataModule(_DigitsData, L.LightningDataModule):
     """UCI handwritten digits (scikit-learn's bundled copy): 10 classes, real labels, a real validation accuracy.
 
     Args:
-        image_size: side of the upscaled square images, or [height, width] (default 32).
-        channels: channels per image; the grey level is repeated (default 3, as torchvision models expect).
-        val_fraction: share of each class held out for validation (default 0.2: 1,438 training
-            and 359 validation images).
+        image_size: side of the upscaled square images, or [height, width].
+        channels: channels per image; the grey level is repeated (3, as torchvision models expect).
+        val_fraction: share of each class held out for validation (0.2: 1,438 training and 359
+            validation images).
         seed: seed of the split (the same on every rank; the trainer's seed shuffles the batches).
         batch_size, num_workers: set by the trainer from trainer.batchSize and trainer.numWorkers.
         pin_memory: pin host memory for faster copies to the GPU (default: when a GPU is present).

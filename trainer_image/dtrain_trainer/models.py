@@ -117,7 +117,8 @@ class ImageClassifier(_ImageClassifierBehaviour, L.LightningModule):
     """A torchvision classifier with cross-entropy loss.
 
     Args:
-        arch: torchvision architecture name, e.g. resnet50, resnet18, efficientnet_b0, vit_b_16.
+        arch: torchvision architecture name, e.g. resnet50, resnet18, efficientnet_b0, vit_b_16 (trained from
+            scratch: no pretrained weights).
         num_classes: number of classes of the data.
         optimizer: adam (default), adamw or sgd (with Nesterov momentum).
         lr: learning rate.

@@ -1,0 +1,1 @@
+"""The team's models for dtrain: `classPath: team_vision.classifier.LitClassifier`."""

@@ -242,6 +242,16 @@ async def test_a_jobs_reports_are_coalesced_into_few_writes():
     assert [patch for key, patch in written if key == ("team-b", "other")][-1] == {"progress": {"step": 199}}
 
 
+def _recorded_writes(interval: float) -> tuple[CoalescedWrites, list[dict[str, Any]]]:
+    """Coalesced writes of one job, and the list of patches they write."""
+    written: list[dict[str, Any]] = []
+
+    async def write(key: Any, patch: Mapping[str, Any]) -> None:
+        written.append(dict(patch))
+
+    return CoalescedWrites(write, interval=interval), written
+
+
 def test_the_status_read_with_records_not_written_yet():
     """What the reconciler decides from: the pending records on the status, maps they replace replaced."""
     status = {"phase": "Running", "progress": {"step": 3, "stage": "training", "metrics": {"val_loss": 0.5, "once": 1.0}}}
@@ -257,13 +267,8 @@ def test_the_status_read_with_records_not_written_yet():
 
 async def test_records_a_status_write_carried_are_not_written_again():
     """The reconciler's own status write takes the pending records along; what came after it is still written."""
-    written: list[dict[str, Any]] = []
-
-    async def write(key: Any, patch: Mapping[str, Any]) -> None:
-        written.append(dict(patch))
-
     key = ("team-a", "resnet")
-    writes = CoalescedWrites(write, interval=0.2)
+    writes, written = _recorded_writes(interval=0.2)
     writes.add(key, {"progress": {"step": 1}})  # written at once: nothing was written before
     await asyncio.sleep(0)
     writes.add(key, {"progress": {"step": 2}})
@@ -284,13 +289,8 @@ async def test_records_a_status_write_carried_are_not_written_again():
 
 async def test_a_gangs_first_record_and_first_batch_are_written_at_once():
     """What a user watching a start or a restart waits for does not wait for the interval."""
-    written: list[dict[str, Any]] = []
-
-    async def write(key: Any, patch: Mapping[str, Any]) -> None:
-        written.append(dict(patch))
-
     key = ("team-a", "resnet")
-    writes = CoalescedWrites(write, interval=60.0)
+    writes, written = _recorded_writes(interval=60.0)
     for patch in ({"progress": {"gangGeneration": 0, "stage": "training", "step": 0}},
                   {"progress": {"gangGeneration": 0, "batches": 1, "stage": "validating"}},  # the sanity check's
                   {"progress": {"gangGeneration": 0, "batches": 2, "stage": "training", "step": 1}},

@@ -70,8 +70,8 @@ def _bounds(schema: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _cell(text: Any) -> str:
-    """Markdown table cell: one line, pipes escaped."""
+def table_cell(text: Any) -> str:
+    """Markdown table cell: one line, pipes escaped (every generated page's tables)."""
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
@@ -127,16 +127,16 @@ def _table(path: str, schema: dict[str, Any]) -> list[str]:
     required = set(schema.get("required", []))
     lines = [f"## `{path}`", ""]
     if schema.get("description"):
-        lines += [_cell(schema["description"]), ""]
+        lines += [table_cell(schema["description"]), ""]
     lines += ["| field | type | default | bounds | description |", "|---|---|---|---|---|"]
     for name, field in schema["properties"].items():
         shown = f"`{name}`" + (" (required)" if name in required else "")
-        kind = _cell(_type(field))
+        kind = table_cell(_type(field))
         if _children(field) is not None:
             kind = f"[{kind}]({_anchor(_section_path(path, name, field))})"
         lines.append(
-            f"| {shown} | {kind} | {_cell(_default(field))} | {_cell(_bounds(field))} "
-            f"| {_cell(field.get('description', ''))} |"
+            f"| {shown} | {kind} | {table_cell(_default(field))} | {table_cell(_bounds(field))} "
+            f"| {table_cell(field.get('description', ''))} |"
         )
     rules = _rules(schema)
     return lines + ([""] + rules if rules else []) + [""]

@@ -9,6 +9,7 @@ import pkgutil
 
 from dtrain_operator.api import reasons
 from dtrain_operator.api.reasons import Documented
+from dtrain_operator.api.reference import table_cell
 from dtrain_operator.core.status.events import WARNING_CONDITIONS
 
 # The packages whose modules declare what the operator writes (api/reasons.py's records are made at import).
@@ -44,12 +45,8 @@ def load_declarations() -> None:
             importlib.import_module(module.name)
 
 
-def _cell(text: str) -> str:
-    return (text or "").replace("|", "\\|").replace("\n", " ")
-
-
 def _row(*cells: str) -> str:
-    return "| " + " | ".join(_cell(cell) for cell in cells) + " |\n"
+    return "| " + " | ".join(table_cell(cell or "") for cell in cells) + " |\n"
 
 
 CONDITIONS = """

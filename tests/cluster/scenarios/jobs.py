@@ -60,9 +60,7 @@ from .common import (
 def walkthrough_commands(storage: str) -> str:
     """The shell lines of the README's "3. Submit." that make my-job.yaml, as a user runs them: with the
     claim's printf line (storage "claim"), or with the object-storage one uncommented instead ("s3")."""
-    text = README.read_text()
-    step = text[text.index("**3. Submit.**"):text.index("**4. Watch.**")]
-    block = step.split("```", 2)[1]
+    block = readme_step("**3. Submit.**", "**4. Watch.**").split("```", 2)[1]
     lines = []
     for line in block.splitlines():
         if line.startswith("dtrain submit"):
@@ -75,12 +73,17 @@ def walkthrough_commands(storage: str) -> str:
     return "\n".join(lines)
 
 
+def readme_step(start: str, end: str) -> str:
+    """The README's text from `start` to the first `end` after it: one step of its cluster walkthrough."""
+    text = README.read_text()
+    step = text[text.index(start):]
+    return step[:step.index(end, len(start))]
+
+
 def readme_commands(start: str, end: str, inline: bool = False) -> list[str]:
     """The `dtrain` commands of one step of the README's cluster walkthrough, as printed: the command lines of its
     code block (their comments cut), or with `inline` the ones quoted in its text."""
-    text = README.read_text()
-    step = text[text.index(start):]
-    step = step[:step.index(end, len(start))]
+    step = readme_step(start, end)
     if inline:
         return re.findall(r"`(dtrain [^`]+)`", step)
     block = step.split("```", 2)[1]
@@ -120,9 +123,7 @@ def results_as_readme(name: str) -> None:
 
 def submit_as_readme(job: dict[str, Any]) -> None:
     """The README's `dtrain submit` line of "3. Submit.", run on `job` written as my-job.yaml."""
-    text = README.read_text()
-    step = text[text.index("**3. Submit.**"):text.index("**4. Watch.**")]
-    (submit,) = [line.split("#", 1)[0].strip() for line in step.splitlines() if line.startswith("dtrain submit")]
+    (submit,) = readme_commands("**3. Submit.**", "**4. Watch.**")
     with tempfile.TemporaryDirectory(prefix="dtrain-e2e-submit-") as folder:
         Path(folder, "my-job.yaml").write_text(yaml.safe_dump(job))
         readme_command(submit, cwd=Path(folder))

@@ -302,3 +302,18 @@ async def test_a_gangs_first_record_and_first_batch_are_written_at_once():
     # The validation batch and step 2 wait for the interval; the next gang's first record is written at once.
     assert [(w["progress"]["gangGeneration"], w["progress"].get("step")) for w in written] == [(0, 0), (0, 1), (1, 1)]
     await writes.stop()
+
+
+async def test_a_gang_written_training_is_not_news_again_after_a_checkpoint():
+    """A write that caught the gang checkpointing does not make its next training batch a first one."""
+    key = ("team-a", "resnet")
+    writes, written = _recorded_writes(interval=60.0)
+    for patch in ({"progress": {"gangGeneration": 0, "batches": 2, "stage": "training", "step": 1}},
+                  {"progress": {"gangGeneration": 0, "batches": 9, "stage": "checkpointing", "step": 8}}):
+        writes.add(key, patch)
+        writes.written(key, writes.pending(key))  # each carried by a status write of the reconciler's
+    writes.add(key, {"progress": {"gangGeneration": 0, "batches": 10, "stage": "training", "step": 9}})
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert written == []  # step 9 waits for the interval
+    await writes.stop()

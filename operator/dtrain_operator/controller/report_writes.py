@@ -65,8 +65,12 @@ class CoalescedWrites:
 
     def _note_gang(self, key: JobKey, patch: Mapping[str, Any]) -> None:
         gang = _gang(patch)
-        if gang is not None:
-            self._gang_written[key] = gang
+        if gang is None:
+            return
+        before = self._gang_written.get(key)
+        # A gang that was written training stays so: a later write caught in its checkpointing is no first batch.
+        trained = gang[1] or (before is not None and before[0] == gang[0] and before[1])
+        self._gang_written[key] = (gang[0], trained)
 
     def _news(self, key: JobKey) -> bool:
         """The pending records hold a gang's first record or its first training batch."""

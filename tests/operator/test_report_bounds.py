@@ -269,14 +269,12 @@ async def test_records_a_status_write_carried_are_not_written_again():
     """The reconciler's own status write takes the pending records along; what came after it is still written."""
     key = ("team-a", "resnet")
     writes, written = _recorded_writes(interval=0.2)
-    writes.add(key, {"progress": {"step": 1}})  # written at once: nothing was written before
-    await asyncio.sleep(0)
-    writes.add(key, {"progress": {"step": 2}})
+    writes.add(key, {"progress": {"step": 1}})
     carried = writes.pending(key)
-    writes.written(key, carried)  # the reconciler's write carried step 2
+    writes.written(key, carried)  # the reconciler's write carried step 1
     while writes._flushing:
         await asyncio.sleep(0.05)
-    assert written == [{"progress": {"step": 1}}]
+    assert written == []
 
     writes.add(key, {"progress": {"step": 3}})
     carried = writes.pending(key)
@@ -284,23 +282,27 @@ async def test_records_a_status_write_carried_are_not_written_again():
     writes.written(key, carried)
     while writes._flushing:
         await asyncio.sleep(0.05)
-    assert written[-1] == {"progress": {"step": 4}}
+    assert written == [{"progress": {"step": 4}}]
 
 
-async def test_a_gangs_first_record_and_first_batch_are_written_at_once():
-    """What a user watching a start or a restart waits for does not wait for the interval."""
+async def test_a_gangs_first_training_batch_is_written_at_once_with_what_came_before():
+    """What a user watching a start or a restart waits for does not wait for the interval; the pre-flight and the
+    sanity check before it do, and go with it."""
     key = ("team-a", "resnet")
     writes, written = _recorded_writes(interval=60.0)
-    for patch in ({"progress": {"gangGeneration": 0, "stage": "training", "step": 0}},
+    for patch in ({"preflight": {"ranks": 2}},
+                  {"progress": {"gangGeneration": 0, "stage": "training", "step": 0}},
                   {"progress": {"gangGeneration": 0, "batches": 1, "stage": "validating"}},  # the sanity check's
                   {"progress": {"gangGeneration": 0, "batches": 2, "stage": "training", "step": 1}},
                   {"progress": {"gangGeneration": 0, "batches": 3, "step": 2}},
-                  {"progress": {"gangGeneration": 1, "batches": 0, "step": 1}}):
+                  {"progress": {"gangGeneration": 1, "batches": 0, "step": 1}},
+                  {"progress": {"gangGeneration": 1, "batches": 1, "stage": "training", "step": 2}}):
         writes.add(key, patch)
         for _ in range(5):
             await asyncio.sleep(0)
-    # The validation batch and step 2 wait for the interval; the next gang's first record is written at once.
-    assert [(w["progress"]["gangGeneration"], w["progress"].get("step")) for w in written] == [(0, 0), (0, 1), (1, 1)]
+    # Step 2 and the next gang's first record wait for the interval, and go with its first batch.
+    assert [(w["progress"]["gangGeneration"], w["progress"].get("step")) for w in written] == [(0, 1), (1, 2)]
+    assert written[0]["preflight"] == {"ranks": 2}
     await writes.stop()
 
 

@@ -3,8 +3,9 @@ WRITE_SECONDS, on a client of their own, so that no job's reporting, however oft
 or floods etcd. Records that arrive meanwhile are merged into the pending patch (api.records.merge_patches), as if
 each had been written in turn; the maps a record replaces lose, at the write, the keys it no longer sends.
 
-A gang's first record and its first training batch are written at once, whenever the last write was: they are
-what a user watching a start or a restart waits for. The reconciler decides from the status with the pending records
+A gang's first training batch is written at once, whenever the last write was: it is what a user watching a start
+or a restart waits for. What comes before it (the pre-flight, the sanity check) waits like any record, from the job's
+first record on, and so usually goes with it in one write. The reconciler decides from the status with the pending records
 on it (`pending`), so a record's news (a stage, the end of training) is acted on at once; a status write of its own
 carries them along (`written`).
 """
@@ -46,6 +47,7 @@ class CoalescedWrites:
 
     def add(self, key: JobKey, patch: Mapping[str, Any]) -> None:
         self._pending[key] = merge_patches(self._pending.get(key) or {}, patch)
+        self._written_at.setdefault(key, time.monotonic())  # a job's first record waits the interval too
         if key not in self._flushing:
             self._news_came[key] = asyncio.Event()
             self._flushing[key] = asyncio.create_task(self._flush(key), name=f"report-write-{key[0]}/{key[1]}")
@@ -73,10 +75,10 @@ class CoalescedWrites:
         self._gang_written[key] = (gang[0], trained)
 
     def _news(self, key: JobKey) -> bool:
-        """The pending records hold a gang's first record or its first training batch."""
+        """The pending records hold a gang's first training batch."""
         gang = _gang(self._pending.get(key) or {})
         written = self._gang_written.get(key)
-        return gang is not None and (written is None or gang[0] != written[0] or (gang[1] and not written[1]))
+        return gang is not None and gang[1] and (written is None or gang[0] != written[0] or not written[1])
 
     def forget(self, key: JobKey) -> None:
         """The job is gone: nothing of it is written any more."""
@@ -96,7 +98,7 @@ class CoalescedWrites:
     async def _flush(self, key: JobKey) -> None:
         try:
             while key in self._pending:
-                wait = self._written_at.get(key, float("-inf")) + self._interval - time.monotonic()
+                wait = self._written_at[key] + self._interval - time.monotonic()
                 if wait > 0 and not self._news(key):
                     news = self._news_came[key]
                     with contextlib.suppress(TimeoutError):

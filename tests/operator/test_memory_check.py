@@ -34,12 +34,12 @@ async def test_a_batch_that_does_not_fit_is_said_once_and_the_job_runs(operated:
     assert (condition["status"], condition["reason"]) == ("True", gpu_memory.REASON_EXCEEDS)
     assert "estimated peak 40.00 GiB per GPU exceeds 16.00 GiB per GPU (usable 14.25 GiB)" in condition["message"]
     assert FIX in condition["message"]
-    events = await operated.event_reasons(NS, "big", ["Pending", CONDITION])
-    assert (events[1]["type"], events[1]["message"]) == ("Warning", condition["message"])
+    events = await operated.event_reasons(NS, "big", [CONDITION])
+    assert (events[0]["type"], events[0]["message"]) == ("Warning", condition["message"])
     # Not refused: the gang is created and runs; the warning is not repeated.
     await operated.run_all(NS, "big", 2)
     await operated.phase(NS, "big", "Running")
-    await operated.event_reasons(NS, "big", ["Pending", CONDITION, "Running"])
+    await operated.event_reasons(NS, "big", [CONDITION, "Running"])
     assert operated.condition(NS, "big", CONDITION) == condition
 
 
@@ -65,5 +65,5 @@ async def test_a_fitting_a_stale_and_a_malformed_estimate(operated: Cluster):
         assert (condition["status"], condition["reason"]) == (status, reason), condition
         # No warning: Events are posted in order, so none is still on its way once Running's is there.
         await operated.run_all(NS, name, 2)
-        await operated.event_reasons(NS, name, ["Pending", "Running"])
+        await operated.event_reasons(NS, name, ["Running"])
     assert "peakBytes must be a whole number" in operated.condition(NS, "malformed", CONDITION)["message"]

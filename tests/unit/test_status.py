@@ -307,14 +307,16 @@ def test_removed_keys_are_nulled_in_the_merge_patch_at_any_depth():
 @pytest.mark.parametrize(
     "before,after,events",
     [
-        (None, "Pending", [("Normal", "Pending")]),
-        ("Pending", "Running", [("Normal", "Running")]),
+        (None, "Pending", []),  # the first steps of a start have no Event: the phase shows them
+        ("Pending", "Starting", []),
+        ("Starting", "Running", [("Normal", "Running")]),
+        ("Restarting", "Pending", []),
         ("Running", "Restarting", [("Warning", "Restarting")]),
         ("Running", "Failed", [("Warning", "Failed")]),
         ("Running", "Running", []),
     ],
 )
-def test_an_event_for_every_phase_change(before, after, events):
+def test_an_event_for_each_phase_change_but_the_first_steps_of_a_start(before, after, events):
     previous = accepted_status(JOB, before) if before else None
     new = accepted_status(JOB, after)
     assert [(e.type, e.reason) for e in status_events(previous, new)] == events

@@ -68,7 +68,8 @@ The reasons of the conditions (in brackets: the condition that carries it, and i
 EVENTS = """
 ## Events
 
-The reasons of the Events posted on the DistributedTraining. A phase change is an Event named after the new phase;
+The reasons of the Events posted on the DistributedTraining. A phase change is an Event named after the new phase
+(but Pending and Starting, the first steps of every start);
 a repeated warning is one Event with a count.
 
 | reason | type | what it means | what to do |

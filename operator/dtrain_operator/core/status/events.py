@@ -96,12 +96,13 @@ RESTART_EVENT_REASONS = {
                       "why not in place"),
 }
 
-# Every phase change is an Event whose reason is the new phase and whose message says what it means for the job now.
+# Every phase change is an Event whose reason is the new phase and whose message says what it means for the job now,
+# but for the first steps of every start (Pending, Starting): the phase shows them, and what holds a job there has a
+# Warning of its own (PodsPending, ImagePullFailing, CreateRefused). An Event is an API request: three within seconds
+# of each start said nothing the Running Event does not.
 WARNING_PHASES = ("Failed", "Restarting")
 _PHASES: dict[Phase, tuple[str, str]] = {
-    "Pending": ("the worker pods are being created and scheduled", ""),
     "Queued": ("the job waits in its Kueue LocalQueue (the Queued condition)", ""),
-    "Starting": ("every worker pod is scheduled; their containers start", ""),
     "Running": ("every worker pod runs and trains", ""),
     "Restarting": ("the gang restarts from its last checkpoint (the Restarting condition says why)",
                    "see the Restarting condition's reason"),
@@ -130,14 +131,6 @@ _PHASE_CONDITION = {
 
 def phase_message(status: DistributedTrainingStatus) -> str:
     """One line that says what the phase means for this job right now."""
-    total = status.nodes.total if status.nodes else 0
-    pulling = next((c for c in status.conditions if c.type == IMAGE_PULL and c.status == "True"), None)
-    if status.phase in ("Pending", "Starting", "Restarting") and pulling is not None:
-        return pulling.message
-    if status.phase == "Pending":
-        return f"waiting for {total} worker pod(s) to be created and scheduled"
-    if status.phase == "Starting":
-        return f"all {total} worker pod(s) are scheduled; their containers are starting"
     if status.phase == "Exporting":
         return "rank 0 is exporting the model to ONNX"
     condition_type = _PHASE_CONDITION.get(status.phase or "")
@@ -148,10 +141,10 @@ def phase_message(status: DistributedTrainingStatus) -> str:
 def status_events(
     previous: DistributedTrainingStatus | None, new: DistributedTrainingStatus
 ) -> list[JobEvent]:
-    """Events for what changed: every phase change, and warnings that need the user."""
+    """Events for what changed: a phase change (but to Pending or Starting), and warnings that need the user."""
     events: list[JobEvent] = []
     old_phase = previous.phase if previous else None
-    if new.phase != old_phase and new.phase is not None:
+    if new.phase != old_phase and new.phase in PHASE_EVENTS:
         kind: Literal["Normal", "Warning"] = "Warning" if new.phase in WARNING_PHASES else "Normal"
         events.append(JobEvent(kind, PHASE_EVENTS[new.phase], phase_message(new)))
     restart = new.last_restart

@@ -26,8 +26,6 @@ from dtrain_operator.core import (
     engine_job,
     in_place,
     launch_env,
-    network_policy,
-    pod_groups,
     queueing,
     render,
     server_check,
@@ -116,7 +114,7 @@ class ChildWriter:
     async def server_refusals(self, body: Mapping[str, Any], job: DistributedTraining) -> list[str]:
         """The API server's refusals of the children the job would get (server_check.py), asked for once,
         before the job is accepted: nothing is created. A 5xx or a lost connection fails the reconcile (retried)."""
-        children = server_check.children_to_check(job, self._report, self._network_policy)
+        children = server_check.run_children(job, self._report)
         adopt(children, body)
 
         async def verdict(child: dict[str, Any]) -> str | None:
@@ -135,18 +133,12 @@ class ChildWriter:
     ) -> None:
         """The Service, ConfigMap (and PodGroup) the pods need, known to be this job's before any pod
         is created: a ConfigMap of the same name left by someone else must never configure its trainers.
-        Once per gang generation, so that one deleted by hand is back for the next gang: read first once
-        this operator has made sure of them for an earlier gang (a recreate then reads each, and creates
-        only what is gone)."""
+        Once per gang generation, so that one deleted by hand is back for the next gang: for a gang after the first
+        each is read first, and created only when gone (an operator that has just taken over the job too)."""
         if expectations.shared_children_for == generation:
             return
-        made_sure = expectations.shared_children_for is not None
-        children = [render.render_service(job), render.render_config_map(job, self._report)]
-        pod_group = pod_groups.render_pod_group(job)
-        if pod_group is not None:
-            children.append(pod_group)
-        if self._network_policy:
-            children.append(network_policy.render_network_policy(job))
+        made_sure = expectations.shared_children_for is not None or generation > 0
+        children = server_check.shared_children(job, self._report, self._network_policy)
         adopt(children, body)
         await gather(*(self._create_owned(child, expectations.uid, read_first=made_sure) for child in children))
         expectations.shared_children_for = generation

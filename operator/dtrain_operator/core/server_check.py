@@ -4,10 +4,11 @@ says about the job.
 
 The API server is the judge of what Kubernetes accepts (its validation, its defaulting, the cluster's
 admission policies): a child it refuses would fail the job at its first pod, or, for the engine Job, only
-after all of its training. One of each kind of child is sent: the Service, the ConfigMap, the PodGroup,
-the NetworkPolicy, rank 0's pod and the last rank's (ranks differ only in their index), a standby pod for
-an elastic gang, and the engine Job. The operator sends them when it accepts a job; `dtrain validate
---server` and `dtrain submit` with the user's own credentials.
+after all of its training. `dtrain validate --server` and `dtrain submit` send
+one of each kind of child, with the user's own credentials: the Service, the ConfigMap, the PodGroup, the
+NetworkPolicy, rank 0's pod and the last rank's (ranks differ only in their index), a standby pod for an elastic
+gang, and the engine Job. The operator, when it accepts a job, sends the pods and the engine Job: the others it
+creates first, for real, so their own creates are the verdict (refusals.py) before anything runs.
 
 Only a refusal of the object itself is a verdict on the job: 422 (invalid) and 400 (malformed). A 403
 (Pod Security, a ResourceQuota, RBAC), a 404 (a PodGroup API not served) or a 409 (a name taken) is about
@@ -31,18 +32,25 @@ MAX_QUOTED_CHARS = 2048
 _NO_DRY_RUN = "does not support dry run"
 
 
-def children_to_check(
+def shared_children(
     job: DistributedTraining, report: ReportEndpoint | None = None, network_policy: bool = False
 ) -> list[dict[str, Any]]:
-    """One of each child the job can get, rendered as the operator creates it (without owner references)."""
-    last = job.spec.nodes - 1
+    """The children a gang's pods need, created before any pod (without owner references): the Service, the
+    ConfigMap, the PodGroup and the NetworkPolicy."""
     children = [render.render_service(job), render.render_config_map(job, report)]
     pod_group = pod_groups.render_pod_group(job)
     if pod_group is not None:
         children.append(pod_group)
     if network_policy:
         children.append(render_network_policy(job))
-    children.append(render.render_worker_pod(job, 0, 0, report))
+    return children
+
+
+def run_children(job: DistributedTraining, report: ReportEndpoint | None = None) -> list[dict[str, Any]]:
+    """One of each child created once the shared ones are (without owner references): the operator's own dry run
+    sends these alone, since a refusal of a shared child is met by its real create first, before anything runs."""
+    last = job.spec.nodes - 1
+    children = [render.render_worker_pod(job, 0, 0, report)]
     if last > 0:
         children.append(render.render_worker_pod(job, last, 0, report))
     if job.spec.elastic is not None:
@@ -50,6 +58,11 @@ def children_to_check(
     if job.spec.engine.enabled:
         children.append(engine_job.render_engine_job(job))
     return children
+
+
+def children_to_check(job: DistributedTraining) -> list[dict[str, Any]]:
+    """One of each child the job can get, as `dtrain validate --server` and `dtrain submit` send them."""
+    return shared_children(job) + run_children(job)
 
 
 def describe(child: dict[str, Any]) -> str:

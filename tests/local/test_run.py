@@ -307,7 +307,35 @@ def test_a_slow_rank_is_named_a_straggler_and_nothing_restarts(tmp_path: Path) -
     times = summary["stragglers"]
     assert (times["slowestRank"], times["slowestPod"], times["straggler"]) == (1, "tiny-slow-1", True)
     assert times["ratio"] > 1.5 and times["slowestSeconds"] >= 0.3
+    assert summary["step_breakdown"]["bottleneck"].startswith("rank 1: ")
+    assert "% of its step is the forward pass and loss" in summary["step_breakdown"]["bottleneck"]
     # The first comparison that can report it is at step everyNSteps x window (4); the first steps of a
     # process (warm-up, on every rank) may hide it for one comparison more.
     detected = next(r for r in records(workdir) if (r.get("stepTimes") or {}).get("straggler"))
     assert 4 <= detected["stepTimes"]["step"] <= 8
+
+
+def test_the_step_breakdown_names_the_rank_whose_data_loader_is_slow(tmp_path: Path) -> None:
+    job = write_job(
+        tmp_path,
+        tiny_job(
+            "tiny-slow-data",
+            data={"classPath": "user_models.SlowLoaderDataModule", "initArgs": {"delay_per_sample": 0.05, "slow_rank": 1,
+                                                                               "num_samples": 256}},
+            stragglers={"everyNSteps": 4},
+            export={"onnx": {"enabled": False}},
+            engine={"enabled": False},
+        ),
+    )
+    workdir = tmp_path / "work"
+    run = DtrainRun(tmp_path, str(job), "--workdir", str(workdir), "--no-engine")
+    assert run.wait(RUN_TIMEOUT) == 0, run.output
+    breakdown = summary_of(workdir)["step_breakdown"]
+    line = breakdown["bottleneck"]
+    assert line.startswith("rank 1: ") and line.endswith("% of its step waits on the data loader; trainer.numWorkers 0"), line
+    printed = " ".join(run.output.replace("\u2502", " ").split())  # the summary table's cells, unwrapped
+    assert f"bottleneck {line}" in printed
+    slow, other = (next(r for r in breakdown["ranks"] if r["rank"] == rank) for rank in (1, 0))
+    # The slow rank waits on its loader; the other waits for it in the gradient all-reduce.
+    assert slow["dataWait"] > other["dataWait"] and other["allReduce"] > slow["allReduce"]
+    assert all(slow[part] > 0 for part in ("forward", "backward", "optimizer"))

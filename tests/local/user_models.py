@@ -153,6 +153,40 @@ class HangingDataModule(SyntheticImageDataModule):
         return torch.utils.data.DataLoader(samples, batch_size=loader.batch_size, num_workers=0)
 
 
+class _SlowSamples(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples of `inner`; on global rank `rank`, each takes `delay` seconds more to fetch."""
+
+    def __init__(self, inner: Any, delay: float, rank: int) -> None:
+        self.inner, self.delay, self.rank = inner, delay, rank
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        import time
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == self.rank:
+            time.sleep(self.delay)
+        return self.inner[index]
+
+
+class SlowLoaderDataModule(SyntheticImageDataModule):
+    """A data loader that cannot keep up on one rank (a slow disk, a heavy decoder, no loader workers): on
+    `slow_rank`, each sample of the training loader takes `delay_per_sample` seconds more."""
+
+    def __init__(self, delay_per_sample: float = 0.05, slow_rank: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay_per_sample = delay_per_sample
+        self.slow_rank = slow_rank
+
+    def train_dataloader(self) -> Any:
+        loader = super().train_dataloader()
+        samples = _SlowSamples(loader.dataset, self.delay_per_sample, self.slow_rank)
+        return torch.utils.data.DataLoader(samples, batch_size=loader.batch_size, shuffle=True, num_workers=0)
+
+
 class CrashingClassifier(ImageClassifier):
     """A rank that dies once as a faulted GPU would: at `crash_at_step`, global rank `crash_on_rank` prints
     `error` (its last log line, hence its termination message) and exits with `exit_code` at once. `marker` (a

@@ -196,7 +196,10 @@ async def test_made_up_tokens_never_push_a_good_one_out_of_the_cache():
     ({"event": "preflight", "versions": {f"lib{i}": "1.0" for i in range(100)}}, 413, "versions"),
     ({"event": "progress", "metrics": {"\x1b]0;pwned\x07val_loss": 1.0}}, 400, "metrics"),
     ({"event": "progress", "validation": "val_loss=\x1b[2J0.4"}, 400, "validation"),
-], ids=["too many metrics", "a huge stage", "too many versions", "an escape in a metric name", "an escape in VAL"])
+    ({"event": "progress", "stepBreakdown": {"ranks": [{"rank": r} for r in range(256)]}}, 413, "stepBreakdown"),
+    ({"event": "progress", "stepBreakdown": {"bottleneck": "rank 1:\x1b[2J"}}, 400, "stepBreakdown"),
+], ids=["too many metrics", "a huge stage", "too many versions", "an escape in a metric name", "an escape in VAL",
+        "every rank's step breakdown", "an escape in the bottleneck"])
 def test_a_record_over_its_bounds_is_refused_naming_the_field(record, answer, named):
     with pytest.raises(Refused) as refused:
         merged_patch([{"time": "2026-01-01T00:00:00Z", **record}], 0)

@@ -57,6 +57,10 @@ class Flavor:
     def loggers(self) -> ModuleType:
         return importlib.import_module(f"{self.name}.loggers")
 
+    @property
+    def profilers(self) -> ModuleType:
+        return importlib.import_module(f"{self.name}.profilers")
+
 
 @functools.cache
 def flavor(name: str) -> Flavor:

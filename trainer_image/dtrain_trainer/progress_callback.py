@@ -112,6 +112,8 @@ class _ProgressBehaviour:
         self._stage = contract.PROGRESS_STAGE_TRAINING
         # The latest comparison of the ranks' step times (dtrain_trainer.stragglers).
         self.step_times: dict[str, Any] | None = None
+        # Where the ranks' step time went at the latest comparison (dtrain_trainer.step_breakdown).
+        self.step_breakdown: dict[str, Any] | None = None
         self._trainer: Any = None
         self._stage_before_write = contract.PROGRESS_STAGE_TRAINING
 
@@ -131,6 +133,10 @@ class _ProgressBehaviour:
         self.step_times = times
         if now and self._trainer is not None:
             self._report(self._trainer, epoch_end=False)
+
+    def note_step_breakdown(self, breakdown: dict[str, Any]) -> None:
+        """The latest step breakdown, sent with the next progress record."""
+        self.step_breakdown = breakdown
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trainer = trainer
@@ -254,6 +260,7 @@ class _ProgressBehaviour:
             batches=self.batches,
             batchTime=self.batch_time,
             stepTimes=self.step_times,
+            stepBreakdown=self.step_breakdown,
         )
 
     def final_metrics(self, trainer: L.Trainer) -> dict[str, Any]:

@@ -67,7 +67,7 @@ from dtrain_trainer.progress_callback import _ProgressBehaviour, progress_callba
 from dtrain_trainer.progress_sinks import NullSink, sink_from_env
 from dtrain_trainer.resumable import exact_resume_callbacks, resumable
 from dtrain_trainer.stopping import STOP_SIGNAL, STOPPED_EXIT_CODE, _GracefulStopBehaviour, graceful_stop_class
-from dtrain_trainer.stragglers import straggler_callback_class
+from dtrain_trainer.stragglers import step_measures
 from dtrain_trainer.survivor import survivor_checkpoint_class
 
 log = logging.getLogger("dtrain_trainer")
@@ -122,7 +122,7 @@ def build_trainer(
     checkpoint_io.on_writing = progress.checkpoint_writing
     checkpoint_io.owner = checkpoint_store.owner_of(config).to_wire()
     stop = graceful_stop_class(package)(collective_timeout)
-    straggler = straggler_callback_class(package)(config.stragglers, progress.note_step_times)
+    meter, straggler, loader_wait = step_measures(package, config, progress)
     return pl.Trainer(  # type: ignore[no-any-return]
         accelerator="gpu" if on_gpu else "cpu",
         devices=topology.devices_per_node,
@@ -136,10 +136,12 @@ def build_trainer(
         max_steps=settings.max_steps,
         log_every_n_steps=settings.log_every_n_steps,
         limit_train_batches=settings.limit_train_batches,
-        # The survivor's first: it copies the state at each step boundary before any other callback moves on.
-        callbacks=[survivor_checkpoint_class(package)(), *exact_resume_callbacks(package, elastic_order(config, env)),
+        # The meter's first, so that its clock reads a step's end before any other callback's work; then the
+        # survivor's: it copies the state at each step boundary before any other callback moves on.
+        callbacks=[meter, survivor_checkpoint_class(package)(), *exact_resume_callbacks(package, elastic_order(config, env)),
                    straggler, progress, stop, checkpoint],
         plugins=[checkpoint_io],
+        profiler=loader_wait,
         logger=build_logger(config, pl, env),
         default_root_dir=config.checkpoint_dir,
         # Progress goes through the sink; a terminal progress bar only floods pod logs.

@@ -17,14 +17,18 @@ every rank:
   both, a neighbour of it only in one. A link time under `LINK_SLOW_FLOOR_SECONDS` is never slow. With 2 ranks both fetches go over the same pair of links,
   so a link that is slow in both directions cannot be told from its peer's; one slow to send can.
 
-Every spec.stragglers.everyNSteps optimizer steps the ranks probe their links and all-gather
-their mean step time and link times (three numbers each: a few bytes on gloo or NCCL); rank 0
+The step time is the step meter's forward (dtrain_trainer.step_meter), per micro-batch. Every
+spec.stragglers.everyNSteps optimizer steps the ranks probe their links and all-gather their mean
+step time, link times and step breakdown (eight numbers each: a few bytes on gloo or NCCL); rank 0
 compares each measure on its own: the median and the slowest rank, the comparisons in a row in
 which the same rank was slower than `factor` times the median, a straggler once that count
 reaches `window`. Rank 0 puts the comparison that names a straggler (else the step times) in its
 progress records (status.progress.stepTimes, with the slowest rank's pod and node from the
 downward API) and sends one at once when a straggler is first marked, so that the operator's
-Straggler condition and Warning Event follow within seconds. Nothing is restarted.
+Straggler condition and Warning Event follow within seconds. Nothing is restarted. Rank 0 also
+reports where each rank's step time goes (status.progress.stepBreakdown, see
+dtrain_trainer.step_breakdown). With everyNSteps 0 there is no link probe and no comparison, but the
+breakdown is still gathered, every BREAKDOWN_EVERY_N_STEPS steps.
 """
 from __future__ import annotations
 
@@ -40,8 +44,9 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from dtrain_operator.api import StragglerSettings, contract
-from dtrain_trainer import flavor
+from dtrain_operator.api import StragglerSettings, TrainerConfig, contract
+from dtrain_trainer import flavor, step_breakdown
+from dtrain_trainer.step_meter import _StepMeterBehaviour, loader_wait_profiler_class, step_meter_class
 
 # The best of a few fetches: a process descheduled once on a busy machine only adds time.
 LINK_PROBE_REPEATS = 3
@@ -49,6 +54,8 @@ LINK_PROBE_REPEATS = 3
 # 13 Gb/s, and below it, on a busy machine, the time is the scheduler's more than the link's.
 LINK_SLOW_FLOOR_SECONDS = 0.005
 STEP, LINK = "step", "link"
+# How often the step breakdown is gathered when straggler detection is off (spec.stragglers.everyNSteps 0).
+BREAKDOWN_EVERY_N_STEPS = 50
 
 
 def compare(
@@ -152,16 +159,23 @@ def probe_links(rank: int, world_size: int, device: torch.device) -> tuple[float
 
 
 class _StragglerBehaviour:
-    """Times each rank's step before its backward pass, probes its link, and compares the ranks every few steps."""
+    """Probes each rank's link and compares the ranks' step and link times every few steps; reports where
+    their step time goes."""
 
     def __init__(
         self,
         settings: StragglerSettings,
+        meter: _StepMeterBehaviour,
         publish: Callable[[dict[str, Any], bool], None],
+        publish_breakdown: Callable[[dict[str, Any]], None],
+        knobs: Mapping[str, str],
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
+        self.meter = meter
         self.publish = publish
+        self.publish_breakdown = publish_breakdown
+        self.knobs = knobs
         env = os.environ if env is None else env
         self.identity = (env.get(contract.ENV_POD_NAME) or env.get("HOSTNAME") or socket.gethostname(),
                          env.get(contract.ENV_NODE_NAME))
@@ -169,49 +183,54 @@ class _StragglerBehaviour:
         self.latest: dict[str, Any] | None = None
         # The latest comparison of each measure (step, link), whose counts the next one continues.
         self._compared: dict[str, dict[str, Any]] = {}
-        self._mark: float | None = None
-        self._sum = 0.0
-        self._count = 0
         self._last_check: int | None = None
 
-    def _active(self, trainer: L.Trainer) -> bool:
+    def _comparing(self, trainer: L.Trainer) -> bool:
         return self.settings.every_n_steps > 0 and trainer.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    def _gathering(self, trainer: L.Trainer) -> bool:
+        return trainer.world_size == 1 or (dist.is_available() and dist.is_initialized())
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_check = trainer.global_step
-        if self._active(trainer):
+        if self._comparing(trainer):
             gathered: list[Any] = [None] * trainer.world_size
             dist.all_gather_object(gathered, self.identity)
             self.identities = gathered
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        self._mark = time.perf_counter()
-
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        if self._mark is not None:
-            self._sum += time.perf_counter() - self._mark
-            self._count += 1
-            self._mark = None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if self._active(trainer) and step != self._last_check and step % self.settings.every_n_steps == 0:
+        every = self.settings.every_n_steps or BREAKDOWN_EVERY_N_STEPS
+        if self._gathering(trainer) and step != self._last_check and step % every == 0:
             self._last_check = step
             self._gather(trainer, pl_module, step)
 
     def _gather(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
-        mine = self._sum / self._count if self._count else 0.0
-        self._sum, self._count = 0.0, 0
-        device = pl_module.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        from_left, from_right = probe_links(trainer.global_rank, trainer.world_size, device)
-        local = torch.tensor([mine, from_left, from_right], dtype=torch.float64, device=device)
+        totals, steps, micro_batches = self.meter.take(step)
+        mine = totals[step_breakdown.FORWARD] / micro_batches if micro_batches else 0.0
+        comparing = self._comparing(trainer)
+        device = pl_module.device if trainer.world_size > 1 and dist.get_backend() == "nccl" else torch.device("cpu")
+        from_left, from_right = (
+            probe_links(trainer.global_rank, trainer.world_size, device) if comparing else (math.nan, math.nan)
+        )
+        local = torch.tensor([mine, from_left, from_right, *step_breakdown.per_step(totals, steps)],
+                             dtype=torch.float64, device=device)
         parts = [torch.zeros_like(local) for _ in range(trainer.world_size)]
-        dist.all_gather(parts, local)
+        if trainer.world_size > 1:
+            dist.all_gather(parts, local)
+        else:
+            parts = [local]
         if not trainer.is_global_zero:
             return
         rows = [[float(x) for x in p.tolist()] for p in parts]
+        breakdown = step_breakdown.breakdown(step, [r[3:] for r in rows], self.knobs)
+        self.publish_breakdown(breakdown.model_dump(by_alias=True, exclude_none=True, mode="json"))
+        if comparing:
+            self._compare(rows, step)
+
+    def _compare(self, rows: list[list[float]], step: int) -> None:
         measures = {STEP: ([r[0] for r in rows], 0.0),
                     LINK: (link_seconds([r[1] for r in rows], [r[2] for r in rows]), LINK_SLOW_FLOOR_SECONDS)}
         self._compared = {
@@ -235,3 +254,14 @@ class StragglerCallback(_StragglerBehaviour, L.Callback):
 def straggler_callback_class(package: str) -> type:
     """StragglerCallback on `package`'s Callback (lightning.pytorch or pytorch_lightning)."""
     return flavor.callback_class(package, _StragglerBehaviour, StragglerCallback)
+
+
+def step_measures(package: str, config: TrainerConfig, progress: Any) -> tuple[Any, Any, Any]:
+    """The step meter, the straggler comparison and the loader-wait profiler on `package` (lightning.pytorch or
+    pytorch_lightning), reporting to `progress` (the progress callback)."""
+    meter = step_meter_class(package)()
+    knobs = step_breakdown.knobs(config.trainer.num_workers, str(config.trainer.precision))
+    straggler = straggler_callback_class(package)(
+        config.stragglers, meter, progress.note_step_times, progress.note_step_breakdown, knobs
+    )
+    return meter, straggler, loader_wait_profiler_class(package)(meter)

@@ -91,9 +91,11 @@ from dtrain_operator.api.status import (
     Preflight,
     PreflightRank,
     Progress,
+    RankStepBreakdown,
     StackFrame,
     StackGroup,
     StatusModel,
+    StepBreakdown,
     StepTimes,
 )
 from dtrain_operator.api.storage import CheckpointOwner, S3Settings, Storage, SurvivorMark
@@ -166,6 +168,7 @@ __all__ = [
     "PreflightRank",
     "Progress",
     "Quantity",
+    "RankStepBreakdown",
     "Resources",
     "RunPolicy",
     "S3Settings",
@@ -174,6 +177,7 @@ __all__ = [
     "StackFrame",
     "StackGroup",
     "StatusModel",
+    "StepBreakdown",
     "StepTimes",
     "Storage",
     "StragglerSettings",

@@ -25,8 +25,12 @@ fields that are not known yet are null; consumers must ignore fields they do not
      "batches": 512, "batchTime": ...,
      "stepTimes": {"step": 150, "medianSeconds": 0.09, "slowestRank": 1, "slowestSeconds": 0.31,
                    "slowestPod": "job-1", "slowestNode": "node-b", "ratio": 3.4, "slowChecks": 3,
-                   "straggler": true} | null}   (metrics: val_loss, val_acc, prog_bar and spec.logging.metrics;
-     stepTimes: see dtrain_trainer.stragglers)   (the last progress record, before the export, says exporting)
+                   "straggler": true} | null,
+     "stepBreakdown": {"step": 150, "worldSize": 2, "ranks": [{"rank": 1, "dataWait": 0.21, "forward": 0.09,
+                       "backward": 0.15, "allReduce": 0.01, "optimizer": 0.02}, ...],
+                       "bottleneck": "rank 1: 44 % of its step waits on the data loader; trainer.numWorkers 0"} | null}
+     (metrics: val_loss, val_acc, prog_bar and spec.logging.metrics; stepTimes: see dtrain_trainer.stragglers;
+     stepBreakdown: dtrain_trainer.step_breakdown)   (the last progress record, before the export, says exporting)
     {"event": "checkpoint", "time": ..., "step": 20, "path": "/ckpt/step=00000020.ckpt", "ok": true}
     {"event": "checkpoint", "time": ..., "step": 20, "path": "s3://b/p/step=00000020.ckpt", "ok": true,
      "bytes": 104857600, "uploadSeconds": 1.9, "attempts": 1}   (object storage: the upload's size and time)
@@ -72,6 +76,7 @@ is read as absent, the rest of the record stays.
 
 from __future__ import annotations
 
+# layout: a hundred lines of it are the record format's reference (the docstring), which belongs beside the records.
 from collections.abc import Mapping
 from enum import Enum
 from typing import Annotated, Any, ClassVar, TypeVar, get_args
@@ -80,7 +85,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 from typing_extensions import Self
 
-from dtrain_operator.api import PreflightRank, StackGroup, StepTimes, SurvivorMark
+from dtrain_operator.api import PreflightRank, StackGroup, StepBreakdown, StepTimes, SurvivorMark
 from dtrain_operator.api.status import MAX_REPORTED_METRICS as MAX_METRICS
 from dtrain_operator.api.status import MAX_REPORTED_RANKS, MAX_REPORTED_STACK_GROUPS, MAX_REPORTED_VERSIONS
 
@@ -273,6 +278,7 @@ class ProgressRecord(TrainingState):
     batches: int | None = None
     batch_time: Word | None = None
     step_times: StepTimes | None = None
+    step_breakdown: StepBreakdown | None = None
 
 
 class FinishedRecord(TrainingState):
@@ -358,6 +364,10 @@ def checked_record(data: Any) -> AnyTrainerRecord | None:
     return None if record_type is None else record_type.model_validate(data, context=_READING)  # type: ignore[return-value]
 
 
+def _as_sent(part: BaseModel | None) -> dict[str, Any] | None:
+    return None if part is None else part.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
 def status_patch(data: Mapping[str, Any]) -> dict[str, Any] | None:
     """The part of DistributedTraining.status a record updates (merge-patch shape), if any."""
     record = read_record(data)
@@ -374,9 +384,9 @@ def status_patch(data: Mapping[str, Any]) -> dict[str, Any] | None:
             "validation": record.validation,
             "batches": record.batches,
             "batchTime": record.batch_time,
-            # As sent: a null in it clears that field of the status.
-            "stepTimes": record.step_times.model_dump(by_alias=True, exclude_unset=True, mode="json")
-            if record.step_times is not None else None,
+            # As sent: a null in them clears that field of the status.
+            "stepTimes": _as_sent(record.step_times),
+            "stepBreakdown": _as_sent(record.step_breakdown),
             "updatedAt": record.time,
         }
         # null in a merge patch deletes a field: leave out what is not known yet instead.

@@ -14,6 +14,9 @@ MAX_REPORTED_METRICS = 64
 MAX_REPORTED_VERSIONS = 32
 MAX_REPORTED_RANKS = 1024
 MAX_REPORTED_STACK_GROUPS = 64
+# The slowest ranks and the median one: a 256-rank job reports as many rows as a 4-rank one.
+MAX_BREAKDOWN_RANKS = 4
+MAX_BOTTLENECK_CHARS = 256
 
 
 class StatusModel(ApiModel):
@@ -77,6 +80,36 @@ class StepTimes(StatusModel):
     """True once slowChecks reaches spec.stragglers.window: the rank is reported as a straggler."""
 
 
+class RankStepBreakdown(StatusModel):
+    """Where one rank's optimizer step goes: mean seconds per optimizer step over the latest window (spec.stragglers.everyNSteps steps; 50 when that is 0). On the CPU the clock is the process's; on a GPU it is the GPU's (CUDA events), so dataWait there is the time the GPU waited for the batch."""
+
+    rank: int | None = None
+    """Global rank."""
+    data_wait: float | None = None
+    """Blocked on the training data loader for the next batch."""
+    forward: float | None = None
+    """The forward pass and the loss."""
+    backward: float | None = None
+    """The backward pass, until its last gradient was ready."""
+    all_reduce: float | None = None
+    """In DDP's collectives: the gradient all-reduce not overlapped with the backward pass, and the broadcast of the model's buffers before the forward (waiting for slower ranks included)."""
+    optimizer: float | None = None
+    """Gradient clipping and the optimizer step."""
+
+
+class StepBreakdown(StatusModel):
+    """Where the ranks' step time goes, at the latest comparison, and the bottleneck it shows."""
+
+    step: int | None = None
+    """Global step of the comparison."""
+    world_size: int | None = None
+    """Ranks measured."""
+    ranks: Annotated[list[RankStepBreakdown], Field(max_length=MAX_BREAKDOWN_RANKS)] | None = None
+    """The slowest ranks (by their time outside the all-reduce), slowest first, then the median rank (at most 4)."""
+    bottleneck: Annotated[str, Field(max_length=MAX_BOTTLENECK_CHARS, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")] | None = None
+    """The bottleneck in one line, e.g. rank 1: 41 % of its step waits on the data loader; trainer.numWorkers 0."""
+
+
 class Progress(StatusModel):
     """Training progress, reported by rank 0 to the operator, which writes it here."""
 
@@ -94,6 +127,8 @@ class Progress(StatusModel):
     """When this was reported (RFC 3339)."""
     step_times: StepTimes | None = None
     """Every rank's step time at the latest comparison (spec.stragglers), and the slowest rank."""
+    step_breakdown: StepBreakdown | None = None
+    """Where the ranks' step time goes (data wait, forward, backward, all-reduce, optimizer), and the bottleneck."""
     stage: str | None = None
     """What rank 0 is doing: training, validating, checkpointing (writing a checkpoint), exporting (the model is being exported to ONNX), or finishing (training is over; the processes are ending)."""
     metrics: Annotated[dict[str, float], Field(max_length=MAX_REPORTED_METRICS)] | None = None

@@ -314,8 +314,23 @@ def _gang_rows(table: Table, s: RunSummary) -> None:
                 f"{t.get('measure') or 'step'} time {_value(t.get('medianSeconds'), '{:.3g}')} s" + ("  STRAGGLER" if t.get("straggler") else "")
             ),
         )
+    if s.step_breakdown and s.step_breakdown.get("bottleneck"):
+        table.add_row("bottleneck", escape(s.step_breakdown["bottleneck"]))
+        for row in s.step_breakdown.get("ranks") or []:
+            table.add_row("", escape(_rank_breakdown(row)))
     if s.last_hang:
         table.add_row("last hang", escape(s.last_hang))
+
+
+# The parts of a step (status.progress.stepBreakdown's ranks) as the summary names them.
+BREAKDOWN_PARTS = {"dataWait": "data wait", "forward": "forward", "backward": "backward", "allReduce": "all-reduce",
+                   "optimizer": "optimizer"}
+
+
+def _rank_breakdown(row: Mapping[str, Any]) -> str:
+    """One rank's seconds per optimizer step by part."""
+    parts = ", ".join(f"{name} {_value(row.get(key), '{:.3f}')}" for key, name in BREAKDOWN_PARTS.items())
+    return f"rank {row.get('rank')}: {parts} s per step"
 
 
 def summary_table(s: RunSummary) -> Table:

@@ -72,6 +72,8 @@ class RunSummary:
     preflight: dict[str, Any] | None = None
     # The slowest rank as rank 0 last reported it (status.progress.stragglers).
     stragglers: dict[str, Any] | None = None
+    # Where the ranks' step time went, and the bottleneck, as rank 0 last reported it (status.progress.stepBreakdown).
+    step_breakdown: dict[str, Any] | None = None
     # Where the latest hang sat, as the progress deadline named it (status.lastHang.message).
     last_hang: str | None = None
     # Where the run's wall time went, {ratio, seconds: {category: s}} (core/goodput.py).
@@ -161,6 +163,8 @@ def _add_progress(summary: RunSummary, raw_records: list[dict[str, Any]]) -> Non
             )
             if isinstance(record, records.ProgressRecord) and record.step_times is not None:
                 summary.stragglers = record.step_times.model_dump(by_alias=True, exclude_unset=True, mode="json")
+            if isinstance(record, records.ProgressRecord) and record.step_breakdown is not None:
+                summary.step_breakdown = record.step_breakdown.model_dump(by_alias=True, exclude_unset=True, mode="json")
             summary.metrics.update(record.metrics or {})
         elif isinstance(record, records.PreflightRecord):
             summary.preflight = {k: v for k, v in record.to_wire().items() if k != "event"}

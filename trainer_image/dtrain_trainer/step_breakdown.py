@@ -87,7 +87,6 @@ def breakdown(step: int, rows: Sequence[Sequence[float]], knobs: Mapping[str, st
                          bottleneck=bottleneck_line(ranked, knobs))
 
 
-
 def knobs(num_workers: int, precision: str) -> dict[str, str]:
     """The spec's fields that act on each part of a step, with their values, as the bottleneck line names them."""
     compute = f"trainer.precision {precision}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from dtrain_operator.api import DistributedTraining, crd, memory_estimate
-from dtrain_operator.cli.cluster import GET_COLUMNS, age, last_hang_lines, table
+from dtrain_operator.cli.cluster import GET_COLUMNS, age, detail_lines, table
 from dtrain_operator.core.status import gpu_memory
 from tests.builders import a_cpu_job
 
@@ -159,6 +159,11 @@ async def test_get_prints_the_printer_columns_plus_loss_and_eta(cluster: Cluster
     assert hung.out.splitlines()[1].split()[0] == "beta"
     assert hung.out.splitlines()[2:] == ["", f"Last hang (2026-01-10T00:00:00Z, step 40): {where}"]
     assert "Last hang" not in (await dtrain(cluster, "get")).out
+    # And what limits its steps (status.progress.stepBreakdown), above it.
+    line = "rank 1: 41 % of its step waits on the data loader; trainer.numWorkers 0"
+    await cluster.patch_job_status(NS, "beta", {"progress": {"stepBreakdown": {"step": 50, "bottleneck": line}}})
+    limited = await dtrain(cluster, "get", "beta")
+    assert limited.out.splitlines()[2:] == ["", f"Bottleneck (step 50): {line}", f"Last hang (2026-01-10T00:00:00Z, step 40): {where}"]
 
     one = await dtrain(cluster, "get", "beta", "-o", "yaml")
     obj = yaml.safe_load(one.out)
@@ -184,7 +189,7 @@ def test_what_a_job_reported_cannot_drive_the_terminal():
     assert "\x1b" not in rows and "\\x1b]0;owned" in rows
     job = DistributedTraining.model_validate({"metadata": {"name": "evil"}, "spec": {}, "status": {"lastHang": {
         "step": 1, "message": "rank 1\n\x1b[31mforged line"}}})
-    assert "\x1b" not in last_hang_lines(job) and last_hang_lines(job).count("\n") == 2
+    assert "\x1b" not in detail_lines(job) and detail_lines(job).count("\n") == 2
 
 
 def test_age_as_kubectl_prints_it():

@@ -297,16 +297,22 @@ def get(args: argparse.Namespace) -> int:
         rows = [[job.namespace, *row] for job, row in zip(jobs, rows)]
     sys.stdout.write(table([header, *rows]))
     if args.name:
-        sys.stdout.write(last_hang_lines(jobs[0]))
+        sys.stdout.write(detail_lines(jobs[0]))
     return EXIT_OK
 
 
-def last_hang_lines(job: api.DistributedTraining) -> str:
-    """Below one job's row: where its latest hang sat (status.lastHang), if it ever hung."""
-    hang = job.status.last_hang if job.status else None
-    if hang is None or not hang.message:
-        return ""
-    return "\n" + printable(f"Last hang ({hang.time}, step {hang.step}): {hang.message}") + "\n"
+def detail_lines(job: api.DistributedTraining) -> str:
+    """Below one job's row: what limits its steps (status.progress.stepBreakdown), and where its latest hang sat
+    (status.lastHang), if it ever hung."""
+    status = job.status
+    breakdown = status.progress.step_breakdown if status and status.progress else None
+    hang = status.last_hang if status else None
+    lines = []
+    if breakdown is not None and breakdown.bottleneck:
+        lines.append(f"Bottleneck (step {breakdown.step}): {breakdown.bottleneck}")
+    if hang is not None and hang.message:
+        lines.append(f"Last hang ({hang.time}, step {hang.step}): {hang.message}")
+    return "".join("\n" + printable(line) for line in lines) + "\n" if lines else ""
 
 
 def watch(args: argparse.Namespace) -> int:

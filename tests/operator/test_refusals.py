@@ -112,12 +112,13 @@ async def test_an_invalid_object_only_its_create_meets_fails_the_job_with_its_ow
     assert operated.refusals.refused == count, "a failed job is not retried"
 
 
-async def test_a_refused_service_is_reported_too(operated: Cluster):
+async def test_a_refused_service_fails_the_job_before_any_pod(operated: Cluster):
+    """The Service is created before any pod, for real (no dry run of it): its create is the verdict."""
     operated.refusals.invalid("services", "spec.ports[0].port", "Invalid value: 0: must be between 1 and 65535")
     await operated.apply(a_cpu_job("svc").with_nodes(1).as_dict())
     await operated.phase(NS, "svc", "Failed")
     failed = operated.condition(NS, "svc", "Failed")
-    assert failed["reason"] == "InvalidSpec" and "refuses the job's Service svc" in failed["message"]
+    assert failed["reason"] == "InvalidService" and "must be between 1 and 65535" in failed["message"]
     assert operated.pods(NS, "svc") == []
 
 

@@ -100,6 +100,7 @@ RESTART_EVENT_REASONS = {
 # but for the first steps of every start (Pending, Starting): the phase shows them, and what holds a job there has a
 # Warning of its own (PodsPending, ImagePullFailing, CreateRefused). An Event is an API request: three within seconds
 # of each start said nothing the Running Event does not.
+QUIET_PHASES = ("Pending", "Starting")
 WARNING_PHASES = ("Failed", "Restarting")
 _PHASES: dict[Phase, tuple[str, str]] = {
     "Queued": ("the job waits in its Kueue LocalQueue (the Queued condition)", ""),

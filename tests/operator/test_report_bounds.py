@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -121,6 +122,26 @@ async def test_one_pods_idle_connections_are_capped_and_another_pod_is_served(en
             break
         await asyncio.sleep(0.05)
     assert not endpoint.server.connections.open
+
+
+async def test_a_peer_gone_silent_frees_its_place_within_the_handshakes_time(endpoint: Endpoint):
+    """A pod gone without a word (its network namespace removed) never answers the server's TLS close: its place is
+    free once the close has waited the handshake's time for it (asyncio's own wait is 30 s)."""
+
+    def silent_peer() -> ssl.SSLSocket:  # a blocking TLS socket that is never read again: no close is answered
+        raw = socket.create_connection(("127.0.0.1", endpoint.port), source_address=(ATTACKER, 0))
+        return endpoint.context().wrap_socket(raw)
+
+    peer = await asyncio.to_thread(silent_peer)
+    try:
+        for held in (True, False):  # admitted; then, after its idle time (1 s) and the close's wait (1 s), released
+            for _ in range(200):
+                if (ATTACKER in endpoint.server.connections.open) == held:
+                    break
+                await asyncio.sleep(0.05)
+            assert (ATTACKER in endpoint.server.connections.open) == held
+    finally:
+        peer.close()
 
 
 async def test_a_silent_handshake_is_dropped():

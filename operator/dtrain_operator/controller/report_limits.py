@@ -3,7 +3,8 @@
 Whatever a pod does, the operator's memory and its other jobs' reports stay unaffected:
 - connections: at most MAX_CONNECTIONS in all and MAX_CONNECTIONS_PER_PEER from one address (a pod);
   one over is closed at once (`AdmittedProtocol`);
-- time: a TLS handshake has HANDSHAKE_SECONDS, an idle keep-alive connection IDLE_SECONDS;
+- time: a TLS handshake (and the TLS close a peer is waited for) has HANDSHAKE_SECONDS, an idle keep-alive
+  connection IDLE_SECONDS;
 - requests: each address has a token bucket (PEER_RATE a second, PEER_BURST at once), taken before the
   TokenReview, so that a flood of made-up tokens costs the API server no more than the bucket allows;
 - TokenReviews in flight: at most MAX_PENDING_REVIEWS; more answer 503 at once instead of queueing.

@@ -238,6 +238,9 @@ class ReportServer:
         self._server = await asyncio.get_running_loop().create_server(
             lambda: AdmittedProtocol(handlers(), self.connections), self._host, self._port,
             ssl=context, ssl_handshake_timeout=self._limits.handshake_seconds, reuse_address=True,
+            # A pod gone without a word (its network namespace removed) answers no TLS close: its connection's place
+            # is free after the handshake's time, not asyncio's 30 s (a new pod may be given its address meanwhile).
+            ssl_shutdown_timeout=self._limits.handshake_seconds,
         )
         self._renewing = asyncio.create_task(self._renew(context), name="report-certificate")
 

@@ -200,6 +200,9 @@ def scenario_quickstart(figures: Figures) -> None:
     accepted = final.get("acceptedSpec") or {}
     if (accepted.get("image"), (accepted.get("storage") or {}).get("claimName")) != (TRAINER_IMAGE, CLAIM):
         raise Failed(f"status.acceptedSpec does not show the job defaults it ran with: {json.dumps(accepted)[:600]}")
+    breakdown = (final.get("progress") or {}).get("stepBreakdown") or {}
+    if not str(breakdown.get("bottleneck") or "").startswith("rank ") or len(breakdown.get("ranks") or []) != 2:
+        raise Failed(f"status.progress.stepBreakdown names no bottleneck of the 2 ranks: {json.dumps(breakdown)[:600]}")
     engine_jobs = items("jobs.batch", NS, f"{contract.LABEL_JOB_NAME}={name}")
     if not engine_jobs or not any(c["type"] == "Complete" and c["status"] == "True"
                                   for c in engine_jobs[0].get("status", {}).get("conditions", [])):

@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import ssl
+import sys
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Mapping
@@ -235,13 +236,21 @@ class ReportServer:
         assert handlers is not None
         context = self._tls.server_context()
         # Served by hand rather than by a TCPSite: the handshake's time and the connections are bounded.
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: AdmittedProtocol(handlers(), self.connections), self._host, self._port,
-            ssl=context, ssl_handshake_timeout=self._limits.handshake_seconds, reuse_address=True,
+        loop = asyncio.get_running_loop()
+        protocol = lambda: AdmittedProtocol(handlers(), self.connections)
+        if sys.version_info >= (3, 11):
             # A pod gone without a word (its network namespace removed) answers no TLS close: its connection's place
             # is free after the handshake's time, not asyncio's 30 s (a new pod may be given its address meanwhile).
-            ssl_shutdown_timeout=self._limits.handshake_seconds,
-        )
+            self._server = await loop.create_server(
+                protocol, self._host, self._port, ssl=context, reuse_address=True,
+                ssl_handshake_timeout=self._limits.handshake_seconds,
+                ssl_shutdown_timeout=self._limits.handshake_seconds,
+            )
+        else:  # Python 3.10 has no bound on the TLS close (the operator image runs 3.11).
+            self._server = await loop.create_server(
+                protocol, self._host, self._port, ssl=context, reuse_address=True,
+                ssl_handshake_timeout=self._limits.handshake_seconds,
+            )
         self._renewing = asyncio.create_task(self._renew(context), name="report-certificate")
 
     async def _renew(self, context: ssl.SSLContext) -> None:

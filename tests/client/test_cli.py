@@ -79,8 +79,8 @@ async def test_validate_server_and_submit_ask_the_api_server_about_every_child(c
     assert offline.code == 0, offline.err
     checked = await dtrain(cluster, "validate", "--server", str(QUICKSTART))
     assert checked.code == 2
-    assert "the API server refuses the job's Pod quickstart-0 (the worker pod of node 0)" in checked.err
-    assert 'Pod "quickstart-0" is invalid: spec.volumes[3].emptyDir.sizeLimit: Invalid value: "-1Gi"' in checked.err
+    assert "the API server refuses the job's Pod quickstart-1 (the worker pod of node 1)" in checked.err
+    assert 'Pod "quickstart-1" is invalid: spec.volumes[3].emptyDir.sizeLimit: Invalid value: "-1Gi"' in checked.err
     submitted = await dtrain(cluster, "submit", str(QUICKSTART))
     assert submitted.code == 2 and "the API server refuses the job's Pod quickstart-1" in submitted.err
     assert cluster.job(NS, "quickstart") is None and cluster.pods(NS, "quickstart") == []

@@ -84,8 +84,8 @@ async def test_a_child_the_api_server_refuses_fails_the_job_before_anything_runs
     await operated.phase(NS, "toobig", "Failed")
     failed = operated.condition(NS, "toobig", "Failed")
     assert failed["reason"] == "InvalidSpec"
-    assert "the API server refuses the job's Pod toobig-0 (the worker pod of node 0)" in failed["message"]
-    assert 'Pod "toobig-0" is invalid: spec.containers[0].resources.requests: Invalid value: "64"' in failed["message"]
+    assert "the API server refuses the job's Pod toobig-1 (the worker pod of node 1)" in failed["message"]
+    assert 'Pod "toobig-1" is invalid: spec.containers[0].resources.requests: Invalid value: "64"' in failed["message"]
     assert operated.pod_creations(NS, "toobig-0") == operated.pod_creations(NS, "toobig-1") == 0
     assert operated.status(NS, "toobig").get("restarts", 0) == 0
     dry_runs = operated.api.count_calls(OPERATOR_AGENTS, verb="create", resource="pods")

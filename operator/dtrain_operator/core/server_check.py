@@ -6,8 +6,8 @@ The API server is the judge of what Kubernetes accepts (its validation, its defa
 admission policies): a child it refuses would fail the job at its first pod, or, for the engine Job, only
 after all of its training. `dtrain validate --server` and `dtrain submit` send
 one of each kind of child, with the user's own credentials: the Service, the ConfigMap, the PodGroup, the
-NetworkPolicy, rank 0's pod and the last rank's (ranks differ only in their index), a standby pod for an elastic
-gang, and the engine Job. The operator, when it accepts a job, sends the pods and the engine Job: the others it
+NetworkPolicy, the last rank's pod (ranks differ only in their index, and the last's name is the longest), a
+standby pod for an elastic gang, and the engine Job. The operator, when it accepts a job, sends the pods and the engine Job: the others it
 creates first, for real, so their own creates are the verdict (refusals.py) before anything runs.
 
 Only a refusal of the object itself is a verdict on the job: 422 (invalid) and 400 (malformed). A 403
@@ -50,9 +50,7 @@ def run_children(job: DistributedTraining, report: ReportEndpoint | None = None)
     """One of each child created once the shared ones are (without owner references): the operator's own dry run
     sends these alone, since a refusal of a shared child is met by its real create first, before anything runs."""
     last = job.spec.nodes - 1
-    children = [render.render_worker_pod(job, 0, 0, report)]
-    if last > 0:
-        children.append(render.render_worker_pod(job, last, 0, report))
+    children = [render.render_worker_pod(job, last, 0, report)]
     if job.spec.elastic is not None:
         children.append(standby.render_standby_pod(job, last))
     if job.spec.engine.enabled:

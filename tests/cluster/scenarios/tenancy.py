@@ -13,6 +13,7 @@ import yaml
 from localcluster import layout
 
 from dtrain_operator.api import contract
+from dtrain_operator.controller import report_limits
 
 from ..kube import (
     Failed,
@@ -213,9 +214,12 @@ def scenario_report_flood(figures: Figures) -> None:
     token = kubectl("create", "token", "dtrain-trainer", "-n", NS, "--bound-object-kind=Pod",
                     f"--bound-object-name={attacker}-0", f"--audience={contract.OPERATOR_TOKEN_AUDIENCE}").stdout.strip()
     before = progress_step(honest)
+    # The held connections fill the pod's places until the endpoint closes them (idle, then the TLS close's
+    # bound): the reports that come after are the ones answered, 413 or 429, so the attack outlasts that.
+    seconds = report_limits.IDLE_SECONDS + report_limits.HANDSHAKE_SECONDS + 20
     attack = subprocess.run(
         ["ip", "netns", "exec", pod_netns(victim), sys.executable, "-c", ATTACK, REPORT_SERVICE,
-         str(contract.DEFAULT_REPORT_PORT), contract.report_path(NS, attacker), str(ca), token, "30"],
+         str(contract.DEFAULT_REPORT_PORT), contract.report_path(NS, attacker), str(ca), token, str(seconds)],
         check=False, capture_output=True, text=True, timeout=180)
     if attack.returncode != 0:
         raise Failed(f"the attack did not run: {attack.stderr[-800:]}")

@@ -35,6 +35,7 @@ handshake and idle time, requests per pod before any TokenReview, TokenReviews i
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -236,21 +237,17 @@ class ReportServer:
         assert handlers is not None
         context = self._tls.server_context()
         # Served by hand rather than by a TCPSite: the handshake's time and the connections are bounded.
-        loop = asyncio.get_running_loop()
-        protocol = lambda: AdmittedProtocol(handlers(), self.connections)
+        serve = functools.partial(
+            asyncio.get_running_loop().create_server,
+            lambda: AdmittedProtocol(handlers(), self.connections), self._host, self._port,
+            ssl=context, ssl_handshake_timeout=self._limits.handshake_seconds, reuse_address=True,
+        )
         if sys.version_info >= (3, 11):
             # A pod gone without a word (its network namespace removed) answers no TLS close: its connection's place
             # is free after the handshake's time, not asyncio's 30 s (a new pod may be given its address meanwhile).
-            self._server = await loop.create_server(
-                protocol, self._host, self._port, ssl=context, reuse_address=True,
-                ssl_handshake_timeout=self._limits.handshake_seconds,
-                ssl_shutdown_timeout=self._limits.handshake_seconds,
-            )
+            self._server = await serve(ssl_shutdown_timeout=self._limits.handshake_seconds)
         else:  # Python 3.10 has no bound on the TLS close (the operator image runs 3.11).
-            self._server = await loop.create_server(
-                protocol, self._host, self._port, ssl=context, reuse_address=True,
-                ssl_handshake_timeout=self._limits.handshake_seconds,
-            )
+            self._server = await serve()
         self._renewing = asyncio.create_task(self._renew(context), name="report-certificate")
 
     async def _renew(self, context: ssl.SSLContext) -> None:

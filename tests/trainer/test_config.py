@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_common.config import ConfigError, load_config, parse_config
+from dtrain_common.config import load_config, parse_config
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import TrainerConfig, contract
 from dtrain_trainer.config import (
     Topology,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api.elastic import BatchLayout, layout_at, wanted_layout
 from dtrain_trainer.elastic_data import ElasticOrder, ElasticResume, GlobalOrderSampler
 from dtrain_trainer.resumable import EpochStatefulDataLoader, stateful

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from torch import nn
 
 from dtrain_common.accuracy import max_relative_error
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import contract
 from dtrain_trainer.example_inputs import INPUT_NAME, resolve_example
 from dtrain_trainer.export import (

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import contract
 from dtrain_operator.api.records import Event, status_patch
-from dtrain_trainer.config import ConfigError
 from dtrain_trainer.progress import ProgressReporter
 from dtrain_trainer.progress_callback import ProgressCallback, ThroughputMeter, batch_size_of
 from dtrain_trainer.progress_sinks import (

@@ -10,12 +10,9 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import TrainerConfig
 from dtrain_operator.api.validation import format_validation_error
-
-
-class ConfigError(Exception):
-    """A setting the trainer cannot run with. The message names the setting and the fix."""
 
 
 def parse_config(text: str, source: str) -> TrainerConfig:

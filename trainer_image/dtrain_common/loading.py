@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_operator import api
 from dtrain_operator.api.builtin_classes import BUILTIN_ALIASES
 

@@ -46,7 +46,8 @@ def _model_from_config_file(path: str) -> api.ClassSpec:
     import yaml
     from pydantic import ValidationError
 
-    from dtrain_common.config import ConfigError, parse_config
+    from dtrain_common.config import parse_config
+    from dtrain_common.errors import ConfigError
     from dtrain_operator.api.validation import format_validation_error
 
     try:
@@ -140,7 +141,7 @@ def load_pytorch_model(source: PyTorchSource) -> Any:
     """
     import torch
 
-    from dtrain_common.config import ConfigError
+    from dtrain_common.errors import ConfigError
     from dtrain_common.loading import instantiate
 
     try:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dtrain_common import object_store
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import CheckpointOwner, SurvivorMark, TrainerConfig, contract
 from dtrain_operator.api.job import training_hash
 from dtrain_operator.api.records import Event

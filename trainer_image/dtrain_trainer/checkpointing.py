@@ -32,7 +32,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import TorchCheckpointIO
 
 from dtrain_common import object_store
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import SurvivorMark, contract
 from dtrain_operator.api.storage import is_object_url
 from dtrain_trainer import checkpoint_store, flavor

@@ -29,7 +29,7 @@ import lightning as L
 import torch
 from torch.utils.data import DistributedSampler
 
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import TrainerConfig
 from dtrain_operator.api.elastic import BatchLayout, layout_at, wanted_layout
 from dtrain_operator.api.spec import ELASTIC_LIMIT_MESSAGE

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 
 INPUT_NAME = "input"
 

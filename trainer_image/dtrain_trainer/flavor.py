@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 
 LIGHTNING = "lightning.pytorch"
 PYTORCH_LIGHTNING = "pytorch_lightning"

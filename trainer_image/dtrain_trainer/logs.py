@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain_common import object_store
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import TrainerConfig
 from dtrain_operator.api.storage import is_object_url
 from dtrain_trainer.config import global_rank

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_common.loading import instantiate
 from dtrain_operator import api
 from dtrain_operator.api.contract import LABEL_GPU_MEMORY

@@ -17,11 +17,19 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import contract
-from dtrain_trainer.config import ConfigError
-from dtrain_trainer.progress import describe_failure
 
 MAX_ANSWER_BYTES = 65536
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A short, secret-free description of why a request failed."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 @dataclass(frozen=True)

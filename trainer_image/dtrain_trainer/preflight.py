@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import contract
 
 log = logging.getLogger("dtrain_trainer")

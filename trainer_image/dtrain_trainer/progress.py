@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from dtrain_operator.api.records import Event, build_record
+from dtrain_trainer.operator_link import describe_failure
 
 log = logging.getLogger("dtrain_trainer")
 
@@ -43,15 +44,6 @@ class Sink(Protocol):
     def send(self, record: Mapping[str, Any]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def describe_failure(exc: BaseException) -> str:
-    """A short, secret-free description of why a request failed."""
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 class ProgressReporter:

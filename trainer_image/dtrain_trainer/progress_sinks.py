@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dtrain_common.errors import ConfigError
 from dtrain_operator.api import contract
 from dtrain_operator.api.records import Event, status_patch
-from dtrain_trainer.config import ConfigError
 from dtrain_trainer.operator_link import OperatorLink
 from dtrain_trainer.progress import Sink
 

@@ -53,7 +53,7 @@ from torchdata.stateful_dataloader import stateful_dataloader as torchdata_loade
 from torchdata.stateful_dataloader.sampler import BatchSampler as StatefulBatchSampler
 from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
-from dtrain_common.config import ConfigError
+from dtrain_common.errors import ConfigError
 from dtrain_trainer import flavor
 from dtrain_trainer.elastic_data import (
     ACCUMULATE,

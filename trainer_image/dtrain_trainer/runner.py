@@ -31,7 +31,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from dtrain_common.config import ConfigError, load_config
+from dtrain_common.config import load_config
+from dtrain_common.errors import ConfigError
 from dtrain_common.loading import instantiate
 from dtrain_operator.api import TrainerConfig, contract
 from dtrain_operator.api.records import Event

@@ -359,3 +359,22 @@ def test_immutable_spec_ignores_only_the_mutable_fields():
 def test_max_steps_alone_sets_no_epoch_limit(trainer, epochs):
     """A job that says only maxSteps trains for that many steps, not for one epoch."""
     assert api.TrainerSettings.model_validate(trainer).resolved_max_epochs == epochs
+
+
+def test_every_name_the_package_exports_resolves_from_its_module() -> None:
+    """The re-exports are lazy: each of `__all__` is read from the module the package's imports name."""
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'NotAName'"):
+        api.NotAName  # noqa: B018
+
+
+def test_the_supervisor_starts_without_the_models() -> None:
+    """A pod's supervisor runs before torchrun on every start: it loads the launch orders, not the job's models
+    (nor torch)."""
+    probe = (
+        "import sys, dtrain_trainer.supervisor; "
+        "print(sorted(m for m in ('dtrain_operator.api.spec', 'dtrain_operator.api.status', 'torch') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

@@ -114,8 +114,9 @@ def endpoint(tmp_path: Path) -> Iterator[Endpoint]:
         asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
     (tmp_path / "ca.crt").write_text(TLS.ca_pem)
     (tmp_path / "token").write_text("rank-0-token\n")
-    yield Endpoint(port, jobs, standby, leader, loop, tmp_path / "ca.crt", tmp_path / "token")
-    for server in (standby, leader):
+    endpoint = Endpoint(port, jobs, standby, leader, loop, tmp_path / "ca.crt", tmp_path / "token")
+    yield endpoint
+    for server in (endpoint.standby, endpoint.leader):  # a test may have started another leader
         asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)

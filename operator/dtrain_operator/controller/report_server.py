@@ -262,6 +262,7 @@ class ReportServer:
         self._stopping.set()
         if self._renewing is not None:
             self._renewing.cancel()
+            await asyncio.wait([self._renewing])  # ended here, not left pending on a loop its owner may stop next
         if self._server is not None:
             self._server.close()
         if self._runner is not None:

@@ -244,6 +244,10 @@ def scenario_suspend_resume(figures: Figures) -> None:
     eventually(lambda: status(name).get("phase") == "Suspended", f"{name} Suspended", 60)
     eventually(lambda: not worker_pods(name), f"{name}: every worker pod gone", 90)
     figures["suspend → every pod gone (s)"] = time.monotonic() - suspended
+    # The SIGTERM checkpoint's record goes with the operator's write of the pods gone (it carries rank 0's pending
+    # records): read it once the status says so, not at the moment the pods go.
+    eventually(lambda: not any((status(name).get("nodes") or {}).get(state) for state in ("running", "pending")),
+               f"{name}: the status counts no pod running", 30)
     kept = checkpoint_step(name)
     kubectl("patch", "dtr", name, "-n", NS, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
     logs = eventually(lambda: (text := kubectl("logs", f"{name}-0", "-n", NS, check=False).stdout)

@@ -218,7 +218,10 @@ async def test_watch_draws_progress_from_the_status_and_ends_with_the_summary(cl
         await asyncio.sleep(1.0)
         await cluster.patch_job_status(NS, "watched", {
             "phase": "Succeeded", "completionTime": "2026-01-01T00:01:05Z",
-            "progress": {"metrics": {"val_acc": 0.975}},
+            "progress": {"metrics": {"val_acc": 0.975}, "stepBreakdown": {
+                "step": 20, "worldSize": 2, "bottleneck": "rank 1: 41 % of its step waits on the data loader",
+                "ranks": [{"rank": 1, "dataWait": 0.041, "forward": 0.02, "backward": 0.03, "allReduce": 0.005,
+                           "optimizer": 0.004}]}},
             "lastCheckpoint": {"step": 20, "path": "/workspace/checkpoints/last.ckpt"},
             "conditions": [{"type": "Succeeded", "status": "True", "reason": "TrainingSucceeded", "message": "done"}],
             "artifacts": {"onnx": "/workspace/artifacts/model.onnx", "parityError": 1.5e-6, "loss": 0.05,
@@ -238,6 +241,8 @@ async def test_watch_draws_progress_from_the_status_and_ends_with_the_summary(cl
     assert rows["phase"] == "Succeeded"
     assert rows["steps"] == "20" and rows["final loss"] == "0.05" and rows["throughput"] == "151.0 images/s"
     assert rows["val_acc"] == "0.975"
+    assert rows["bottleneck"] == "rank 1: 41 % of its step waits on the data loader"  # as dtrain run's summary
+    assert "rank 1: data wait 0.041, forward 0.02" in table
     assert rows["wall time"] == "01:05"
     assert rows["checkpoint"] == "/workspace/checkpoints/last.ckpt"
     assert rows["model.onnx"].startswith("/workspace/artifacts/model.onnx  (parity with PyTorch: max relative error 1.50e-06)")

@@ -157,6 +157,7 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
     # status.artifacts merges the trainer's and the engine's termination results.
     trainer = TrainerResults.read(status.artifacts or {}) or TrainerResults()
     engine = EngineResults.read(status.artifacts or {})
+    breakdown = status.progress.step_breakdown if status.progress else None
     spec = job.spec
     summary = RunSummary(
         job_name=job.name,
@@ -185,6 +186,7 @@ def summary_from_status(job: api.DistributedTraining) -> Any:
         metrics=dict(update.metrics),
         last_hang=status.last_hang.message if status.last_hang else None,
         goodput=status.goodput.model_dump(include={"ratio", "seconds"}) if status.goodput else None,
+        step_breakdown=breakdown.model_dump(by_alias=True, exclude_none=True, mode="json") if breakdown else None,
         command="dtrain watch",
     )
     for row in (engine.latency if engine else None) or []:

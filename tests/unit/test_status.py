@@ -13,7 +13,7 @@ from dtrain_operator.api import DistributedTraining, DistributedTrainingStatus, 
 from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.observation import Observed, format_time
 from dtrain_operator.core.status.compute import compute_status
-from dtrain_operator.core.status.events import only_counts_changed, status_events, status_patch
+from dtrain_operator.core.status.events import status_events, status_patch, worth_batching
 from dtrain_operator.core.status.invalid import invalid_status
 from tests.builders import (
     EARLIER,
@@ -287,12 +287,15 @@ def test_status_patch_holds_only_what_changed_and_never_the_trainers_fields():
     assert status_patch(new, new) is None
 
 
-def test_a_patch_of_counts_alone_can_wait():
+def test_a_patch_of_counts_and_quiet_phases_alone_can_wait():
     before = accepted_status(JOB, "Starting", nodesReady="1/3")
     after = before.model_copy(update={"nodes_ready": "2/3"})
-    assert only_counts_changed(status_patch(before, after))
-    assert only_counts_changed(status_patch(before, after.model_copy(update={"goodput": Goodput(ratio=0.5)})))
-    assert not only_counts_changed(status_patch(before, after.model_copy(update={"phase": "Running"})))
+    assert worth_batching(status_patch(before, after))
+    assert worth_batching(status_patch(before, after.model_copy(update={"goodput": Goodput(ratio=0.5)})))
+    # Pending -> Starting posts no Event and decides nothing: the Running that follows within a second carries it.
+    assert worth_batching(status_patch(accepted_status(JOB, "Pending"), before))
+    assert not worth_batching(status_patch(before, after.model_copy(update={"phase": "Running"})))
+    assert not worth_batching(status_patch(before, after.model_copy(update={"phase": "Restarting"})))
 
 
 def test_removed_keys_are_nulled_in_the_merge_patch_at_any_depth():

@@ -67,7 +67,7 @@ from dtrain_operator.core.host_access import host_access_fields, host_access_ref
 from dtrain_operator.core.launch_env import ReportEndpoint
 from dtrain_operator.core.observation import EngineJobObservation, JobKey, Limits, Observed, PodObservation
 from dtrain_operator.core.status.compute import compute_status
-from dtrain_operator.core.status.events import only_counts_changed, status_events, status_patch
+from dtrain_operator.core.status.events import status_events, status_patch, worth_batching
 from dtrain_operator.core.status.invalid import invalid_status, unreadable_status
 from dtrain_operator.core.status.observe import observe_queue
 from dtrain_operator.core.status.read import read_status, starting_status
@@ -79,7 +79,8 @@ logger = logging.getLogger(__name__)
 POD_INDEX = "dtrain_pods"
 ENGINE_JOB_INDEX = "dtrain_engine_jobs"
 COUNTS_BATCH_SECONDS = 1.0
-"""A status change of node counts alone waits this long, so that pods starting together share one patch."""
+"""A status change of node counts alone (core.status.events.worth_batching) waits this long, so that pods scheduled
+and started together share one patch."""
 
 
 def _newer(candidate: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
@@ -473,7 +474,8 @@ class Controller:
         memory: JobMemory,
         decided_from: DistributedTrainingStatus | None = None,
     ) -> float | None:
-        """Patch the status when it changed (node counts alone: batched), then post the Events.
+        """Patch the status when it changed (node counts alone: batched) or rank 0's records hold news, then post the
+        Events.
 
         `previous` is the status as written (what the patch must change); `decided_from` what
         the new status was decided from (phase changes and restarts).
@@ -484,10 +486,12 @@ class Controller:
             patch = patch if goodput.worth_a_write(previous.goodput if previous else None, new.goodput) else None
         if decided_from is not None:
             previous = decided_from
-        if patch is None:
+        news = self._report_writes is not None and self._report_writes.news(key)
+        if patch is None and not news:
             memory.counts_pending_since = None
             return None
-        if only_counts_changed(patch):
+        patch = patch or {}
+        if worth_batching(patch) and not news:
             now = time.monotonic()
             if memory.counts_pending_since is None:
                 memory.counts_pending_since = now

@@ -3,17 +3,17 @@ WRITE_SECONDS, on a client of their own, so that no job's reporting, however oft
 or floods etcd. Records that arrive meanwhile are merged into the pending patch (api.records.merge_patches), as if
 each had been written in turn; the maps a record replaces lose, at the write, the keys it no longer sends.
 
-A gang's first training batch is written at once, whenever the last write was: it is what a user watching a start
-or a restart waits for. What comes before it (the pre-flight, the sanity check) waits like any record, from the job's
-first record on, and so usually goes with it in one write. The reconciler decides from the status with the pending records
-on it (`pending`), so a record's news (a stage, the end of training) is acted on at once; a status write of its own
-carries them along (`written`).
+The reconciler decides from the status with the pending records on it (`pending`), so a record's news (a stage, the
+end of training) is acted on at once; a status write of its own carries them along (`written`). A gang's first
+training batch is what a user watching a start or a restart waits for: the reconcile that every record starts writes
+it at once (`news`), with whatever it changes in the status (the phase of a restarted gang), in one patch. What comes
+before it (the pre-flight, the sanity check) waits like any record, from the job's first record on, and so usually
+goes with it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -43,27 +43,24 @@ class CoalescedWrites:
         self._written_at: dict[JobKey, float] = {}
         self._flushing: dict[JobKey, asyncio.Task[None]] = {}
         self._gang_written: dict[JobKey, tuple[Any, bool]] = {}  # the gang generation written, and if it trained
-        self._news_came: dict[JobKey, asyncio.Event] = {}
 
     def add(self, key: JobKey, patch: Mapping[str, Any]) -> None:
         self._pending[key] = merge_patches(self._pending.get(key) or {}, patch)
         self._written_at.setdefault(key, time.monotonic())  # a job's first record waits the interval too
         if key not in self._flushing:
-            self._news_came[key] = asyncio.Event()
             self._flushing[key] = asyncio.create_task(self._flush(key), name=f"report-write-{key[0]}/{key[1]}")
-        elif self._news(key):
-            self._news_came[key].set()
 
     def pending(self, key: JobKey) -> dict[str, Any]:
         """The records of the job not written yet, as one patch ({} when none)."""
         return dict(self._pending.get(key) or {})
 
     def written(self, key: JobKey, patch: Mapping[str, Any]) -> None:
-        """Another write carried `patch` (what `pending` gave): nothing to write, unless records came since."""
+        """Another write carried `patch` (what `pending` gave): nothing to write, unless records came since, and those
+        wait the interval from this write."""
         self._note_gang(key, patch)
+        self._written_at[key] = time.monotonic()
         if self._pending.get(key) == patch:
             del self._pending[key]
-            self._written_at[key] = time.monotonic()
 
     def _note_gang(self, key: JobKey, patch: Mapping[str, Any]) -> None:
         gang = _gang(patch)
@@ -74,8 +71,8 @@ class CoalescedWrites:
         trained = gang[1] or (before is not None and before[0] == gang[0] and before[1])
         self._gang_written[key] = (gang[0], trained)
 
-    def _news(self, key: JobKey) -> bool:
-        """The pending records hold a gang's first training batch."""
+    def news(self, key: JobKey) -> bool:
+        """The pending records hold a gang's first training batch: the reconciler writes them at once."""
         gang = _gang(self._pending.get(key) or {})
         written = self._gang_written.get(key)
         return gang is not None and gang[1] and (written is None or gang[0] != written[0] or not written[1])
@@ -99,11 +96,8 @@ class CoalescedWrites:
         try:
             while key in self._pending:
                 wait = self._written_at[key] + self._interval - time.monotonic()
-                if wait > 0 and not self._news(key):
-                    news = self._news_came[key]
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(news.wait(), wait)
-                    news.clear()
+                if wait > 0:
+                    await asyncio.sleep(wait)
                     continue  # a status write of the reconciler's may have carried them meanwhile (`written`)
                 patch = self._pending.pop(key)
                 self._written_at[key] = time.monotonic()
@@ -115,7 +109,6 @@ class CoalescedWrites:
         finally:
             if self._flushing.get(key) is asyncio.current_task():  # not a task for a new job of the same name
                 del self._flushing[key]
-                self._news_came.pop(key, None)
 
 
 def _gang(patch: Mapping[str, Any]) -> tuple[Any, bool] | None:

@@ -65,9 +65,10 @@ def _merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[st
     return patch
 
 
-def only_counts_changed(patch: Mapping[str, Any]) -> bool:
-    """True when a status patch changes nothing but node counts (worth batching, not urgent) and the goodput."""
-    return set(patch) - {"goodput"} <= {"nodes", "nodesReady"}
+def worth_batching(patch: Mapping[str, Any]) -> bool:
+    """True when a status patch changes nothing but node counts, the goodput, and the phase to a quiet one (Pending,
+    Starting: no Event): not urgent, so that pods scheduled and started together share one patch."""
+    return set(patch) - {"goodput"} <= {"nodes", "nodesReady", "phase"} and patch.get("phase", QUIET_PHASES[0]) in QUIET_PHASES
 
 
 @dataclass(frozen=True)

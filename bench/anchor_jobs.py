@@ -56,7 +56,8 @@ def claim_path(path: str) -> Path:
 class Workload:
     """What every anchor runs: dtrain's own rendering of the job's worker, less what the anchor provides
     (torchrun's gang variables, the pod's name and place) and dtrain's grace period, its records to a file
-    on the claim."""
+    on the claim. The trainer's files, which a dtrain pod carries in its annotations, come from a ConfigMap
+    created beside the anchor's objects, mounted at the same place."""
 
     name: str
     config_map: dict[str, Any]
@@ -85,7 +86,11 @@ class Workload:
         # size; the anchors' docs set none, so their pods get Kubernetes' 30 s.
         keep = ("serviceAccountName", "automountServiceAccountToken", "enableServiceLinks", "securityContext", "volumes")
         pod_spec = {key: value for key, value in pod["spec"].items() if key in keep}
-        return cls(name, render.render_config_map(job), container, pod_spec, claim_path(records))
+        config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-config", "namespace": NS},
+                      "data": render.trainer_files(job)}
+        pod_spec["volumes"] = [{"name": v["name"], "configMap": {"name": config_map["metadata"]["name"]}}
+                               if v["name"] == contract.CONFIG_VOLUME else v for v in pod_spec["volumes"]]
+        return cls(name, config_map, container, pod_spec, claim_path(records))
 
     def prepare(self) -> None:
         """A fresh folder for the records, which the trainer's user can write (the trainer does not make it)."""

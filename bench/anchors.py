@@ -5,8 +5,8 @@ Needs `make cluster` running (root, network namespaces); `make bench-anchors` in
 (`python -m localcluster anchors`: each controller built unmodified from its Go module, tools/cluster/anchors).
 
 The same training under each: examples/quickstart.yaml's model and data, 2 nodes of one CPU process, the
-trainer image make cluster built, the same trainer config (the ConfigMap dtrain renders for the job, mounted
-at the same path), the same steps and checkpoint interval, on the same claim. The trainer resumes from the
+trainer image make cluster built, the same trainer config (the files dtrain renders into the job's pods, from a
+ConfigMap mounted at the same path), the same steps and checkpoint interval, on the same claim. The trainer resumes from the
 last checkpoint it finds by itself, so each anchor gets resume as dtrain does: what differs is the
 orchestration. The anchors' pods have Kubernetes' default grace period (30 s: their docs set none); dtrain's
 its own default (600 s, for its SIGTERM checkpoint). Each is launched with torchrun (the trainer image's entrypoint) as its docs recommend, and

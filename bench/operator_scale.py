@@ -24,7 +24,7 @@ pods of a job exist, it marks them Running (pods/status, with the admin's creden
 
 Then it waits until the operator has been quiet for a while and counts the operator's
 requests per job by kind, against the minimum the design needs for this lifecycle:
-a Service, a ConfigMap, N pods, and one status patch (the status is the operator's record of
+a Service, N pods, and one status patch (the status is the operator's record of
 the job) per phase the job passes through (Pending, Running).
 Beside the server's count, the operator's own (its metrics endpoint's dtrain_api_requests: the
 requests of dtrain's client; kopf's own are not in it). Leader election's Lease renewals are the

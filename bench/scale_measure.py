@@ -248,11 +248,10 @@ async def counted_after(api: ApiUnderTest, operator: OperatorProcess, sampler: P
 
 
 def minimum_requests(nodes: int) -> dict[str, int]:
-    """The requests per job the design needs for this lifecycle: a Service, a ConfigMap, the pods, and one
-    status patch per phase the job passes through (Pending, Running)."""
+    """The requests per job the design needs for this lifecycle: a Service, the pods, and one status patch per
+    phase the job passes through (Pending, Running)."""
     return {
         "create services": 1,
-        "create configmaps": 1,
         "create pods": nodes,
         f"patch {contract.PLURAL}/status": 2,
     }

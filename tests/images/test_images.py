@@ -139,8 +139,7 @@ def trained(tmp_path_factory) -> Path:
     assert job_dirs.artifacts_dir(job.spec, "default", job.metadata.name) == str(ARTIFACTS)
     config_dir = work / "etc-dtrain"
     config_dir.mkdir()
-    config_map = render.render_config_map(job)
-    for key, text in config_map["data"].items():
+    for key, text in render.trainer_files(job).items():
         (config_dir / key).write_text(text)
     workspace = work / "workspace"
     workspace.mkdir(mode=0o777)

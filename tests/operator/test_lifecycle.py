@@ -52,14 +52,19 @@ def assert_headless_service(cluster: Cluster, created: dict) -> None:
     assert owned_by(service, created)
 
 
-def assert_trainer_config_map(cluster: Cluster, created: dict) -> None:
-    """The trainer's config, with the report endpoint's CA; the gang's shape is not in it."""
-    config_map = cluster.objects("v1/configmaps", NS, "llm")[0]
-    assert config_map["metadata"]["name"] == "llm-config"
-    config = yaml.safe_load(config_map["data"]["config.yaml"])
-    assert "BEGIN CERTIFICATE" in config_map["data"][contract.OPERATOR_CA_FILE_NAME]  # the report endpoint's CA
+def assert_trainer_files(cluster: Cluster, pods: list[dict]) -> None:
+    """The trainer's config, with the report endpoint's CA, in every pod alike (its annotations, mounted by the
+    downward API); the gang's shape is not in it, and no ConfigMap is made for it."""
+    annotations = [pod["metadata"]["annotations"] for pod in pods]
+    files = {name: annotations[0][key] for name, key in contract.TRAINER_FILE_ANNOTATIONS.items()}
+    assert all({name: a[key] for name, key in contract.TRAINER_FILE_ANNOTATIONS.items()} == files for a in annotations)
+    config = yaml.safe_load(files[contract.CONFIG_FILE_NAME])
+    assert "BEGIN CERTIFICATE" in files[contract.OPERATOR_CA_FILE_NAME]  # the report endpoint's CA
     assert config["jobName"] == "llm" and "nodes" not in config  # the gang's shape reaches the trainer as PET_* only
-    assert owned_by(config_map, created)
+    (volume,) = [v for v in pods[0]["spec"]["volumes"] if v["name"] == contract.CONFIG_VOLUME]
+    items = {item["path"]: item["fieldRef"]["fieldPath"] for item in volume["downwardAPI"]["items"]}
+    assert items == {name: f"metadata.annotations['{key}']" for name, key in contract.TRAINER_FILE_ANNOTATIONS.items()}
+    assert cluster.objects("v1/configmaps", NS, "llm") == []
 
 
 def assert_worker_pod(cluster: Cluster, created: dict, rank: int, pod: dict) -> None:
@@ -105,7 +110,7 @@ def assert_worker_pod(cluster: Cluster, created: dict, rank: int, pod: dict) -> 
     assert spec["automountServiceAccountToken"] is False
     assert contract.OPERATOR_TOKEN_VOLUME in volumes  # each pod's supervisor reports its launch
     assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
-    assert volumes["dtrain-config"]["configMap"]["name"] == "llm-config"  # a real server adds defaultMode
+    assert "downwardAPI" in volumes[contract.CONFIG_VOLUME]  # the trainer's files: assert_trainer_files
 
 
 def quantities(resources: dict) -> dict[str, str]:
@@ -113,7 +118,7 @@ def quantities(resources: dict) -> dict[str, str]:
     return {name: str(value) for name, value in resources.items()}
 
 
-async def test_create_makes_service_configmap_and_pods_with_the_environment_contract(operated: Cluster):
+async def test_create_makes_service_and_pods_with_the_environment_contract(operated: Cluster):
     job = (
         a_cpu_job("llm")
         .with_nodes(3)
@@ -127,7 +132,7 @@ async def test_create_makes_service_configmap_and_pods_with_the_environment_cont
     pods = await operated.eventually(lambda: len(p := operated.pods(NS, "llm")) == 3 and p, "3 worker pods")
 
     assert_headless_service(operated, created)
-    assert_trainer_config_map(operated, created)
+    assert_trainer_files(operated, pods)
     for rank, pod in enumerate(pods):
         assert_worker_pod(operated, created, rank, pod)
 

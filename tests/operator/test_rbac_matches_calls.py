@@ -18,7 +18,7 @@ from .kmock_adapter import is_dry_run
 from .operator_process import OPERATOR_AGENTS
 
 NS = "default"
-CHILD_KINDS = {"services", "configmaps", "pods", "jobs", "podgroups"}
+CHILD_KINDS = {"services", "pods", "jobs", "podgroups"}
 
 # Setting blockOwnerDeletion on children's owner references needs `update` on the owner's
 # finalizers where the OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift):
@@ -104,12 +104,17 @@ async def full_lifecycle(cluster: Cluster, report_port: int) -> None:
     await restart_in_place(cluster, report_port)
 
 
+def operator_ca(cluster: Cluster, namespace: str, job: str) -> str:
+    """The report endpoint's CA, as the operator hands it to the job's pods (an annotation of each)."""
+    pod = cluster.pods(namespace, job)[0]
+    return pod["metadata"]["annotations"][contract.TRAINER_FILE_ANNOTATIONS[contract.OPERATOR_CA_FILE_NAME]]
+
+
 async def supervisor_report(cluster: Cluster, port: int, job: str, pod: dict, report: dict) -> tuple[int, dict]:
     """A pod's supervisor's launch report to the report endpoint, with a token the API server binds to the pod."""
     token = f"token-of-{pod['metadata']['name']}"
     cluster.api.tokens[token] = (pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"]["uid"])
-    ca = next(c for c in cluster.objects("v1/configmaps", NS, job) if contract.OPERATOR_CA_FILE_NAME in c["data"])
-    context = ssl.create_default_context(cadata=ca["data"][contract.OPERATOR_CA_FILE_NAME])
+    context = ssl.create_default_context(cadata=operator_ca(cluster, NS, job))
     context.check_hostname = False  # 127.0.0.1, not the Service's name
     async with aiohttp.ClientSession() as session:
         url = f"https://127.0.0.1:{port}{contract.launch_path(NS, job)}"
@@ -146,8 +151,7 @@ def difference_report(used: set, granted: set) -> str:
 async def a_report(cluster: Cluster, port: int, namespace: str = NS, job: str = "cosched") -> None:
     """One report to the operator's report endpoint: it asks the API server for a TokenReview (this
     API server has none to give, so the report is refused; the real one answers in `make e2e`)."""
-    ca = next(c for c in cluster.objects("v1/configmaps", namespace, job) if contract.OPERATOR_CA_FILE_NAME in c["data"])
-    context = ssl.create_default_context(cadata=ca["data"][contract.OPERATOR_CA_FILE_NAME])
+    context = ssl.create_default_context(cadata=operator_ca(cluster, namespace, job))
     context.check_hostname = False  # 127.0.0.1, not the Service's name
     async with aiohttp.ClientSession() as session:
         url = f"https://127.0.0.1:{port}{contract.report_path(namespace, job)}"

@@ -195,15 +195,15 @@ async def test_children_that_exist_already_are_adopted_not_duplicated(cluster: C
 
 
 async def test_a_child_name_taken_by_a_stranger_blocks_the_job_until_it_is_gone(operated: Cluster):
-    await operated.create({"apiVersion": "v1", "kind": "ConfigMap",
-                           "metadata": {"name": "squatted-config", "namespace": NS}, "data": {"x": "y"}})
+    await operated.create({"apiVersion": "v1", "kind": "Service",
+                           "metadata": {"name": "squatted", "namespace": NS}, "spec": {"clusterIP": "None"}})
     await operated.apply(a_cpu_job("squatted").with_nodes(1).as_dict())
     events = await operated.eventually(
         lambda: [e for e in operated.events(NS, "squatted") if e["reason"] == "ChildConflict"], "a ChildConflict event"
     )
-    assert "ConfigMap default/squatted-config exists and is not owned by this job" in events[0]["message"]
+    assert "Service default/squatted exists and is not owned by this job" in events[0]["message"]
     assert operated.pods(NS, "squatted") == []
-    await operated.delete("/api/v1/namespaces/default/configmaps/squatted-config")
+    await operated.delete("/api/v1/namespaces/default/services/squatted")
     await operated.eventually(lambda: len(operated.pods(NS, "squatted")) == 1, "the pod once the name is free")
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dtrain_operator.api import DistributedTraining, contract
-from dtrain_operator.core.render import render_config_map, render_worker_pod
+from dtrain_operator.core.render import render_worker_pod, trainer_files
 from dtrain_trainer.preflight import interfaces, missing_interfaces
 
 from ..ports import free_port
@@ -46,7 +46,7 @@ def job(tmp_path: Path, preflight_timeout: int = 30) -> DistributedTraining:
 
 def run_nodes(tmp_path: Path, spec: DistributedTraining, extra: dict[int, dict[str, str]]) -> dict[str, Any]:
     config_path = tmp_path / contract.CONFIG_FILE_NAME
-    config_path.write_text(render_config_map(spec)["data"][contract.CONFIG_FILE_NAME])
+    config_path.write_text(trainer_files(spec)[contract.CONFIG_FILE_NAME])
     port = free_port()
     progress = tmp_path / "progress.jsonl"
     processes = []

@@ -17,7 +17,7 @@ import yaml
 
 from dtrain_operator.api import DistributedTraining, contract
 from dtrain_operator.api.records import status_patch
-from dtrain_operator.core.render import render_config_map, render_worker_pod, worker_env
+from dtrain_operator.core.render import render_worker_pod, trainer_files, worker_env
 
 from ..ports import free_port
 from .conftest import (
@@ -65,10 +65,10 @@ def two_node_job(tmp_path: Path) -> DistributedTraining:
 
 
 def start_rendered_pods(job: DistributedTraining, tmp_path: Path, progress: Path) -> list[subprocess.Popen[str]]:
-    """The pods as the operator renders them, on this machine: the ConfigMap's own file and each pod's own
+    """The pods as the operator renders them, on this machine: the trainer's config file and each pod's own
     command and environment, with the rendezvous on 127.0.0.1."""
     config_path = tmp_path / contract.CONFIG_FILE_NAME
-    config_path.write_text(render_config_map(job)["data"][contract.CONFIG_FILE_NAME])
+    config_path.write_text(trainer_files(job)[contract.CONFIG_FILE_NAME])
     port = free_port()
     processes = []
     for rank in range(2):

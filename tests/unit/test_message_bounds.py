@@ -61,7 +61,7 @@ def test_thousands_of_credential_like_init_args_are_named_by_the_first_few() -> 
     errors = validate_object(quickstart(data={"classPath": "my.Data", "initArgs": init_args}), cluster=False).errors
     assert errors == [(
         "spec.data.initArgs: layer0_token, layer1000_token, layer1001_token, layer1002_token, layer1003_token and "
-        "2,995 more look like credentials; initArgs are stored in a ConfigMap that namespace viewers can read: pass "
+        "2,995 more look like credentials; initArgs are stored in the worker pods, which namespace viewers can read: pass "
         "it with spec.env[].valueFrom.secretKeyRef and read the variable in your class"
     )]
 

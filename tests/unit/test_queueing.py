@@ -25,11 +25,11 @@ def test_every_worker_carries_the_queue_the_group_and_its_size() -> None:
         meta = render.render_worker_pod(JOB, rank)["metadata"]
         assert meta["labels"][queueing.QUEUE_LABEL] == "team-a"
         assert meta["labels"][queueing.POD_GROUP_LABEL] == "mnist"
-        assert meta["annotations"] == {queueing.POD_GROUP_TOTAL_ANNOTATION: "3"}
+        assert meta["annotations"][queueing.POD_GROUP_TOTAL_ANNOTATION] == "3"
     engine = engine_job.render_engine_job(QUEUED.with_engine().as_model())
     assert queueing.QUEUE_LABEL not in engine["spec"]["template"]["metadata"]["labels"]  # admitted with the gang only
     plain = render.render_worker_pod(a_cpu_job().as_model(), 0)["metadata"]
-    assert queueing.QUEUE_LABEL not in plain["labels"] and "annotations" not in plain
+    assert queueing.QUEUE_LABEL not in plain["labels"] and queueing.POD_GROUP_TOTAL_ANNOTATION not in plain["annotations"]
 
 
 def test_a_queued_jobs_workers_are_created_behind_kueues_gate() -> None:

@@ -12,6 +12,7 @@ import yaml
 
 from dtrain_operator.api import contract
 from dtrain_operator.core import engine_job, launch_env, network_policy, pod_groups, render
+from dtrain_operator.core.child_names import VOLCANO_GROUP_ANNOTATION
 from tests.builders import a_job
 
 MNIST = a_job("mnist").in_namespace("ml")
@@ -37,11 +38,26 @@ def test_service_is_headless_and_publishes_unready_pods():
     }
 
 
-def test_config_map_holds_the_resolved_trainer_config():
+def mounted_trainer_files(pod: dict[str, Any]) -> dict[str, str]:
+    """What the kubelet writes into the pod's config volume: each downward API item's annotation, at its path."""
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == contract.CONFIG_VOLUME]
+    annotations = pod["metadata"]["annotations"]
+    files = {}
+    for item in volume["downwardAPI"]["items"]:
+        key = item["fieldRef"]["fieldPath"].removeprefix("metadata.annotations['").removesuffix("']")
+        files[item["path"]] = annotations[key]
+    mount = {"name": contract.CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT_DIR, "readOnly": True}
+    assert mount in pod["spec"]["containers"][0]["volumeMounts"]
+    return files
+
+
+def test_each_worker_pod_carries_the_resolved_trainer_config():
     job = MNIST.with_nodes(3).with_devices(2).with_spec(trainer={"batchSize": 8}).as_model()
-    config_map = render.render_config_map(job)
-    assert config_map["metadata"] == {"name": "mnist-config", "namespace": "ml", "labels": labels("worker")}
-    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    pods = [render.render_worker_pod(job, rank, generation) for rank, generation in ((0, 0), (2, 0), (1, 3))]
+    files = mounted_trainer_files(pods[0])
+    assert [mounted_trainer_files(pod) for pod in pods[1:]] == [files, files]  # every rank, every gang alike
+    assert files == render.trainer_files(job) and set(files) == {contract.CONFIG_FILE_NAME}
+    config = yaml.safe_load(files["config.yaml"])
     assert config["jobName"] == "mnist" and "nodes" not in config  # the gang's shape: torchrun's PET_* only
     assert config["trainer"]["batchSize"] == 8
     assert set(config) >= {"model", "data", "trainer", "checkpoint", "export", "artifacts", "nccl"}
@@ -140,7 +156,8 @@ def test_worker_pod_spec(spec, check):
 
 def test_worker_pod_labels_name_and_gang_generation():
     pod = render.render_worker_pod(MNIST.as_model(), rank=1, gang_generation=4)
-    assert pod["metadata"] == {
+    assert set(pod["metadata"]["annotations"]) == {contract.TRAINER_FILE_ANNOTATIONS[contract.CONFIG_FILE_NAME]}
+    assert {key: value for key, value in pod["metadata"].items() if key != "annotations"} == {
         "name": "mnist-1",
         "namespace": "ml",
         "labels": labels("worker", **{contract.LABEL_NODE_RANK: "1", contract.LABEL_GANG_GENERATION: "4"}),
@@ -191,7 +208,7 @@ def test_kubernetes_gang_scheduling_needs_no_scheduler():
     }
     pod = render.render_worker_pod(job, rank=2, gang_generation=1)
     assert pod["spec"]["schedulingGroup"] == {"podGroupName": "mnist"}
-    assert "schedulerName" not in pod["spec"] and "annotations" not in pod["metadata"]
+    assert "schedulerName" not in pod["spec"] and VOLCANO_GROUP_ANNOTATION not in pod["metadata"]["annotations"]
     assert pod["metadata"]["labels"] == labels(
         "worker", **{contract.LABEL_NODE_RANK: "2", contract.LABEL_GANG_GENERATION: "1"}
     )
@@ -262,9 +279,9 @@ def test_engine_job():
 def test_children_in_creation_order():
     everything = MNIST.with_nodes(2).with_engine().with_gang_scheduling("volcano").as_model()
     kinds = [c["kind"] for c in render.render_children(everything)]
-    assert kinds == ["Service", "ConfigMap", "PodGroup", "Pod", "Pod", "Job"]
+    assert kinds == ["Service", "PodGroup", "Pod", "Pod", "Job"]
     assert [c["kind"] for c in render.render_children(MNIST.with_nodes(1).without_engine().as_model())] == [
-        "Service", "ConfigMap", "Pod"
+        "Service", "Pod"
     ]
 
 
@@ -322,13 +339,11 @@ def test_no_pod_holds_an_api_token_and_each_one_for_the_operator():
     assert {"name": contract.ENV_GANG_GENERATION, "value": "4"} in generation
     env = {var["name"]: var.get("value") for var in pods[0]["containers"][0]["env"]}
     assert (env[contract.ENV_PROGRESS_SINK], env[contract.ENV_OPERATOR_URL]) == ("operator", REPORT.url)
-    config_map = render.render_config_map(three, REPORT)
-    assert config_map["data"][contract.OPERATOR_CA_FILE_NAME] == REPORT.ca_pem
-    assert contract.CONFIG_VOLUME in {m["name"] for m in pods[0]["containers"][0]["volumeMounts"]}
-    alone = render.render_worker_pod(three, 0)["spec"]
-    assert all("projected" not in v for v in alone["volumes"])
-    assert contract.ENV_OPERATOR_URL not in {var["name"] for var in alone["containers"][0]["env"]}
-    assert contract.OPERATOR_CA_FILE_NAME not in render.render_config_map(three)["data"]
+    assert mounted_trainer_files(render.render_worker_pod(three, 2, 0, REPORT))[contract.OPERATOR_CA_FILE_NAME] == REPORT.ca_pem
+    alone = render.render_worker_pod(three, 0)
+    assert all("projected" not in v for v in alone["spec"]["volumes"])
+    assert contract.ENV_OPERATOR_URL not in {var["name"] for var in alone["spec"]["containers"][0]["env"]}
+    assert contract.OPERATOR_CA_FILE_NAME not in mounted_trainer_files(alone)
 
 
 @pytest.mark.parametrize("version", ["1.33", "1.35"])

@@ -159,7 +159,7 @@ def test_credentials_reach_the_pods_only_as_secret_references() -> None:
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
             assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {
                 "name": "s3-creds", "key": key, "optional": key == "AWS_SESSION_TOKEN"}}}
-    config = render.render_config_map(job)["data"]["config.yaml"]
+    config = render.trainer_files(job)["config.yaml"]
     assert "s3-creds" not in config and "AWS_" not in config
     assert "dir: s3://bucket/jobs/default/mnist/checkpoints" in config
     assert engine_job.engine_command(job)[2:4] == ["--onnx", "s3://bucket/jobs/default/mnist/artifacts/model.onnx"]

@@ -4,7 +4,7 @@ Every operator replica stands behind the report Service's name (headless: one ad
 leader answers and a standby says 503, so a request tries each address in turn and keeps to the one that
 answered last. Each request carries the pod's projected service-account token for the operator's audience
 (re-read every time: the kubelet rotates it) and checks the operator's certificate, by the Service's name,
-against the CA in the job's ConfigMap.
+against the CA the operator put in the pod (contract.OPERATOR_CA_PATH).
 """
 
 from __future__ import annotations

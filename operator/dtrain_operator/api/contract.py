@@ -65,7 +65,7 @@ DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS = 600
 SHUTDOWN_MARGIN_SECONDS = 10
 
 # --- dtrain's own variables ------------------------------------------------------
-ENV_CONFIG = "DTRAIN_CONFIG"  # path of the trainer config (a mounted ConfigMap in a pod)
+ENV_CONFIG = "DTRAIN_CONFIG"  # path of the trainer config (in a pod, from its annotation: TRAINER_FILE_ANNOTATIONS)
 ENV_JOB_NAME = "DTRAIN_JOB_NAME"  # the DistributedTraining's name, for progress reports
 ENV_JOB_NAMESPACE = "DTRAIN_JOB_NAMESPACE"  # its namespace (downward API in a pod)
 # The worker's pod and Kubernetes node (downward API): named by the pre-flight check and the straggler report.
@@ -122,9 +122,15 @@ TERMINATION_MESSAGE_MAX_BYTES = 4096
 CONFIG_MOUNT_DIR = "/etc/dtrain"
 CONFIG_FILE_NAME = "config.yaml"
 CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE_NAME}"
-# The certificate authority of the operator's report endpoint, beside the config (the job's ConfigMap).
+# The certificate authority of the operator's report endpoint, beside the config.
 OPERATOR_CA_FILE_NAME = "operator-ca.crt"
 OPERATOR_CA_PATH = f"{CONFIG_MOUNT_DIR}/{OPERATOR_CA_FILE_NAME}"
+# A worker pod carries the files of CONFIG_MOUNT_DIR in these annotations, which a downward API volume mounts:
+# no object of its own to create, read back or have taken by someone else's of the same name.
+TRAINER_FILE_ANNOTATIONS = {
+    CONFIG_FILE_NAME: f"{GROUP}/trainer-config",
+    OPERATOR_CA_FILE_NAME: f"{GROUP}/operator-ca",
+}
 
 # --- Progress reports: rank 0 to the operator (HTTPS), the operator alone writes status ---
 # Rank 0's pod holds a projected service-account token for this audience only: the API server

@@ -2,7 +2,7 @@
 
 Their contents are not typed, so nothing else bounds them: a 300-level `initArgs`
 validates and then breaks every place that serialises the job (the status patch, the
-ConfigMap). The walk is iterative, so checking a hostile value cannot itself recurse.
+worker pods). The walk is iterative, so checking a hostile value cannot itself recurse.
 """
 
 from __future__ import annotations

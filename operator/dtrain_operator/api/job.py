@@ -64,7 +64,7 @@ class DistributedTraining(ApiModel):
 class TrainerConfig(ApiModel):
     """What the trainer reads from DTRAIN_CONFIG: the resolved sections of the spec it needs.
 
-    The operator writes it into the job's ConfigMap and `dtrain run` into the workdir. The gang's
+    The operator writes it into each worker pod (an annotation, mounted as a file) and `dtrain run` into the workdir. The gang's
     shape is not in it: it reaches the trainer only through torchrun's environment
     (core.launch_env), so that the two cannot disagree.
     """

@@ -54,7 +54,7 @@ class ClassSpec(ApiModel):
     class_path: Annotated[str, Field(pattern=CLASS_PATH_PATTERN, max_length=MAX_CLASS_PATH_LENGTH)]
     """Importable path of the class: for model, e.g. dtrain_trainer.models.ImageClassifier or mypkg.MyModule; for data, e.g. dtrain_trainer.digits.DigitsDataModule or mypkg.MyDataModule."""
     init_args: InitArgs = Field(default_factory=dict)
-    """Keyword arguments for the class's constructor. They are stored in the job's ConfigMap, which anyone who may view the namespace can read: never put a credential here; pass it with env[].valueFrom.secretKeyRef and read the variable in your class."""
+    """Keyword arguments for the class's constructor. They are stored in the job's worker pods (an annotation), which anyone who may view the namespace can read: never put a credential here; pass it with env[].valueFrom.secretKeyRef and read the variable in your class."""
 
     @field_validator("init_args")
     @classmethod
@@ -63,7 +63,7 @@ class ClassSpec(ApiModel):
         if found:
             what = "looks like a credential" if len(found) == 1 else "look like credentials"
             raise ValueError(
-                f"{first_few(found)} {what}; initArgs are stored in a ConfigMap that namespace viewers "
+                f"{first_few(found)} {what}; initArgs are stored in the worker pods, which namespace viewers "
                 "can read: pass it with spec.env[].valueFrom.secretKeyRef and read the variable in your class"
             )
         return init_args
@@ -115,7 +115,7 @@ class LoggingSettings(ApiModel):
     logger: Literal["tensorboard", "csv", "mlflow"] = "tensorboard"
     """tensorboard: event files in <artifacts.dir>/logs (tensorboard --logdir there). csv: <artifacts.dir>/logs/version_0/metrics.csv. mlflow: an MLflow run named after the job (the image needs mlflow or mlflow-skinny). A gang restart continues the same log."""
     mlflow_tracking_uri: Annotated[str, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = None
-    """MLflow tracking server for logger mlflow, e.g. http://mlflow.mlops:5000 (default: MLFLOW_TRACKING_URI from the environment, e.g. spec.env). No credentials here: it is stored in the job's ConfigMap; set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) with spec.env[].valueFrom.secretKeyRef."""
+    """MLflow tracking server for logger mlflow, e.g. http://mlflow.mlops:5000 (default: MLFLOW_TRACKING_URI from the environment, e.g. spec.env). No credentials here: it is stored in the job's worker pods; set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) with spec.env[].valueFrom.secretKeyRef."""
     mlflow_experiment_name: Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)] | None = None
     """MLflow experiment for logger mlflow (default: the job's name)."""
     metrics: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_OBJECT_NAME)]], Field(max_length=32)] = Field(default_factory=list)
@@ -127,7 +127,7 @@ class LoggingSettings(ApiModel):
     def _no_credentials(cls, uri: str | None) -> str | None:
         if uri is not None and holds_credential(uri):
             raise ValueError(
-                "holds a credential; it is stored in a ConfigMap that namespace viewers can read: set "
+                "holds a credential; it is stored in the worker pods, which namespace viewers can read: set "
                 "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) from a Secret "
                 "with spec.env[].valueFrom.secretKeyRef"
             )

@@ -141,7 +141,7 @@ def _add_cluster_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     _cluster_options(p)
     p.set_defaults(func=in_this_image(subcommands.logs))
 
-    p = sub.add_parser("delete", help="delete jobs (their pods, Service, ConfigMap and engine Job go with them)")
+    p = sub.add_parser("delete", help="delete jobs (their pods, Service and engine Job go with them)")
     p.add_argument("names", nargs="+", metavar="NAME", help="the jobs")
     p.add_argument("--wait", action="store_true", help="return once each job is gone")
     _cluster_options(p)
@@ -211,7 +211,7 @@ def _add_file_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--server",
         action="store_true",
         help="also ask the API server (a server-side dry run, nothing is created): the DistributedTraining and "
-        "one of each object the operator would create for it (pods, Service, ConfigMap, engine Job, ...)",
+        "one of each object the operator would create for it (pods, Service, engine Job, ...)",
     )
     p.add_argument("--context", metavar="NAME", help="with --server: kubeconfig context (default: the current one)")
     p.add_argument("--kubeconfig", metavar="PATH", help="with --server: kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")

@@ -16,7 +16,7 @@ def add_operator_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "operator",
         help="run the operator (what the operator Deployment runs)",
         description=(
-            "Run the dtrain operator: it turns each DistributedTraining into a Service, a ConfigMap and a gang "
+            "Run the dtrain operator: it turns each DistributedTraining into a Service and a gang "
             "of worker pods, restarts the gang when a worker fails, builds the engine in a Job, and reports "
             "status. Credentials: the pod's service account in a cluster, else $KUBECONFIG (or ~/.kube/config)."
         ),

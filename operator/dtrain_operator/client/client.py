@@ -291,7 +291,7 @@ class Client:
         return sorted(jobs, key=lambda j: ((j.metadata.model_extra or {}).get("creationTimestamp") or "", j.name))
 
     def delete(self, name: str, namespace: str | None = None, wait: bool = False, timeout: float = 60.0) -> None:
-        """Delete a job (its pods, Service, ConfigMap and engine Job go with it); `wait` until it is gone."""
+        """Delete a job (its pods, Service and engine Job go with it); `wait` until it is gone."""
         ns = namespace or self.namespace
         options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
         self._json("DELETE", self._jobs_path(ns, name), f"DistributedTraining {name}", body=options)

@@ -131,14 +131,14 @@ class ChildWriter:
     async def _ensure_shared_children(
         self, body: Mapping[str, Any], job: DistributedTraining, generation: int, expectations: Expectations
     ) -> None:
-        """The Service, ConfigMap (and PodGroup) the pods need, known to be this job's before any pod
-        is created: a ConfigMap of the same name left by someone else must never configure its trainers.
+        """The Service (and PodGroup, NetworkPolicy) the pods need, known to be this job's before any pod is
+        created: a Service of the same name left by someone else would not give its pods their DNS names.
         Once per gang generation, so that one deleted by hand is back for the next gang: for a gang after the first
         each is read first, and created only when gone (an operator that has just taken over the job too)."""
         if expectations.shared_children_for == generation:
             return
         made_sure = expectations.shared_children_for is not None or generation > 0
-        children = server_check.shared_children(job, self._report, self._network_policy)
+        children = server_check.shared_children(job, self._network_policy)
         adopt(children, body)
         await gather(*(self._create_owned(child, expectations.uid, read_first=made_sure) for child in children))
         expectations.shared_children_for = generation

@@ -2,9 +2,8 @@
 a pod just created is not created again, a pod just deleted is not counted.
 
 kopf has no equivalent: its handlers see what the watch shows. What this buys is measured by
-bench/operator_scale.py on the real API server: exactly `nodes` pod creations and one Service and
-one ConfigMap per job (4.0, 1.0, 1.0 for 200 jobs of 4 nodes), also when kube-apiserver closed
-the operator's watches as too slow and they were resumed (six times in that run).
+bench/operator_scale.py on the real API server: exactly `nodes` pod creations and one Service per job,
+also when kube-apiserver closed the operator's watches as too slow and they were resumed.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ class Expectations:
     deleted_pods: dict[str, tuple[float, bool]] = field(default_factory=dict)  # uid -> (when, known gone)
     forced_pods: dict[str, float] = field(default_factory=dict)  # uid -> when force-deleted
     engine_job: tuple[float, EngineJobObservation] | None = None
-    shared_children_for: int | None = None  # gang generation whose Service/ConfigMap are known to exist
+    shared_children_for: int | None = None  # gang generation whose Service (PodGroup...) is known to exist
 
 
 def observe_with_expectations(

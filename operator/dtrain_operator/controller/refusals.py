@@ -1,6 +1,6 @@
 """A create that the API server refuses: what the job's status, its Events and the retry say.
 
-A pod (or Service, ConfigMap, PodGroup, engine Job) create answered with a 4xx other than 409
+A pod (or Service, PodGroup, NetworkPolicy, engine Job) create answered with a 4xx other than 409
 is a fact about the cluster that the user must hear about, in the API server's own words:
 Pod Security admission forbidding hostNetwork or a hostPath volume, a ResourceQuota exceeded,
 a missing service account, an invalid field. Pure: the controller hands in what it got and

@@ -5,11 +5,12 @@ service account reads (the chart's Role names it), and short-lived serving certi
 replica to start creates the CA; every replica issues its own serving certificate for the report Service's
 DNS names, in memory (valid SERVING_VALIDITY, renewed at two thirds of it while the replica runs: the server's
 SSL context loads the new one, the connections open keep theirs). The serving key is never written anywhere:
-it reaches OpenSSL through an in-memory file. The CA's certificate (never its key) reaches every job's pods in
-the job's ConfigMap, so a renewed serving certificate or a failover changes nothing for the trainers.
+it reaches OpenSSL through an in-memory file. The CA's certificate (never its key) reaches every worker pod in an
+annotation of its own (core.render.trainer_files), so a renewed serving certificate or a failover changes nothing
+for the trainers.
 
-The CA lives ten years: delete the Secret and restart the operator to get a new one (jobs created before keep
-the CA of their ConfigMap until they finish, and cannot report until then).
+The CA lives ten years: delete the Secret and restart the operator to get a new one (pods created before keep
+the CA they were created with, and cannot report until their gang is restarted in new pods).
 """
 
 from __future__ import annotations

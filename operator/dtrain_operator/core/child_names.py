@@ -15,10 +15,6 @@ def service_name(job: DistributedTraining) -> str:
     return job.name
 
 
-def config_map_name(job: DistributedTraining) -> str:
-    return f"{job.name}-config"
-
-
 def worker_hostname(job: DistributedTraining, rank: int) -> str:
     """Rank `rank`'s DNS name in the job's Service, whatever gang it belongs to."""
     return f"{job.name}-{rank}"

@@ -35,7 +35,7 @@ class Plan:
     """What the operator does after writing the status."""
 
     create_ranks: tuple[int, ...] = ()
-    """Worker pods of the current gang generation to create (the Service and ConfigMap are ensured first)."""
+    """Worker pods of the current gang generation to create (the Service is ensured first)."""
     delete_pods: tuple[PodObservation, ...] = ()
     """Worker pods to delete (older generations, a suspended gang, cleanPodPolicy)."""
     force_delete_pods: tuple[PodObservation, ...] = ()

@@ -2,8 +2,8 @@
 
 No I/O, no clock, no globals. The operator creates what these return (adding owner
 references in one place, controller.children.adopt); `dtrain run` runs the same command with the
-same launch environment (core.launch_env) as local processes. Here: the worker pods, the Service and the
-ConfigMap, and every child in creation order (render_children); the engine Job, the PodGroup, the
+same launch environment (core.launch_env) as local processes. Here: the worker pods (with the trainer's files) and
+the Service, and every child in creation order (render_children); the engine Job, the PodGroup, the
 NetworkPolicy and the standby pods have modules of their own, the parts every pod shares are in pod_parts.py.
 """
 
@@ -22,7 +22,6 @@ from dtrain_operator.core import queueing
 from dtrain_operator.core.child_names import (
     VOLCANO_GROUP_ANNOTATION,
     child_metadata,
-    config_map_name,
     job_labels,
     pod_group_name,
     service_name,
@@ -94,21 +93,24 @@ def trainer_config(job: DistributedTraining) -> dict[str, Any]:
     return TrainerConfig.from_job(job).to_wire()
 
 
-# libyaml's emitter when present: the pure-Python one costs milliseconds per ConfigMap.
+# libyaml's emitter when present: the pure-Python one costs milliseconds per pod.
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def render_config_map(job: DistributedTraining, report: ReportEndpoint | None = None) -> dict[str, Any]:
-    """The trainer's config and, with a report endpoint, the CA rank 0 checks the operator's certificate with."""
-    data = {contract.CONFIG_FILE_NAME: yaml.dump(trainer_config(job), Dumper=_YAML_DUMPER, sort_keys=False)}
+def trainer_files(job: DistributedTraining, report: ReportEndpoint | None = None) -> dict[str, str]:
+    """The files of contract.CONFIG_MOUNT_DIR: the trainer's config and, with a report endpoint, the CA rank 0
+    checks the operator's certificate with (the one of the pod's creation: a gang after a new CA has it)."""
+    files = {contract.CONFIG_FILE_NAME: yaml.dump(trainer_config(job), Dumper=_YAML_DUMPER, sort_keys=False)}
     if report is not None:
-        data[contract.OPERATOR_CA_FILE_NAME] = report.ca_pem
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": child_metadata(job, config_map_name(job), job_labels(job, contract.ROLE_WORKER)),
-        "data": data,
-    }
+        files[contract.OPERATOR_CA_FILE_NAME] = report.ca_pem
+    return files
+
+
+def _trainer_files_volume(files: dict[str, str]) -> dict[str, Any]:
+    """The pod's own annotations (contract.TRAINER_FILE_ANNOTATIONS) as files, through the downward API."""
+    items = [{"path": name, "fieldRef": {"fieldPath": f"metadata.annotations['{contract.TRAINER_FILE_ANNOTATIONS[name]}']"}}
+             for name in files]
+    return {"name": contract.CONFIG_VOLUME, "downwardAPI": {"items": items}}
 
 
 def _operator_token_volume() -> dict[str, Any]:
@@ -164,11 +166,12 @@ def render_worker_pod(
     spec = job.spec
     gpus = spec.devices_per_node if spec.accelerator == "gpu" else 0
     metadata = child_metadata(job, worker_pod_name(job, rank, gang_generation), worker_labels(job, rank, gang_generation))
-    annotations = queueing.worker_annotations(job)
+    files = trainer_files(job, report)
+    annotations = {contract.TRAINER_FILE_ANNOTATIONS[name]: text for name, text in files.items()}
+    annotations.update(queueing.worker_annotations(job))
     if spec.scheduling.gang_provider == "volcano":
         annotations[VOLCANO_GROUP_ANNOTATION] = pod_group_name(job)
-    if annotations:
-        metadata["annotations"] = annotations
+    metadata["annotations"] = annotations
     container = _trainer_container(job, rank, report if reports else None, gang_generation, gang_nodes)
     resources = container_resources(spec.resources, gpus)
     if resources:
@@ -186,7 +189,7 @@ def render_worker_pod(
         "securityContext": dict(POD_SECURITY),
         "containers": [container],
         "volumes": [
-            {"name": contract.CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}},
+            _trainer_files_volume(files),
             # NCCL and DataLoader workers share memory through /dev/shm; the default 64 MiB is far too small.
             {"name": contract.SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             *storage_volumes(job),
@@ -219,7 +222,7 @@ def render_children(
     job: DistributedTraining, gang_generation: int = 0, report: ReportEndpoint | None = None
 ) -> list[dict[str, Any]]:
     """Every object the job can have, in creation order (the engine Job last)."""
-    children = [render_service(job), render_config_map(job, report)]
+    children = [render_service(job)]
     pod_group = render_pod_group(job)
     if pod_group is not None:
         children.append(pod_group)

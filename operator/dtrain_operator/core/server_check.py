@@ -5,8 +5,7 @@ says about the job.
 The API server is the judge of what Kubernetes accepts (its validation, its defaulting, the cluster's
 admission policies): a child it refuses would fail the job at its first pod, or, for the engine Job, only
 after all of its training. `dtrain validate --server` and `dtrain submit` send
-one of each kind of child, with the user's own credentials: the Service, the ConfigMap, the PodGroup, the
-NetworkPolicy, the last rank's pod (ranks differ only in their index, and the last's name is the longest), a
+one of each kind of child, with the user's own credentials: the Service, the PodGroup, the NetworkPolicy, the last rank's pod (ranks differ only in their index, and the last's name is the longest), a
 standby pod for an elastic gang, and the engine Job. The operator, when it accepts a job, sends the pods and the engine Job: the others it
 creates first, for real, so their own creates are the verdict (refusals.py) before anything runs.
 
@@ -32,12 +31,10 @@ MAX_QUOTED_CHARS = 2048
 _NO_DRY_RUN = "does not support dry run"
 
 
-def shared_children(
-    job: DistributedTraining, report: ReportEndpoint | None = None, network_policy: bool = False
-) -> list[dict[str, Any]]:
+def shared_children(job: DistributedTraining, network_policy: bool = False) -> list[dict[str, Any]]:
     """The children a gang's pods need, created before any pod (without owner references): the Service, the
-    ConfigMap, the PodGroup and the NetworkPolicy."""
-    children = [render.render_service(job), render.render_config_map(job, report)]
+    PodGroup and the NetworkPolicy."""
+    children = [render.render_service(job)]
     pod_group = pod_groups.render_pod_group(job)
     if pod_group is not None:
         children.append(pod_group)

@@ -99,7 +99,7 @@ def finished(name: str, timeout: float = 600) -> dict[str, Any]:
 def children(name: str) -> list[str]:
     selector = f"{contract.LABEL_JOB_NAME}={name}"
     found = []
-    for kind in ("pods", "services", "configmaps", "jobs.batch"):
+    for kind in ("pods", "services", "jobs.batch"):
         found += [f"{kind}/{o['metadata']['name']}" for o in items(kind, NS, selector)]
     return found
 

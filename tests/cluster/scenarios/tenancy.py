@@ -209,8 +209,7 @@ def scenario_report_flood(figures: Figures) -> None:
                         f"{attacker}: its pod Running", 300)
     restarts = operator_pods()[0]["status"]["containerStatuses"][0]["restartCount"]
     ca = layout.STATE / "e2e-operator-ca.crt"
-    config_map = next(v["configMap"]["name"] for v in victim["spec"]["volumes"] if v["name"] == contract.CONFIG_VOLUME)
-    ca.write_text(get("configmap", config_map, NS)["data"][contract.OPERATOR_CA_FILE_NAME])
+    ca.write_text(victim["metadata"]["annotations"][contract.TRAINER_FILE_ANNOTATIONS[contract.OPERATOR_CA_FILE_NAME]])
     token = kubectl("create", "token", "dtrain-trainer", "-n", NS, "--bound-object-kind=Pod",
                     f"--bound-object-name={attacker}-0", f"--audience={contract.OPERATOR_TOKEN_AUDIENCE}").stdout.strip()
     before = progress_step(honest)
@@ -257,8 +256,7 @@ def reports_judged_by_their_token(name: str, rank0: dict[str, Any], rank1: dict[
     """Reports to the operator from rank 1's pod with each kind of token, answered as the operator's TokenReview
     judges them; returns rank 0's token for the operator's audience."""
     ca = layout.STATE / "e2e-operator-ca.crt"
-    config_map = next(v["configMap"]["name"] for v in rank0["spec"]["volumes"] if v["name"] == contract.CONFIG_VOLUME)
-    ca.write_text(get("configmap", config_map, NS)["data"][contract.OPERATOR_CA_FILE_NAME])
+    ca.write_text(rank0["metadata"]["annotations"][contract.TRAINER_FILE_ANNOTATIONS[contract.OPERATOR_CA_FILE_NAME]])
 
     def minted(pod_name: str, audience: str | None) -> str:
         args = ["create", "token", "dtrain-trainer", "-n", NS, "--bound-object-kind=Pod", f"--bound-object-name={pod_name}"]

@@ -33,10 +33,10 @@ served resources once through discovery, which every authenticated client may re
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [create, get, list, watch, delete]
-# The headless Service (rank 0's DNS name) and the trainer's ConfigMap: created, read back on 409.
-# They go with the job through their owner reference (garbage collection), never by the operator.
+# The headless Service (rank 0's DNS name): created, read back on 409. It goes with the job through its owner
+# reference (garbage collection), never by the operator. The trainer's config goes in each pod's annotations.
 - apiGroups: [""]
-  resources: [services, configmaps]
+  resources: [services]
   verbs: [create, get]
 # The PodGroup for gang scheduling (Kubernetes' own, Volcano or scheduler-plugins): created, read back on 409.
 - apiGroups: [scheduling.k8s.io, scheduling.volcano.sh, scheduling.x-k8s.io]

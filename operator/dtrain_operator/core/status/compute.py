@@ -170,7 +170,7 @@ def record_creation(c: StatusComputation) -> None:
             CREATED,
             True,
             REASON_JOB_CREATED,
-            f"the operator accepted the job and creates its Service, ConfigMap and {c.total} worker pod(s)",
+            f"the operator accepted the job and creates its Service and {c.total} worker pod(s)",
         )
 
 

@@ -17,7 +17,7 @@ from dtrain_operator.core import policy
 from dtrain_operator.core.observation import format_time
 
 # Condition types.
-CREATED = condition_type("Created", "the operator accepted the job and creates its Service, ConfigMap and worker pods")
+CREATED = condition_type("Created", "the operator accepted the job and creates its Service and worker pods")
 RUNNING = condition_type(
     "Running", "every worker pod of the gang runs (False while the gang restarts or resizes, and once the job ended)"
 )

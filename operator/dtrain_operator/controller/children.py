@@ -66,8 +66,10 @@ class ChildWriter:
         plan: Plan,
         blocked: frozenset[str],
         expectations: Expectations,
+        service_known: bool = False,
     ) -> None:
-        """Deletions first, then creations; every call is safe to repeat."""
+        """Deletions first, then creations; every call is safe to repeat. `service_known`: the watch shows the job's
+        Service, owned by it (nothing to create or read)."""
         namespace, name = key
         await gather(
             *(self._delete_pod(namespace, pod, expectations, plan.delete_grace_seconds) for pod in plan.delete_pods)
@@ -87,7 +89,7 @@ class ChildWriter:
         if ranks:
             pods = [render.render_worker_pod(job, rank, generation, self._report, plan.gang_nodes) for rank in ranks]
             adopt(pods, body)
-            await self._ensure_shared_children(body, job, generation, expectations)
+            await self._ensure_shared_children(body, job, generation, expectations, service_known)
             await gather(*(self._create_pod(pod, expectations) for pod in pods))
             logger.info("%s/%s: created %d worker pod(s) of gang generation %d", namespace, name, len(pods), generation)
         if plan.create_standby_ranks:
@@ -129,16 +131,23 @@ class ChildWriter:
         return [refusal for refusal in await gather(*(verdict(child) for child in children)) if refusal]
 
     async def _ensure_shared_children(
-        self, body: Mapping[str, Any], job: DistributedTraining, generation: int, expectations: Expectations
+        self,
+        body: Mapping[str, Any],
+        job: DistributedTraining,
+        generation: int,
+        expectations: Expectations,
+        service_known: bool,
     ) -> None:
         """The Service (and PodGroup, NetworkPolicy) the pods need, known to be this job's before any pod is
         created: a Service of the same name left by someone else would not give its pods their DNS names.
-        Once per gang generation, so that one deleted by hand is back for the next gang: for a gang after the first
-        each is read first, and created only when gone (an operator that has just taken over the job too)."""
+        Once per gang generation, so that one deleted by hand is back for the next gang: a Service the watch shows
+        is not asked for; for a gang after the first the others are read first, and created only when gone (an
+        operator that has just taken over the job too)."""
         if expectations.shared_children_for == generation:
             return
         made_sure = expectations.shared_children_for is not None or generation > 0
-        children = server_check.shared_children(job, self._network_policy)
+        children = [child for child in server_check.shared_children(job, self._network_policy)
+                    if not (service_known and child["kind"] == "Service")]
         adopt(children, body)
         await gather(*(self._create_owned(child, expectations.uid, read_first=made_sure) for child in children))
         expectations.shared_children_for = generation

@@ -14,9 +14,9 @@ from typing import Any
 import kopf
 
 from dtrain_operator.api import contract
-from dtrain_operator.controller.reconciler import ENGINE_JOB_INDEX, POD_INDEX, Controller
+from dtrain_operator.controller.reconciler import ENGINE_JOB_INDEX, POD_INDEX, SERVICE_INDEX, Controller
 from dtrain_operator.core.observation import EngineJobObservation, PodObservation
-from dtrain_operator.core.status.observe import observe_engine_job, observe_pod
+from dtrain_operator.core.status.observe import controller_uid, observe_engine_job, observe_pod
 
 JOB_CHILD: Mapping[str, Any] = {contract.LABEL_JOB_NAME: kopf.PRESENT}
 ENGINE_JOB: Mapping[str, Any] = {contract.LABEL_JOB_NAME: kopf.PRESENT, contract.LABEL_ROLE: contract.ROLE_ENGINE}
@@ -54,20 +54,27 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     ) -> dict[tuple[str, str], EngineJobObservation]:
         return {(namespace or "", labels[contract.LABEL_JOB_NAME]): observe_engine_job(body)}
 
+    # The Services: which job's is there, and whose it is, so that a gang after the first needs no read of its own.
+    @kopf.index("services", labels=JOB_CHILD, registry=registry, id=SERVICE_INDEX)
+    async def job_services(
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> dict[tuple[str, str], str | None]:
+        return {(namespace or "", labels[contract.LABEL_JOB_NAME]): controller_uid(body.get("metadata") or {})}
+
     # kopf hands its indexes to handlers as keyword arguments named after the index handlers.
     @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL, registry=registry)
     async def distributed_training(type: str, body: kopf.Body, **kwargs: Any) -> None:
-        controller.use_indexes(kwargs[POD_INDEX], kwargs[ENGINE_JOB_INDEX])
+        controller.use_indexes(kwargs)
         controller.job_changed(type, {key: body[key] for key in body})
 
     @kopf.on.event("pods", labels=JOB_CHILD, registry=registry)
     async def pod(type: str, namespace: str | None, labels: kopf.Labels, uid: str, **kwargs: Any) -> None:
-        controller.use_indexes(kwargs[POD_INDEX], kwargs[ENGINE_JOB_INDEX])
+        controller.use_indexes(kwargs)
         controller.child_changed(namespace or "", labels[contract.LABEL_JOB_NAME], uid, type)
 
     @kopf.on.event("batch", "v1", "jobs", labels=ENGINE_JOB, registry=registry)
     async def engine_job(type: str, namespace: str | None, labels: kopf.Labels, uid: str, **kwargs: Any) -> None:
-        controller.use_indexes(kwargs[POD_INDEX], kwargs[ENGINE_JOB_INDEX])
+        controller.use_indexes(kwargs)
         controller.child_changed(namespace or "", labels[contract.LABEL_JOB_NAME], uid, type)
 
     return registry

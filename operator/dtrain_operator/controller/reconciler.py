@@ -1,7 +1,7 @@
 """The reconciler: one DistributedTraining at a time, level-triggered, from cached observations.
 
-kopf watches DistributedTrainings, worker/engine pods and engine Jobs (server-side label
-selectors) and keeps the latter two in its indexes; every event queues the owning job here.
+kopf watches DistributedTrainings, worker/engine pods, engine Jobs and the jobs' Services (server-side label
+selectors) and keeps the latter three in its indexes; every job, pod or Job event queues the owning job here.
 A queued job is reconciled by one worker at a time: its status is computed (core/status/compute.py) from the
 status the operator wrote last (its record of the job: core/status/read.py) and patched, at most once, when it
 differs; Events are posted, then the plan (core/child_plan.py) is carried out (children.py): deletions, then
@@ -78,6 +78,7 @@ logger = logging.getLogger(__name__)
 
 POD_INDEX = "dtrain_pods"
 ENGINE_JOB_INDEX = "dtrain_engine_jobs"
+SERVICE_INDEX = "dtrain_services"
 COUNTS_BATCH_SECONDS = 1.0
 """A status change of node counts alone (core.status.events.worth_batching) waits this long, so that pods scheduled
 and started together share one patch."""
@@ -135,6 +136,7 @@ class Controller:
         self._lease_client: KubeClient | None = None
         self._pod_index: kopf.Index[JobKey, PodObservation] | None = None
         self._engine_job_index: kopf.Index[JobKey, EngineJobObservation] | None = None
+        self._service_index: kopf.Index[JobKey, str | None] | None = None  # each job's Service: its owner's uid
         self._metrics = metrics
         self._limiter = RateLimiter(qps, burst)
         self._client: KubeClient | None = None
@@ -257,11 +259,10 @@ class Controller:
     def queue_length(self) -> int:
         return len(self._queue)
 
-    def use_indexes(
-        self, pods: kopf.Index[JobKey, PodObservation], engine_jobs: kopf.Index[JobKey, EngineJobObservation]
-    ) -> None:
-        """kopf's indexes of the jobs' pods and engine Jobs (handed over by every handler call)."""
-        self._pod_index, self._engine_job_index = pods, engine_jobs
+    def use_indexes(self, indexes: Mapping[str, Any]) -> None:
+        """kopf's indexes of the jobs' pods, engine Jobs and Services (handed over by every handler call)."""
+        self._pod_index, self._engine_job_index = indexes[POD_INDEX], indexes[ENGINE_JOB_INDEX]
+        self._service_index = indexes[SERVICE_INDEX]
 
     def job_changed(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A DistributedTraining event from the watch."""
@@ -315,6 +316,11 @@ class Controller:
         if memory is None or memory.uid != uid:
             memory = self._memories[key] = JobMemory(Expectations(uid=uid))
         return memory
+
+    def _owned_service(self, key: JobKey, meta: Mapping[str, Any]) -> bool:
+        """The watch shows the job's Service, owned by this job."""
+        owners = self._service_index.get(key, ()) if self._service_index is not None else ()
+        return meta.get("uid") in owners
 
     def _observe(self, key: JobKey, expectations: Expectations) -> tuple[Observed, frozenset[str]]:
         pods = list(self._pod_index.get(key, ())) if self._pod_index is not None else []
@@ -410,7 +416,9 @@ class Controller:
         plan = plan_children(running, new, observed, now, self._limits)
         try:
             assert self._children is not None
-            await self._children.carry_out(key, body, running, new.gang_generation, plan, blocked, expectations)
+            await self._children.carry_out(
+                key, body, running, new.gang_generation, plan, blocked, expectations, self._owned_service(key, meta)
+            )
         except ChildConflict as exc:
             await self._report_conflict(key, body, str(exc), memory)
             raise

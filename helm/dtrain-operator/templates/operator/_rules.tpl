@@ -33,11 +33,12 @@ served resources once through discovery, which every authenticated client may re
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [create, get, list, watch, delete]
-# The headless Service (rank 0's DNS name): created, read back on 409. It goes with the job through its owner
-# reference (garbage collection), never by the operator. The trainer's config goes in each pod's annotations.
+# The headless Service (rank 0's DNS name): created, read back on 409; kopf: watched (an index of whose each job's
+# Service is, so that a restarted gang needs no read). It goes with the job through its owner reference (garbage
+# collection), never by the operator. The trainer's config goes in each pod's annotations.
 - apiGroups: [""]
   resources: [services]
-  verbs: [create, get]
+  verbs: [create, get, list, watch]
 # The PodGroup for gang scheduling (Kubernetes' own, Volcano or scheduler-plugins): created, read back on 409.
 - apiGroups: [scheduling.k8s.io, scheduling.volcano.sh, scheduling.x-k8s.io]
   resources: [podgroups]

@@ -35,7 +35,8 @@ from dtrain_operator.core.child_plan import plan_children
 from dtrain_operator.core.observation import Observed, PodObservation
 from dtrain_operator.core.render import POD_COMMAND
 from dtrain_operator.core.status.compute import compute_status
-from dtrain_trainer.supervisor import Supervisor, step
+from dtrain_trainer.operator_link import Answer
+from dtrain_trainer.supervisor import Supervisor, acted_on, step
 from tests.builders import a_cpu_job, accepted_status
 
 from ..ports import free_port
@@ -307,6 +308,37 @@ def supervisor_with(launch: LaunchThatEnds, tmp_path: Path) -> Supervisor:
 ])
 def test_one_place_decides_what_an_order_comes_to(launched, order, expected) -> None:
     assert step(launched, order) == expected
+
+
+class HeldAnswers:
+    """The operator's answers to one supervisor's questions, in turn: `run` for the generation it runs (what the
+    operator says when its hold of the question runs out), then `wait`, which also ends the supervisor's polling."""
+
+    def __init__(self, supervisor_of: Callable[[], Supervisor]) -> None:
+        self.supervisor_of = supervisor_of
+        self.asked: list[LaunchReport] = []
+
+    def post(self, path: str, body: bytes, timeout: float) -> Answer:
+        self.asked.append(LaunchReport.model_validate_json(body))
+        if len(self.asked) == 1:
+            return Answer(200, LaunchOrder(action="run", generation=0).model_dump_json())
+        self.supervisor_of().terminated.set()
+        return Answer(200, LaunchOrder(action="wait", generation=0).model_dump_json())
+
+
+def test_an_order_already_in_effect_is_followed_by_the_next_question_at_once(tmp_path: Path) -> None:
+    """A `run` for the generation that runs changes nothing, so the supervisor asks again at once (the operator holds
+    the question): a stop decided meanwhile reaches it then, not after a pause of its own."""
+    assert not acted_on(0, LaunchOrder(action="run", generation=0))
+    assert not acted_on(0, LaunchOrder(action="wait", generation=0))
+    assert acted_on(0, LaunchOrder(action="stop", generation=0)) and acted_on(0, LaunchOrder(action="run", generation=1))
+    supervisor = supervisor_with(LaunchThatEnds(0), tmp_path)
+    supervisor.link = HeldAnswers(lambda: supervisor)  # type: ignore[assignment]
+    poll = threading.Thread(target=supervisor.poll_forever, daemon=True)
+    poll.start()
+    poll.join(5.0)  # without asking at once, it would wait up to 10 s for a report that never changes
+    assert not poll.is_alive()
+    assert [report.sequence for report in supervisor.link.asked] == [0, 0]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("code", [0, 1])

@@ -36,7 +36,6 @@ from dtrain_operator.api.launches import (
     ACTION_EXIT,
     ACTION_RUN,
     ACTION_STOP,
-    ACTION_WAIT,
     MAX_MESSAGE_CHARS,
     POLL_SECONDS,
     REASON_STOPPED,
@@ -206,6 +205,13 @@ def step(launch_generation: int | None, order: LaunchOrder) -> str:
     return STEP_NOTHING
 
 
+def acted_on(launch_generation: int | None, order: LaunchOrder) -> bool:
+    """Whether the main thread acts on `order`, after which the report says what came of it. An order already in
+    effect (wait; run for the generation that runs) is not: the next question goes at once, and the operator holds
+    it until it has something new to say, so that a stop reaches a running rank as soon as it is decided."""
+    return step(launch_generation, order) != STEP_NOTHING
+
+
 class Supervisor:
     """The loop: torchrun's exits and the operator's orders, one at a time, on the main thread."""
 
@@ -260,7 +266,8 @@ class Supervisor:
             with self.lock:
                 report = self.report
             order = self.ask(report)
-            if order is not None and order.action != ACTION_WAIT:
+            launch = self.launch
+            if order is not None and acted_on(launch.generation if launch is not None else None, order):
                 # The main thread acts on it (a stop takes up to its grace period): ask again once the report
                 # says what came of it, not with the same report meanwhile.
                 asked = report.sequence

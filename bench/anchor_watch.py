@@ -42,7 +42,9 @@ def timestamp(text: str) -> float:
 
 # What rank 0's dtrain pod logs (kubectl logs --timestamps): each gang generation its supervisor starts, in a new
 # pod (a recreate) or in the same one (an in-place restart), and the checkpoint its trainer resumed from.
-GANG_START = re.compile(r"dtrain supervisor: starting torchrun for gang generation \d+")
+# The trainer's start line (its START record, which the anchors' trainers write to their records file): after its
+# imports and the pre-flight, as for the anchors; the supervisor's own line comes seconds before it.
+GANG_START = re.compile(r"dtrain: training \S+: \d+ node")
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 KUBECTL_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) ")  # RFC 3339, as `kubectl logs --timestamps`
 

@@ -38,8 +38,8 @@ anchors run together: each waits for the collective timeout, capped):
 "Training again" is the trainer's own time of its first progress record after the restart (rank 0 reports
 its first step at once after each start): for dtrain as its status shows it (status.progress.updatedAt),
 for the anchors from the same records written to a file on the claim (they have no status for it). A restart
-is rank 0's trainer starting again: for dtrain its supervisor starting torchrun for a new gang generation,
-in a new pod or in the same one (an in-place restart keeps the pods), as its log says.
+is rank 0's trainer starting again (its START record, after its imports and the pre-flight): for dtrain its start
+line in a new pod or in the same one (an in-place restart keeps the pods), as its log says.
 Steps lost: the highest step seen before the restart less the step the restarted gang resumed from (rank 0's
 "resumed from ... at step N"), never below 0 (a survivor's checkpoint may be newer than any report).
 

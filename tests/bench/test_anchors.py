@@ -73,13 +73,16 @@ def test_the_table_says_what_happened_where_a_system_did_not_recover() -> None:
 
 
 def test_dtrains_restarts_are_read_from_rank_0s_log_in_place_restarts_too() -> None:
-    """The supervisor's line for every gang it starts (a recreate's new pod, or an in-place restart in the same
-    one) and the trainer's resume: at kubectl's timestamps where the kubelet keeps them, else when first read."""
+    """The trainer's start line of every gang (a recreate's new pod, or an in-place restart in the same one; not the
+    supervisor's, which comes before the trainer's imports) and its resume: at kubectl's timestamps where the kubelet
+    keeps them, else when first read."""
     lines = [
-        "2026-12-06T16:00:00.100000000Z dtrain supervisor: starting torchrun for gang generation 0",
+        "2026-12-06T16:00:00.05Z dtrain supervisor: starting torchrun for gang generation 0",
+        "2026-12-06T16:00:00.100000000Z dtrain: training llm: 2 node(s) x 1 cpu process(es), precision 32-true",
         "2026-12-06T16:00:09.5Z INFO step 40 loss 0.3",
         "2026-12-06T16:00:20.25Z dtrain supervisor: stopping torchrun (restart in place)",
-        "2026-12-06T16:00:21.000000001Z dtrain supervisor: starting torchrun for gang generation 1",
+        "2026-12-06T16:00:20.5Z dtrain supervisor: starting torchrun for gang generation 1",
+        "2026-12-06T16:00:21.000000001Z dtrain: training llm: 2 node(s) x 1 cpu process(es), precision 32-true",
         "2026-12-06T16:00:30Z 2026-12-06 16:00:29,998 dtrain[rank 0] INFO resumed from s3://b/ckpt/last.ckpt at step 40",
         "  a wrapped line",
     ]

@@ -42,7 +42,6 @@ def test_every_kind_the_operator_renders_is_checked() -> None:
     kinds = {(obj["apiVersion"], obj["kind"]) for job in JOBS.values() for obj in render_children(job)}
     assert kinds == {
         ("v1", "Service"),
-        ("v1", "ConfigMap"),
         ("v1", "Pod"),
         ("batch/v1", "Job"),
         ("scheduling.k8s.io/v1alpha2", "PodGroup"),

@@ -6,8 +6,8 @@ Needs `make cluster` running (root, network namespaces); `make bench-anchors` in
 
 The same training under each: examples/quickstart.yaml's model and data, 2 nodes of one CPU process, the
 trainer image make cluster built, the same trainer config (the files dtrain renders into the job's pods, from a
-ConfigMap mounted at the same path), the same steps and checkpoint interval, on the same claim. The trainer resumes from the
-last checkpoint it finds by itself, so each anchor gets resume as dtrain does: what differs is the
+ConfigMap mounted at the same path), the same steps and checkpoint interval, on the same claim. The trainer
+resumes from the last checkpoint it finds by itself, so each anchor gets resume as dtrain does: what differs is the
 orchestration. The anchors' pods have Kubernetes' default grace period (30 s: their docs set none); dtrain's
 its own default (600 s, for its SIGTERM checkpoint). Each is launched with torchrun (the trainer image's entrypoint) as its docs recommend, and
 configured for fault tolerance as its docs say:
@@ -101,13 +101,8 @@ def warm_up() -> None:
     workload = Workload.of("anchors-warm-up")
     template = workload.pod_template("warm-up", "Never", command=[
         "python", "-c", "import torch.distributed, lightning.pytorch, dtrain_trainer.runner"])
-    volumes = [v for v in template["spec"]["volumes"] if "configMap" not in v]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "anchors-warm-up", "namespace": NS},
-           "spec": {**template["spec"], "volumes": volumes,
-                    "containers": [{**template["spec"]["containers"][0], "env": [], "volumeMounts": [
-                        m for m in template["spec"]["containers"][0].get("volumeMounts") or []
-                        if m["name"] in {v["name"] for v in volumes}]}]}}
-    apply(pod)
+    apply(workload.config_map)
+    apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "anchors-warm-up", "namespace": NS}, **template})
     try:
         phase = eventually(lambda: (p := ((get("pod", "anchors-warm-up", NS) or {}).get("status") or {}).get("phase"))
                            in ("Succeeded", "Failed") and p, "the warm-up pod done", 300)
@@ -115,6 +110,7 @@ def warm_up() -> None:
             raise Failed(f"the warm-up pod {phase}: {kubectl('logs', 'anchors-warm-up', '-n', NS, check=False).stdout[-800:]}")
     finally:
         kubectl("delete", "pod", "anchors-warm-up", "-n", NS, "--wait=false", check=False)
+        kubectl("delete", "configmap", workload.config_map["metadata"]["name"], "-n", NS, "--wait=false", check=False)
 
 
 def delete(system: System, name: str, workload: Workload) -> None:

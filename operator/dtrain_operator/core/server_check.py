@@ -5,7 +5,8 @@ says about the job.
 The API server is the judge of what Kubernetes accepts (its validation, its defaulting, the cluster's
 admission policies): a child it refuses would fail the job at its first pod, or, for the engine Job, only
 after all of its training. `dtrain validate --server` and `dtrain submit` send
-one of each kind of child, with the user's own credentials: the Service, the PodGroup, the NetworkPolicy, the last rank's pod (ranks differ only in their index, and the last's name is the longest), a
+one of each kind of child, with the user's own credentials: the Service, the PodGroup, the NetworkPolicy, the
+last rank's pod (ranks differ only in their index, and the last's name is the longest), a
 standby pod for an elastic gang, and the engine Job. The operator, when it accepts a job, sends the pods and the engine Job: the others it
 creates first, for real, so their own creates are the verdict (refusals.py) before anything runs.
 

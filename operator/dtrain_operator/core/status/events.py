@@ -68,7 +68,8 @@ def _merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[st
 def worth_batching(patch: Mapping[str, Any]) -> bool:
     """True when a status patch changes nothing but node counts, the goodput, and the phase to a quiet one (Pending,
     Starting: no Event): not urgent, so that pods scheduled and started together share one patch."""
-    return set(patch) - {"goodput"} <= {"nodes", "nodesReady", "phase"} and patch.get("phase", QUIET_PHASES[0]) in QUIET_PHASES
+    quiet_phase = "phase" not in patch or patch["phase"] in QUIET_PHASES
+    return quiet_phase and set(patch) - {"goodput"} <= {"nodes", "nodesReady", "phase"}
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ async def test_a_failed_worker_restarts_the_gang_until_the_backoff_limit(operate
     # cleanPodPolicy Running: the running workers go, the failed one stays for its logs.
     await operated.eventually(lambda: [p["metadata"]["name"] for p in operated.pods(NS, "flaky")] == ["flaky-2"],
                               "only the failed pod left")
-    events = await operated.event_reasons(NS, "flaky", ["Running", "Restarting", "RestartByRecreate", "Running", "Failed"])
+    events = await operated.event_reasons(NS, "flaky", ["Running", "Restarting", "Running", "Failed"])
     warnings = {e["reason"] for e in events if e["type"] == "Warning"}
     assert warnings == {"Restarting", "Failed"}
 
@@ -129,7 +129,7 @@ async def test_failure_rules_decide_and_the_status_and_events_name_the_rule(oper
     failed = operated.condition(NS, "ruled", "Failed")
     assert failed["reason"] == "FailedByRule"
     assert failed["message"] == "failureRules[0] (FailJob on reason OOMKilled) decided: worker 0 exited with code 137 (OOMKilled)"
-    events = await operated.event_reasons(NS, "ruled", ["Running", "Restarting", "RestartByRecreate", "Running", "Failed"])
+    events = await operated.event_reasons(NS, "ruled", ["Running", "Restarting", "Running", "Failed"])
     assert [e["message"] for e in events if e["reason"] in ("Restarting", "Failed")] == [
         restarting["message"], failed["message"]]
 

@@ -67,7 +67,7 @@ async def test_one_of_two_replicas_reconciles_and_the_other_takes_over_when_it_d
     )
     await cluster.run_all(NS, "ha", 2)
     await cluster.phase(NS, "ha", "Running")
-    await cluster.event_reasons(NS, "ha", ["Running", "Restarting", "RestartByRecreate", "Running"])
+    await cluster.event_reasons(NS, "ha", ["Running", "Restarting", "Running"])
 
 
 async def test_a_replica_that_stops_hands_the_lease_over_at_once(cluster: Cluster):

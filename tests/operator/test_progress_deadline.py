@@ -73,7 +73,7 @@ async def test_a_hung_gang_is_restarted_and_a_checkpoint_write_is_not(operated: 
     failed = operated.condition(NS, "hang", "Failed")
     assert failed["reason"] == "BackoffLimitExceeded"
     assert "no training or validation batch completed" in failed["message"]
-    await operated.event_reasons(NS, "hang", ["Running", "Restarting", "RestartByRecreate", "Running", "Failed"])
+    await operated.event_reasons(NS, "hang", ["Running", "Restarting", "Running", "Failed"])
 
 
 def frame(module: str, function: str, line: int) -> dict:
@@ -104,7 +104,7 @@ async def test_the_restart_names_where_the_hang_sits_from_rank_0s_stacks(operate
     last = operated.status(NS, "where")["lastHang"]
     assert (last["ranks"], last["step"], last["dumps"]) == ("1", 5, "/workspace/art/hangs/t-step-5")
     assert last["message"].startswith(f"Where it hangs: {named}")
-    events = await operated.event_reasons(NS, "where", ["Running", "Restarting", "RestartByRecreate"])
+    events = await operated.event_reasons(NS, "where", ["Running", "Restarting"])
     assert named in events[1]["message"] and "stacks.txt" in events[1]["message"]
 
 

@@ -58,9 +58,9 @@ def test_a_process_exit_in_a_live_pod_restarts_the_gang_in_place():
     patch = status_patch(accepted_status(JOB), status)
     assert patch["restartsInPlace"] == 1 and patch["inPlaceGeneration"] == 1
     assert patch["lastRestart"]["strategy"] == "InPlace"
-    events = {e.reason: e.message for e in status_events(accepted_status(JOB), status)}
-    assert "in place" in events["Restarting"]
-    assert events["RestartInPlace"].startswith("gang generation 1 starts in place, in the same pods: runPolicy")
+    # One Event says the restart and how it is made: the Restarting condition's message.
+    events = [(e.type, e.reason, e.message) for e in status_events(accepted_status(JOB), status)]
+    assert events == [("Warning", "Restarting", restarting.message)]
 
 
 def test_the_supervisors_are_told_to_stop_then_to_run_once_every_one_has_stopped():

@@ -91,7 +91,7 @@ WARNING_CONDITIONS = (
 )
 
 
-# The Event that says how a gang restart is made, and why (status.lastRestart).
+# The Event that says how a gang restart is made, and why (status.lastRestart), when no Restarting Event says it.
 RESTART_EVENT_REASONS = {
     "InPlace": event("RestartInPlace", "Normal", "the new gang generation starts in the same pods (torchrun again)"),
     "Recreate": event("RestartByRecreate", "Normal", "the new gang generation starts in new pods; the message says "
@@ -147,11 +147,16 @@ def status_events(
     """Events for what changed: a phase change (but to Pending or Starting), and warnings that need the user."""
     events: list[JobEvent] = []
     old_phase = previous.phase if previous else None
-    if new.phase != old_phase and new.phase in PHASE_EVENTS:
+    phase_changed = new.phase != old_phase and new.phase in PHASE_EVENTS
+    if phase_changed:
         kind: Literal["Normal", "Warning"] = "Warning" if new.phase in WARNING_PHASES else "Normal"
         events.append(JobEvent(kind, PHASE_EVENTS[new.phase], phase_message(new)))
     restart = new.last_restart
-    if restart is not None and restart != (previous.last_restart if previous else None):
+    # A restart that turns the phase to Restarting is said by that Event (its condition's message says how); the
+    # strategy's own Event is for a restart whose strategy changes on the way (an in-place restart recreating).
+    if restart is not None and restart != (previous.last_restart if previous else None) and not (
+        phase_changed and new.phase == "Restarting"
+    ):
         how = "in place, in the same pods" if restart.strategy == "InPlace" else "by recreating its pods"
         events.append(JobEvent(
             "Normal", RESTART_EVENT_REASONS[restart.strategy or "Recreate"],

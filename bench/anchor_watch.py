@@ -4,6 +4,7 @@ the disruptions (a worker killed, a node lost, a rank stopped) and the API serve
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import time
@@ -51,13 +52,13 @@ KUBECTL_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) ") 
 
 def dtrain_log_events(lines: list[str], seen_at: float) -> tuple[list[float], list[tuple[float, int]]]:
     """The gang starts (times) and resumes (time, step) in log lines read for the first time at `seen_at`: each at
-    its `kubectl logs --timestamps` time where the kubelet gives one, else at `seen_at` (make cluster's kubelet
-    keeps no times: within a poll of the truth)."""
+    its `kubectl logs --timestamps` time where the kubelet gives one, else at the second `seen_at` falls in (make
+    cluster's kubelet keeps no times: within a poll of the truth, and to the second as the trainer's records)."""
     starts: list[float] = []
     resumes: list[tuple[float, int]] = []
     for line in lines:
         stamped = KUBECTL_TIMESTAMP.match(line)
-        moment = timestamp(stamped[1]) if stamped else seen_at
+        moment = timestamp(stamped[1]) if stamped else float(math.floor(seen_at))
         if GANG_START.search(line):
             starts.append(moment)
         elif found := RESUMED.search(line):
@@ -138,7 +139,9 @@ class Progress:
         return None
 
     def first_step_after(self, moment: float, timeout: float) -> tuple[float, int] | None:
-        return self._wait(lambda: next((p for p in self.steps if p[0] > moment), None), timeout)
+        """The first step at or after `moment`: the trainers stamp their records to the second, so the first step
+        of a restarted gang may fall in the second of its start."""
+        return self._wait(lambda: next((p for p in self.steps if p[0] >= moment), None), timeout)
 
     def start_after(self, moment: float, timeout: float) -> float | None:
         """The first start of rank 0's trainer after `moment`: the gang restarted."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from bench import anchor_jobs, anchor_watch, anchors
 from dtrain_operator.api import contract
+from dtrain_operator.api.records import Event
 
 
 def _env(container: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +95,23 @@ def test_dtrains_restarts_are_read_from_rank_0s_log_in_place_restarts_too() -> N
     assert [(round(t - t0, 2), step) for t, step in resumes] == [(30.0, 40)]
     # make cluster's kubelet keeps no times: the lines are stamped when read, a Python log line's own date ignored.
     unstamped = [line.partition(" ")[2] for line in lines]
-    assert anchor_watch.dtrain_log_events(unstamped, seen_at=t0 + 99) == ([t0 + 99, t0 + 99], [(t0 + 99, 40)])
+    assert anchor_watch.dtrain_log_events(unstamped, seen_at=t0 + 99.7) == ([t0 + 99, t0 + 99], [(t0 + 99, 40)])
+
+
+def test_a_restarted_gangs_first_step_may_fall_in_the_second_of_its_start(tmp_path: Path) -> None:
+    """The trainers stamp their records to the second: a step in the same second as a start is after it."""
+    records = tmp_path / "records.jsonl"
+    lines = [
+        {"event": Event.PROGRESS, "time": "2026-12-06T16:00:05Z", "step": 20},
+        {"event": Event.START, "time": "2026-12-06T16:00:21Z"},
+        {"event": Event.PROGRESS, "time": "2026-12-06T16:00:21Z", "step": 21},
+    ]
+    records.write_text("".join(json.dumps({**line, "event": line["event"].value}) + "\n" for line in lines))
+    progress = anchor_watch.Progress(anchor_jobs.systems()["jobset"], "anchors-jobset", records)
+    t0 = anchor_watch.timestamp("2026-12-06T16:00:00Z")
+    restarted = progress.start_after(t0 + 10, timeout=1)
+    assert restarted == t0 + 21
+    assert progress.first_step_after(restarted, timeout=1) == (t0 + 21, 21)
 
 
 def test_the_controllers_requests_are_counted_by_verb_and_resource() -> None:

@@ -29,10 +29,12 @@ def test_installs_the_trainer_extra_on_a_cuda_pytorch_base() -> None:
 
 
 def test_the_image_holds_the_quick_starts_data() -> None:
-    """scikit-learn (the digits data set) comes with the trainer extra, and the build loads the data."""
+    """The digits data set ships in the trainer package (not scikit-learn, whose SciPy torchmetrics would import at
+    every trainer start), and the build loads it."""
     import tomllib
 
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     trainer = pyproject["project"]["optional-dependencies"]["trainer"]
-    assert any(re.match(r"scikit-learn\b", requirement) for requirement in trainer)
-    assert "from sklearn.datasets import load_digits" in DOCKERFILE
+    assert not any(re.match(r"(scikit-learn|scipy)\b", requirement) for requirement in trainer)
+    assert "digits.csv.gz" in pyproject["tool"]["setuptools"]["package-data"]["dtrain_trainer"]
+    assert "from dtrain_trainer.digits import load_digits_tensors" in DOCKERFILE

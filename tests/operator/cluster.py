@@ -133,8 +133,9 @@ class Cluster:
             "PATCH", self._dtr_path(namespace, name) + "/status", {"status": status}, "application/merge-patch+json"
         )
 
-    async def delete(self, path: str) -> None:
-        await self._request("DELETE", path)
+    async def delete(self, path: str, force: bool = False) -> None:
+        """DELETE; `force`: with grace period 0, as the pod GC deletes the pods of a lost node."""
+        await self._request("DELETE", path, {"gracePeriodSeconds": 0} if force else None)
 
     async def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         return await self._request("PATCH", path, patch, "application/merge-patch+json")

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from dtrain_operator.api import contract
+from dtrain_operator.core.progress_deadline import HUNG_GANG_GRACE_SECONDS
 from tests.builders import a_cpu_job
 
 from .cluster import Cluster
@@ -171,14 +172,24 @@ async def test_a_new_gang_starts_once_no_pod_of_the_old_one_runs(operated: Clust
 
 
 async def test_the_survivors_of_a_lost_worker_get_the_progress_deadline_as_their_grace(operated: Cluster):
-    """A lost node closes no connection: the survivor waits in its collective and cannot checkpoint on SIGTERM,
-    so it is not given terminationGracePeriodSeconds (600 s by default) but the progress deadline."""
+    """A survivor cannot checkpoint on SIGTERM (DDP stops at a step boundary with every rank), so it is not given
+    terminationGracePeriodSeconds (600 s by default): the progress deadline, while its lost peer's pod is on its
+    way out; the hung gang's grace once that pod has vanished (a lost node's, force-deleted: its processes closed
+    no connection, the survivor waits in a collective that never returns)."""
     await operated.apply(a_cpu_job("lost").with_nodes(2).with_progress_deadline(45).as_dict())
     await operated.run_all(NS, "lost", 2)
     await operated.phase(NS, "lost", "Running")
+    await operated.hold_termination(NS, "lost-1")  # its processes still ending: the kubelet has not confirmed
     await operated.delete("/api/v1/namespaces/default/pods/lost-1")
     await operated.eventually(lambda: operated.deletion_grace(NS, "lost-0") is not None, "the survivor deleted")
     assert operated.deletion_grace(NS, "lost-0") == 45
+
+    await operated.apply(a_cpu_job("gone").with_nodes(2).with_progress_deadline(45).as_dict())
+    await operated.run_all(NS, "gone", 2)
+    await operated.phase(NS, "gone", "Running")
+    await operated.delete("/api/v1/namespaces/default/pods/gone-1", force=True)
+    await operated.eventually(lambda: operated.deletion_grace(NS, "gone-0") is not None, "the survivor deleted")
+    assert operated.deletion_grace(NS, "gone-0") == HUNG_GANG_GRACE_SECONDS
 
     # Without a progress deadline, the pod's own grace period, as before.
     await operated.apply(a_cpu_job("patient").with_nodes(2).with_progress_deadline(0).as_dict())

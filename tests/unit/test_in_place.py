@@ -183,3 +183,32 @@ def test_a_supervisor_cannot_report_a_reason_only_the_operator_observes(reason):
         LaunchReport.model_validate({"generation": 0, "state": "exited", "exitCode": 1, "reason": reason})
     for own in ("Error", "OOMKilled", REASON_STOPPED):
         assert LaunchReport.model_validate({"generation": 0, "state": "exited", "exitCode": 1, "reason": own}).reason == own
+
+
+def test_the_survivors_of_a_worker_whose_pod_vanished_go_with_the_hung_gangs_grace():
+    """A lost node's pod, deleted by the pod GC or by hand: its processes closed no connection, so rank 0 waits in
+    a collective that never returns; it goes with the hung gang's grace, not the progress deadline (600 s by
+    default), and the new gang is not held back for it."""
+    job = JOB_BUILDER.with_restart_strategy("Recreate").as_model()
+    status, plan = decide((supervised(a_worker(0)),), accepted_status(job))
+    assert (status.phase, status.gang_generation) == ("Restarting", 1)
+    assert [p.name for p in plan.delete_pods] == ["mnist-0"]
+    assert plan.delete_grace_seconds == progress_deadline.HUNG_GANG_GRACE_SECONDS
+    # Its pod still listed, force-deleted (the API server keeps it until its kubelet or the pod GC confirms).
+    forced = replace(a_worker(1), deleting=True, force_deleted=True)
+    _, plan = decide((supervised(a_worker(0)), forced), accepted_status(job))
+    assert plan.delete_grace_seconds == progress_deadline.HUNG_GANG_GRACE_SECONDS
+
+    # Rank 0 says it writes a checkpoint (its collective failed: the peer's connection closed): it gets the time.
+    writing = accepted_status(job, progress={"stage": "checkpointing", "step": 24, "gangGeneration": 0})
+    _, plan = decide((supervised(a_worker(0)),), writing)
+    assert plan.delete_grace_seconds == 60
+
+
+def test_the_survivors_of_a_worker_that_failed_in_its_pod_get_the_progress_deadline():
+    """The peer's pod is still there (its process exited, its connections closed): a survivor may be writing its
+    checkpoint, and gets the progress deadline to finish it."""
+    job = JOB_BUILDER.with_restart_strategy("Recreate").as_model()
+    status, plan = decide(killed_rank_1(), accepted_status(job))
+    assert status.last_restart.strategy == "Recreate" and {p.name for p in plan.delete_pods} == {"mnist-0", "mnist-1"}
+    assert plan.delete_grace_seconds == 60

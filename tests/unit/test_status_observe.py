@@ -73,6 +73,16 @@ def test_observe_pod(status, meta, expected):
     assert {k: getattr(observed, k) for k in expected} == expected
 
 
+def test_a_pod_deleted_with_no_grace_while_it_ran_is_force_deleted():
+    """A lost node's pod, deleted with grace 0 by the pod GC or by hand: nothing waits for its processes. A pod that
+    ended has grace 0 too (the API server gives it none): it is not."""
+    ends = format_time(NOW)
+    assert observe_pod(raw_pod({"phase": "Running"}, deletionTimestamp=ends, deletionGracePeriodSeconds=0)).force_deleted
+    assert not observe_pod(raw_pod({"phase": "Running"}, deletionTimestamp=ends, deletionGracePeriodSeconds=30)).force_deleted
+    assert not observe_pod(raw_pod({"phase": "Failed"}, deletionTimestamp=ends, deletionGracePeriodSeconds=0)).force_deleted
+    assert not observe_pod(raw_pod({"phase": "Running"})).force_deleted
+
+
 def test_a_pod_is_stuck_terminating_only_past_the_end_of_its_grace_period():
     """A real API server sets a deleted pod's deletionTimestamp to the request's time plus its grace period
     (deletionGracePeriodSeconds): the pod may use all of it, and --stuck-terminating-timeout counts after it."""

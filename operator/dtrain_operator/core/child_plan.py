@@ -212,7 +212,7 @@ def plan_children(
         create_standby_ranks=tuple(r for r in lacking if standby_pod_name(job, r) not in standing),
         delete_pods=older + tuple(p for p in standby if p.rank not in lacking),
         force_delete_pods=force,
-        delete_grace_seconds=in_place.restart_grace_seconds(job, status) if older else None,
+        delete_grace_seconds=in_place.restart_grace_seconds(job, status, workers) if older else None,
         relabel_pods=in_place.pods_to_relabel(job, status, workers),
         create_engine_job=phase == "BuildingEngine" and observed.engine_job is None,
         requeue_after=_earliest(stuck_check, _next_look(job, status, gang, observed, now, limits)),

@@ -46,17 +46,36 @@ START_MARGIN_SECONDS = 30.0
 RECREATE_REASONS = frozenset({"OOMKilled", "Evicted", "Preempted", "DeadlineExceeded"})
 
 
-def restart_grace_seconds(job: DistributedTraining, status: DistributedTrainingStatus) -> int | None:
-    """How long the earlier gang's processes get after SIGTERM as the gang restarts: short for a hung gang,
-    the progress deadline for the survivors of a failed or lost worker, the pod's own (None) otherwise."""
+def restart_grace_seconds(
+    job: DistributedTraining, status: DistributedTrainingStatus, workers: Sequence[PodObservation] = ()
+) -> int | None:
+    """How long the earlier gang's processes get after SIGTERM as the gang restarts: short for a hung gang and for
+    the survivors of a worker whose pod vanished (`peer_vanished`), the progress deadline for the survivors of a
+    failed worker, the pod's own (None) otherwise."""
     restarting = next((c for c in status.conditions if c.type == "Restarting" and c.status == "True"), None)
     if restarting is None:
         return None
     if restarting.reason == progress_deadline.REASON_PROGRESS_DEADLINE:
         return progress_deadline.HUNG_GANG_GRACE_SECONDS
     if restarting.reason == policy.REASON_WORKER_FAILED:
+        if peer_vanished(job, status, workers):
+            return progress_deadline.HUNG_GANG_GRACE_SECONDS
         return progress_deadline.survivors_grace_seconds(job.spec.run_policy, job.spec.termination_grace_period_seconds)
     return None
+
+
+def peer_vanished(job: DistributedTraining, status: DistributedTrainingStatus, workers: Sequence[PodObservation]) -> bool:
+    """A rank of the gang being replaced has no pod left, or one force-deleted while it ran (a lost node's, by the
+    pod GC or by hand), while other ranks have theirs, and rank 0 is not writing a checkpoint. Such a peer's
+    processes closed no connection: the survivors wait in a collective that never returns, cannot checkpoint on
+    SIGTERM, and would hold the new gang back for the whole progress deadline. A survivor whose collective failed
+    instead (its peer's connection closed) writes its checkpoint first, and rank 0 says so (stage checkpointing)."""
+    replaced = status.gang_generation - 1
+    ranks = {p.rank for p in workers if p.generation == replaced and p.rank is not None and not p.force_deleted}
+    if not ranks or ranks >= set(range(elastic.gang_nodes(job.spec, status))):
+        return False
+    progress = status.progress
+    return not (progress is not None and progress.gang_generation == replaced and progress.stage == contract.PROGRESS_STAGE_CHECKPOINTING)
 
 
 def _stop_grace_seconds(job: DistributedTraining, status: DistributedTrainingStatus) -> int:

@@ -56,6 +56,9 @@ class PodObservation:
     grace_ends_at: datetime | None = None
     """metadata.deletionTimestamp of a pod being deleted: the API server sets it to the time of the delete
     request plus the grace period (deletionGracePeriodSeconds), when the kubelet kills what is left."""
+    force_deleted: bool = False
+    """Deleted with no grace period while it ran (a lost node's pod, by the pod GC or by hand): nothing waits for its
+    processes to end, and they may run on, cut off."""
     ready: bool = False
     waiting_reason: str = ""
     """The trainer container's waiting reason (ErrImagePull, ImagePullBackOff, ContainerCreating, ...)."""

@@ -104,6 +104,7 @@ def observe_pod(raw: Mapping[str, Any]) -> PodObservation:
         generation=_int_label(labels, contract.LABEL_GANG_GENERATION),
         phase=phase,
         deleting=bool(meta.get("deletionTimestamp")),
+        force_deleted=meta.get("deletionGracePeriodSeconds") == 0 and phase not in ("Succeeded", "Failed"),
         created_at=parse_time(meta.get("creationTimestamp")),
         scheduled=scheduled,
         pending_reason=_pending_reason(status, container) if phase == "Pending" else "",

@@ -148,7 +148,7 @@ def status_events(
     events: list[JobEvent] = []
     old_phase = previous.phase if previous else None
     phase_changed = new.phase != old_phase and new.phase in PHASE_EVENTS
-    if phase_changed:
+    if phase_changed and new.phase is not None:
         kind: Literal["Normal", "Warning"] = "Warning" if new.phase in WARNING_PHASES else "Normal"
         events.append(JobEvent(kind, PHASE_EVENTS[new.phase], phase_message(new)))
     restart = new.last_restart

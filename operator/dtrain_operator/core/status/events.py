@@ -147,16 +147,14 @@ def status_events(
     """Events for what changed: a phase change (but to Pending or Starting), and warnings that need the user."""
     events: list[JobEvent] = []
     old_phase = previous.phase if previous else None
-    phase_changed = new.phase != old_phase and new.phase in PHASE_EVENTS
-    if phase_changed and new.phase is not None:
-        kind: Literal["Normal", "Warning"] = "Warning" if new.phase in WARNING_PHASES else "Normal"
-        events.append(JobEvent(kind, PHASE_EVENTS[new.phase], phase_message(new)))
+    changed_to = new.phase if new.phase != old_phase and new.phase in PHASE_EVENTS else None
+    if changed_to is not None:
+        kind: Literal["Normal", "Warning"] = "Warning" if changed_to in WARNING_PHASES else "Normal"
+        events.append(JobEvent(kind, PHASE_EVENTS[changed_to], phase_message(new)))
     restart = new.last_restart
     # A restart that turns the phase to Restarting is said by that Event (its condition's message says how); the
     # strategy's own Event is for a restart whose strategy changes on the way (an in-place restart recreating).
-    if restart is not None and restart != (previous.last_restart if previous else None) and not (
-        phase_changed and new.phase == "Restarting"
-    ):
+    if restart is not None and restart != (previous.last_restart if previous else None) and changed_to != "Restarting":
         how = "in place, in the same pods" if restart.strategy == "InPlace" else "by recreating its pods"
         events.append(JobEvent(
             "Normal", RESTART_EVENT_REASONS[restart.strategy or "Recreate"],

@@ -13,10 +13,11 @@ from dtrain_operator.api import (
     ElasticStatus,
 )
 from dtrain_operator.api.common import Phase
+from dtrain_operator.api.failure_rules import STRATEGY_RECREATE
 from dtrain_operator.api.reasons import event
 from dtrain_operator.api.record_patches import TRAINER_FIELDS
 from dtrain_operator.core import queueing, stragglers
-from dtrain_operator.core.status import gpu_memory, storage_conditions
+from dtrain_operator.core.status import gpu_memory, restarts, storage_conditions
 from dtrain_operator.core.status.conditions import (
     ENGINE_BUILT,
     FAILED,
@@ -155,10 +156,10 @@ def status_events(
     # A restart that turns the phase to Restarting is said by that Event (its condition's message says how); the
     # strategy's own Event is for a restart whose strategy changes on the way (an in-place restart recreating).
     if restart is not None and restart != (previous.last_restart if previous else None) and changed_to != "Restarting":
-        how = "in place, in the same pods" if restart.strategy == "InPlace" else "by recreating its pods"
+        strategy = restart.strategy or STRATEGY_RECREATE
         events.append(JobEvent(
-            "Normal", RESTART_EVENT_REASONS[restart.strategy or "Recreate"],
-            f"gang generation {restart.generation} starts {how}: {restart.why}",
+            "Normal", RESTART_EVENT_REASONS[strategy],
+            f"gang generation {restart.generation} starts {restarts.HOW[strategy]}: {restart.why}",
         ))
     events.extend(_resize_events(previous.elastic if previous else None, new.elastic))
     before = {c.type: c for c in (previous.conditions if previous else [])}

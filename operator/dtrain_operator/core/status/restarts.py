@@ -19,11 +19,12 @@ from dtrain_operator.core.status.conditions import (
     Conditions,
 )
 
+# How a restart is made, in the words of the Restarting condition and of the strategy's own Event.
+HOW: dict[str, str] = {STRATEGY_IN_PLACE: "in place, in the same pods", STRATEGY_RECREATE: "by recreating its pods"}
+
 
 def _how(strategy: RestartStrategy, why: str) -> str:
-    if strategy == STRATEGY_IN_PLACE:
-        return f"in place, in the same pods ({why})"
-    return f"by recreating its pods ({why})"
+    return f"{HOW[strategy]} ({why})"
 
 
 def record_restart(
